@@ -1,0 +1,64 @@
+# agentguard - convenience targets over CMake.
+#   make demo       build, then run the bundled demo through the guard
+#   make test       build and run every test (CTest over Criterion)
+#   make test-asan  the tests under AddressSanitizer + UBSan
+#   make test-tsan  the runtime tests under ThreadSanitizer
+#   make bench      benchmarks (print figures; never pass/fail on speed)
+# Missing Debian packages are installed first when run as root.
+
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+BUILD_TSAN ?= build-tsan
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_ARGS ?=
+
+DEB_PKGS = cmake pkg-config gcc make libjansson-dev libssl-dev \
+           libcurl4-openssl-dev libcriterion-dev
+
+.PHONY: all deps build demo test test-asan test-tsan bench format format-check clean
+
+all: build
+
+deps:
+	@sh scripts/deps.sh $(DEB_PKGS)
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	@$(BUILD)/agentguard-demo
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-asan: deps
+	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug \
+	  -DAG_SANITIZE=address,undefined -DAG_BUILD_BENCH=OFF $(CMAKE_ARGS)
+	cmake --build $(BUILD_ASAN) -j $(JOBS)
+	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+test-tsan: deps
+	cmake -S . -B $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=Debug \
+	  -DAG_SANITIZE=thread -DAG_BUILD_BENCH=OFF $(CMAKE_ARGS)
+	cmake --build $(BUILD_TSAN) -j $(JOBS)
+	cd $(BUILD_TSAN) && TSAN_OPTIONS=halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	@sh bench/run.sh $(BUILD)
+
+format:
+	clang-format -i include/*.h include/agentguard/*.h src/*/*.c src/*/*.h \
+	  tests/*/*.c bench/*.c examples/*.c
+
+format-check:
+	clang-format --dry-run --Werror include/*.h include/agentguard/*.h \
+	  src/*/*.c src/*/*.h tests/*/*.c bench/*.c examples/*.c
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)

@@ -1,0 +1,19 @@
+/*
+ * agentguard.h - the public API of agentguard, a tool-loop safety runtime.
+ *
+ * One header per layer:
+ *   agentguard/common.h  version, error codes, ag_error_t, ag_free
+ *   agentguard/core.h    the guard: config and presets, signatures,
+ *                        classifier, compact errors, detectors (pure)
+ *
+ * Library-wide thread-safety: functions without an object are safe from any
+ * thread; an object is used from one thread at a time unless its header says
+ * otherwise. Nothing outside include/ is API.
+ */
+#ifndef AGENTGUARD_H
+#define AGENTGUARD_H
+
+#include "agentguard/common.h"
+#include "agentguard/core.h"
+
+#endif /* AGENTGUARD_H */

@@ -1,0 +1,472 @@
+/*
+ * agentguard/core.h - the guard: configuration and presets, call signatures,
+ * error classification, compact errors, and the loop/error detectors.
+ *
+ * The core is pure: it never does I/O, never reads the clock (time is an
+ * argument, in milliseconds on any monotonic scale the caller picks), starts
+ * no threads and keeps no globals. After ag_guard_new() the check path
+ * (ag_guard_begin_iteration, ag_guard_check_calls, ag_guard_record_results)
+ * never allocates.
+ *
+ * Thread-safety: an ag_guard is not thread-safe; use one guard per session
+ * and call it from one thread at a time. Distinct guards are independent.
+ * Config functions and the classifier are safe from any thread on distinct
+ * objects. See docs/c-api.md for a walk-through.
+ */
+#ifndef AGENTGUARD_CORE_H
+#define AGENTGUARD_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                            */
+/* ------------------------------------------------------------------------ */
+
+#define AG_LIST_MAX 16      /* entries in a string-list config key */
+#define AG_LIST_ITEM_MAX 64 /* bytes per entry, NUL included */
+
+typedef struct ag_str_list {
+  int count;
+  char items[AG_LIST_MAX][AG_LIST_ITEM_MAX];
+} ag_str_list;
+
+typedef enum { AG_SCOPE_CALL = 0, AG_SCOPE_CALL_AND_RESULT } ag_call_scope;
+typedef enum { AG_FAIL_ALL_FAILED = 0, AG_FAIL_ANY_FAILED } ag_failing_iteration;
+typedef enum { AG_TRIP_STOP = 0, AG_TRIP_ESCALATE } ag_on_trip;
+typedef enum { AG_FEEDBACK_COMPACT = 0, AG_FEEDBACK_FULL } ag_feedback;
+typedef enum {
+  AG_BACKOFF_LINEAR = 0,
+  AG_BACKOFF_EXPONENTIAL,
+  AG_BACKOFF_CONSTANT
+} ag_backoff;
+typedef enum {
+  AG_RETRY_ON_TRANSIENT = 0,
+  AG_RETRY_ON_ALL,
+  AG_RETRY_ON_NONE
+} ag_retry_on;
+
+/*
+ * A complete configuration: a plain value (copy it freely, nothing to free).
+ * Every key of DESIGN.md sections 3-4. Limits are counts; 0 turns the
+ * mechanism off. Durations are milliseconds; 0 means "no limit".
+ * docs/configuration.md lists every key with its default and preset values.
+ */
+typedef struct ag_config {
+  char preset[AG_LIST_ITEM_MAX]; /* the preset it was built from */
+  struct {
+    int max_iterations;           /* 1: iteration cap */
+    int max_calls_per_turn;       /* 2: per-turn call cap */
+    int identical_call_limit;     /* 3: identical-call breaker */
+    ag_call_scope identical_call_scope;
+    int cycle_limit;              /* 4: repetitions of a block */
+    int cycle_max_length;         /* 4: longest block (2..16) */
+    int64_t max_turn_duration_ms; /* 10: turn timeout */
+    bool nudge_before_stop;
+    bool final_request_without_tools;
+    bool require_tool_call;
+    ag_str_list loop_breaking_tools;
+    bool parallel;
+    int max_parallel;
+  } loop;
+  struct {
+    int max_identical_errors;   /* 5 */
+    int max_tool_errors;        /* 6 */
+    int max_consecutive_errors; /* 7 */
+    ag_failing_iteration failing_iteration;
+    int max_total_errors;    /* 8 */
+    int similar_error_limit; /* 9 */
+    int error_history;       /* 9: errors remembered (1..256) */
+    ag_str_list error_prefixes;
+    ag_on_trip on_trip;
+    ag_feedback feedback;
+    int max_error_chars; /* 1..65536 */
+    bool error_context;
+    int max_errors_in_context; /* 1..64 */
+    bool normalize_provider_errors;
+    bool include_provider_details;
+  } errors;
+  struct {
+    int max_retries;
+    int64_t delay_ms;
+    ag_backoff backoff;
+    int64_t max_delay_ms;
+    bool jitter;
+    int64_t function_timeout_ms;
+    ag_retry_on retry_on;
+  } retry;
+  struct {
+    int max_retries;
+    int64_t delay_ms;
+    int64_t max_delay_ms;
+    int64_t timeout_ms;
+  } network;
+} ag_config;
+
+/* Fills `cfg` with the `default` preset. Never fails. */
+AG_EXTERN void ag_config_init(ag_config *cfg);
+
+/*
+ * Fills `cfg` with the preset `name` (see ag_preset_names). Returns AG_OK, or
+ * AG_ENOTFOUND (cfg untouched, err names the preset and the known ones).
+ */
+AG_EXTERN ag_err_t ag_config_preset(ag_config *cfg, const char *name,
+                                    ag_error_t *err);
+
+/* The preset names, NULL-terminated; static storage. */
+AG_EXTERN const char *const *ag_preset_names(void);
+
+/*
+ * Parses a JSON config document (`json`, `len` bytes, not necessarily
+ * NUL-terminated) into `cfg`: its "preset" (default "default") first, then
+ * every other key on top. On error returns AG_EJSON (err has line, column
+ * and pos) or AG_ECONFIG (err->msg names the key path, e.g.
+ * "errors.max_tol_errors: unknown key; did you mean max_tool_errors?"), and
+ * `cfg` is left untouched. `cfg` is borrowed for the call.
+ */
+AG_EXTERN ag_err_t ag_config_parse(ag_config *cfg, const char *json, size_t len,
+                                   ag_error_t *err);
+
+/* As ag_config_parse, reading the file at `path` (capped at 1 MiB). */
+AG_EXTERN ag_err_t ag_config_load_file(ag_config *cfg, const char *path,
+                                       ag_error_t *err);
+
+/*
+ * Checks ranges and cross-key rules of a config filled by hand. Returns AG_OK
+ * or AG_ECONFIG with the key path in err->msg.
+ */
+AG_EXTERN ag_err_t ag_config_validate(const ag_config *cfg, ag_error_t *err);
+
+/*
+ * Writes `cfg` as a complete JSON config (every key, durations as strings,
+ * sorted keys, indented) to *out. *out is caller-owns (free with ag_free).
+ * Returns AG_OK or AG_ENOMEM.
+ */
+AG_EXTERN ag_err_t ag_config_to_json(const ag_config *cfg, char **out,
+                                     ag_error_t *err);
+
+/*
+ * Parses a duration: "250ms", "30s", "5m", "1h", or "0". Returns AG_OK and
+ * sets *ms, or AG_EINVAL. Used for config keys; exposed for the CLI.
+ */
+AG_EXTERN ag_err_t ag_parse_duration(const char *text, int64_t *ms);
+
+/* Formats a duration in the largest exact unit ("5m", "250ms", "0"). */
+AG_EXTERN void ag_format_duration(int64_t ms, char *buf, size_t cap);
+
+/* ------------------------------------------------------------------------ */
+/* Error classification and compact errors                                  */
+/* ------------------------------------------------------------------------ */
+
+#define AG_CATEGORY_MAP(X)                                                     \
+  X(UNKNOWN, "unknown", 0)                                                     \
+  X(TIMEOUT, "timeout", 1)                                                     \
+  X(RATE_LIMIT, "rate_limit", 1)                                               \
+  X(NETWORK, "network", 1)                                                     \
+  X(BUSY, "busy", 1)                                                           \
+  X(AUTH, "auth", 0)                                                           \
+  X(PERMISSION, "permission", 0)                                               \
+  X(VALIDATION, "validation", 0)                                               \
+  X(NOT_FOUND, "not_found", 0)                                                 \
+  X(MISSING_MODULE, "missing_module", 0)                                       \
+  X(RESOURCE, "resource", 0)                                                   \
+  X(FILE_IO, "file_io", 0)                                                     \
+  X(FONT, "font", 0)                                                           \
+  X(PLOTTING, "plotting", 0)
+
+typedef enum {
+#define AG__CAT_ENUM(id, name, transient) AG_CAT_##id,
+  AG_CATEGORY_MAP(AG__CAT_ENUM)
+#undef AG__CAT_ENUM
+  AG_CAT__COUNT
+} ag_category;
+
+/* "timeout", "not_found", ...; a static string. */
+AG_EXTERN const char *ag_category_name(ag_category cat);
+/* Parses a name back; returns AG_CAT__COUNT when unknown. */
+AG_EXTERN ag_category ag_category_from_name(const char *name);
+/* True for timeout, rate_limit, network and busy. */
+AG_EXTERN bool ag_category_transient(ag_category cat);
+/* A one-sentence suggestion for the model; a static string. */
+AG_EXTERN const char *ag_category_suggestion(ag_category cat);
+
+/*
+ * Classifies an error text (`len` bytes, any content) into a category.
+ * Case-insensitive pattern table, first match wins (docs/errors.md).
+ * Pure and allocation-free; safe from any thread.
+ */
+AG_EXTERN ag_category ag_classify(const char *text, size_t len);
+
+/*
+ * Returns the largest n <= max_bytes such that text[0..n) does not end in the
+ * middle of a UTF-8 sequence. Invalid bytes count as one character each.
+ */
+AG_EXTERN size_t ag_utf8_truncate(const char *text, size_t len,
+                                  size_t max_bytes);
+
+/*
+ * Writes the compact error record
+ *   <error>\ntool: T\ntype: C\nmessage: M\nsuggestion: S\n</error>
+ * into buf (cap bytes, always NUL-terminated when cap > 0). The message has
+ * whitespace runs collapsed to one space and is cut to max_chars bytes on a
+ * UTF-8 boundary, with "..." appended when cut. Returns the length the full
+ * record needs (like snprintf): a value >= cap means it was cut.
+ */
+AG_EXTERN size_t ag_format_compact_error(char *buf, size_t cap,
+                                         const char *tool, ag_category cat,
+                                         const char *msg, size_t msg_len,
+                                         size_t max_chars);
+
+/* ------------------------------------------------------------------------ */
+/* Signatures                                                               */
+/* ------------------------------------------------------------------------ */
+
+#define AG_SIG_LEN 32
+
+/*
+ * A call signature: SHA-256 over  name ":" JCS(arguments)  (RFC 8785).
+ * The guard computes these itself; ag_signature() is the same code, for
+ * callers that want a signature without a guard.
+ * Returns AG_OK, or for arguments that are not canonicalizable JSON:
+ * AG_EJSON, AG_EDUPKEY, AG_EUTF8, AG_ENUMBER, AG_EDEPTH or AG_ETOOBIG, with
+ * err->pos the byte offset in `args`. Allocates scratch proportional to the
+ * input; use a guard for the allocation-free path.
+ */
+AG_EXTERN ag_err_t ag_signature(const char *name, const char *args,
+                                size_t args_len, uint8_t sig[AG_SIG_LEN],
+                                ag_error_t *err);
+
+/*
+ * Writes the RFC 8785 canonical form of `json` to *out (caller-owns, free
+ * with ag_free; NUL-terminated, length in *out_len). Errors as ag_signature.
+ */
+AG_EXTERN ag_err_t ag_canonicalize(const char *json, size_t len, char **out,
+                                   size_t *out_len, ag_error_t *err);
+
+/* Lower-case hex of a signature into hex[65]. */
+AG_EXTERN void ag_sig_hex(const uint8_t sig[AG_SIG_LEN], char hex[65]);
+
+/* ------------------------------------------------------------------------ */
+/* The guard                                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ag_guard ag_guard;
+
+/* Capacity options of a guard: fixed at construction, never grown. */
+typedef struct ag_guard_opts {
+  size_t max_args_bytes; /* largest argument text (default 1 MiB) */
+  size_t max_args_tokens; /* JSON values+keys in one argument (default 65536) */
+  int max_depth;          /* JSON nesting (default 64) */
+  int max_tools;          /* distinct tool names tracked per turn (64) */
+  int max_batch;          /* calls in one batch (default 256) */
+} ag_guard_opts;
+
+/* Fills `opts` with the defaults. */
+AG_EXTERN void ag_guard_opts_init(ag_guard_opts *opts);
+
+/* What the guard says about a turn, a batch or a call. */
+typedef enum {
+  AG_ALLOW = 0, /* go on */
+  AG_NUDGE,     /* hold this call back with a nudge; the rest goes on */
+  AG_STOP,      /* end the turn (status stopped / timed_out) */
+  AG_ESCALATE   /* ask the human (errors.on_trip = escalate) */
+} ag_action;
+
+#define AG_REASON_MAP(X)                                                       \
+  X(NONE, "none")                                                              \
+  X(MAX_ITERATIONS, "max_iterations")                                          \
+  X(MAX_CALLS_PER_TURN, "max_calls_per_turn")                                  \
+  X(IDENTICAL_CALLS, "identical_calls")                                        \
+  X(CYCLIC_CALLS, "cyclic_calls")                                              \
+  X(IDENTICAL_ERRORS, "identical_errors")                                      \
+  X(TOOL_ERROR_BUDGET, "tool_error_budget")                                    \
+  X(CONSECUTIVE_ERRORS, "consecutive_errors")                                  \
+  X(TOTAL_ERROR_BUDGET, "total_error_budget")                                  \
+  X(ERROR_PATTERN, "error_pattern")                                            \
+  X(TURN_TIMEOUT, "turn_timeout")
+
+typedef enum {
+#define AG__REASON_ENUM(id, name) AG_REASON_##id,
+  AG_REASON_MAP(AG__REASON_ENUM)
+#undef AG__REASON_ENUM
+  AG_REASON__COUNT
+} ag_reason;
+
+/* "identical_calls", ...; a static string. */
+AG_EXTERN const char *ag_reason_name(ag_reason reason);
+
+#define AG_VERDICT_MSG_MAX 512
+#define AG_TOOL_NAME_MAX 128
+
+/* A verdict: a plain value the guard fills. */
+typedef struct ag_verdict {
+  ag_action action;
+  ag_reason reason;
+  int call_index;                 /* the call that tripped, or -1 */
+  char tool[AG_TOOL_NAME_MAX];    /* the tool involved, or "" */
+  char message[AG_VERDICT_MSG_MAX]; /* what happened, for people and logs */
+  char warning[AG_VERDICT_MSG_MAX]; /* warning to emit before stopping, or "" */
+  const char *suggestion;         /* static text for the model/user, or NULL */
+} ag_verdict;
+
+/* One tool call the model asked for. All pointers borrowed for the call. */
+typedef struct ag_call {
+  const char *name;
+  const char *args; /* the arguments' JSON text as the model sent it */
+  size_t args_len;
+} ag_call;
+
+/* What the guard says about one call of a batch. */
+typedef struct ag_call_check {
+  ag_action action; /* AG_ALLOW, AG_NUDGE (hold back), AG_STOP/ESCALATE */
+  ag_reason reason;
+  bool valid;                /* arguments canonicalized; sig is set */
+  uint8_t sig[AG_SIG_LEN];   /* when valid */
+  ag_err_t invalid_code;     /* when !valid: why */
+  long invalid_pos;          /* when !valid: byte offset in args */
+  char message[AG_VERDICT_MSG_MAX]; /* nudge text, or why invalid */
+} ag_call_check;
+
+typedef enum {
+  AG_OUTCOME_OK = 0, /* the tool answered (may still be an error by prefix) */
+  AG_OUTCOME_ERROR,  /* the tool failed: error, timeout, crash, not found,
+                        invalid arguments, no tool call (Forge) */
+  AG_OUTCOME_SKIPPED /* not run and not an error: denied or held back */
+} ag_outcome;
+
+/* One executed call's result. All pointers borrowed for the call. */
+typedef struct ag_result {
+  const char *name;
+  const uint8_t *sig; /* the call's signature, or NULL when it had none */
+  ag_outcome outcome;
+  const char *text; /* result or error text */
+  size_t text_len;
+  ag_category category; /* AG_CAT__COUNT: classify `text` */
+} ag_result;
+
+/*
+ * Creates a guard for `cfg` (copied). `opts` may be NULL for the defaults.
+ * Returns AG_OK and sets *out, or AG_ECONFIG (invalid config, err names the
+ * key), AG_EINVAL (bad opts), AG_ENOMEM, AG_ECRYPTO; *out is NULL on failure.
+ * The new guard is at the start of a turn at time 0.
+ */
+AG_EXTERN ag_err_t ag_guard_new(ag_guard **out, const ag_config *cfg,
+                                const ag_guard_opts *opts, ag_error_t *err);
+
+/* Frees a guard. NULL does nothing. */
+AG_EXTERN void ag_guard_free(ag_guard *g);
+
+/* The guard's config; borrowed until ag_guard_free. */
+AG_EXTERN const ag_config *ag_guard_config(const ag_guard *g);
+
+/*
+ * Starts a new turn (a new user message) at time `now_ms`: every counter,
+ * ring and history is reset. Nothing trips across turns.
+ */
+AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms);
+
+/*
+ * The turn deadline on the caller's clock, or INT64_MAX when
+ * loop.max_turn_duration is 0.
+ */
+AG_EXTERN int64_t ag_guard_deadline(const ag_guard *g);
+
+/*
+ * Call before each model request. Counts the iteration unless a mechanism
+ * trips: max_iterations (the request would be number N+1) or turn_timeout.
+ * Fills `v`; returns v->action. A verdict of AG_STOP with max_iterations
+ * does not count the iteration; with loop.final_request_without_tools the
+ * caller may then make one last request without tools.
+ */
+AG_EXTERN ag_action ag_guard_begin_iteration(ag_guard *g, int64_t now_ms,
+                                             ag_verdict *v);
+
+/*
+ * Checks a batch of `n` calls before any runs, in batch order, mechanisms
+ * 2 (call cap), 3 (identical calls) and 4 (cycles), plus the turn timeout.
+ * Fills checks[0..n) and `v`. When v->action is AG_STOP or AG_ESCALATE no
+ * call of the batch may run; v->call_index names the tripping call. With
+ * loop.nudge_before_stop, a first trip of 3 or 4 sets that call's action to
+ * AG_NUDGE (do not run it; answer it with checks[i].message) and the batch
+ * verdict stays AG_ALLOW. Calls whose arguments are invalid get valid=false;
+ * they must not run and should be reported back as AG_OUTCOME_ERROR with
+ * category validation. Calls past opts.max_batch are not checked: they get
+ * valid=false with invalid_code AG_ETOOBIG. `checks` must have n entries.
+ * Returns v->action.
+ */
+AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
+                                         size_t n, int64_t now_ms,
+                                         ag_call_check *checks, ag_verdict *v);
+
+/*
+ * Records the results of one iteration (`n` results, the model's call
+ * order), then checks mechanisms 3 (call_and_result scope), 5, 6, 7, 8 and 9
+ * and the turn timeout. Fills `v`; returns v->action. An iteration whose
+ * results are all AG_OUTCOME_SKIPPED (or n = 0) does not change the
+ * failing-iteration count.
+ */
+AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
+                                            const ag_result *results, size_t n,
+                                            int64_t now_ms, ag_verdict *v);
+
+/*
+ * After an escalation the human chose "continue": resets only the counters of
+ * the mechanism `reason`, so the turn goes on.
+ */
+AG_EXTERN void ag_guard_resume(ag_guard *g, ag_reason reason);
+
+/* Whether a result text counts as an error by errors.error_prefixes. */
+AG_EXTERN bool ag_guard_is_error_text(const ag_guard *g, const char *text,
+                                      size_t len);
+
+/*
+ * Kinds of recoverable error, for the instruction line of the error context
+ * (Forge's four texts).
+ */
+typedef enum {
+  AG_RECOVER_EXECUTION = 0, /* a tool failed */
+  AG_RECOVER_NO_TOOL_CALL,
+  AG_RECOVER_INVALID_JSON,
+  AG_RECOVER_UNKNOWN_TOOL
+} ag_recover_kind;
+
+/*
+ * Writes the ephemeral error-context message for the next model request
+ * (DESIGN.md "Recoverable errors and the error context") into buf: Forge's
+ * template around the last errors.max_errors_in_context unresolved errors as
+ * compact records (with an <error_summary> when older ones are hidden), and
+ * the instruction for `kind`. `tools` (n_tools names, may be NULL) is listed
+ * for AG_RECOVER_UNKNOWN_TOOL. Returns the length needed (like snprintf), or
+ * 0 when there is no unresolved error and kind is not NO_TOOL_CALL.
+ */
+AG_EXTERN size_t ag_guard_error_context(const ag_guard *g, ag_recover_kind kind,
+                                        const char *const *tools,
+                                        size_t n_tools, char *buf, size_t cap);
+
+/*
+ * The escalation record {"status":"escalated","reason":...,"last_error":...,
+ * "error_history":[...]} for the last trip, as compact JSON in *out
+ * (caller-owns, free with ag_free). Returns AG_OK or AG_ENOMEM.
+ */
+AG_EXTERN ag_err_t ag_guard_escalation_record(const ag_guard *g,
+                                              const ag_verdict *v, char **out,
+                                              ag_error_t *err);
+
+/*
+ * The guard's whole state as JSON (counters, per-tool breaker state, rings,
+ * error history, nudge flags) in *out (caller-owns, free with ag_free).
+ */
+AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
+                                 ag_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* AGENTGUARD_CORE_H */

@@ -1,0 +1,75 @@
+/*
+ * src/core/internal.h - declarations shared between the core's files (ag__
+ * prefix). Not installed, not API.
+ */
+#ifndef AG_CORE_INTERNAL_H
+#define AG_CORE_INTERNAL_H
+
+#include <stdarg.h>
+
+#include "agentguard/core.h"
+
+#if defined(__GNUC__)
+#define AG__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define AG__PRINTF(a, b)
+#endif
+
+/*
+ * Fills `err` (may be NULL) with `code`, byte position `pos` (-1 for none)
+ * and a formatted message; returns `code` so callers can write
+ * `return ag__set_error(err, AG_EJSON, pos, "...")`.
+ */
+ag_err_t ag__set_error(ag_error_t *err, ag_err_t code, long pos,
+                       const char *fmt, ...) AG__PRINTF(4, 5);
+
+/* snprintf that never overruns and tolerates cap 0; returns bytes written
+ * (excluding NUL), i.e. min(needed, cap-1). */
+size_t ag__scopy(char *dst, size_t cap, const char *src);
+
+/* ------------------------------------------------------------------------ */
+/* JCS canonicalizer feeding SHA-256 (src/core/jcs.c)                       */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Reusable scratch for canonicalizing and hashing. Everything it needs is
+ * allocated by ag__jcs_new; ag__jcs_signature never allocates. Not
+ * thread-safe: one per guard.
+ */
+typedef struct ag__jcs ag__jcs;
+
+ag_err_t ag__jcs_new(ag__jcs **out, size_t max_bytes, size_t max_tokens,
+                     int max_depth, ag_error_t *err);
+void ag__jcs_free(ag__jcs *j);
+
+/*
+ * sig = SHA-256(name ":" JCS(args)). On invalid arguments returns the code
+ * (AG_EJSON, AG_EDUPKEY, AG_EUTF8, AG_ENUMBER, AG_EDEPTH, AG_ETOOBIG) and
+ * fills err with the byte offset in `args` (err->pos) and a message.
+ */
+ag_err_t ag__jcs_signature(ag__jcs *j, const char *name, size_t name_len,
+                           const char *args, size_t args_len,
+                           uint8_t sig[AG_SIG_LEN], ag_error_t *err);
+
+/*
+ * Writes JCS(args) through `sink` in chunks (no allocation). `sink` returns
+ * 0 to go on, non-zero to stop (then AG_ENOSPACE is returned).
+ */
+typedef int (*ag__sink_fn)(void *user, const char *data, size_t len);
+ag_err_t ag__jcs_write(ag__jcs *j, const char *args, size_t args_len,
+                       ag__sink_fn sink, void *user, ag_error_t *err);
+
+/* ------------------------------------------------------------------------ */
+/* Classifier helpers (src/core/classify.c)                                 */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Copies `msg` into dst (cap bytes, NUL-terminated) with whitespace runs
+ * collapsed to one space and leading/trailing whitespace removed, cut at a
+ * UTF-8 boundary to at most max_chars bytes (0 = no cut other than cap).
+ * Returns the bytes written; *cut is set when anything was dropped.
+ */
+size_t ag__collapse_ws(char *dst, size_t cap, const char *msg, size_t len,
+                       size_t max_chars, bool *cut);
+
+#endif /* AG_CORE_INTERNAL_H */
