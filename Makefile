@@ -31,16 +31,17 @@ build: deps $(BUILD)/CMakeCache.txt
 demo: build
 	@$(BUILD)/agentguard-demo
 
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS)
 
 test-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug \
 	  -DAG_SANITIZE=address,undefined -DAG_BUILD_BENCH=OFF $(CMAKE_ARGS)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
-	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD_ASAN) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS)
 
 test-tsan: deps
 	cmake -S . -B $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=Debug \
@@ -52,13 +53,14 @@ test-tsan: deps
 bench: build
 	@sh bench/run.sh $(BUILD)
 
+C_FILES = $(wildcard include/*.h include/agentguard/*.h src/*/*.c src/*/*.h \
+            cli/*.c cli/*.h tests/*/*.c tests/*/*.h bench/*.c examples/*.c)
+
 format:
-	clang-format -i include/*.h include/agentguard/*.h src/*/*.c src/*/*.h \
-	  tests/*/*.c bench/*.c examples/*.c
+	clang-format -i $(C_FILES)
 
 format-check:
-	clang-format --dry-run --Werror include/*.h include/agentguard/*.h \
-	  src/*/*.c src/*/*.h tests/*/*.c bench/*.c examples/*.c
+	clang-format --dry-run --Werror $(C_FILES)
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)

@@ -1,3 +1,1191 @@
-/* placeholder until this module lands */
+/*
+ * src/core/guard.c - the guard: every detector and counter of DESIGN.md
+ * section 3 that is not execution.
+ *
+ * Design. A guard is one session's decision state. The caller drives it with
+ * four calls per iteration: begin_iteration (mechanism 1 and the deadline),
+ * check_calls (2, 3, 4 before anything runs), record_results (3 in
+ * call_and_result scope, 5-9 after the results) and, at a new user message,
+ * begin_turn (everything resets; nothing trips across turns).
+ *
+ * Data structures, all sized in ag_guard_new and never grown:
+ *   - tools[max_tools]: per tool name, the identical-call run (last
+ *     signature, run length, iteration of the last call, last result digest)
+ *     and the per-tool error counters. Looked up by a 64-bit FNV-1a of the
+ *     name plus its stored prefix; when full, the least recently used entry
+ *     is forgotten (more than max_tools distinct names in one turn).
+ *   - the cycle detector: the last cycle_max_length signatures and, for each
+ *     period p, how many positions in a row satisfy s[i] == s[i-p]. A block
+ *     of p calls repeated N times back to back is exactly run[p] >= p*(N-1);
+ *     blocks made of one repeated call are left to mechanism 3.
+ *   - errors: the identical-error run (a SHA-256 of tool and collapsed
+ *     message), the category run of the pattern detector, the ring of the
+ *     last error_history errors (escalation record, dump), and the ring of
+ *     the last max_errors_in_context unresolved errors (error context) with a
+ *     count of the unresolved ones no longer held.
+ * Trips during record_results are noted per mechanism as they happen; the
+ * lowest-numbered mechanism decides the reason (DESIGN.md: "checks run in
+ * the order of this table").
+ *
+ * Threading: none. Allocation: only in ag_guard_new and in the JSON
+ * producing functions (escalation record, dump), never on the check path.
+ * Rejected: keying breaker state by signature alone (HPD's single "last
+ * signature") - it misses SpamFunction in parallel batches that also hold
+ * other calls; counting per tool without the iteration window - it stops
+ * edit/test/edit/test work (DESIGN.md "Breaker state").
+ */
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
 #include "internal.h"
-typedef int ag__placeholder_guard;
+
+#define CYCLE_MAX 16
+#define UNRESOLVED_MAX 64
+
+typedef struct tool_state {
+  bool used;
+  uint64_t name_hash;
+  size_t name_len;
+  char name[AG_TOOL_NAME_MAX];
+  uint64_t last_used; /* LRU stamp */
+  /* mechanism 3 */
+  bool has_sig;
+  uint8_t sig[AG_SIG_LEN];
+  int run;
+  int run_iter;
+  bool has_result;
+  uint8_t result[AG_SIG_LEN];
+  /* mechanism 6 */
+  int failures;
+  /* error context */
+  int unresolved;
+} tool_state;
+
+typedef struct err_entry {
+  char tool[AG_TOOL_NAME_MAX];
+  ag_category cat;
+  int iteration;
+  size_t len;
+  char *msg; /* collapsed message, cap: msg_cap bytes */
+} err_entry;
+
+typedef struct err_ring {
+  int cap, count, head; /* head: index of the oldest entry */
+  err_entry *e;
+} err_ring;
+
+struct ag_guard {
+  ag_config cfg;
+  ag_guard_opts opts;
+  ag__jcs *jcs;
+  EVP_MD *sha;
+  EVP_MD_CTX *md;
+  size_t msg_cap;
+
+  /* turn */
+  int turn;
+  int64_t turn_start;
+  int64_t deadline;
+  int iteration;
+  int calls_in_turn;
+  uint64_t stamp;
+
+  tool_state *tools;
+
+  /* mechanism 4 */
+  int cyc_len;      /* ring capacity = cycle_max_length */
+  uint64_t cyc_n;   /* calls appended this turn */
+  bool cyc_valid[CYCLE_MAX];
+  uint8_t cyc_sig[CYCLE_MAX][AG_SIG_LEN];
+  int cyc_run[CYCLE_MAX + 1]; /* run[p], p = 1..cyc_len */
+
+  /* mechanism 5 */
+  int ident_run;
+  uint8_t ident_key[AG_SIG_LEN];
+  /* mechanism 7 */
+  int failing_iters;
+  /* mechanism 8 */
+  int total_errors;
+  /* mechanism 9 */
+  int pattern_run;
+  ag_category pattern_cat;
+
+  bool nudged[AG_REASON__COUNT];
+  ag_reason last_trip;
+  int trips;
+
+  err_ring history;    /* last error_history errors */
+  err_ring unresolved; /* last max_errors_in_context unresolved errors */
+  int unresolved_total;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Names                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static const char *const reason_names[] = {
+#define X(id, name) name,
+    AG_REASON_MAP(X)
+#undef X
+};
+
+AG_EXTERN const char *ag_reason_name(ag_reason reason) {
+  if ((int)reason < 0 || reason >= AG_REASON__COUNT)
+    return "unknown";
+  return reason_names[reason];
+}
+
+AG_EXTERN void ag_guard_opts_init(ag_guard_opts *opts) {
+  memset(opts, 0, sizeof(*opts));
+  opts->max_args_bytes = 1u << 20;
+  opts->max_args_tokens = 65536;
+  opts->max_depth = 64;
+  opts->max_tools = 64;
+  opts->max_batch = 256;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Construction                                                             */
+/* ------------------------------------------------------------------------ */
+
+static ag_err_t ring_init(err_ring *r, int cap, size_t msg_cap) {
+  r->cap = cap;
+  r->count = r->head = 0;
+  r->e = calloc((size_t)cap, sizeof(*r->e));
+  if (r->e == NULL)
+    return AG_ENOMEM;
+  for (int i = 0; i < cap; i++) {
+    r->e[i].msg = malloc(msg_cap);
+    if (r->e[i].msg == NULL)
+      return AG_ENOMEM;
+  }
+  return AG_OK;
+}
+
+static void ring_free(err_ring *r) {
+  if (r->e == NULL)
+    return;
+  for (int i = 0; i < r->cap; i++)
+    free(r->e[i].msg);
+  free(r->e);
+  r->e = NULL;
+}
+
+static err_entry *ring_at(const err_ring *r, int i) {
+  return &r->e[(r->head + i) % r->cap];
+}
+
+AG_EXTERN ag_err_t ag_guard_new(ag_guard **out, const ag_config *cfg,
+                                const ag_guard_opts *opts, ag_error_t *err) {
+  ag_err_t rc;
+  *out = NULL;
+  if (cfg == NULL)
+    return ag__set_error(err, AG_EINVAL, -1, "ag_guard_new: config is NULL");
+  if ((rc = ag_config_validate(cfg, err)) != AG_OK)
+    return rc;
+  ag_guard_opts o;
+  if (opts != NULL)
+    o = *opts;
+  else
+    ag_guard_opts_init(&o);
+  if (o.max_args_bytes == 0 || o.max_args_tokens == 0 || o.max_depth < 1 ||
+      o.max_tools < 1 || o.max_batch < 1)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "ag_guard_new: every guard option must be positive");
+
+  ag_guard *g = calloc(1, sizeof(*g));
+  if (g == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "ag_guard_new: out of memory");
+  g->cfg = *cfg;
+  g->opts = o;
+  /* A stored message keeps a few bytes past max_error_chars so that
+   * formatting it later cuts (and marks) exactly as the full text would. */
+  g->msg_cap = (size_t)cfg->errors.max_error_chars + 8;
+
+  rc = ag__jcs_new(&g->jcs, o.max_args_bytes, o.max_args_tokens, o.max_depth,
+                   err);
+  if (rc != AG_OK)
+    goto fail;
+  g->sha = EVP_MD_fetch(NULL, "SHA256", NULL);
+  g->md = EVP_MD_CTX_new();
+  if (g->sha == NULL || g->md == NULL) {
+    rc = ag__set_error(err, AG_ECRYPTO, -1, "ag_guard_new: SHA-256 unavailable");
+    goto fail;
+  }
+  g->tools = calloc((size_t)o.max_tools, sizeof(*g->tools));
+  if (g->tools == NULL ||
+      ring_init(&g->history, cfg->errors.error_history, g->msg_cap) != AG_OK ||
+      ring_init(&g->unresolved, cfg->errors.max_errors_in_context,
+                g->msg_cap) != AG_OK) {
+    rc = ag__set_error(err, AG_ENOMEM, -1, "ag_guard_new: out of memory");
+    goto fail;
+  }
+  g->cyc_len = cfg->loop.cycle_max_length;
+  ag_guard_begin_turn(g, 0);
+  g->turn = 0;
+  *out = g;
+  return AG_OK;
+fail:
+  ag_guard_free(g);
+  return rc;
+}
+
+AG_EXTERN void ag_guard_free(ag_guard *g) {
+  if (g == NULL)
+    return;
+  ag__jcs_free(g->jcs);
+  EVP_MD_CTX_free(g->md);
+  EVP_MD_free(g->sha);
+  free(g->tools);
+  ring_free(&g->history);
+  ring_free(&g->unresolved);
+  free(g);
+}
+
+AG_EXTERN const ag_config *ag_guard_config(const ag_guard *g) {
+  return &g->cfg;
+}
+
+AG_EXTERN int64_t ag_guard_deadline(const ag_guard *g) { return g->deadline; }
+
+AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
+  g->turn++;
+  g->turn_start = now_ms;
+  g->deadline = g->cfg.loop.max_turn_duration_ms > 0
+                    ? now_ms + g->cfg.loop.max_turn_duration_ms
+                    : INT64_MAX;
+  g->iteration = 0;
+  g->calls_in_turn = 0;
+  g->stamp = 0;
+  memset(g->tools, 0, (size_t)g->opts.max_tools * sizeof(*g->tools));
+  g->cyc_n = 0;
+  memset(g->cyc_valid, 0, sizeof(g->cyc_valid));
+  memset(g->cyc_run, 0, sizeof(g->cyc_run));
+  g->ident_run = 0;
+  g->failing_iters = 0;
+  g->total_errors = 0;
+  g->pattern_run = 0;
+  g->pattern_cat = AG_CAT_UNKNOWN;
+  memset(g->nudged, 0, sizeof(g->nudged));
+  g->last_trip = AG_REASON_NONE;
+  g->trips = 0;
+  g->history.count = g->history.head = 0;
+  g->unresolved.count = g->unresolved.head = 0;
+  g->unresolved_total = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Helpers                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static uint64_t fnv1a(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= (unsigned char)s[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+static void verdict_reset(ag_verdict *v) {
+  v->action = AG_ALLOW;
+  v->reason = AG_REASON_NONE;
+  v->call_index = -1;
+  v->tool[0] = '\0';
+  v->message[0] = '\0';
+  v->warning[0] = '\0';
+  v->suggestion = NULL;
+}
+
+/* Finds or creates the state of tool `name` (never fails: evicts the least
+ * recently used entry when the table is full). */
+static tool_state *tool_get(ag_guard *g, const char *name) {
+  size_t n = strlen(name);
+  uint64_t h = fnv1a(name, n);
+  size_t keep = n < AG_TOOL_NAME_MAX - 1 ? n : AG_TOOL_NAME_MAX - 1;
+  tool_state *free_slot = NULL, *lru = NULL;
+  for (int i = 0; i < g->opts.max_tools; i++) {
+    tool_state *t = &g->tools[i];
+    if (!t->used) {
+      if (free_slot == NULL)
+        free_slot = t;
+      continue;
+    }
+    if (t->name_hash == h && t->name_len == n &&
+        memcmp(t->name, name, keep) == 0) {
+      t->last_used = ++g->stamp;
+      return t;
+    }
+    if (lru == NULL || t->last_used < lru->last_used)
+      lru = t;
+  }
+  tool_state *t = free_slot != NULL ? free_slot : lru;
+  memset(t, 0, sizeof(*t));
+  t->used = true;
+  t->name_hash = h;
+  t->name_len = n;
+  memcpy(t->name, name, keep);
+  t->name[keep] = '\0';
+  t->last_used = ++g->stamp;
+  return t;
+}
+
+/* SHA-256 of `name` NUL `text` with whitespace runs collapsed. */
+static void digest_text(ag_guard *g, const char *name, const char *text,
+                        size_t len, bool collapse, uint8_t out[AG_SIG_LEN]) {
+  char buf[1024];
+  size_t used = 0;
+  bool pending_space = false, started = false;
+  EVP_DigestInit_ex2(g->md, g->sha, NULL);
+  EVP_DigestUpdate(g->md, name, strlen(name) + 1);
+  if (!collapse) {
+    EVP_DigestUpdate(g->md, text, len);
+  } else {
+    for (size_t i = 0; i < len; i++) {
+      unsigned char c = (unsigned char)text[i];
+      if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' ||
+          c == '\v') {
+        pending_space = started;
+        continue;
+      }
+      if (used + 2 > sizeof(buf)) {
+        EVP_DigestUpdate(g->md, buf, used);
+        used = 0;
+      }
+      if (pending_space)
+        buf[used++] = ' ';
+      pending_space = false;
+      started = true;
+      buf[used++] = (char)c;
+    }
+    EVP_DigestUpdate(g->md, buf, used);
+  }
+  EVP_DigestFinal_ex(g->md, out, NULL);
+}
+
+AG_EXTERN bool ag_guard_is_error_text(const ag_guard *g, const char *text,
+                                      size_t len) {
+  const ag_str_list *p = &g->cfg.errors.error_prefixes;
+  for (int i = 0; i < p->count; i++) {
+    size_t n = strlen(p->items[i]);
+    if (n > 0 && n <= len && memcmp(text, p->items[i], n) == 0)
+      return true;
+  }
+  return false;
+}
+
+static bool past_deadline(ag_guard *g, int64_t now, ag_verdict *v) {
+  if (now < g->deadline)
+    return false;
+  char d[32];
+  ag_format_duration(g->cfg.loop.max_turn_duration_ms, d, sizeof(d));
+  v->action = AG_STOP;
+  v->reason = AG_REASON_TURN_TIMEOUT;
+  snprintf(v->message, sizeof(v->message),
+           "Turn exceeded the maximum duration of %s", d);
+  v->suggestion = "Split the task into smaller requests or raise "
+                  "loop.max_turn_duration.";
+  g->last_trip = AG_REASON_TURN_TIMEOUT;
+  return true;
+}
+
+/* The action for a trip of mechanisms 2-9: stop, or escalate by config. */
+static ag_action trip_action(const ag_guard *g) {
+  return g->cfg.errors.on_trip == AG_TRIP_ESCALATE ? AG_ESCALATE : AG_STOP;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Mechanism 1: iterations                                                  */
+/* ------------------------------------------------------------------------ */
+
+AG_EXTERN ag_action ag_guard_begin_iteration(ag_guard *g, int64_t now_ms,
+                                             ag_verdict *v) {
+  verdict_reset(v);
+  if (past_deadline(g, now_ms, v))
+    return v->action;
+  int max = g->cfg.loop.max_iterations;
+  if (max > 0 && g->iteration >= max) {
+    v->action = AG_STOP;
+    v->reason = AG_REASON_MAX_ITERATIONS;
+    snprintf(v->message, sizeof(v->message),
+             "Reached the maximum of %d iterations in one turn", max);
+    v->suggestion = "Answer with what is known so far, or split the task.";
+    g->last_trip = v->reason;
+    g->trips++;
+    return v->action;
+  }
+  g->iteration++;
+  return AG_ALLOW;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Mechanisms 2, 3, 4: before execution                                     */
+/* ------------------------------------------------------------------------ */
+
+static const char *const identical_suggestion =
+    "Stop repeating this call: use its earlier result, change the arguments, "
+    "or try a different approach.";
+static const char *const cycle_suggestion =
+    "The same sequence of calls keeps repeating: step back and try a "
+    "different approach.";
+
+/* Appends a call to the cycle detector; returns the block length that now
+ * repeats cycle_limit times back to back, or 0. */
+static int cycle_push(ag_guard *g, bool valid, const uint8_t *sig) {
+  int L = g->cyc_len;
+  if (L < 1)
+    return 0;
+  for (int p = 1; p <= L; p++) {
+    bool eq = false;
+    if (valid && g->cyc_n >= (uint64_t)p) {
+      int idx = (int)((g->cyc_n - (uint64_t)p) % (uint64_t)L);
+      eq = g->cyc_valid[idx] && memcmp(g->cyc_sig[idx], sig, AG_SIG_LEN) == 0;
+    }
+    g->cyc_run[p] = eq ? g->cyc_run[p] + 1 : 0;
+  }
+  int idx = (int)(g->cyc_n % (uint64_t)L);
+  g->cyc_valid[idx] = valid;
+  if (valid)
+    memcpy(g->cyc_sig[idx], sig, AG_SIG_LEN);
+  g->cyc_n++;
+  int N = g->cfg.loop.cycle_limit;
+  if (N < 2)
+    return 0; /* a block seen once is no cycle */
+  for (int p = 2; p <= L; p++) {
+    if (g->cyc_run[p] >= p * (N - 1) && g->cyc_run[1] < p * N - 1)
+      return p;
+  }
+  return 0;
+}
+
+/* A first trip of 3 or 4 with nudge_before_stop holds the call back. */
+static bool nudge_first(ag_guard *g, ag_reason r) {
+  if (!g->cfg.loop.nudge_before_stop || g->nudged[r])
+    return false;
+  g->nudged[r] = true;
+  return true;
+}
+
+AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
+                                         size_t n, int64_t now_ms,
+                                         ag_call_check *checks, ag_verdict *v) {
+  verdict_reset(v);
+  /* Signatures first: every call gets one (or is invalid) even when the
+   * batch stops, so callers can report each call. */
+  for (size_t i = 0; i < n; i++) {
+    ag_call_check *c = &checks[i];
+    c->action = AG_ALLOW;
+    c->reason = AG_REASON_NONE;
+    c->message[0] = '\0';
+    c->invalid_code = AG_OK;
+    c->invalid_pos = -1;
+    if (i >= (size_t)g->opts.max_batch) {
+      c->valid = false;
+      c->invalid_code = AG_ETOOBIG;
+      snprintf(c->message, sizeof(c->message),
+               "more than %d tool calls in one reply; this one was not run",
+               g->opts.max_batch);
+      continue;
+    }
+    const char *name = calls[i].name != NULL ? calls[i].name : "";
+    ag_error_t e;
+    ag_err_t rc =
+        ag__jcs_signature(g->jcs, name, strlen(name), calls[i].args,
+                          calls[i].args != NULL ? calls[i].args_len : 0,
+                          c->sig, &e);
+    c->valid = rc == AG_OK;
+    if (!c->valid) {
+      c->invalid_code = rc;
+      c->invalid_pos = e.pos;
+      snprintf(c->message, sizeof(c->message), "invalid arguments: %s", e.msg);
+    }
+  }
+  if (past_deadline(g, now_ms, v))
+    return v->action;
+
+  const ag_config *cfg = &g->cfg;
+  size_t checked = n < (size_t)g->opts.max_batch ? n : (size_t)g->opts.max_batch;
+  for (size_t i = 0; i < checked; i++) {
+    ag_call_check *c = &checks[i];
+    const char *name = calls[i].name != NULL ? calls[i].name : "";
+
+    /* 2: per-turn call cap */
+    int cap = cfg->loop.max_calls_per_turn;
+    if (cap > 0 && g->calls_in_turn >= cap) {
+      c->action = trip_action(g);
+      c->reason = AG_REASON_MAX_CALLS_PER_TURN;
+      snprintf(c->message, sizeof(c->message),
+               "Maximum function call depth exceeded: more than %d tool calls "
+               "in one turn",
+               cap);
+      v->suggestion = "Finish with what is known, or ask the user to "
+                      "continue in a new message.";
+      goto trip;
+    }
+    g->calls_in_turn++;
+
+    /* 3: identical-call breaker (scope "call") */
+    tool_state *t = tool_get(g, name);
+    if (!c->valid) {
+      t->has_sig = false;
+      t->run = 0;
+    } else if (cfg->loop.identical_call_scope == AG_SCOPE_CALL) {
+      if (t->has_sig && t->run_iter >= g->iteration - 1 &&
+          memcmp(t->sig, c->sig, AG_SIG_LEN) == 0)
+        t->run++;
+      else
+        t->run = 1;
+      t->has_sig = true;
+      memcpy(t->sig, c->sig, AG_SIG_LEN);
+      t->run_iter = g->iteration;
+      int lim = cfg->loop.identical_call_limit;
+      if (lim > 0 && t->run >= lim) {
+        c->reason = AG_REASON_IDENTICAL_CALLS;
+        snprintf(c->message, sizeof(c->message),
+                 "%s was called %d times in a row with the same arguments",
+                 name, t->run);
+        v->suggestion = identical_suggestion;
+        if (nudge_first(g, c->reason)) {
+          cycle_push(g, c->valid, c->sig); /* the detector keeps its count */
+          goto nudge;
+        }
+        c->action = trip_action(g);
+        goto trip;
+      }
+    }
+
+    /* 4: cycle detector */
+    int p = cycle_push(g, c->valid, c->sig);
+    if (p > 0 && cfg->loop.cycle_limit > 0) {
+      c->reason = AG_REASON_CYCLIC_CALLS;
+      snprintf(c->message, sizeof(c->message),
+               "a sequence of %d calls ending with %s repeated %d times in a "
+               "row",
+               p, name, cfg->loop.cycle_limit);
+      v->suggestion = cycle_suggestion;
+      if (nudge_first(g, c->reason))
+        goto nudge;
+      c->action = trip_action(g);
+      goto trip;
+    }
+    continue;
+
+  nudge: {
+    char tmp[AG_VERDICT_MSG_MAX];
+    memcpy(tmp, c->message, sizeof(tmp));
+    c->action = AG_NUDGE;
+    snprintf(c->message, sizeof(c->message),
+             "Potential loop detected: %.300s. This call was not run. %s", tmp,
+             v->suggestion);
+    v->suggestion = NULL;
+    continue;
+  }
+  trip:
+    v->action = c->action;
+    v->reason = c->reason;
+    v->call_index = (int)i;
+    ag__scopy(v->tool, sizeof(v->tool), name);
+    memcpy(v->message, c->message, sizeof(v->message));
+    v->message[0] = (char)(v->message[0] >= 'a' && v->message[0] <= 'z'
+                               ? v->message[0] - 'a' + 'A'
+                               : v->message[0]);
+    g->last_trip = v->reason;
+    g->trips++;
+    return v->action;
+  }
+  return v->action;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Mechanisms 3 (call_and_result), 5-9: after the results                   */
+/* ------------------------------------------------------------------------ */
+
+static void ring_push(ag_guard *g, err_ring *r, const char *tool,
+                      ag_category cat, const char *text, size_t len) {
+  if (r->cap <= 0)
+    return;
+  err_entry *e;
+  if (r->count < r->cap) {
+    e = ring_at(r, r->count);
+    r->count++;
+  } else {
+    e = ring_at(r, 0);
+    r->head = (r->head + 1) % r->cap;
+  }
+  ag__scopy(e->tool, sizeof(e->tool), tool);
+  e->cat = cat;
+  e->iteration = g->iteration;
+  bool cut;
+  e->len = ag__collapse_ws(e->msg, g->msg_cap, text, len, g->msg_cap - 1, &cut);
+}
+
+/* The state of `name` if tracked, without creating it. */
+static tool_state *tool_find(ag_guard *g, const char *name) {
+  size_t n = strlen(name);
+  uint64_t h = fnv1a(name, n);
+  size_t keep = n < AG_TOOL_NAME_MAX - 1 ? n : AG_TOOL_NAME_MAX - 1;
+  for (int i = 0; i < g->opts.max_tools; i++) {
+    tool_state *t = &g->tools[i];
+    if (t->used && t->name_hash == h && t->name_len == n &&
+        memcmp(t->name, name, keep) == 0)
+      return t;
+  }
+  return NULL;
+}
+
+/* A success of tool `t` resolves its errors, and the errors with no tool
+ * (a reply without a tool call), which any success resolves. Errors no longer
+ * held in the ring are only counted, through each tool's `unresolved`. */
+static void resolve(ag_guard *g, tool_state *t) {
+  tool_state *none = t->name[0] != '\0' ? tool_find(g, "") : NULL;
+  if (t->unresolved == 0 && (none == NULL || none->unresolved == 0))
+    return;
+  err_ring *r = &g->unresolved;
+  int kept = 0;
+  for (int i = 0; i < r->count; i++) {
+    err_entry *e = ring_at(r, i);
+    if (strcmp(e->tool, t->name) == 0 || e->tool[0] == '\0')
+      continue;
+    if (kept != i) {
+      err_entry *dst = ring_at(r, kept);
+      err_entry tmp = *dst;
+      *dst = *e;
+      *e = tmp; /* a swap keeps every buffer owned exactly once */
+    }
+    kept++;
+  }
+  r->count = kept;
+  g->unresolved_total -= t->unresolved;
+  t->unresolved = 0;
+  if (none != NULL) {
+    g->unresolved_total -= none->unresolved;
+    none->unresolved = 0;
+  }
+  /* A forgotten (evicted) tool can leave the count high; never below what
+   * the ring holds. */
+  if (g->unresolved_total < r->count)
+    g->unresolved_total = r->count;
+}
+
+typedef struct trip_note {
+  bool tripped;
+  int index;
+  char tool[AG_TOOL_NAME_MAX];
+  char message[AG_VERDICT_MSG_MAX];
+} trip_note;
+
+static void note(trip_note *tn, int index, const char *tool, const char *fmt,
+                 ...) AG__PRINTF(4, 5);
+static void note(trip_note *tn, int index, const char *tool, const char *fmt,
+                 ...) {
+  if (tn->tripped)
+    return; /* the first event of a mechanism is its trip */
+  tn->tripped = true;
+  tn->index = index;
+  ag__scopy(tn->tool, sizeof(tn->tool), tool);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tn->message, sizeof(tn->message), fmt, ap);
+  va_end(ap);
+}
+
+AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
+                                            const ag_result *results, size_t n,
+                                            int64_t now_ms, ag_verdict *v) {
+  verdict_reset(v);
+  const ag_config *cfg = &g->cfg;
+  trip_note tn[AG_REASON__COUNT];
+  memset(tn, 0, sizeof(tn));
+  int counted = 0, failed = 0;
+  char shown[96];
+
+  for (size_t i = 0; i < n; i++) {
+    const ag_result *r = &results[i];
+    if (r->outcome == AG_OUTCOME_SKIPPED)
+      continue;
+    const char *name = r->name != NULL ? r->name : "";
+    const char *text = r->text != NULL ? r->text : "";
+    size_t len = r->text != NULL ? r->text_len : 0;
+    bool is_err = r->outcome == AG_OUTCOME_ERROR ||
+                  ag_guard_is_error_text(g, text, len);
+    tool_state *t = tool_get(g, name);
+    counted++;
+
+    /* 3 in call_and_result scope: counts once the result is known */
+    if (cfg->loop.identical_call_scope == AG_SCOPE_CALL_AND_RESULT) {
+      uint8_t rh[AG_SIG_LEN];
+      if (r->sig == NULL) {
+        t->has_sig = false;
+        t->run = 0;
+      } else {
+        digest_text(g, "", text, len, false, rh);
+        if (t->has_sig && t->has_result && t->run_iter >= g->iteration - 1 &&
+            memcmp(t->sig, r->sig, AG_SIG_LEN) == 0 &&
+            memcmp(t->result, rh, AG_SIG_LEN) == 0)
+          t->run++;
+        else
+          t->run = 1;
+        t->has_sig = t->has_result = true;
+        memcpy(t->sig, r->sig, AG_SIG_LEN);
+        memcpy(t->result, rh, AG_SIG_LEN);
+        t->run_iter = g->iteration;
+        int lim = cfg->loop.identical_call_limit;
+        if (lim > 0 && t->run >= lim)
+          note(&tn[AG_REASON_IDENTICAL_CALLS], (int)i, name,
+               "%s was called %d times in a row with the same arguments and "
+               "got the same result",
+               name, t->run);
+      }
+    }
+
+    if (!is_err) {
+      /* success: empties the identical-error run, resets the tool's
+       * failures, resolves its errors */
+      g->ident_run = 0;
+      t->failures = 0;
+      resolve(g, t);
+      continue;
+    }
+
+    failed++;
+    ag_category cat = r->category < AG_CAT__COUNT ? r->category
+                                                  : ag_classify(text, len);
+    bool cut;
+    ag__collapse_ws(shown, sizeof(shown), text, len, 80, &cut);
+    const char *ell = cut ? "..." : "";
+    ring_push(g, &g->history, name, cat, text, len);
+    ring_push(g, &g->unresolved, name, cat, text, len);
+    g->unresolved_total++;
+    t->unresolved++;
+
+    /* 5: identical errors */
+    uint8_t key[AG_SIG_LEN];
+    digest_text(g, name, text, len, true, key);
+    if (g->ident_run > 0 && memcmp(key, g->ident_key, AG_SIG_LEN) == 0)
+      g->ident_run++;
+    else
+      g->ident_run = 1;
+    memcpy(g->ident_key, key, AG_SIG_LEN);
+    if (cfg->errors.max_identical_errors > 0 &&
+        g->ident_run >= cfg->errors.max_identical_errors)
+      note(&tn[AG_REASON_IDENTICAL_ERRORS], (int)i, name,
+           "%s failed %d times in a row with the same error: %s%s", name,
+           g->ident_run, shown, ell);
+
+    /* 6: per-tool error budget */
+    t->failures++;
+    if (cfg->errors.max_tool_errors > 0 &&
+        t->failures >= cfg->errors.max_tool_errors)
+      note(&tn[AG_REASON_TOOL_ERROR_BUDGET], (int)i, name,
+           "%s failed %d times in a row (budget %d): %s%s", name, t->failures,
+           cfg->errors.max_tool_errors, shown, ell);
+
+    /* 8: total error budget */
+    g->total_errors++;
+    if (cfg->errors.max_total_errors > 0 &&
+        g->total_errors >= cfg->errors.max_total_errors)
+      note(&tn[AG_REASON_TOTAL_ERROR_BUDGET], (int)i, name,
+           "%d tool calls failed in this turn (budget %d); last: %s: %s%s",
+           g->total_errors, cfg->errors.max_total_errors, name, shown, ell);
+
+    /* 9: error pattern (the run is over errors; unknown breaks it) */
+    if (cat == AG_CAT_UNKNOWN) {
+      g->pattern_run = 0;
+    } else if (g->pattern_run > 0 && cat == g->pattern_cat) {
+      g->pattern_run++;
+    } else {
+      g->pattern_run = 1;
+      g->pattern_cat = cat;
+    }
+    if (cfg->errors.similar_error_limit > 0 &&
+        g->pattern_run >= cfg->errors.similar_error_limit)
+      note(&tn[AG_REASON_ERROR_PATTERN], (int)i, name,
+           "%d %s errors in a row; last from %s: %s%s", g->pattern_run,
+           ag_category_name(cat), name, shown, ell);
+  }
+
+  /* 7: failing iterations */
+  if (counted > 0) {
+    bool failing = cfg->errors.failing_iteration == AG_FAIL_ALL_FAILED
+                       ? failed == counted
+                       : failed > 0;
+    g->failing_iters = failing ? g->failing_iters + 1 : 0;
+    int lim = cfg->errors.max_consecutive_errors;
+    if (lim > 0 && g->failing_iters > lim) {
+      trip_note *c = &tn[AG_REASON_CONSECUTIVE_ERRORS];
+      c->tripped = true;
+      c->index = -1;
+      c->tool[0] = '\0';
+      for (size_t i = n; i-- > 0;) {
+        if (results[i].outcome != AG_OUTCOME_SKIPPED) {
+          ag__scopy(c->tool, sizeof(c->tool),
+                    results[i].name != NULL ? results[i].name : "");
+          break;
+        }
+      }
+      snprintf(c->message, sizeof(c->message),
+               "Exceeded maximum consecutive errors (%d)", lim);
+      snprintf(v->warning, sizeof(v->warning),
+               "\xe2\x9a\xa0\xef\xb8\x8f Maximum consecutive errors (%d) "
+               "exceeded. Stopping execution to prevent infinite error loop.",
+               lim);
+    }
+  }
+
+  static const ag_reason order[] = {
+      AG_REASON_IDENTICAL_CALLS,    AG_REASON_IDENTICAL_ERRORS,
+      AG_REASON_TOOL_ERROR_BUDGET,  AG_REASON_CONSECUTIVE_ERRORS,
+      AG_REASON_TOTAL_ERROR_BUDGET, AG_REASON_ERROR_PATTERN};
+  for (size_t k = 0; k < sizeof(order) / sizeof(order[0]); k++) {
+    ag_reason r = order[k];
+    if (!tn[r].tripped)
+      continue;
+    if (r == AG_REASON_IDENTICAL_CALLS && nudge_first(g, r)) {
+      v->action = AG_NUDGE;
+      v->reason = r;
+      v->call_index = tn[r].index;
+      ag__scopy(v->tool, sizeof(v->tool), tn[r].tool);
+      snprintf(v->message, sizeof(v->message),
+               "Potential loop detected: %.300s. %s", tn[r].message,
+               identical_suggestion);
+      break;
+    }
+    v->action = trip_action(g);
+    v->reason = r;
+    v->call_index = tn[r].index;
+    ag__scopy(v->tool, sizeof(v->tool), tn[r].tool);
+    ag__scopy(v->message, sizeof(v->message), tn[r].message);
+    if (v->message[0] >= 'a' && v->message[0] <= 'z')
+      v->message[0] = (char)(v->message[0] - 'a' + 'A');
+    v->suggestion = r == AG_REASON_IDENTICAL_CALLS
+                        ? identical_suggestion
+                        : "Stop retrying the failing approach: explain the "
+                          "problem to the user or ask for help.";
+    if (r != AG_REASON_CONSECUTIVE_ERRORS)
+      v->warning[0] = '\0';
+    g->last_trip = r;
+    g->trips++;
+    return v->action;
+  }
+  v->warning[0] = '\0';
+  /* The deadline is checked last: results that arrived are still recorded. */
+  if (v->action == AG_ALLOW)
+    past_deadline(g, now_ms, v);
+  return v->action;
+}
+
+AG_EXTERN void ag_guard_resume(ag_guard *g, ag_reason reason) {
+  switch (reason) {
+  case AG_REASON_MAX_ITERATIONS:
+    g->iteration = 0;
+    break;
+  case AG_REASON_MAX_CALLS_PER_TURN:
+    g->calls_in_turn = 0;
+    break;
+  case AG_REASON_IDENTICAL_CALLS:
+    for (int i = 0; i < g->opts.max_tools; i++) {
+      g->tools[i].run = 0;
+      g->tools[i].has_sig = false;
+    }
+    break;
+  case AG_REASON_CYCLIC_CALLS:
+    memset(g->cyc_run, 0, sizeof(g->cyc_run));
+    memset(g->cyc_valid, 0, sizeof(g->cyc_valid));
+    g->cyc_n = 0;
+    break;
+  case AG_REASON_IDENTICAL_ERRORS:
+    g->ident_run = 0;
+    break;
+  case AG_REASON_TOOL_ERROR_BUDGET:
+    for (int i = 0; i < g->opts.max_tools; i++)
+      g->tools[i].failures = 0;
+    break;
+  case AG_REASON_CONSECUTIVE_ERRORS:
+    g->failing_iters = 0;
+    break;
+  case AG_REASON_TOTAL_ERROR_BUDGET:
+    g->total_errors = 0;
+    break;
+  case AG_REASON_ERROR_PATTERN:
+    g->pattern_run = 0;
+    break;
+  default:
+    break;
+  }
+  g->nudged[reason < AG_REASON__COUNT ? reason : 0] = false;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Error context, escalation record, dump                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct outbuf {
+  char *p;
+  size_t cap, len; /* len: bytes needed so far */
+} outbuf;
+
+static void out_add(outbuf *o, const char *s, size_t n) {
+  if (o->len < o->cap) {
+    size_t room = o->cap - o->len - 1;
+    memcpy(o->p + o->len, s, n < room ? n : room);
+  }
+  o->len += n;
+}
+
+static void out_str(outbuf *o, const char *s) { out_add(o, s, strlen(s)); }
+
+static void out_finish(outbuf *o) {
+  if (o->cap > 0)
+    o->p[o->len < o->cap ? o->len : o->cap - 1] = '\0';
+}
+
+/* Appends the compact record of `e`. */
+static void out_compact(outbuf *o, const ag_guard *g, const err_entry *e) {
+  char small[1];
+  size_t need =
+      ag_format_compact_error(small, sizeof(small), e->tool[0] ? e->tool : "none",
+                              e->cat, e->msg, e->len,
+                              (size_t)g->cfg.errors.max_error_chars);
+  if (o->len < o->cap && o->cap - o->len > need) {
+    ag_format_compact_error(o->p + o->len, o->cap - o->len,
+                            e->tool[0] ? e->tool : "none", e->cat, e->msg,
+                            e->len, (size_t)g->cfg.errors.max_error_chars);
+    o->len += need;
+  } else {
+    /* not enough room: count it, copy what fits via a bounded format */
+    char tmp[512];
+    ag_format_compact_error(tmp, sizeof(tmp), e->tool[0] ? e->tool : "none",
+                            e->cat, e->msg, e->len,
+                            (size_t)g->cfg.errors.max_error_chars);
+    size_t have = need < sizeof(tmp) ? need : sizeof(tmp) - 1;
+    out_add(o, tmp, have);
+    o->len += need - have;
+  }
+}
+
+/* Appends the unresolved errors, oldest first, with the hidden summary. */
+static void out_unresolved(outbuf *o, const ag_guard *g) {
+  const err_ring *r = &g->unresolved;
+  int hidden = g->unresolved_total - r->count;
+  if (hidden > 0) {
+    char s[96];
+    snprintf(s, sizeof(s),
+             "<error_summary>\n%d older errors hidden\n</error_summary>\n\n",
+             hidden);
+    out_str(o, s);
+  }
+  for (int i = 0; i < r->count; i++) {
+    if (i > 0)
+      out_str(o, "\n\n");
+    out_compact(o, g, ring_at(r, i));
+  }
+}
+
+AG_EXTERN size_t ag_guard_error_context(const ag_guard *g, ag_recover_kind kind,
+                                        const char *const *tools,
+                                        size_t n_tools, char *buf, size_t cap) {
+  outbuf o = {buf, cap, 0};
+  if (g->unresolved.count == 0) {
+    if (kind != AG_RECOVER_NO_TOOL_CALL) {
+      out_finish(&o);
+      return 0;
+    }
+  }
+  out_str(&o, "The previous iteration failed with the following error:\n\n");
+  if (g->unresolved.count > 0)
+    out_unresolved(&o, g);
+  else
+    out_str(&o, "Your response contained no tool call.");
+  out_str(&o, "\n\nPlease analyze what went wrong and try a different "
+              "approach.");
+  switch (kind) {
+  case AG_RECOVER_NO_TOOL_CALL:
+    out_str(&o, " You must provide a tool call in your response.");
+    break;
+  case AG_RECOVER_INVALID_JSON:
+    out_str(&o, " Ensure your tool call JSON is properly formatted.");
+    break;
+  case AG_RECOVER_UNKNOWN_TOOL:
+    out_str(&o, " Use one of the available tools: [");
+    for (size_t i = 0; tools != NULL && i < n_tools; i++) {
+      if (i > 0)
+        out_str(&o, ", ");
+      out_str(&o, tools[i]);
+    }
+    out_str(&o, "]");
+    break;
+  case AG_RECOVER_EXECUTION:
+  default:
+    if (g->unresolved.count > 0) {
+      const err_entry *e = ring_at(&g->unresolved, g->unresolved.count - 1);
+      char m[AG_VERDICT_MSG_MAX];
+      bool cut;
+      size_t max = (size_t)g->cfg.errors.max_error_chars;
+      ag__collapse_ws(m, sizeof(m), e->msg, e->len,
+                      max < sizeof(m) - 4 ? max : sizeof(m) - 4, &cut);
+      out_str(&o, " The error was: ");
+      out_str(&o, m);
+      if (cut)
+        out_str(&o, "...");
+    }
+    break;
+  }
+  out_finish(&o);
+  return o.len;
+}
+
+static char *compact_dup(const ag_guard *g, const err_entry *e) {
+  char one[1];
+  size_t need = ag_format_compact_error(one, 1, e->tool[0] ? e->tool : "none",
+                                        e->cat, e->msg, e->len,
+                                        (size_t)g->cfg.errors.max_error_chars);
+  char *s = malloc(need + 1);
+  if (s != NULL)
+    ag_format_compact_error(s, need + 1, e->tool[0] ? e->tool : "none", e->cat,
+                            e->msg, e->len,
+                            (size_t)g->cfg.errors.max_error_chars);
+  return s;
+}
+
+static ag_err_t dump_json(json_t *root, char **out, ag_error_t *err,
+                          size_t flags) {
+  if (root == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  *out = json_dumps(root, flags);
+  json_decref(root);
+  if (*out == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  return AG_OK;
+}
+
+/* jansson owns its allocations; hand the caller memory ag_free can free. */
+static ag_err_t to_malloc(char **out, ag_error_t *err) {
+  size_t n = strlen(*out);
+  char *m = malloc(n + 1);
+  if (m == NULL) {
+    free(*out);
+    *out = NULL;
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  }
+  memcpy(m, *out, n + 1);
+  free(*out);
+  *out = m;
+  return AG_OK;
+}
+
+static json_t *history_json(const ag_guard *g, bool compact) {
+  json_t *arr = json_array();
+  for (int i = 0; arr != NULL && i < g->history.count; i++) {
+    const err_entry *e = ring_at(&g->history, i);
+    if (compact) {
+      char *s = compact_dup(g, e);
+      if (s != NULL) {
+        json_array_append_new(arr, json_string(s));
+        free(s);
+      }
+    } else {
+      json_array_append_new(
+          arr, json_pack("{s:s, s:s, s:i, s:s%}", "tool", e->tool, "category",
+                         ag_category_name(e->cat), "iteration", e->iteration,
+                         "message", e->msg, e->len));
+    }
+  }
+  return arr;
+}
+
+AG_EXTERN ag_err_t ag_guard_escalation_record(const ag_guard *g,
+                                              const ag_verdict *v, char **out,
+                                              ag_error_t *err) {
+  *out = NULL;
+  char reason[AG_TOOL_NAME_MAX + 64];
+  const char *tool = v != NULL && v->tool[0] ? v->tool : "the tools";
+  ag_reason r = v != NULL ? v->reason : g->last_trip;
+  if (r == AG_REASON_IDENTICAL_CALLS || r == AG_REASON_CYCLIC_CALLS)
+    snprintf(reason, sizeof(reason), "Repeated calls to %s", tool);
+  else if (r == AG_REASON_MAX_CALLS_PER_TURN)
+    snprintf(reason, sizeof(reason), "Too many tool calls in one turn");
+  else
+    snprintf(reason, sizeof(reason), "Too many errors with %s", tool);
+  json_t *last = json_null();
+  if (g->history.count > 0) {
+    const err_entry *e = ring_at(&g->history, g->history.count - 1);
+    json_decref(last);
+    last = json_stringn(e->msg, e->len);
+  }
+  json_t *root = json_pack("{s:s, s:s, s:o, s:o}", "status", "escalated",
+                           "reason", reason, "last_error", last,
+                           "error_history", history_json(g, true));
+  ag_err_t rc = dump_json(root, out, err, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  return rc == AG_OK ? to_malloc(out, err) : rc;
+}
+
+AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
+                                 ag_error_t *err) {
+  *out = NULL;
+  json_t *tools = json_array();
+  for (int i = 0; tools != NULL && i < g->opts.max_tools; i++) {
+    const tool_state *t = &g->tools[i];
+    if (!t->used)
+      continue;
+    char hex[65] = "";
+    if (t->has_sig)
+      ag_sig_hex(t->sig, hex);
+    json_array_append_new(
+        tools, json_pack("{s:s, s:s?, s:i, s:i, s:i, s:i}", "name", t->name,
+                         "last_signature", t->has_sig ? hex : NULL,
+                         "identical_run", t->run, "run_iteration", t->run_iter,
+                         "consecutive_failures", t->failures, "unresolved_errors",
+                         t->unresolved));
+  }
+  json_t *ring = json_array();
+  uint64_t have = g->cyc_n < (uint64_t)g->cyc_len ? g->cyc_n : (uint64_t)g->cyc_len;
+  for (uint64_t k = 0; ring != NULL && g->cyc_len > 0 && k < have; k++) {
+    int idx = (int)((g->cyc_n - have + k) % (uint64_t)g->cyc_len);
+    char hex[65];
+    ag_sig_hex(g->cyc_sig[idx], hex);
+    json_array_append_new(ring, g->cyc_valid[idx] ? json_string(hex)
+                                                  : json_null());
+  }
+  json_t *runs = json_object();
+  for (int p = 1; runs != NULL && p <= g->cyc_len; p++) {
+    char k[8];
+    snprintf(k, sizeof(k), "%d", p);
+    json_object_set_new(runs, k, json_integer(g->cyc_run[p]));
+  }
+  json_t *nudged = json_array();
+  for (int r = 0; nudged != NULL && r < AG_REASON__COUNT; r++)
+    if (g->nudged[r])
+      json_array_append_new(nudged, json_string(ag_reason_name((ag_reason)r)));
+  char ident_hex[65] = "";
+  if (g->ident_run > 0)
+    ag_sig_hex(g->ident_key, ident_hex);
+  json_t *unres = json_array();
+  for (int i = 0; unres != NULL && i < g->unresolved.count; i++) {
+    const err_entry *e = ring_at(&g->unresolved, i);
+    json_array_append_new(unres,
+                          json_pack("{s:s, s:s, s:s%}", "tool", e->tool,
+                                    "category", ag_category_name(e->cat),
+                                    "message", e->msg, e->len));
+  }
+  json_t *root = json_pack(
+      "{s:s, s:i, s:i, s:I, s:I, s:i, s:i, s:o, s:{s:I, s:o, s:o}, "
+      "s:{s:i, s:s, s:i, s:i, s:i, s:s, s:o, s:i, s:o}, s:o, s:s, s:i}",
+      "preset", g->cfg.preset, "turn", g->turn, "iteration", g->iteration,
+      "turn_start_ms", (json_int_t)g->turn_start, "deadline_ms",
+      (json_int_t)(g->deadline == INT64_MAX ? -1 : g->deadline),
+      "calls_in_turn", g->calls_in_turn, "tools_tracked",
+      (int)json_array_size(tools), "tools", tools, "cycle", "calls",
+      (json_int_t)g->cyc_n, "recent_signatures", ring, "runs_by_period", runs,
+      "errors", "identical_run", g->ident_run, "identical_key", ident_hex,
+      "consecutive_failing_iterations", g->failing_iters, "total", g->total_errors,
+      "pattern_run", g->pattern_run, "pattern_category",
+      ag_category_name(g->pattern_cat), "history", history_json(g, false),
+      "unresolved_total", g->unresolved_total, "unresolved", unres, "nudged",
+      nudged, "last_trip", ag_reason_name(g->last_trip), "trips", g->trips);
+  ag_err_t rc = dump_json(root, out, err, JSON_INDENT(2) | JSON_SORT_KEYS);
+  return rc == AG_OK ? to_malloc(out, err) : rc;
+}
