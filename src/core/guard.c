@@ -324,6 +324,8 @@ static tool_state *tool_get(ag_guard *g, const char *name) {
       lru = t;
   }
   tool_state *t = free_slot != NULL ? free_slot : lru;
+  if (t == NULL) /* max_tools >= 1 is checked in ag_guard_new */
+    t = &g->tools[0];
   memset(t, 0, sizeof(*t));
   t->used = true;
   t->name_hash = h;
@@ -501,7 +503,7 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
     if (!c->valid) {
       c->invalid_code = rc;
       c->invalid_pos = e.pos;
-      snprintf(c->message, sizeof(c->message), "invalid arguments: %s", e.msg);
+      snprintf(c->message, sizeof(c->message), "invalid arguments: %.480s", e.msg);
     }
   }
   if (past_deadline(g, now_ms, v))
@@ -1152,7 +1154,7 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
   }
   json_t *runs = json_object();
   for (int p = 1; runs != NULL && p <= g->cyc_len; p++) {
-    char k[8];
+    char k[16];
     snprintf(k, sizeof(k), "%d", p);
     json_object_set_new(runs, k, json_integer(g->cyc_run[p]));
   }
