@@ -114,8 +114,9 @@ typedef struct ag_config {
 AG_EXTERN void ag_config_init(ag_config *cfg);
 
 /*
- * Fills `cfg` with the preset `name` (see ag_preset_names). Returns AG_OK, or
- * AG_ENOTFOUND (cfg untouched, err names the preset and the known ones).
+ * Fills `cfg` with the preset `name` (see ag_preset_names). Returns AG_OK,
+ * AG_ENOTFOUND (cfg untouched, err names the preset and suggests a near one
+ * or lists the known ones), or AG_EINVAL for NULL arguments.
  */
 AG_EXTERN ag_err_t ag_config_preset(ag_config *cfg, const char *name,
                                     ag_error_t *err);
@@ -127,34 +128,45 @@ AG_EXTERN const char *const *ag_preset_names(void);
  * Parses a JSON config document (`json`, `len` bytes, not necessarily
  * NUL-terminated) into `cfg`: its "preset" (default "default") first, then
  * every other key on top. On error returns AG_EJSON (err has line, column
- * and pos) or AG_ECONFIG (err->msg names the key path, e.g.
- * "errors.max_tol_errors: unknown key; did you mean max_tool_errors?"), and
- * `cfg` is left untouched. `cfg` is borrowed for the call.
+ * and pos; a repeated key is a JSON error too) or AG_ECONFIG (err->msg names
+ * the key path, e.g. "errors.max_tol_errors: unknown key; did you mean
+ * max_tool_errors?"), AG_EINVAL for NULL arguments; on any error `cfg` is
+ * left untouched. `cfg` is borrowed for the call. docs/configuration.md has
+ * every key and the duration syntax.
  */
 AG_EXTERN ag_err_t ag_config_parse(ag_config *cfg, const char *json, size_t len,
                                    ag_error_t *err);
 
-/* As ag_config_parse, reading the file at `path` (capped at 1 MiB). */
+/*
+ * As ag_config_parse, reading the file at `path`; messages start with the
+ * path. Also AG_EIO (err->sys_errno set) when it cannot be read, and
+ * AG_ETOOBIG past 1 MiB.
+ */
 AG_EXTERN ag_err_t ag_config_load_file(ag_config *cfg, const char *path,
                                        ag_error_t *err);
 
 /*
- * Checks ranges and cross-key rules of a config filled by hand. Returns AG_OK
- * or AG_ECONFIG with the key path in err->msg.
+ * Checks ranges and cross-key rules of a config filled by hand (enums and
+ * bools in range, list items terminated and valid UTF-8, error_history >=
+ * similar_error_limit, preset empty or known). Returns AG_OK, AG_ECONFIG with
+ * the key path in err->msg, or AG_EINVAL for NULL.
  */
 AG_EXTERN ag_err_t ag_config_validate(const ag_config *cfg, ag_error_t *err);
 
 /*
  * Writes `cfg` as a complete JSON config (every key, durations as strings,
- * sorted keys, indented) to *out. *out is caller-owns (free with ag_free).
- * Returns AG_OK or AG_ENOMEM.
+ * sorted keys, indented; "preset" omitted when cfg->preset is empty) to
+ * *out, which parses back to an identical struct. *out is caller-owns (free
+ * with ag_free). Returns AG_OK, AG_ENOMEM, AG_ECONFIG (cfg is invalid, as
+ * ag_config_validate) or AG_EINVAL for NULL arguments.
  */
 AG_EXTERN ag_err_t ag_config_to_json(const ag_config *cfg, char **out,
                                      ag_error_t *err);
 
 /*
- * Parses a duration: "250ms", "30s", "5m", "1h", or "0". Returns AG_OK and
- * sets *ms, or AG_EINVAL. Used for config keys; exposed for the CLI.
+ * Parses a duration: a number and one unit ("250ms", "30s", "1.5s", "5m",
+ * "1h") or "0"; at most 168h, a whole number of milliseconds. Returns AG_OK
+ * and sets *ms, or AG_EINVAL. Used for config keys; exposed for the CLI.
  */
 AG_EXTERN ag_err_t ag_parse_duration(const char *text, int64_t *ms);
 
