@@ -228,8 +228,9 @@ AG_EXTERN size_t ag_utf8_truncate(const char *text, size_t len,
  *   <error>\ntool: T\ntype: C\nmessage: M\nsuggestion: S\n</error>
  * into buf (cap bytes, always NUL-terminated when cap > 0). The message has
  * whitespace runs collapsed to one space and is cut to max_chars bytes on a
- * UTF-8 boundary, with "..." appended when cut. Returns the length the full
- * record needs (like snprintf): a value >= cap means it was cut.
+ * UTF-8 boundary, with "..." appended when cut (max_chars 0: no cut).
+ * Returns the length the full record needs (like snprintf): a value >= cap
+ * means the record itself was cut. Never allocates; safe from any thread.
  */
 AG_EXTERN size_t ag_format_compact_error(char *buf, size_t cap,
                                          const char *tool, ag_category cat,
