@@ -565,7 +565,7 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
     if (p > 0 && cfg->loop.cycle_limit > 0) {
       c->reason = AG_REASON_CYCLIC_CALLS;
       snprintf(c->message, sizeof(c->message),
-               "a sequence of %d calls ending with %s repeated %d times in a "
+               "A sequence of %d calls ending with %s repeated %d times in a "
                "row",
                p, name, cfg->loop.cycle_limit);
       v->suggestion = cycle_suggestion;
@@ -592,9 +592,6 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
     v->call_index = (int)i;
     ag__scopy(v->tool, sizeof(v->tool), name);
     memcpy(v->message, c->message, sizeof(v->message));
-    v->message[0] = (char)(v->message[0] >= 'a' && v->message[0] <= 'z'
-                               ? v->message[0] - 'a' + 'A'
-                               : v->message[0]);
     g->last_trip = v->reason;
     g->trips++;
     return v->action;
@@ -861,8 +858,6 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
     v->call_index = tn[r].index;
     ag__scopy(v->tool, sizeof(v->tool), tn[r].tool);
     ag__scopy(v->message, sizeof(v->message), tn[r].message);
-    if (v->message[0] >= 'a' && v->message[0] <= 'z')
-      v->message[0] = (char)(v->message[0] - 'a' + 'A');
     v->suggestion = r == AG_REASON_IDENTICAL_CALLS
                         ? identical_suggestion
                         : "Stop retrying the failing approach: explain the "
