@@ -5,6 +5,8 @@
  *   agentguard/common.h  version, error codes, ag_error_t, ag_free
  *   agentguard/core.h    the guard: config and presets, signatures,
  *                        classifier, compact errors, detectors (pure)
+ *   agentguard/exec.h    cancellation, retries, tool registry, native and
+ *                        subprocess tools, the two-phase scheduler
  *
  * Library-wide thread-safety: functions without an object are safe from any
  * thread; an object is used from one thread at a time unless its header says
@@ -15,5 +17,6 @@
 
 #include "agentguard/common.h"
 #include "agentguard/core.h"
+#include "agentguard/exec.h"
 
 #endif /* AGENTGUARD_H */

@@ -1,0 +1,313 @@
+/*
+ * agentguard/exec.h - running tool calls for real: cancellation tokens and
+ * deadlines, the retry executor, the tool registry with JSON Schema argument
+ * validation, native and subprocess tools, and the two-phase scheduler.
+ *
+ * The exec layer applies DESIGN.md section 3's rules for retries, timeouts,
+ * approvals, two-phase execution and cancellation. It uses the core's
+ * classifier and config; it never decides loop verdicts (that is the guard).
+ *
+ * Thread-safety: ag_cancel is safe from any thread, and ag_cancel_cancel()
+ * also from a signal handler. A registry is read-only once tools are added
+ * and may then be shared by threads. A scheduler is used by one thread at a
+ * time; it runs tools on its own pool threads.
+ */
+#ifndef AGENTGUARD_EXEC_H
+#define AGENTGUARD_EXEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "common.h"
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Milliseconds on the monotonic clock every deadline of this layer uses. */
+AG_EXTERN int64_t ag_now_ms(void);
+
+/* ------------------------------------------------------------------------ */
+/* Cancellation                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef enum {
+  AG_CANCEL_NONE = 0, /* not cancelled */
+  AG_CANCEL_USER,     /* the caller cancelled (Ctrl-C, an API call) */
+  AG_CANCEL_DEADLINE, /* the turn deadline passed */
+  AG_CANCEL_TIMEOUT   /* the per-attempt timeout passed */
+} ag_cancel_reason;
+
+/* "none", "user", "deadline", "timeout"; a static string. */
+AG_EXTERN const char *ag_cancel_reason_name(ag_cancel_reason r);
+
+typedef struct ag_cancel ag_cancel;
+
+/*
+ * Creates a token. `parent` (may be NULL; borrowed, must outlive the token)
+ * cancels this one too, with the parent's reason. `deadline_ms` is absolute
+ * on ag_now_ms()'s clock (INT64_MAX: none); when it passes, the token is
+ * cancelled with `deadline_reason` (AG_CANCEL_DEADLINE or AG_CANCEL_TIMEOUT).
+ * A turn token: parent = the caller's token, the turn deadline. An attempt
+ * token: parent = the turn token, the per-attempt timeout.
+ * Returns AG_OK, AG_ENOMEM, or AG_EIO (no eventfd; err->sys_errno).
+ */
+AG_EXTERN ag_err_t ag_cancel_new(ag_cancel **out, ag_cancel *parent,
+                                 int64_t deadline_ms,
+                                 ag_cancel_reason deadline_reason,
+                                 ag_error_t *err);
+
+/* Frees a token (no thread may still wait on it). NULL does nothing. */
+AG_EXTERN void ag_cancel_free(ag_cancel *c);
+
+/*
+ * Cancels `c` with `reason` (AG_CANCEL_USER if NONE is given). Sticky: the
+ * first reason wins and later calls do nothing. Safe from any thread and
+ * from a signal handler (an atomic flag and a write to an eventfd).
+ */
+AG_EXTERN void ag_cancel_cancel(ag_cancel *c, ag_cancel_reason reason);
+
+/*
+ * Whether `c` is cancelled: by itself, by an ancestor, or by a deadline in
+ * the chain that has passed (`now_ms`; pass ag_now_ms()). Returns the reason
+ * of whichever fired first, or AG_CANCEL_NONE. Once non-NONE, always the same.
+ */
+AG_EXTERN ag_cancel_reason ag_cancel_check(ag_cancel *c, int64_t now_ms);
+
+/*
+ * Sleeps until `c` is cancelled or `timeout_ms` passes (-1: no timeout).
+ * Returns the cancel reason, or AG_CANCEL_NONE when the time ran out. This
+ * is the interruptible sleep of retry delays.
+ */
+AG_EXTERN ag_cancel_reason ag_cancel_wait(ag_cancel *c, int64_t timeout_ms);
+
+/*
+ * For code that polls: the earliest deadline in the chain (INT64_MAX: none)
+ * and up to `cap` file descriptors, one per token in the chain, each readable
+ * once that token is cancelled. Returns how many were written.
+ */
+AG_EXTERN size_t ag_cancel_fds(ag_cancel *c, int *fds, size_t cap,
+                               int64_t *deadline_ms);
+
+/* ------------------------------------------------------------------------ */
+/* Tools                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* A bounded result buffer handed to native tools. */
+typedef struct ag_output ag_output;
+
+/*
+ * Appends to the result; past the buffer's cap the rest is dropped and the
+ * result is marked truncated. Returns 0, or 1 once truncated.
+ */
+AG_EXTERN int ag_output_write(ag_output *o, const char *data, size_t len);
+AG_EXTERN int ag_output_printf(ag_output *o, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* Marks an AG_TOOL_ERROR as transient (retry it) or permanent, overriding
+ * the classifier. */
+AG_EXTERN void ag_output_set_transient(ag_output *o, bool transient);
+
+typedef enum {
+  AG_TOOL_OK = 0,
+  AG_TOOL_ERROR,    /* the output holds the error text */
+  AG_TOOL_TIMEOUT,  /* the attempt timed out */
+  AG_TOOL_CANCELLED /* the turn or the caller cancelled */
+} ag_tool_status;
+
+/*
+ * A native tool. Runs on a scheduler pool thread (or the caller's thread for
+ * a batch of one). `args` is borrowed for the call and already validated
+ * against the tool's schema. It must watch `cancel` (ag_cancel_check or
+ * ag_cancel_fds) and return AG_TOOL_CANCELLED promptly when it fires.
+ */
+typedef ag_tool_status (*ag_tool_fn)(void *user, const json_t *args,
+                                     ag_cancel *cancel, ag_output *out);
+
+/* Optional limits for a subprocess tool; 0 = not set. */
+typedef struct ag_rlimits {
+  int64_t cpu_seconds;
+  int64_t address_space_bytes;
+  int64_t open_files;
+} ag_rlimits;
+
+typedef struct ag_tool_def {
+  const char *name;        /* required; copied */
+  const char *description; /* copied; may be NULL */
+  const char *parameters;  /* JSON Schema text; NULL: any object */
+  bool requires_approval;
+  bool idempotent;    /* may be retried after a timeout (default true) */
+  int64_t timeout_ms; /* per attempt; -1: retry.function_timeout */
+  int max_retries;    /* -1: retry.max_retries */
+  /* native: */
+  ag_tool_fn fn;
+  void *user;
+  /* or subprocess: NULL-terminated argv, copied; argv[0] looked up in PATH */
+  const char *const *argv;
+  size_t max_output;     /* captured bytes per stream; 0: 1 MiB */
+  int64_t kill_grace_ms; /* SIGTERM then SIGKILL after this; 0: 500 ms */
+  ag_rlimits limits;
+} ag_tool_def;
+
+/* Fills `d` with the defaults (idempotent, timeout and retries from the
+ * config). */
+AG_EXTERN void ag_tool_def_init(ag_tool_def *d);
+
+typedef struct ag_registry ag_registry;
+
+AG_EXTERN ag_err_t ag_registry_new(ag_registry **out, ag_error_t *err);
+AG_EXTERN void ag_registry_free(ag_registry *r);
+
+/*
+ * Adds a tool (copied). Exactly one of fn and argv must be set. The schema is
+ * parsed and checked now: supported keywords are type, properties, required,
+ * additionalProperties, enum, const, items, minItems, maxItems, minimum,
+ * maximum, minLength, maxLength, pattern (POSIX extended regex), description,
+ * title, default, $schema; anything else is AG_ECONFIG naming the keyword and
+ * its path. A duplicate name is AG_EINVAL.
+ */
+AG_EXTERN ag_err_t ag_registry_add(ag_registry *r, const ag_tool_def *def,
+                                   ag_error_t *err);
+
+/* Number of tools, and the i-th name (borrowed until ag_registry_free). */
+AG_EXTERN size_t ag_registry_count(const ag_registry *r);
+AG_EXTERN const char *ag_registry_name(const ag_registry *r, size_t i);
+
+/* The tool's definition (borrowed until ag_registry_free), or NULL. */
+AG_EXTERN const ag_tool_def *ag_registry_get(const ag_registry *r,
+                                             const char *name);
+
+/*
+ * Validates `args` against the tool's schema. Returns AG_OK, AG_ENOTFOUND
+ * (no such tool) or AG_EINVAL with the first violation in err->msg as
+ * "<json pointer>: <what>", e.g. "/items/2/path: expected string".
+ */
+AG_EXTERN ag_err_t ag_registry_validate(const ag_registry *r, const char *name,
+                                        const json_t *args, ag_error_t *err);
+
+/* The tools as an OpenAI "tools" array (new reference), or NULL on ENOMEM. */
+AG_EXTERN json_t *ag_registry_tools_json(const ag_registry *r);
+
+/* ------------------------------------------------------------------------ */
+/* Running calls: retries and the two-phase scheduler                      */
+/* ------------------------------------------------------------------------ */
+
+/* One execution attempt, reported as it ends. */
+typedef struct ag_attempt {
+  int call_index;         /* the call's index in the batch */
+  const char *name;       /* the tool */
+  int attempt;            /* 1-based */
+  ag_tool_status outcome; /* ok, error, timeout, cancelled */
+  int64_t duration_ms;
+  int64_t retry_in_ms; /* delay before the next attempt, or -1: no retry */
+  const char *message; /* error text (borrowed for the callback), or "" */
+} ag_attempt;
+
+/* Called after every attempt, from the thread that ran it; must be
+ * thread-safe. */
+typedef void (*ag_attempt_fn)(void *user, const ag_attempt *a);
+
+typedef enum {
+  AG_EXEC_OK = 0,
+  AG_EXEC_ERROR,     /* failed after its attempts */
+  AG_EXEC_TIMEOUT,   /* the last attempt timed out */
+  AG_EXEC_CANCELLED, /* the turn deadline or the caller cancelled */
+  AG_EXEC_DENIED,    /* refused at approval: "Tool call rejected: ..." */
+  AG_EXEC_NOT_FOUND, /* unknown tool: never ran */
+  AG_EXEC_INVALID,   /* arguments broke the schema: never ran */
+  AG_EXEC_SKIPPED    /* the caller asked not to run it (held by the guard) */
+} ag_exec_status;
+
+/* "ok", "error", ...; a static string. */
+AG_EXTERN const char *ag_exec_status_name(ag_exec_status s);
+
+/* A call's final result. `text` is caller-owns: release with
+ * ag_exec_result_clear. */
+typedef struct ag_exec_result {
+  ag_exec_status status;
+  bool ok;              /* status == AG_EXEC_OK */
+  ag_category category; /* of the error; AG_CAT_UNKNOWN when ok */
+  int attempts;         /* 0 when it never ran */
+  bool truncated;       /* output went past the tool's cap */
+  int64_t duration_ms;  /* all attempts and waits */
+  char *text;           /* result, or the final error text */
+  size_t text_len;
+} ag_exec_result;
+
+AG_EXTERN void ag_exec_result_clear(ag_exec_result *r);
+
+/* One call of a batch. Pointers borrowed for the run. */
+typedef struct ag_exec_call {
+  const char *name;
+  const char *args; /* JSON text */
+  size_t args_len;
+  bool skip;        /* do not run (result AG_EXEC_SKIPPED) */
+} ag_exec_call;
+
+typedef enum {
+  AG_APPROVE_DENY = 0,
+  AG_APPROVE_ONCE,
+  AG_APPROVE_SESSION /* allow this tool for the rest of the session */
+} ag_approval;
+
+/*
+ * Approval callback: phase 1, on the caller's thread, one question at a time,
+ * once per distinct signature in a batch. It may write a reason for a denial
+ * into reason[0..reason_cap).
+ */
+typedef ag_approval (*ag_approve_fn)(void *user, const char *tool,
+                                     const char *args, size_t args_len,
+                                     char *reason, size_t reason_cap);
+
+typedef struct ag_scheduler_opts {
+  ag_approve_fn approve; /* NULL: approve everything */
+  void *approve_user;
+  ag_attempt_fn on_attempt; /* may be NULL */
+  void *attempt_user;
+  uint64_t jitter_seed; /* for retry jitter; 0: from the clock */
+} ag_scheduler_opts;
+
+AG_EXTERN void ag_scheduler_opts_init(ag_scheduler_opts *o);
+
+typedef struct ag_scheduler ag_scheduler;
+
+/*
+ * Creates a scheduler over `reg` (borrowed; must outlive it) with `cfg`
+ * (copied: retry.*, loop.parallel, loop.max_parallel). Starts
+ * loop.max_parallel pool threads. Returns AG_OK, AG_ENOMEM, AG_EIO.
+ */
+AG_EXTERN ag_err_t ag_scheduler_new(ag_scheduler **out, const ag_registry *reg,
+                                    const ag_config *cfg,
+                                    const ag_scheduler_opts *opts,
+                                    ag_error_t *err);
+
+/* Stops and joins the pool threads, then frees. NULL does nothing. */
+AG_EXTERN void ag_scheduler_free(ag_scheduler *s);
+
+/*
+ * Runs a batch: phase 1 asks approvals sequentially (remembering "allow for
+ * the session"); phase 2 runs the approved calls - a batch of one on the
+ * caller's thread, more on the pool (at most loop.max_parallel at once, or
+ * one at a time when loop.parallel is false), each through the retry
+ * executor. `turn` (may be NULL) reaches every running call, retry wait and
+ * subprocess. results[0..n) come back in the calls' order; every one must be
+ * released with ag_exec_result_clear. Returns AG_OK (per-call failures are in
+ * the results) or AG_ENOMEM.
+ */
+AG_EXTERN ag_err_t ag_scheduler_run(ag_scheduler *s, const ag_exec_call *calls,
+                                    size_t n, ag_cancel *turn,
+                                    ag_exec_result *results, ag_error_t *err);
+
+/* Forgets the "allow for the session" answers. */
+AG_EXTERN void ag_scheduler_reset_approvals(ag_scheduler *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* AGENTGUARD_EXEC_H */

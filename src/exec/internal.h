@@ -1,0 +1,124 @@
+/*
+ * src/exec/internal.h - declarations shared between the exec layer's files
+ * (ag__ prefix). Not installed, not API.
+ *
+ * Files and what they own:
+ *   cancel.c     ag_now_ms, ag_cancel_* (tokens, deadlines, eventfds)
+ *   output.c     ag_output_* and ag__output_* (bounded buffers)
+ *   retry.c      ag__retry_delay, ag__exec_call (the retry executor),
+ *                ag_exec_status_name, ag_exec_result_clear
+ *   scheduler.c  ag_scheduler_* (approvals, thread pool, batches)
+ *   registry.c   ag_registry_*, ag_tool_def_init, ag__registry_find
+ *   schema.c     ag__schema_* (JSON Schema subset: compile, validate)
+ *   subprocess.c ag__subprocess_run (fork/exec, pipes, process groups)
+ */
+#ifndef AG_EXEC_INTERNAL_H
+#define AG_EXEC_INTERNAL_H
+
+#include "agentguard/exec.h"
+
+#include "../core/internal.h"
+
+/* ---- output.c ----------------------------------------------------------- */
+
+/* A bounded buffer: at most `cap` bytes are kept (plus a NUL); the rest is
+ * counted in `dropped` and `truncated` is set. */
+struct ag_output {
+  char *buf;
+  size_t cap, len;
+  size_t dropped;
+  bool truncated;
+  int transient; /* -1: not said; 0: permanent; 1: transient */
+};
+
+ag_err_t ag__output_init(ag_output *o, size_t cap);
+void ag__output_free(ag_output *o);
+void ag__output_reset(ag_output *o); /* empty again, same cap */
+
+/* Hands the buffer over (NUL-terminated, caller-owns) and leaves `o` empty
+ * with no buffer; returns NULL on ENOMEM when a fresh buffer was needed. */
+char *ag__output_take(ag_output *o, size_t *len);
+
+/* ---- schema.c ----------------------------------------------------------- */
+
+typedef struct ag__schema ag__schema;
+
+/*
+ * Compiles a JSON Schema (subset listed in exec.h ag_registry_add) from
+ * `schema` (borrowed). Unsupported keywords and malformed values are
+ * AG_ECONFIG: "tools.<tool>.parameters/properties/path: unsupported keyword
+ * \"format\"". `regex` patterns are POSIX extended (regcomp REG_EXTENDED).
+ */
+ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
+                            const char *tool, ag_error_t *err);
+void ag__schema_free(ag__schema *s);
+
+/* AG_OK or AG_EINVAL with "<json pointer>: <what>" ("/items/2/path: expected
+ * string"; the root is ""). Thread-safe on a compiled schema. */
+ag_err_t ag__schema_validate(const ag__schema *s, const json_t *value,
+                             ag_error_t *err);
+
+/* ---- registry.c ---------------------------------------------------------- */
+
+/* A registered tool: the copied definition and its compiled schema. */
+typedef struct ag__tool {
+  ag_tool_def def;   /* strings and argv point into this struct's copies */
+  char **argv_copy;  /* NULL-terminated, or NULL for native tools */
+  ag__schema *schema;/* NULL: any object */
+  json_t *parameters;/* parsed schema (own reference), or NULL */
+} ag__tool;
+
+const ag__tool *ag__registry_find(const ag_registry *r, const char *name);
+
+/* ---- subprocess.c ------------------------------------------------------- */
+
+typedef struct ag__proc_info {
+  int exit_code;   /* when exited normally, else -1 */
+  int term_signal; /* when killed by a signal, else 0 */
+  bool exec_failed;/* argv[0] could not be executed */
+  int exec_errno;
+  bool killed;     /* we sent SIGTERM/SIGKILL (timeout or cancel) */
+} ag__proc_info;
+
+/*
+ * Runs argv (argv[0] searched in PATH) in its own process group with
+ * `input` on stdin, capturing stdout into `out` and stderr into `err` (each
+ * bounded by its cap), watching `cancel` (and its deadlines). On cancel:
+ * SIGTERM to the group, SIGKILL after kill_grace_ms, always reaped.
+ * Returns AG_TOOL_OK for exit 0; AG_TOOL_ERROR for a non-zero exit, a
+ * signal or an exec failure (and writes a readable message into `err` when
+ * stderr was empty: "exited with status 3", "killed by signal 11
+ * (Segmentation fault)", "cannot run 'x': No such file or directory");
+ * AG_TOOL_TIMEOUT when cancel fired with AG_CANCEL_TIMEOUT; AG_TOOL_CANCELLED
+ * for the other cancel reasons. Never leaves an fd or a zombie behind.
+ */
+ag_tool_status ag__subprocess_run(const char *const *argv,
+                                  const ag_rlimits *limits,
+                                  int64_t kill_grace_ms, const char *input,
+                                  size_t input_len, ag_cancel *cancel,
+                                  ag_output *out, ag_output *err,
+                                  ag__proc_info *info);
+
+/* ---- retry.c ------------------------------------------------------------ */
+
+/* The delay before retry number `attempt` + 1 (attempt is 0-based: the
+ * attempt that just failed), per retry.backoff, capped at retry.max_delay,
+ * with jitter when retry.jitter (rng: caller's xorshift state). */
+int64_t ag__retry_delay(const ag_config *cfg, int attempt, uint64_t *rng);
+
+/*
+ * Runs one validated call of `tool` with DESIGN.md's retry rules: per-attempt
+ * timeout (an attempt token linked to `turn`), retries per retry.retry_on and
+ * the classifier, timeouts retried only for idempotent tools, cancellable
+ * waits; reports every attempt through on_attempt; fills `out` with the final
+ * status, category, attempts, duration and text ("Error after 4 attempts:
+ * <message>", "Function timed out after 30s"). `args` is the JSON text (for
+ * subprocess stdin), `parsed` the same arguments parsed (for native tools).
+ * Returns AG_OK or AG_ENOMEM.
+ */
+ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
+                       const char *args, size_t args_len, const json_t *parsed,
+                       ag_cancel *turn, int call_index, ag_attempt_fn on_attempt,
+                       void *attempt_user, uint64_t *rng, ag_exec_result *out);
+
+#endif /* AG_EXEC_INTERNAL_H */
