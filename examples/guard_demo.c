@@ -39,8 +39,8 @@ static const demo_agent agents[] = {
      2,
      1,
      {{{"search", "{\"query\": \"timeout setting\"}", "3 matches in docs/", 0}},
-      {{"open", "{\"path\": \"docs/setup.md\", \"line\": 12}",
-        "timeout: 30s", 0}}}},
+      {{"open", "{\"path\": \"docs/setup.md\", \"line\": 12}", "timeout: 30s",
+        0}}}},
     {"an agent spamming one call inside parallel batches",
      NULL,
      8,
@@ -118,14 +118,13 @@ static int run_agent(const demo_agent *a) {
       calls[i].args = row[i].args;
       calls[i].args_len = strlen(row[i].args);
     }
-    ag_action act = ag_guard_check_calls(g, calls, (size_t)a->width, now,
-                                         checks, &v);
+    ag_action act =
+        ag_guard_check_calls(g, calls, (size_t)a->width, now, checks, &v);
     printf("   iteration %2d:", it + 1);
     for (int i = 0; i < a->width; i++) {
       char hex[65];
       ag_sig_hex(checks[i].sig, hex);
-      printf("%s %s(%s) sig %.8s", i ? "," : "", row[i].name, row[i].args,
-             hex);
+      printf("%s %s(%s) sig %.8s", i ? "," : "", row[i].name, row[i].args, hex);
     }
     printf("\n");
     if (act != AG_ALLOW) {

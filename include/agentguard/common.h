@@ -53,7 +53,7 @@ typedef enum {
 #define AG__ERR_ENUM(name, msg) AG_E##name,
   AG_ERRNO_MAP(AG__ERR_ENUM)
 #undef AG__ERR_ENUM
-  AG_E__COUNT
+      AG_E__COUNT
 } ag_err_t;
 
 #define AG_OK AG_EOK

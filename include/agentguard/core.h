@@ -39,7 +39,10 @@ typedef struct ag_str_list {
 } ag_str_list;
 
 typedef enum { AG_SCOPE_CALL = 0, AG_SCOPE_CALL_AND_RESULT } ag_call_scope;
-typedef enum { AG_FAIL_ALL_FAILED = 0, AG_FAIL_ANY_FAILED } ag_failing_iteration;
+typedef enum {
+  AG_FAIL_ALL_FAILED = 0,
+  AG_FAIL_ANY_FAILED
+} ag_failing_iteration;
 typedef enum { AG_TRIP_STOP = 0, AG_TRIP_ESCALATE } ag_on_trip;
 typedef enum { AG_FEEDBACK_COMPACT = 0, AG_FEEDBACK_FULL } ag_feedback;
 typedef enum {
@@ -62,9 +65,9 @@ typedef enum {
 typedef struct ag_config {
   char preset[AG_LIST_ITEM_MAX]; /* the preset it was built from */
   struct {
-    int max_iterations;           /* 1: iteration cap */
-    int max_calls_per_turn;       /* 2: per-turn call cap */
-    int identical_call_limit;     /* 3: identical-call breaker */
+    int max_iterations;       /* 1: iteration cap */
+    int max_calls_per_turn;   /* 2: per-turn call cap */
+    int identical_call_limit; /* 3: identical-call breaker */
     ag_call_scope identical_call_scope;
     int cycle_limit;              /* 4: repetitions of a block */
     int cycle_max_length;         /* 4: longest block (2..16) */
@@ -197,7 +200,7 @@ typedef enum {
 #define AG__CAT_ENUM(id, name, transient) AG_CAT_##id,
   AG_CATEGORY_MAP(AG__CAT_ENUM)
 #undef AG__CAT_ENUM
-  AG_CAT__COUNT
+      AG_CAT__COUNT
 } ag_category;
 
 /* "timeout", "not_found", ...; a static string. */
@@ -274,7 +277,7 @@ typedef struct ag_guard ag_guard;
 
 /* Capacity options of a guard: fixed at construction, never grown. */
 typedef struct ag_guard_opts {
-  size_t max_args_bytes; /* largest argument text (default 1 MiB) */
+  size_t max_args_bytes;  /* largest argument text (default 1 MiB) */
   size_t max_args_tokens; /* JSON values+keys in one argument (default 65536) */
   int max_depth;          /* JSON nesting (default 64) */
   int max_tools;          /* distinct tool names tracked per turn (64) */
@@ -309,7 +312,7 @@ typedef enum {
 #define AG__REASON_ENUM(id, name) AG_REASON_##id,
   AG_REASON_MAP(AG__REASON_ENUM)
 #undef AG__REASON_ENUM
-  AG_REASON__COUNT
+      AG_REASON__COUNT
 } ag_reason;
 
 /* "identical_calls", ...; a static string. */
@@ -322,11 +325,11 @@ AG_EXTERN const char *ag_reason_name(ag_reason reason);
 typedef struct ag_verdict {
   ag_action action;
   ag_reason reason;
-  int call_index;                 /* the call that tripped, or -1 */
-  char tool[AG_TOOL_NAME_MAX];    /* the tool involved, or "" */
+  int call_index;                   /* the call that tripped, or -1 */
+  char tool[AG_TOOL_NAME_MAX];      /* the tool involved, or "" */
   char message[AG_VERDICT_MSG_MAX]; /* what happened, for people and logs */
   char warning[AG_VERDICT_MSG_MAX]; /* warning to emit before stopping, or "" */
-  const char *suggestion;         /* static text for the model/user, or NULL */
+  const char *suggestion; /* static text for the model/user, or NULL */
 } ag_verdict;
 
 /* One tool call the model asked for. All pointers borrowed for the call. */
@@ -340,10 +343,10 @@ typedef struct ag_call {
 typedef struct ag_call_check {
   ag_action action; /* AG_ALLOW, AG_NUDGE (hold back), AG_STOP/ESCALATE */
   ag_reason reason;
-  bool valid;                /* arguments canonicalized; sig is set */
-  uint8_t sig[AG_SIG_LEN];   /* when valid */
-  ag_err_t invalid_code;     /* when !valid: why */
-  long invalid_pos;          /* when !valid: byte offset in args */
+  bool valid;                       /* arguments canonicalized; sig is set */
+  uint8_t sig[AG_SIG_LEN];          /* when valid */
+  ag_err_t invalid_code;            /* when !valid: why */
+  long invalid_pos;                 /* when !valid: byte offset in args */
   char message[AG_VERDICT_MSG_MAX]; /* nudge text, or why invalid */
 } ag_call_check;
 

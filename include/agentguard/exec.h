@@ -247,7 +247,7 @@ typedef struct ag_exec_call {
   const char *name;
   const char *args; /* JSON text */
   size_t args_len;
-  bool skip;        /* do not run (result AG_EXEC_SKIPPED) */
+  bool skip; /* do not run (result AG_EXEC_SKIPPED) */
 } ag_exec_call;
 
 typedef enum {

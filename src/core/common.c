@@ -7,7 +7,9 @@
 
 #include "internal.h"
 
-AG_EXTERN const char *ag_version(void) { return AG_VERSION_STRING; }
+AG_EXTERN const char *ag_version(void) {
+  return AG_VERSION_STRING;
+}
 
 static const char *const err_msgs[] = {
 #define X(name, msg) msg,
@@ -40,7 +42,9 @@ AG_EXTERN void ag_error_clear(ag_error_t *err) {
   err->pos = -1;
 }
 
-AG_EXTERN void ag_free(void *p) { free(p); }
+AG_EXTERN void ag_free(void *p) {
+  free(p);
+}
 
 ag_err_t ag__set_error(ag_error_t *err, ag_err_t code, long pos,
                        const char *fmt, ...) {

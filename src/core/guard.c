@@ -97,8 +97,8 @@ struct ag_guard {
   tool_state *tools;
 
   /* mechanism 4 */
-  int cyc_len;      /* ring capacity = cycle_max_length */
-  uint64_t cyc_n;   /* calls appended this turn */
+  int cyc_len;    /* ring capacity = cycle_max_length */
+  uint64_t cyc_n; /* calls appended this turn */
   bool cyc_valid[CYCLE_MAX];
   uint8_t cyc_sig[CYCLE_MAX][AG_SIG_LEN];
   int cyc_run[CYCLE_MAX + 1]; /* run[p], p = 1..cyc_len */
@@ -213,7 +213,8 @@ AG_EXTERN ag_err_t ag_guard_new(ag_guard **out, const ag_config *cfg,
   g->sha = EVP_MD_fetch(NULL, "SHA256", NULL);
   g->md = EVP_MD_CTX_new();
   if (g->sha == NULL || g->md == NULL) {
-    rc = ag__set_error(err, AG_ECRYPTO, -1, "ag_guard_new: SHA-256 unavailable");
+    rc =
+        ag__set_error(err, AG_ECRYPTO, -1, "ag_guard_new: SHA-256 unavailable");
     goto fail;
   }
   g->tools = calloc((size_t)o.max_tools, sizeof(*g->tools));
@@ -250,7 +251,9 @@ AG_EXTERN const ag_config *ag_guard_config(const ag_guard *g) {
   return &g->cfg;
 }
 
-AG_EXTERN int64_t ag_guard_deadline(const ag_guard *g) { return g->deadline; }
+AG_EXTERN int64_t ag_guard_deadline(const ag_guard *g) {
+  return g->deadline;
+}
 
 AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
   g->turn++;
@@ -495,22 +498,23 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
     }
     const char *name = calls[i].name != NULL ? calls[i].name : "";
     ag_error_t e;
-    ag_err_t rc =
-        ag__jcs_signature(g->jcs, name, strlen(name), calls[i].args,
-                          calls[i].args != NULL ? calls[i].args_len : 0,
-                          c->sig, &e);
+    ag_err_t rc = ag__jcs_signature(
+        g->jcs, name, strlen(name), calls[i].args,
+        calls[i].args != NULL ? calls[i].args_len : 0, c->sig, &e);
     c->valid = rc == AG_OK;
     if (!c->valid) {
       c->invalid_code = rc;
       c->invalid_pos = e.pos;
-      snprintf(c->message, sizeof(c->message), "invalid arguments: %.480s", e.msg);
+      snprintf(c->message, sizeof(c->message), "invalid arguments: %.480s",
+               e.msg);
     }
   }
   if (past_deadline(g, now_ms, v))
     return v->action;
 
   const ag_config *cfg = &g->cfg;
-  size_t checked = n < (size_t)g->opts.max_batch ? n : (size_t)g->opts.max_batch;
+  size_t checked =
+      n < (size_t)g->opts.max_batch ? n : (size_t)g->opts.max_batch;
   for (size_t i = 0; i < checked; i++) {
     ag_call_check *c = &checks[i];
     const char *name = calls[i].name != NULL ? calls[i].name : "";
@@ -576,7 +580,7 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
     }
     continue;
 
-  nudge: {
+  nudge : {
     char tmp[AG_VERDICT_MSG_MAX];
     memcpy(tmp, c->message, sizeof(tmp));
     c->action = AG_NUDGE;
@@ -709,8 +713,8 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
     const char *name = r->name != NULL ? r->name : "";
     const char *text = r->text != NULL ? r->text : "";
     size_t len = r->text != NULL ? r->text_len : 0;
-    bool is_err = r->outcome == AG_OUTCOME_ERROR ||
-                  ag_guard_is_error_text(g, text, len);
+    bool is_err =
+        r->outcome == AG_OUTCOME_ERROR || ag_guard_is_error_text(g, text, len);
     tool_state *t = tool_get(g, name);
     counted++;
 
@@ -751,8 +755,8 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
     }
 
     failed++;
-    ag_category cat = r->category < AG_CAT__COUNT ? r->category
-                                                  : ag_classify(text, len);
+    ag_category cat =
+        r->category < AG_CAT__COUNT ? r->category : ag_classify(text, len);
     bool cut;
     ag__collapse_ws(shown, sizeof(shown), text, len, 80, &cut);
     const char *ell = cut ? "..." : "";
@@ -933,7 +937,9 @@ static void out_add(outbuf *o, const char *s, size_t n) {
   o->len += n;
 }
 
-static void out_str(outbuf *o, const char *s) { out_add(o, s, strlen(s)); }
+static void out_str(outbuf *o, const char *s) {
+  out_add(o, s, strlen(s));
+}
 
 static void out_finish(outbuf *o) {
   if (o->cap > 0)
@@ -943,10 +949,9 @@ static void out_finish(outbuf *o) {
 /* Appends the compact record of `e`. */
 static void out_compact(outbuf *o, const ag_guard *g, const err_entry *e) {
   char small[1];
-  size_t need =
-      ag_format_compact_error(small, sizeof(small), e->tool[0] ? e->tool : "none",
-                              e->cat, e->msg, e->len,
-                              (size_t)g->cfg.errors.max_error_chars);
+  size_t need = ag_format_compact_error(
+      small, sizeof(small), e->tool[0] ? e->tool : "none", e->cat, e->msg,
+      e->len, (size_t)g->cfg.errors.max_error_chars);
   if (o->len < o->cap && o->cap - o->len > need) {
     ag_format_compact_error(o->p + o->len, o->cap - o->len,
                             e->tool[0] ? e->tool : "none", e->cat, e->msg,
@@ -1113,9 +1118,9 @@ AG_EXTERN ag_err_t ag_guard_escalation_record(const ag_guard *g,
     json_decref(last);
     last = json_stringn(e->msg, e->len);
   }
-  json_t *root = json_pack("{s:s, s:s, s:o, s:o}", "status", "escalated",
-                           "reason", reason, "last_error", last,
-                           "error_history", history_json(g, true));
+  json_t *root =
+      json_pack("{s:s, s:s, s:o, s:o}", "status", "escalated", "reason", reason,
+                "last_error", last, "error_history", history_json(g, true));
   ag_err_t rc = dump_json(root, out, err, JSON_COMPACT | JSON_PRESERVE_ORDER);
   return rc == AG_OK ? to_malloc(out, err) : rc;
 }
@@ -1132,20 +1137,21 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
     if (t->has_sig)
       ag_sig_hex(t->sig, hex);
     json_array_append_new(
-        tools, json_pack("{s:s, s:s?, s:i, s:i, s:i, s:i}", "name", t->name,
-                         "last_signature", t->has_sig ? hex : NULL,
-                         "identical_run", t->run, "run_iteration", t->run_iter,
-                         "consecutive_failures", t->failures, "unresolved_errors",
-                         t->unresolved));
+        tools,
+        json_pack("{s:s, s:s?, s:i, s:i, s:i, s:i}", "name", t->name,
+                  "last_signature", t->has_sig ? hex : NULL, "identical_run",
+                  t->run, "run_iteration", t->run_iter, "consecutive_failures",
+                  t->failures, "unresolved_errors", t->unresolved));
   }
   json_t *ring = json_array();
-  uint64_t have = g->cyc_n < (uint64_t)g->cyc_len ? g->cyc_n : (uint64_t)g->cyc_len;
+  uint64_t have =
+      g->cyc_n < (uint64_t)g->cyc_len ? g->cyc_n : (uint64_t)g->cyc_len;
   for (uint64_t k = 0; ring != NULL && g->cyc_len > 0 && k < have; k++) {
     int idx = (int)((g->cyc_n - have + k) % (uint64_t)g->cyc_len);
     char hex[65];
     ag_sig_hex(g->cyc_sig[idx], hex);
-    json_array_append_new(ring, g->cyc_valid[idx] ? json_string(hex)
-                                                  : json_null());
+    json_array_append_new(ring,
+                          g->cyc_valid[idx] ? json_string(hex) : json_null());
   }
   json_t *runs = json_object();
   for (int p = 1; runs != NULL && p <= g->cyc_len; p++) {
@@ -1163,10 +1169,9 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
   json_t *unres = json_array();
   for (int i = 0; unres != NULL && i < g->unresolved.count; i++) {
     const err_entry *e = ring_at(&g->unresolved, i);
-    json_array_append_new(unres,
-                          json_pack("{s:s, s:s, s:s%}", "tool", e->tool,
-                                    "category", ag_category_name(e->cat),
-                                    "message", e->msg, e->len));
+    json_array_append_new(unres, json_pack("{s:s, s:s, s:s%}", "tool", e->tool,
+                                           "category", ag_category_name(e->cat),
+                                           "message", e->msg, e->len));
   }
   json_t *root = json_pack(
       "{s:s, s:i, s:i, s:I, s:I, s:i, s:i, s:o, s:{s:I, s:o, s:o}, "
@@ -1178,8 +1183,8 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
       (int)json_array_size(tools), "tools", tools, "cycle", "calls",
       (json_int_t)g->cyc_n, "recent_signatures", ring, "runs_by_period", runs,
       "errors", "identical_run", g->ident_run, "identical_key", ident_hex,
-      "consecutive_failing_iterations", g->failing_iters, "total", g->total_errors,
-      "pattern_run", g->pattern_run, "pattern_category",
+      "consecutive_failing_iterations", g->failing_iters, "total",
+      g->total_errors, "pattern_run", g->pattern_run, "pattern_category",
       ag_category_name(g->pattern_cat), "history", history_json(g, false),
       "unresolved_total", g->unresolved_total, "unresolved", unres, "nudged",
       nudged, "last_trip", ag_reason_name(g->last_trip), "trips", g->trips);

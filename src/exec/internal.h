@@ -62,10 +62,10 @@ ag_err_t ag__schema_validate(const ag__schema *s, const json_t *value,
 
 /* A registered tool: the copied definition and its compiled schema. */
 typedef struct ag__tool {
-  ag_tool_def def;   /* strings and argv point into this struct's copies */
-  char **argv_copy;  /* NULL-terminated, or NULL for native tools */
-  ag__schema *schema;/* NULL: any object */
-  json_t *parameters;/* parsed schema (own reference), or NULL */
+  ag_tool_def def;    /* strings and argv point into this struct's copies */
+  char **argv_copy;   /* NULL-terminated, or NULL for native tools */
+  ag__schema *schema; /* NULL: any object */
+  json_t *parameters; /* parsed schema (own reference), or NULL */
 } ag__tool;
 
 const ag__tool *ag__registry_find(const ag_registry *r, const char *name);
@@ -73,11 +73,11 @@ const ag__tool *ag__registry_find(const ag_registry *r, const char *name);
 /* ---- subprocess.c ------------------------------------------------------- */
 
 typedef struct ag__proc_info {
-  int exit_code;   /* when exited normally, else -1 */
-  int term_signal; /* when killed by a signal, else 0 */
-  bool exec_failed;/* argv[0] could not be executed */
+  int exit_code;    /* when exited normally, else -1 */
+  int term_signal;  /* when killed by a signal, else 0 */
+  bool exec_failed; /* argv[0] could not be executed */
   int exec_errno;
-  bool killed;     /* we sent SIGTERM/SIGKILL (timeout or cancel) */
+  bool killed; /* we sent SIGTERM/SIGKILL (timeout or cancel) */
 } ag__proc_info;
 
 /*
@@ -118,7 +118,8 @@ int64_t ag__retry_delay(const ag_config *cfg, int attempt, uint64_t *rng);
  */
 ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
                        const char *args, size_t args_len, const json_t *parsed,
-                       ag_cancel *turn, int call_index, ag_attempt_fn on_attempt,
-                       void *attempt_user, uint64_t *rng, ag_exec_result *out);
+                       ag_cancel *turn, int call_index,
+                       ag_attempt_fn on_attempt, void *attempt_user,
+                       uint64_t *rng, ag_exec_result *out);
 
 #endif /* AG_EXEC_INTERNAL_H */

@@ -20,8 +20,7 @@ static ag_guard *make(const char *preset) {
   cr_assert_eq(ag_config_preset(&cfg, preset, &err), AG_OK, "preset %s: %s",
                preset, err.msg);
   ag_guard *g = NULL;
-  cr_assert_eq(ag_guard_new(&g, &cfg, NULL, &err), AG_OK, "guard: %s",
-               err.msg);
+  cr_assert_eq(ag_guard_new(&g, &cfg, NULL, &err), AG_OK, "guard: %s", err.msg);
   ag_guard_begin_turn(g, 0);
   return g;
 }
@@ -32,8 +31,7 @@ static ag_guard *make_json(const char *json) {
   cr_assert_eq(ag_config_parse(&cfg, json, strlen(json), &err), AG_OK,
                "config: %s", err.msg);
   ag_guard *g = NULL;
-  cr_assert_eq(ag_guard_new(&g, &cfg, NULL, &err), AG_OK, "guard: %s",
-               err.msg);
+  cr_assert_eq(ag_guard_new(&g, &cfg, NULL, &err), AG_OK, "guard: %s", err.msg);
   ag_guard_begin_turn(g, 0);
   return g;
 }
@@ -144,22 +142,22 @@ Test(seed000, scenario1_infinite_loop_prevention) {
 
 Test(seed000, scenario2_recovery_after_success) {
   ag_guard *g = make("hpd");
-  step s[] = {{"ReadFile", "{\"p\":\"missing.txt\"}", "Error: File not found",
-               false},
-              {"WriteFile", "{\"p\":\"missing.txt\"}", "written", false},
-              {"ReadFile", "{\"p\":\"missing.txt\"}", "contents", false},
-              {"DeleteFile", "{\"p\":\"wrong.txt\"}", "Error: File not found",
-               false},
-              {"DeleteFile", "{\"p\":\"missing.txt\"}", "deleted", false}};
+  step s[] = {
+      {"ReadFile", "{\"p\":\"missing.txt\"}", "Error: File not found", false},
+      {"WriteFile", "{\"p\":\"missing.txt\"}", "written", false},
+      {"ReadFile", "{\"p\":\"missing.txt\"}", "contents", false},
+      {"DeleteFile", "{\"p\":\"wrong.txt\"}", "Error: File not found", false},
+      {"DeleteFile", "{\"p\":\"missing.txt\"}", "deleted", false}};
   for (size_t i = 0; i < 5; i++) {
     batch_out o = iterate(g, &s[i], 1, 0);
     cr_assert_eq(o.check, AG_ALLOW);
     cr_assert_eq(o.record, AG_ALLOW);
   }
   json_t *j = dump(g);
-  cr_assert_eq(json_integer_value(json_object_get(
-                   json_object_get(j, "errors"), "consecutive_failing_iterations")),
-               0);
+  cr_assert_eq(
+      json_integer_value(json_object_get(json_object_get(j, "errors"),
+                                         "consecutive_failing_iterations")),
+      0);
   json_decref(j);
   ag_guard_free(g);
 }
@@ -197,11 +195,12 @@ Test(seed000, any_failed_mode_counts_mixed_batch) {
 Test(seed001, stuck_loop_trips_on_fifth_identical_call) {
   ag_guard *g = make("hpd");
   for (int i = 1; i <= 4; i++) {
-    batch_out o = one(g, "ReadFile", "{\"path\":\"data.txt\"}", "contents",
-                      false);
+    batch_out o =
+        one(g, "ReadFile", "{\"path\":\"data.txt\"}", "contents", false);
     cr_assert_eq(o.check, AG_ALLOW, "call %d", i);
   }
-  batch_out o = one(g, "ReadFile", "{\"path\":\"data.txt\"}", "contents", false);
+  batch_out o =
+      one(g, "ReadFile", "{\"path\":\"data.txt\"}", "contents", false);
   cr_assert_eq(o.check, AG_STOP);
   cr_assert_eq(o.v.reason, AG_REASON_IDENTICAL_CALLS);
   cr_assert_eq(o.v.call_index, 0);
@@ -276,18 +275,18 @@ Test(seed001, error_spiral_different_functions) {
 
 Test(seed001, legitimate_fallback_is_not_a_loop) {
   ag_guard *g = make("hpd");
-  cr_assert_eq(one(g, "GetWeather", "{\"city\":\"SF\",\"provider\":\"primary\"}",
-                   "503", true)
+  cr_assert_eq(one(g, "GetWeather",
+                   "{\"city\":\"SF\",\"provider\":\"primary\"}", "503", true)
                    .record,
                AG_ALLOW);
   for (int i = 0; i < 2; i++)
-    cr_assert_eq(
-        one(g, "GetWeather", "{\"provider\":\"fallback\",\"city\":\"SF\"}",
-            "503", true)
-            .record,
-        AG_ALLOW);
-  batch_out o = one(g, "GetWeather", "{\"city\":\"SF\",\"provider\":\"fallback\"}",
-                    "sunny", false);
+    cr_assert_eq(one(g, "GetWeather",
+                     "{\"provider\":\"fallback\",\"city\":\"SF\"}", "503", true)
+                     .record,
+                 AG_ALLOW);
+  batch_out o =
+      one(g, "GetWeather", "{\"city\":\"SF\",\"provider\":\"fallback\"}",
+          "sunny", false);
   cr_assert_eq(o.check, AG_ALLOW);
   cr_assert_eq(o.record, AG_ALLOW);
   cr_assert_eq(tool_run(g, "GetWeather"), 3);
@@ -401,7 +400,8 @@ Test(seed002, error_context_forge_texts) {
                         "zero") != NULL,
             "%s", buf);
   const char *tools[] = {"calculator", "ask_question"};
-  ag_guard_error_context(g, AG_RECOVER_UNKNOWN_TOOL, tools, 2, buf, sizeof(buf));
+  ag_guard_error_context(g, AG_RECOVER_UNKNOWN_TOOL, tools, 2, buf,
+                         sizeof(buf));
   cr_assert(strstr(buf, "try a different approach. Use one of the available "
                         "tools: [calculator, ask_question]") != NULL,
             "%s", buf);
@@ -426,10 +426,9 @@ Test(seed002, error_context_forge_texts) {
 
 Test(seed003, tool_error_budget_escalates) {
   ag_guard *g = make("twelve-factor");
-  cr_assert_eq(one(g, "deploy", "{\"v\":1}", "timeout talking to cluster",
-                   true)
-                   .record,
-               AG_ALLOW);
+  cr_assert_eq(
+      one(g, "deploy", "{\"v\":1}", "timeout talking to cluster", true).record,
+      AG_ALLOW);
   cr_assert_eq(one(g, "deploy", "{\"v\":2}", "auth failed: 401", true).record,
                AG_ALLOW);
   batch_out o = one(g, "deploy", "{\"v\":3}", "validation: bad manifest", true);
@@ -845,7 +844,8 @@ Test(edge, new_turn_resets_every_counter) {
   ag_guard_begin_turn(g, 0);
   json_t *after = dump(g);
   json_object_set_new(after, "turn", json_integer(1)); /* turn number moves */
-  char *a = json_dumps(fresh, JSON_SORT_KEYS), *b = json_dumps(after, JSON_SORT_KEYS);
+  char *a = json_dumps(fresh, JSON_SORT_KEYS),
+       *b = json_dumps(after, JSON_SORT_KEYS);
   cr_assert_str_eq(b, a);
   free(a);
   free(b);
@@ -872,7 +872,7 @@ Test(edge, million_calls_in_constant_memory) {
     ag_guard_begin_iteration(g, 0, &v);
     ag_guard_check_calls(g, &c, 1, 0, &ck, &v);
     ag_result r = {c.name, ck.sig, i % 7 ? AG_OUTCOME_OK : AG_OUTCOME_ERROR,
-                   "text", 4, AG_CAT__COUNT};
+                   "text", 4,      AG_CAT__COUNT};
     ag_guard_record_results(g, &r, 1, 0, &v);
     if (i == 1000)
       heap_at_1k = mallinfo2().uordblks;
@@ -902,8 +902,9 @@ Test(edge, dump_is_complete_json) {
   ag_guard *g = make("default");
   one(g, "A", "{\"x\":1}", "boom", true);
   json_t *j = dump(g);
-  const char *keys[] = {"preset", "turn", "iteration", "calls_in_turn",
-                        "tools", "cycle", "errors", "nudged", "last_trip"};
+  const char *keys[] = {"preset",        "turn",   "iteration",
+                        "calls_in_turn", "tools",  "cycle",
+                        "errors",        "nudged", "last_trip"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
     cr_assert_not_null(json_object_get(j, keys[i]), "missing %s", keys[i]);
   json_t *e = json_object_get(j, "errors");
