@@ -879,6 +879,46 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
   return v->action;
 }
 
+AG_EXTERN ag_action ag_guard_iteration(ag_guard *g, const ag_call *calls,
+                                       size_t n, int64_t now_ms, ag_run_fn run,
+                                       void *user, ag_call_check *checks,
+                                       ag_result *results, ag_verdict *v,
+                                       bool *ran) {
+  if (ran != NULL)
+    *ran = false;
+  ag_action a = ag_guard_begin_iteration(g, now_ms, v);
+  if (a != AG_ALLOW)
+    return a;
+  a = ag_guard_check_calls(g, calls, n, now_ms, checks, v);
+  if (a != AG_ALLOW)
+    return a;
+  for (size_t i = 0; i < n; i++) {
+    ag_result *r = &results[i];
+    r->name = calls[i].name != NULL ? calls[i].name : "";
+    r->sig = checks[i].valid ? checks[i].sig : NULL;
+    r->category = AG_CAT__COUNT;
+    if (checks[i].action == AG_NUDGE) {
+      r->outcome = AG_OUTCOME_SKIPPED;
+      r->text = checks[i].message;
+    } else if (!checks[i].valid) {
+      r->outcome = AG_OUTCOME_ERROR;
+      r->category = AG_CAT_VALIDATION;
+      r->text = checks[i].message;
+    } else {
+      r->outcome = AG_OUTCOME_OK;
+      r->text = "";
+    }
+    r->text_len = strlen(r->text);
+  }
+  int64_t after = now_ms;
+  if (run != NULL) {
+    after = run(user, calls, checks, n, results);
+    if (ran != NULL)
+      *ran = true;
+  }
+  return ag_guard_record_results(g, results, n, after, v);
+}
+
 AG_EXTERN void ag_guard_resume(ag_guard *g, ag_reason reason) {
   switch (reason) {
   case AG_REASON_MAX_ITERATIONS:
