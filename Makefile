@@ -2,7 +2,8 @@
 #   make demo       build, then run the bundled demo through the guard
 #   make test       build and run every test (CTest over Criterion)
 #   make test-asan  the tests under AddressSanitizer + UBSan
-#   make test-tsan  the runtime tests under ThreadSanitizer
+#   make test-tsan  the runtime's concurrent scenarios under ThreadSanitizer
+#                   (tests/tsan/: Criterion cannot start under TSan)
 #   make bench      benchmarks (print figures; never pass/fail on speed)
 # Missing Debian packages are installed first when run as root.
 
@@ -48,7 +49,7 @@ test-tsan: deps
 	  -DAG_SANITIZE=thread -DAG_BUILD_BENCH=OFF $(CMAKE_ARGS)
 	cmake --build $(BUILD_TSAN) -j $(JOBS)
 	cd $(BUILD_TSAN) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-	  ctest -L runtime --output-on-failure -j $(JOBS)
+	  ctest -L tsan --output-on-failure -j $(JOBS)
 
 bench: build
 	@sh bench/run.sh $(BUILD)
