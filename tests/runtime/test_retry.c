@@ -1,7 +1,8 @@
 /*
  * tests/runtime/test_retry.c - the retry executor (ag__exec_call) with
- * native tools written here, the backoff function (pure, no sleeping), and
- * the bounded output buffers the tools write into.
+ * native tools written here and with `sh -c` subprocess tools, the backoff
+ * function (pure, no sleeping), and the bounded output buffers the tools
+ * write into.
  *
  * Real waits use delays and timeouts of a few to a few tens of ms; timing
  * assertions only ever say "well under a second".
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "exec/internal.h"
 
@@ -830,4 +832,168 @@ Test(output, transient_mark) {
   ag__output_reset(&o);
   cr_expect_eq(o.transient, -1);
   ag__output_free(&o);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Subprocess tools                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* A subprocess tool running `sh -c script` (argv borrowed by the tool). */
+typedef struct sh_tool {
+  char *argv[4];
+  ag__tool t;
+} sh_tool;
+
+static void make_sh_tool(sh_tool *s, const char *name, const char *cmd) {
+  s->argv[0] = (char *)"sh";
+  s->argv[1] = (char *)"-c";
+  s->argv[2] = (char *)cmd;
+  s->argv[3] = NULL;
+  memset(&s->t, 0, sizeof(s->t));
+  s->t.def.name = name;
+  s->t.def.idempotent = true;
+  s->t.def.timeout_ms = -1;
+  s->t.def.max_retries = -1;
+  s->t.def.argv = (const char *const *)s->argv;
+  s->t.def.kill_grace_ms = 50;
+  s->t.argv_copy = s->argv;
+}
+
+Test(subprocess_retry, stdout_is_the_result_and_stdin_the_arguments) {
+  sh_tool s;
+  make_sh_tool(&s, "cat", "cat");
+  ag_config cfg = retry_config(3, 1);
+  ag_exec_result r;
+  cr_assert_eq(ag__exec_call(&s.t, &cfg, "{\"a\":1}", 7, NULL, NULL, 0, NULL,
+                             NULL, NULL, &r),
+               AG_OK);
+  EXPECT_STATUS(r, AG_EXEC_OK);
+  EXPECT_TEXT(r, "{\"a\":1}");
+  cr_expect_eq(r.attempts, 1);
+  ag_exec_result_clear(&r);
+}
+
+Test(subprocess_retry, transient_stderr_is_retried_with_the_exact_text) {
+  sh_tool s;
+  make_sh_tool(&s, "fetch", "echo 'Connection refused' >&2; exit 1");
+  ag_config cfg = retry_config(2, 1);
+  recorder rec = {0};
+  ag_exec_result r = run(&s.t, &cfg, NULL, &rec);
+  EXPECT_STATUS(r, AG_EXEC_ERROR);
+  EXPECT_TEXT(r, "Error after 3 attempts: Connection refused");
+  cr_expect_eq(r.category, AG_CAT_NETWORK);
+  cr_expect_eq(rec.n, 3);
+  cr_expect_str_eq(rec.a[0].message, "Connection refused");
+  ag_exec_result_clear(&r);
+}
+
+Test(subprocess_retry, flaky_command_succeeds_on_its_third_attempt) {
+  char dir[] = "/tmp/ag_retry_XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd),
+           "f=%s/n; n=$(cat $f 2>/dev/null || echo 0); n=$((n+1)); "
+           "echo $n > $f; if [ $n -lt 3 ]; then "
+           "echo 'Connection reset by peer' >&2; exit 1; fi; printf done",
+           dir);
+  sh_tool s;
+  make_sh_tool(&s, "flaky", cmd);
+  ag_config cfg = retry_config(3, 1);
+  ag_exec_result r = run(&s.t, &cfg, NULL, NULL);
+  EXPECT_STATUS(r, AG_EXEC_OK);
+  EXPECT_TEXT(r, "done");
+  cr_expect_eq(r.attempts, 3);
+  ag_exec_result_clear(&r);
+  char path[600];
+  snprintf(path, sizeof(path), "%s/n", dir);
+  unlink(path);
+  rmdir(dir);
+}
+
+Test(subprocess_retry, permanent_stderr_fails_at_once) {
+  sh_tool s;
+  make_sh_tool(&s, "write",
+               "echo 'open /etc/x: Permission denied' >&2; "
+               "exit 2");
+  ag_config cfg = retry_config(3, 1);
+  ag_exec_result r = run(&s.t, &cfg, NULL, NULL);
+  EXPECT_STATUS(r, AG_EXEC_ERROR);
+  EXPECT_TEXT(r, "open /etc/x: Permission denied");
+  cr_expect_eq(r.attempts, 1);
+  cr_expect_eq(r.category, AG_CAT_PERMISSION);
+  ag_exec_result_clear(&r);
+}
+
+Test(subprocess_retry, crash_is_an_error_retried_only_under_all) {
+  sh_tool s;
+  make_sh_tool(&s, "crash", "kill -SEGV $$");
+  ag_config cfg = retry_config(2, 1);
+  ag_exec_result r = run(&s.t, &cfg, NULL, NULL);
+  EXPECT_STATUS(r, AG_EXEC_ERROR);
+  cr_expect_eq(r.attempts, 1, "a crash is not transient: %d attempts",
+               r.attempts);
+  cr_expect(strstr(r.text, "signal 11") != NULL, "text: %s", r.text);
+  ag_exec_result_clear(&r);
+
+  cfg.retry.retry_on = AG_RETRY_ON_ALL;
+  r = run(&s.t, &cfg, NULL, NULL);
+  EXPECT_STATUS(r, AG_EXEC_ERROR);
+  cr_expect_eq(r.attempts, 3);
+  cr_expect(strncmp(r.text, "Error after 3 attempts: ", 24) == 0, "text: %s",
+            r.text);
+  ag_exec_result_clear(&r);
+}
+
+Test(subprocess_retry, exec_failure_is_a_permanent_error) {
+  static char *argv[] = {"ag-no-such-program-here", NULL};
+  sh_tool s;
+  make_sh_tool(&s, "missing", "");
+  s.t.argv_copy = argv;
+  s.t.def.argv = (const char *const *)argv;
+  ag_config cfg = retry_config(3, 1);
+  ag_exec_result r = run(&s.t, &cfg, NULL, NULL);
+  EXPECT_STATUS(r, AG_EXEC_ERROR);
+  cr_expect_eq(r.attempts, 1);
+  cr_expect(strstr(r.text, "ag-no-such-program-here") != NULL, "text: %s",
+            r.text);
+  ag_exec_result_clear(&r);
+}
+
+Test(subprocess_retry, hanging_command_times_out_and_is_killed) {
+  sh_tool s;
+  make_sh_tool(&s, "hang", "sleep 10");
+  s.t.def.timeout_ms = 50;
+  s.t.def.idempotent = false;
+  ag_config cfg = retry_config(3, 1);
+  int64_t t0 = ag_now_ms();
+  ag_exec_result r = run(&s.t, &cfg, NULL, NULL);
+  int64_t took = ag_now_ms() - t0;
+  EXPECT_STATUS(r, AG_EXEC_TIMEOUT);
+  EXPECT_TEXT(r, "Function timed out after 50ms");
+  cr_expect_eq(r.attempts, 1);
+  cr_expect_lt(took, 3000, "a 50 ms timeout took %lld ms", (long long)took);
+  ag_exec_result_clear(&r);
+}
+
+Test(subprocess_retry, turn_cancel_kills_the_command) {
+  sh_tool s;
+  make_sh_tool(&s, "hang", "sleep 10");
+  ag_config cfg = retry_config(3, 1);
+  ag_cancel *turn = NULL;
+  cr_assert_eq(ag_cancel_new(&turn, NULL, INT64_MAX, AG_CANCEL_DEADLINE, NULL),
+               AG_OK);
+  canceller k = {turn, 50};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, cancel_later, &k), 0);
+  int64_t t0 = ag_now_ms();
+  ag_exec_result r = run(&s.t, &cfg, turn, NULL);
+  int64_t took = ag_now_ms() - t0;
+  pthread_join(th, NULL);
+  EXPECT_STATUS(r, AG_EXEC_CANCELLED);
+  EXPECT_TEXT(r, "Cancelled by the caller");
+  cr_expect_eq(r.attempts, 1);
+  cr_expect_lt(took, 3000, "cancelled after 50 ms, took %lld ms",
+               (long long)took);
+  ag_exec_result_clear(&r);
+  ag_cancel_free(turn);
 }
