@@ -280,7 +280,9 @@ typedef struct ag_scheduler ag_scheduler;
 /*
  * Creates a scheduler over `reg` (borrowed; must outlive it) with `cfg`
  * (copied: retry.*, loop.parallel, loop.max_parallel). Starts
- * loop.max_parallel pool threads. Returns AG_OK, AG_ENOMEM, AG_EIO.
+ * loop.max_parallel pool threads (none when loop.parallel is false or
+ * max_parallel is 1: then every call runs on the caller's thread). Returns
+ * AG_OK, AG_ENOMEM, AG_EIO (thread creation failed; err->sys_errno).
  */
 AG_EXTERN ag_err_t ag_scheduler_new(ag_scheduler **out, const ag_registry *reg,
                                     const ag_config *cfg,
