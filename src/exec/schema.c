@@ -1,3 +1,1410 @@
-/* placeholder until this module lands */
+/*
+ * src/exec/schema.c - the JSON Schema subset that tool parameters use:
+ * compiled once when a tool is registered, then validated against every call's
+ * arguments.
+ *
+ * Data structures. A compiled schema is a tree of `ag__schema` nodes, one per
+ * (sub)schema in the source document. Each node holds only what its keywords
+ * said: a type bit mask, its declared properties (in declared order, plus an
+ * array of pointers sorted by name for binary search), the required names,
+ * additionalProperties (any / none / a node), deep copies of enum and const
+ * values with their message text rendered at compile time, numeric bounds, and
+ * a compiled regex. Nothing refers back to the source json_t, which stays
+ * borrowed.
+ *
+ * Threading. Compilation happens once, on one thread. Validation only reads
+ * the tree: no caches, no static buffers, no allocation of its own (glibc's
+ * regexec allocates internally, which is thread-safe). The JSON pointer of a
+ * failure is kept as a stack of (key | index) references in the validator's
+ * frame and only rendered into err->msg on failure, so success costs nothing
+ * for it. Recursion follows the compiled tree, whose depth is capped at
+ * MAX_DEPTH (enum/const values too), so a deep argument document cannot make
+ * the validator recurse deeper than the schema does.
+ *
+ * Regexes. `pattern` is compiled with regcomp(REG_EXTENDED | REG_NOSUB) under
+ * a private C.UTF-8 locale (uselocale, thread-local) so that "." and bracket
+ * expressions match code points, like maxLength counts them, whatever locale
+ * the host program set; if C.UTF-8 does not exist, bytes in the "C" locale.
+ * JSON Schema patterns are written in ECMA-262 syntax, where "\d" is a digit;
+ * glibc's POSIX engine silently reads "\d" as a plain "d". So the few ECMA
+ * escapes that POSIX lacks are rewritten before regcomp (\d \D, and \d \w \s
+ * and escaped punctuation inside [...]) and any other letter escape is a
+ * registration error instead of a silent mismatch. PCRE2 was rejected: it
+ * is a new dependency where the design names POSIX regex, and it backtracks,
+ * so a careless pattern could take exponential time on a model's input.
+ *
+ * Order of checks (what "the first violation" means): type, const, enum, then
+ * the type's own keywords: minLength, maxLength, pattern; minimum, maximum;
+ * minItems, maxItems, then items by index; for objects, unexpected properties
+ * first (a misspelt name is the most useful thing to report), then required
+ * names in listed order, then property values in the arguments' order.
+ */
+#include <locale.h>
+#include <regex.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "internal.h"
-typedef int ag__placeholder_schema;
+
+#define MAX_DEPTH 64        /* schema nesting levels; the root is level 1 */
+#define MAX_SHOWN 64        /* bytes of a key or name quoted in a message */
+#define MAX_VALUES_TEXT 200 /* bytes of enum/const values in a message */
+#define MAX_PATTERN 4096    /* bytes of one pattern */
+
+enum {
+  T_OBJECT = 1u << 0,
+  T_ARRAY = 1u << 1,
+  T_STRING = 1u << 2,
+  T_NUMBER = 1u << 3,
+  T_INTEGER = 1u << 4,
+  T_BOOLEAN = 1u << 5,
+  T_NULL = 1u << 6
+};
+#define N_TYPES 7
+static const char *const type_names[N_TYPES] = {
+    "object", "array", "string", "number", "integer", "boolean", "null"};
+
+enum { ADD_ANY, ADD_NONE, ADD_SCHEMA };
+
+/* A bound from the schema, exact for integers, with its text for messages. */
+typedef struct num {
+  bool is_int;
+  json_int_t i;
+  double d;
+  char text[40];
+} num;
+
+typedef struct sname {
+  char *s;
+  size_t len;
+} sname;
+
+typedef struct prop {
+  sname name;
+  ag__schema *schema;
+} prop;
+
+typedef struct pattern {
+  regex_t re;
+  locale_t loc;
+  char *text; /* as written in the schema, for messages */
+} pattern;
+
+struct ag__schema {
+  bool never;     /* the boolean schema false */
+  unsigned types; /* T_* mask; 0: any type */
+  prop *props;    /* declared order */
+  prop **sorted;  /* the same, sorted by name */
+  size_t n_props;
+  sname *required;
+  size_t n_required;
+  int additional;
+  ag__schema *additional_schema;
+  json_t *enum_values; /* own deep copy */
+  char *enum_text;
+  json_t *const_value; /* own deep copy */
+  char *const_text;
+  ag__schema *items;
+  bool has_min_items, has_max_items;
+  size_t min_items, max_items;
+  bool has_min, has_max;
+  num minimum, maximum;
+  bool has_min_len, has_max_len;
+  size_t min_len, max_len;
+  pattern *pattern;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Bounded text buffers for messages                                        */
+/* ------------------------------------------------------------------------ */
+
+/* Always NUL-terminated; what does not fit is dropped at a UTF-8 boundary. */
+typedef struct sbuf {
+  char *p;
+  size_t cap, len;
+  bool cut;
+} sbuf;
+
+static void sb_init(sbuf *b, char *p, size_t cap) {
+  b->p = p;
+  b->cap = cap;
+  b->len = 0;
+  b->cut = false;
+  if (cap > 0)
+    p[0] = '\0';
+}
+
+static size_t utf8_back(const char *s, size_t n) {
+  while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+    n--;
+  return n;
+}
+
+static void sb_putn(sbuf *b, const char *s, size_t n) {
+  if (b->cap == 0)
+    return;
+  size_t room = b->cap - 1 - b->len;
+  if (n > room) {
+    /* s[room] exists since n > room: back off to a character start. */
+    n = utf8_back(s, room);
+    b->cut = true;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
+}
+
+static void sb_puts(sbuf *b, const char *s) {
+  sb_putn(b, s, strlen(s));
+}
+
+static void sb_putc(sbuf *b, char c) {
+  sb_putn(b, &c, 1);
+}
+
+static void sb_vprintf(sbuf *b, const char *fmt, va_list ap) {
+  char tmp[AG_ERROR_MSG_MAX];
+  int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+  if (n < 0)
+    return;
+  size_t len = (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1;
+  sb_putn(b, tmp, len);
+}
+
+static void sb_printf(sbuf *b, const char *fmt, ...) AG__PRINTF(2, 3);
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  sb_vprintf(b, fmt, ap);
+  va_end(ap);
+}
+
+/* At most `max` bytes of s[0..n), cut at a character start. */
+static size_t shown_len(const char *s, size_t n, size_t max) {
+  return n <= max ? n : utf8_back(s, max);
+}
+
+/* s as a JSON-style quoted string, cut to MAX_SHOWN bytes with "...". */
+static void sb_quoted(sbuf *b, const char *s, size_t n) {
+  size_t m = shown_len(s, n, MAX_SHOWN);
+  sb_putc(b, '"');
+  for (size_t i = 0; i < m; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\') {
+      sb_putc(b, '\\');
+      sb_putc(b, (char)c);
+    } else if (c < 0x20) {
+      sb_printf(b, "\\u%04x", c);
+    } else {
+      sb_putc(b, (char)c);
+    }
+  }
+  if (m < n)
+    sb_puts(b, "...");
+  sb_putc(b, '"');
+}
+
+/* "/" and one RFC 6901 reference token: "~" is "~0", "/" is "~1". Keys over
+ * MAX_SHOWN bytes are cut and marked "...". */
+static void sb_token(sbuf *b, const char *s, size_t n) {
+  size_t m = shown_len(s, n, MAX_SHOWN);
+  sb_putc(b, '/');
+  size_t start = 0;
+  for (size_t i = 0; i < m; i++) {
+    if (s[i] == '~' || s[i] == '/' || s[i] == '\0') {
+      sb_putn(b, s + start, i - start);
+      if (s[i] == '~')
+        sb_puts(b, "~0");
+      else if (s[i] == '/')
+        sb_puts(b, "~1");
+      start = i + 1; /* a NUL byte is dropped: it cannot be shown */
+    }
+  }
+  sb_putn(b, s + start, m - start);
+  if (m < n)
+    sb_puts(b, "...");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Suggestions                                                              */
+/* ------------------------------------------------------------------------ */
+
+static int lower(int c) {
+  return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c;
+}
+
+/* Optimal string alignment distance (Levenshtein plus adjacent
+ * transpositions), ASCII case-insensitive, in three rows; inputs of at most
+ * MAX_SHOWN bytes. */
+static int osa_distance(const char *a, size_t la, const char *b, size_t lb) {
+  int rows[3][MAX_SHOWN + 1];
+  int *pp = rows[0], *p = rows[1], *d = rows[2];
+  for (size_t j = 0; j <= lb; j++)
+    p[j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    d[0] = (int)i;
+    for (size_t j = 1; j <= lb; j++) {
+      int ca = lower((unsigned char)a[i - 1]),
+          cb = lower((unsigned char)b[j - 1]);
+      int v = p[j] + 1;
+      if (d[j - 1] + 1 < v)
+        v = d[j - 1] + 1;
+      if (p[j - 1] + (ca != cb) < v)
+        v = p[j - 1] + (ca != cb);
+      if (i > 1 && j > 1 && ca == lower((unsigned char)b[j - 2]) &&
+          lower((unsigned char)a[i - 2]) == cb && pp[j - 2] + 1 < v)
+        v = pp[j - 2] + 1;
+      d[j] = v;
+    }
+    int *t = pp;
+    pp = p;
+    p = d;
+    d = t;
+  }
+  return p[lb];
+}
+
+/* Distance of `input` to `cand` if it is close enough to suggest (at most 1
+ * for inputs shorter than 6 bytes, else 2, as the config's suggestions), else
+ * -1. */
+static int close_enough(const char *input, size_t li, const char *cand,
+                        size_t lc) {
+  if (li > MAX_SHOWN || lc > MAX_SHOWN)
+    return -1;
+  int limit = li < 6 ? 1 : 2;
+  int dist = osa_distance(input, li, cand, lc);
+  return dist <= limit ? dist : -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* JSON helpers                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Whether d has no fraction. Every double of magnitude 2^52 or more is an
+ * integer; below that the cast to an integer is exact. (No libm: the library
+ * does not link it.) */
+static bool integral(double d) {
+  if (d >= 4503599627370496.0 || d <= -4503599627370496.0)
+    return true;
+  return (double)(json_int_t)d == d;
+}
+
+/* Compares an integer with a double exactly (no rounding of either). */
+static int cmp_int_real(json_int_t i, double d) {
+  if (d >= 9223372036854775808.0)
+    return -1;
+  if (d < -9223372036854775808.0)
+    return 1;
+  json_int_t fl = (json_int_t)d; /* toward zero, exact in this range */
+  if ((double)fl > d)
+    fl--; /* floor of a negative non-integer */
+  if (i != fl)
+    return i < fl ? -1 : 1;
+  return integral(d) ? 0 : -1; /* i == floor(d) < d */
+}
+
+static void num_of(num *n, const json_t *v) {
+  n->is_int = json_is_integer(v);
+  n->i = n->is_int ? json_integer_value(v) : 0;
+  n->d = n->is_int ? (double)n->i : json_real_value(v);
+}
+
+static int cmp_nums(const num *a, const num *b) {
+  if (a->is_int && b->is_int)
+    return (a->i > b->i) - (a->i < b->i);
+  if (a->is_int)
+    return cmp_int_real(a->i, b->d);
+  if (b->is_int)
+    return -cmp_int_real(b->i, a->d);
+  return (a->d > b->d) - (a->d < b->d);
+}
+
+static int cmp_num(const json_t *v, const num *b) {
+  num a;
+  num_of(&a, v);
+  return cmp_nums(&a, b);
+}
+
+static void num_from(num *n, const json_t *v) {
+  num_of(n, v);
+  if (n->is_int) {
+    snprintf(n->text, sizeof(n->text), "%" JSON_INTEGER_FORMAT, n->i);
+    return;
+  }
+  /* The shortest of %.15g..%.17g that reads back as the same double. */
+  for (int prec = 15; prec <= 17; prec++) {
+    snprintf(n->text, sizeof(n->text), "%.*g", prec, n->d);
+    if (strtod(n->text, NULL) == n->d)
+      break;
+  }
+}
+
+static bool num_eq(const json_t *a, const json_t *b) {
+  num n;
+  num_of(&n, b);
+  return cmp_num(a, &n) == 0;
+}
+
+/* Deep equality where numbers compare by value (1 == 1.0). Recursion is
+ * bounded by the depth of the schema side, capped at compile time. */
+static bool json_eq(const json_t *a, const json_t *b) {
+  if (json_is_number(a) && json_is_number(b))
+    return num_eq(a, b);
+  if (json_typeof(a) != json_typeof(b))
+    return false;
+  switch (json_typeof(a)) {
+  case JSON_STRING:
+    return json_string_length(a) == json_string_length(b) &&
+           memcmp(json_string_value(a), json_string_value(b),
+                  json_string_length(a)) == 0;
+  case JSON_ARRAY: {
+    size_t n = json_array_size(a);
+    if (n != json_array_size(b))
+      return false;
+    for (size_t i = 0; i < n; i++)
+      if (!json_eq(json_array_get(a, i), json_array_get(b, i)))
+        return false;
+    return true;
+  }
+  case JSON_OBJECT: {
+    if (json_object_size(a) != json_object_size(b))
+      return false;
+    const char *k;
+    size_t kl;
+    json_t *va;
+    json_object_keylen_foreach((json_t *)a, k, kl, va) {
+      const json_t *vb = json_object_getn(b, k, kl);
+      if (vb == NULL || !json_eq(va, vb))
+        return false;
+    }
+    return true;
+  }
+  default: /* true, false, null: the type is the value */
+    return true;
+  }
+}
+
+/* Whether v nests containers more than `limit` levels deep; recurses at most
+ * limit + 1 levels. */
+static bool deeper_than(const json_t *v, int limit) {
+  if (!json_is_array(v) && !json_is_object(v))
+    return false;
+  if (limit <= 0)
+    return true;
+  if (json_is_array(v)) {
+    for (size_t i = 0; i < json_array_size(v); i++)
+      if (deeper_than(json_array_get(v, i), limit - 1))
+        return true;
+    return false;
+  }
+  const char *k;
+  json_t *x;
+  json_object_foreach((json_t *)v, k, x) {
+    if (deeper_than(x, limit - 1))
+      return true;
+  }
+  return false;
+}
+
+static const char *got_name(const json_t *v) {
+  switch (json_typeof(v)) {
+  case JSON_OBJECT:
+    return "object";
+  case JSON_ARRAY:
+    return "array";
+  case JSON_STRING:
+    return "string";
+  case JSON_INTEGER:
+    return "integer";
+  case JSON_REAL:
+    return "number";
+  case JSON_TRUE:
+  case JSON_FALSE:
+    return "boolean";
+  default:
+    return "null";
+  }
+}
+
+/* Non-negative integral numbers (JSON Schema: 3.0 is an integer). */
+static bool as_count(const json_t *v, size_t *out) {
+  if (json_is_integer(v)) {
+    if (json_integer_value(v) < 0)
+      return false;
+    *out = (unsigned long long)json_integer_value(v) > SIZE_MAX
+               ? SIZE_MAX
+               : (size_t)json_integer_value(v);
+    return true;
+  }
+  if (json_is_real(v)) {
+    double d = json_real_value(v);
+    if (d < 0 || !integral(d))
+      return false;
+    *out = d >= 18446744073709551615.0 ? SIZE_MAX : (size_t)d;
+    return true;
+  }
+  return false;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Compilation                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct cctx {
+  const char *tool;
+  ag_error_t *err;
+  char path[AG_ERROR_MSG_MAX]; /* JSON pointer from the schema root */
+  sbuf pb;
+} cctx;
+
+static ag_err_t cfail(cctx *c, const char *fmt, ...) AG__PRINTF(2, 3);
+static ag_err_t cfail(cctx *c, const char *fmt, ...) {
+  char msg[AG_ERROR_MSG_MAX];
+  sbuf b;
+  sb_init(&b, msg, sizeof(msg));
+  if (c->tool != NULL)
+    sb_printf(&b, "tools.%s.", c->tool);
+  sb_printf(&b, "parameters%s: ", c->path);
+  va_list ap;
+  va_start(ap, fmt);
+  sb_vprintf(&b, fmt, ap);
+  va_end(ap);
+  return ag__set_error(c->err, AG_ECONFIG, -1, "%s", msg);
+}
+
+static ag_err_t cnomem(cctx *c) {
+  return ag__set_error(c->err, AG_ENOMEM, -1, "out of memory");
+}
+
+/* Pushes one pointer token on the schema path; returns the length to pop
+ * back to. */
+static size_t cpush(cctx *c, const char *s, size_t n) {
+  size_t mark = c->pb.len;
+  sb_token(&c->pb, s, n);
+  return mark;
+}
+
+static void cpop(cctx *c, size_t mark) {
+  c->pb.len = mark;
+  c->path[mark] = '\0';
+}
+
+static ag_err_t compile_node(cctx *c, ag__schema **out, const json_t *js,
+                             int depth);
+
+typedef ag_err_t (*kw_fn)(cctx *c, ag__schema *s, const json_t *v, int depth);
+
+static ag_err_t kw_type(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)depth;
+  const json_t *one = v;
+  size_t n = 1;
+  if (json_is_array(v)) {
+    n = json_array_size(v);
+    if (n == 0)
+      return cfail(c, "must not be an empty array");
+  } else if (!json_is_string(v)) {
+    return cfail(c, "must be a type name or an array of type names");
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (json_is_array(v))
+      one = json_array_get(v, i);
+    if (!json_is_string(one))
+      return cfail(c, "must be a type name or an array of type names");
+    const char *name = json_string_value(one);
+    size_t len = json_string_length(one);
+    int idx = -1;
+    const char *near = NULL;
+    for (int t = 0; t < N_TYPES; t++) {
+      size_t tl = strlen(type_names[t]);
+      if (tl == len && memcmp(type_names[t], name, len) == 0)
+        idx = t;
+      else if (near == NULL && close_enough(name, len, type_names[t], tl) >= 0)
+        near = type_names[t];
+    }
+    if (idx < 0) {
+      char q[MAX_SHOWN * 2 + 8];
+      sbuf b;
+      sb_init(&b, q, sizeof(q));
+      sb_quoted(&b, name, len);
+      if (near != NULL)
+        return cfail(c, "unknown type %s; did you mean \"%s\"?", q, near);
+      return cfail(c,
+                   "unknown type %s; use object, array, string, number, "
+                   "integer, boolean or null",
+                   q);
+    }
+    unsigned bit = 1u << idx;
+    if (s->types & bit)
+      return cfail(c, "type \"%s\" is listed twice", type_names[idx]);
+    s->types |= bit;
+  }
+  return AG_OK;
+}
+
+static int prop_cmp(const void *a, const void *b) {
+  const prop *pa = *(const prop *const *)a, *pb = *(const prop *const *)b;
+  size_t n = pa->name.len < pb->name.len ? pa->name.len : pb->name.len;
+  int r = memcmp(pa->name.s, pb->name.s, n);
+  if (r != 0)
+    return r;
+  return (pa->name.len > pb->name.len) - (pa->name.len < pb->name.len);
+}
+
+static ag_err_t kw_properties(cctx *c, ag__schema *s, const json_t *v,
+                              int depth) {
+  if (!json_is_object(v))
+    return cfail(c, "must be an object mapping names to schemas");
+  size_t n = json_object_size(v);
+  if (n == 0)
+    return AG_OK;
+  s->props = calloc(n, sizeof(*s->props));
+  s->sorted = calloc(n, sizeof(*s->sorted));
+  if (s->props == NULL || s->sorted == NULL)
+    return cnomem(c);
+  const char *k;
+  size_t kl;
+  json_t *sub;
+  json_object_keylen_foreach((json_t *)v, k, kl, sub) {
+    prop *p = &s->props[s->n_props];
+    p->name.s = malloc(kl + 1);
+    if (p->name.s == NULL)
+      return cnomem(c);
+    memcpy(p->name.s, k, kl);
+    p->name.s[kl] = '\0';
+    p->name.len = kl;
+    s->sorted[s->n_props] = p;
+    s->n_props++;
+    size_t mark = cpush(c, k, kl);
+    ag_err_t rc = compile_node(c, &p->schema, sub, depth + 1);
+    if (rc != AG_OK)
+      return rc;
+    cpop(c, mark);
+  }
+  qsort(s->sorted, s->n_props, sizeof(*s->sorted), prop_cmp);
+  return AG_OK;
+}
+
+static ag_err_t kw_required(cctx *c, ag__schema *s, const json_t *v,
+                            int depth) {
+  (void)depth;
+  if (!json_is_array(v))
+    return cfail(c, "must be an array of property names");
+  size_t n = json_array_size(v);
+  if (n == 0)
+    return AG_OK;
+  s->required = calloc(n, sizeof(*s->required));
+  if (s->required == NULL)
+    return cnomem(c);
+  for (size_t i = 0; i < n; i++) {
+    const json_t *e = json_array_get(v, i);
+    if (!json_is_string(e))
+      return cfail(c, "must be an array of property names (item %zu is %s)", i,
+                   got_name(e));
+    const char *name = json_string_value(e);
+    size_t len = json_string_length(e);
+    for (size_t j = 0; j < s->n_required; j++) {
+      if (s->required[j].len == len &&
+          memcmp(s->required[j].s, name, len) == 0) {
+        char q[MAX_SHOWN * 2 + 8];
+        sbuf b;
+        sb_init(&b, q, sizeof(q));
+        sb_quoted(&b, name, len);
+        return cfail(c, "%s is listed twice", q);
+      }
+    }
+    sname *r = &s->required[s->n_required];
+    r->s = malloc(len + 1);
+    if (r->s == NULL)
+      return cnomem(c);
+    memcpy(r->s, name, len);
+    r->s[len] = '\0';
+    r->len = len;
+    s->n_required++;
+  }
+  return AG_OK;
+}
+
+static ag_err_t kw_additional(cctx *c, ag__schema *s, const json_t *v,
+                              int depth) {
+  if (json_is_boolean(v)) {
+    s->additional = json_is_true(v) ? ADD_ANY : ADD_NONE;
+    return AG_OK;
+  }
+  if (!json_is_object(v))
+    return cfail(c, "must be true, false or a schema");
+  s->additional = ADD_SCHEMA;
+  return compile_node(c, &s->additional_schema, v, depth + 1);
+}
+
+static ag_err_t kw_items(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  if (json_is_array(v))
+    return cfail(c, "an array of schemas (tuple form) is not supported; "
+                    "give one schema for every item");
+  if (!json_is_object(v) && !json_is_boolean(v))
+    return cfail(c, "must be a schema");
+  return compile_node(c, &s->items, v, depth + 1);
+}
+
+static ag_err_t kw_count(cctx *c, const json_t *v, bool *has, size_t *out) {
+  if (!as_count(v, out))
+    return cfail(c, "must be a non-negative integer");
+  *has = true;
+  return AG_OK;
+}
+
+static ag_err_t kw_min_items(cctx *c, ag__schema *s, const json_t *v,
+                             int depth) {
+  (void)depth;
+  return kw_count(c, v, &s->has_min_items, &s->min_items);
+}
+static ag_err_t kw_max_items(cctx *c, ag__schema *s, const json_t *v,
+                             int depth) {
+  (void)depth;
+  return kw_count(c, v, &s->has_max_items, &s->max_items);
+}
+static ag_err_t kw_min_len(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)depth;
+  return kw_count(c, v, &s->has_min_len, &s->min_len);
+}
+static ag_err_t kw_max_len(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)depth;
+  return kw_count(c, v, &s->has_max_len, &s->max_len);
+}
+
+static ag_err_t kw_minimum(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)depth;
+  if (!json_is_number(v))
+    return cfail(c, "must be a number");
+  s->has_min = true;
+  num_from(&s->minimum, v);
+  return AG_OK;
+}
+static ag_err_t kw_maximum(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)depth;
+  if (!json_is_number(v))
+    return cfail(c, "must be a number");
+  s->has_max = true;
+  num_from(&s->maximum, v);
+  return AG_OK;
+}
+
+/* Renders values as compact JSON joined by ", ", cut near MAX_VALUES_TEXT
+ * with "...". Returns a malloc'd string or NULL on ENOMEM. */
+static char *values_text(const json_t *const *vals, size_t n) {
+  char *text = malloc(MAX_VALUES_TEXT + 8);
+  if (text == NULL)
+    return NULL;
+  sbuf b;
+  sb_init(&b, text, MAX_VALUES_TEXT + 1);
+  for (size_t i = 0; i < n; i++) {
+    char *one = json_dumps(vals[i], JSON_COMPACT | JSON_ENCODE_ANY);
+    if (one == NULL) {
+      free(text);
+      return NULL;
+    }
+    if (i > 0)
+      sb_puts(&b, ", ");
+    sb_puts(&b, one);
+    free(one);
+    if (b.cut)
+      break;
+  }
+  if (b.cut)
+    strcpy(text + b.len, "..."); /* the +8 spare bytes */
+  return text;
+}
+
+static ag_err_t kw_enum(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)depth;
+  if (!json_is_array(v) || json_array_size(v) == 0)
+    return cfail(c, "must be a non-empty array of values");
+  if (deeper_than(v, MAX_DEPTH + 1))
+    return cfail(c, "values nest deeper than %d levels", MAX_DEPTH);
+  s->enum_values = json_deep_copy(v);
+  if (s->enum_values == NULL)
+    return cnomem(c);
+  size_t n = json_array_size(v);
+  const json_t **vals = malloc(n * sizeof(*vals));
+  if (vals == NULL)
+    return cnomem(c);
+  for (size_t i = 0; i < n; i++)
+    vals[i] = json_array_get(v, i);
+  s->enum_text = values_text(vals, n);
+  free(vals);
+  return s->enum_text == NULL ? cnomem(c) : AG_OK;
+}
+
+static ag_err_t kw_const(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)depth;
+  if (deeper_than(v, MAX_DEPTH))
+    return cfail(c, "value nests deeper than %d levels", MAX_DEPTH);
+  s->const_value = json_deep_copy(v);
+  if (s->const_value == NULL)
+    return cnomem(c);
+  s->const_text = values_text(&v, 1);
+  return s->const_text == NULL ? cnomem(c) : AG_OK;
+}
+
+/* Whether c is ASCII punctuation (escaped, it stands for itself in ECMA). */
+static bool is_punct(unsigned char ch) {
+  return ch > 0x20 && ch < 0x7F && !(ch >= '0' && ch <= '9') &&
+         !(ch >= 'A' && ch <= 'Z') && !(ch >= 'a' && ch <= 'z');
+}
+
+static const char *control_escape(char ch) {
+  switch (ch) {
+  case 'n':
+    return "\n";
+  case 't':
+    return "\t";
+  case 'r':
+    return "\r";
+  case 'f':
+    return "\f";
+  case 'v':
+    return "\v";
+  default:
+    return NULL;
+  }
+}
+
+/*
+ * Rewrites ECMA escapes that POSIX ERE lacks (see the note at the top) from
+ * src[0..n) into `out`. Returns NULL or a description of what cannot be
+ * rewritten. `inner` is scratch as large as `out`.
+ */
+static const char *translate_pattern(const char *src, size_t n, sbuf *out,
+                                     sbuf *inner, char *why, size_t why_cap) {
+  size_t i = 0;
+  while (i < n) {
+    char ch = src[i];
+    if (ch == '\\') {
+      if (i + 1 >= n)
+        return "ends with a lone backslash";
+      char e = src[i + 1];
+      const char *ctl = control_escape(e);
+      if (e == 'd')
+        sb_puts(out, "[0-9]");
+      else if (e == 'D')
+        sb_puts(out, "[^0-9]");
+      else if (ctl != NULL)
+        sb_puts(out, ctl);
+      else if ((unsigned char)e >= 0x80) /* an identity escape of a letter */
+        sb_putc(out, e);
+      else if ((e != '\0' && strchr("wWsSbB123456789", e) != NULL) ||
+               is_punct((unsigned char)e)) {
+        sb_putc(out, '\\');
+        sb_putc(out, e);
+      } else {
+        snprintf(why, why_cap, "the escape \\%c is not supported", e);
+        return why;
+      }
+      i += 2;
+      continue;
+    }
+    if (ch != '[') {
+      sb_putc(out, ch);
+      i++;
+      continue;
+    }
+    /* A bracket expression: POSIX takes a backslash inside it literally, so
+     * ECMA escapes are resolved here, and "]", "-" and "^" given escaped are
+     * moved to where POSIX reads them literally. */
+    size_t j = i + 1;
+    bool neg = false, rbr = false, dash = false, caret = false;
+    if (j < n && src[j] == '^') {
+      neg = true;
+      j++;
+    }
+    if (j < n && src[j] == ']') {
+      rbr = true;
+      j++;
+    }
+    sb_init(inner, inner->p, inner->cap);
+    for (;;) {
+      if (j >= n)
+        return "has an unterminated [";
+      char b = src[j];
+      if (b == ']')
+        break;
+      if (b == '[' && j + 1 < n &&
+          (src[j + 1] == ':' || src[j + 1] == '.' || src[j + 1] == '=')) {
+        char term = src[j + 1];
+        size_t k = j + 2;
+        while (k + 1 < n && !(src[k] == term && src[k + 1] == ']'))
+          k++;
+        if (k + 1 >= n)
+          return "has an unterminated [: :], [. .] or [= =]";
+        sb_putn(inner, src + j, k + 2 - j);
+        j = k + 2;
+        continue;
+      }
+      if (b != '\\') {
+        sb_putc(inner, b);
+        j++;
+        continue;
+      }
+      if (j + 1 >= n)
+        return "has an unterminated [";
+      char e = src[j + 1];
+      const char *ctl = control_escape(e);
+      if (e == 'd')
+        sb_puts(inner, "0-9");
+      else if (e == 'w')
+        sb_puts(inner, "[:alnum:]_");
+      else if (e == 's')
+        sb_puts(inner, "[:space:]");
+      else if (ctl != NULL)
+        sb_puts(inner, ctl);
+      else if (e == ']')
+        rbr = true;
+      else if (e == '-')
+        dash = true;
+      else if (e == '^')
+        caret = true;
+      else if (e == '[' && j + 2 < n &&
+               (src[j + 2] == ':' || src[j + 2] == '.' || src[j + 2] == '='))
+        return "has \\[ followed by :, . or = inside [...]; reorder the set";
+      else if (is_punct((unsigned char)e) || (unsigned char)e >= 0x80)
+        sb_putc(inner, e);
+      else {
+        snprintf(why, why_cap, "the escape \\%c is not supported inside [...]",
+                 e);
+        return why;
+      }
+      j += 2;
+    }
+    if (inner->cut)
+      return "is too long after rewriting";
+    if (caret && !neg && !rbr && inner->len == 0) {
+      /* "^" would come first and negate: put "-" before it, or, alone, use
+       * it escaped outside any bracket. */
+      sb_puts(out, dash ? "[-^]" : "\\^");
+    } else {
+      sb_putc(out, '[');
+      if (neg)
+        sb_putc(out, '^');
+      if (rbr)
+        sb_putc(out, ']');
+      sb_putn(out, inner->p, inner->len);
+      if (caret)
+        sb_putc(out, '^');
+      if (dash)
+        sb_putc(out, '-');
+      sb_putc(out, ']');
+    }
+    i = j + 1;
+  }
+  return NULL;
+}
+
+static ag_err_t kw_pattern(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)depth;
+  if (!json_is_string(v))
+    return cfail(c, "must be a string (a regular expression)");
+  const char *src = json_string_value(v);
+  size_t n = json_string_length(v);
+  if (strlen(src) != n)
+    return cfail(c, "must not contain a NUL character");
+  if (n > MAX_PATTERN)
+    return cfail(c, "is longer than %d bytes", MAX_PATTERN);
+  s->pattern = calloc(1, sizeof(*s->pattern));
+  if (s->pattern == NULL)
+    return cnomem(c);
+  pattern *p = s->pattern;
+  p->text = strdup(src);
+  if (p->text == NULL)
+    return cnomem(c);
+  /* The worst rewrite ("\\w" inside [...]) grows 5-fold, plus brackets. */
+  size_t cap = n * 6 + 16;
+  char *posix = malloc(cap), *scratch = malloc(cap);
+  if (posix == NULL || scratch == NULL) {
+    free(posix);
+    free(scratch);
+    return cnomem(c);
+  }
+  sbuf out, inner;
+  sb_init(&out, posix, cap);
+  sb_init(&inner, scratch, cap);
+  char why[96];
+  const char *bad = translate_pattern(src, n, &out, &inner, why, sizeof(why));
+  free(scratch);
+  if (bad == NULL && out.cut)
+    bad = "is too long after rewriting"; /* cannot happen: cap is enough */
+  if (bad != NULL) {
+    free(posix);
+    return cfail(c, "invalid regular expression \"%s\": %s", src, bad);
+  }
+  p->loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+  if (p->loc == (locale_t)0)
+    p->loc = newlocale(LC_CTYPE_MASK, "C", (locale_t)0);
+  if (p->loc == (locale_t)0) {
+    free(posix);
+    return cnomem(c);
+  }
+  locale_t old = uselocale(p->loc);
+  int rc = regcomp(&p->re, posix, REG_EXTENDED | REG_NOSUB);
+  uselocale(old);
+  free(posix);
+  if (rc != 0) {
+    char msg[128];
+    regerror(rc, &p->re, msg, sizeof(msg));
+    freelocale(p->loc);
+    p->loc = (locale_t)0;
+    if (rc == REG_ESPACE)
+      return cnomem(c);
+    return cfail(c, "invalid regular expression \"%s\": %s", src, msg);
+  }
+  return AG_OK;
+}
+
+static ag_err_t kw_text(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)s;
+  (void)depth;
+  return json_is_string(v) ? AG_OK : cfail(c, "must be a string");
+}
+
+static ag_err_t kw_examples(cctx *c, ag__schema *s, const json_t *v,
+                            int depth) {
+  (void)s;
+  (void)depth;
+  return json_is_array(v) ? AG_OK : cfail(c, "must be an array");
+}
+
+static ag_err_t kw_any(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)c;
+  (void)s;
+  (void)v;
+  (void)depth;
+  return AG_OK;
+}
+
+static const struct keyword {
+  const char *name;
+  kw_fn fn;
+} keywords[] = {
+    {"type", kw_type},
+    {"properties", kw_properties},
+    {"required", kw_required},
+    {"additionalProperties", kw_additional},
+    {"enum", kw_enum},
+    {"const", kw_const},
+    {"items", kw_items},
+    {"minItems", kw_min_items},
+    {"maxItems", kw_max_items},
+    {"minimum", kw_minimum},
+    {"maximum", kw_maximum},
+    {"minLength", kw_min_len},
+    {"maxLength", kw_max_len},
+    {"pattern", kw_pattern},
+    /* annotations: accepted, checked for shape, ignored */
+    {"description", kw_text},
+    {"title", kw_text},
+    {"$comment", kw_text},
+    {"$schema", kw_text},
+    {"$id", kw_text},
+    {"default", kw_any},
+    {"examples", kw_examples},
+};
+#define N_KEYWORDS (sizeof(keywords) / sizeof(keywords[0]))
+
+/* Checks between keywords of one node, once all are read. */
+static ag_err_t check_node(cctx *c, const ag__schema *s) {
+  if (s->has_min_items && s->has_max_items && s->min_items > s->max_items)
+    return cfail(c, "minItems (%zu) is greater than maxItems (%zu)",
+                 s->min_items, s->max_items);
+  if (s->has_min_len && s->has_max_len && s->min_len > s->max_len)
+    return cfail(c, "minLength (%zu) is greater than maxLength (%zu)",
+                 s->min_len, s->max_len);
+  if (s->has_min && s->has_max && cmp_nums(&s->minimum, &s->maximum) > 0)
+    return cfail(c, "minimum (%s) is greater than maximum (%s)",
+                 s->minimum.text, s->maximum.text);
+  if (s->additional == ADD_NONE) {
+    for (size_t i = 0; i < s->n_required; i++) {
+      bool found = false;
+      for (size_t j = 0; j < s->n_props && !found; j++)
+        found = s->props[j].name.len == s->required[i].len &&
+                memcmp(s->props[j].name.s, s->required[i].s,
+                       s->required[i].len) == 0;
+      if (!found) {
+        char q[MAX_SHOWN * 2 + 8];
+        sbuf b;
+        sb_init(&b, q, sizeof(q));
+        sb_quoted(&b, s->required[i].s, s->required[i].len);
+        return cfail(c,
+                     "required property %s is not in properties and "
+                     "additionalProperties is false",
+                     q);
+      }
+    }
+  }
+  return AG_OK;
+}
+
+static ag_err_t compile_node(cctx *c, ag__schema **out, const json_t *js,
+                             int depth) {
+  if (depth > MAX_DEPTH)
+    return cfail(c, "schemas nest deeper than %d levels", MAX_DEPTH);
+  ag__schema *s = calloc(1, sizeof(*s));
+  if (s == NULL)
+    return cnomem(c);
+  *out = s; /* owned by the parent from here on, freed with it */
+  if (json_is_boolean(js)) {
+    s->never = json_is_false(js);
+    return AG_OK;
+  }
+  if (!json_is_object(js))
+    return cfail(c, "a schema must be an object or a boolean, not %s",
+                 got_name(js));
+  const char *k;
+  size_t kl;
+  json_t *v;
+  json_object_keylen_foreach((json_t *)js, k, kl, v) {
+    const struct keyword *kw = NULL;
+    for (size_t i = 0; i < N_KEYWORDS && kw == NULL; i++)
+      if (strlen(keywords[i].name) == kl &&
+          memcmp(keywords[i].name, k, kl) == 0)
+        kw = &keywords[i];
+    if (kw == NULL) {
+      char q[MAX_SHOWN * 2 + 8];
+      sbuf b;
+      sb_init(&b, q, sizeof(q));
+      sb_quoted(&b, k, kl);
+      const char *near = NULL;
+      int best = 3;
+      for (size_t i = 0; i < N_KEYWORDS; i++) {
+        int d = close_enough(k, kl, keywords[i].name, strlen(keywords[i].name));
+        if (d >= 0 && d < best) {
+          best = d;
+          near = keywords[i].name;
+        }
+      }
+      if (near != NULL)
+        return cfail(c, "unsupported keyword %s; did you mean \"%s\"?", q,
+                     near);
+      return cfail(c, "unsupported keyword %s", q);
+    }
+    size_t mark = cpush(c, k, kl);
+    ag_err_t rc = kw->fn(c, s, v, depth);
+    if (rc != AG_OK)
+      return rc;
+    cpop(c, mark);
+  }
+  return check_node(c, s);
+}
+
+void ag__schema_free(ag__schema *s) {
+  if (s == NULL)
+    return;
+  for (size_t i = 0; i < s->n_props; i++) {
+    free(s->props[i].name.s);
+    ag__schema_free(s->props[i].schema);
+  }
+  free(s->props);
+  free(s->sorted);
+  for (size_t i = 0; i < s->n_required; i++)
+    free(s->required[i].s);
+  free(s->required);
+  ag__schema_free(s->additional_schema);
+  ag__schema_free(s->items);
+  json_decref(s->enum_values);
+  free(s->enum_text);
+  json_decref(s->const_value);
+  free(s->const_text);
+  if (s->pattern != NULL) {
+    if (s->pattern->loc != (locale_t)0) {
+      regfree(&s->pattern->re);
+      freelocale(s->pattern->loc);
+    }
+    free(s->pattern->text);
+    free(s->pattern);
+  }
+  free(s);
+}
+
+ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
+                            const char *tool, ag_error_t *err) {
+  if (out == NULL)
+    return ag__set_error(err, AG_EINVAL, -1, "schema: no output pointer");
+  *out = NULL;
+  if (schema == NULL)
+    return ag__set_error(err, AG_EINVAL, -1, "schema: no schema given");
+  cctx *c = malloc(sizeof(*c));
+  if (c == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  c->tool = tool;
+  c->err = err;
+  sb_init(&c->pb, c->path, sizeof(c->path));
+  ag__schema *s = NULL;
+  ag_err_t rc = compile_node(c, &s, schema, 1);
+  if (rc == AG_OK && s->never)
+    rc = cfail(c, "false rejects every call; use true or {} for any object");
+  if (rc == AG_OK && s->types != 0 && !(s->types & T_OBJECT)) {
+    cpush(c, "type", 4);
+    rc = cfail(c, "must allow \"object\": tool arguments are always objects");
+  }
+  free(c);
+  if (rc != AG_OK) {
+    ag__schema_free(s);
+    return rc;
+  }
+  *out = s;
+  return AG_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Validation                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct seg {
+  const char *key; /* NULL: an array index */
+  size_t len;
+  size_t index;
+} seg;
+
+typedef struct vctx {
+  ag_error_t *err;
+  int depth;
+  seg path[MAX_DEPTH];
+} vctx;
+
+/* "<pointer>: <what>", or just "<what>" at the root (see docs/tools.md). */
+static ag_err_t vfail(vctx *v, const char *fmt, ...) AG__PRINTF(2, 3);
+static ag_err_t vfail(vctx *v, const char *fmt, ...) {
+  if (v->err == NULL)
+    return AG_EINVAL;
+  char msg[AG_ERROR_MSG_MAX];
+  sbuf b;
+  sb_init(&b, msg, sizeof(msg));
+  for (int i = 0; i < v->depth; i++) {
+    if (v->path[i].key != NULL)
+      sb_token(&b, v->path[i].key, v->path[i].len);
+    else
+      sb_printf(&b, "/%zu", v->path[i].index);
+  }
+  if (v->depth > 0)
+    sb_puts(&b, ": ");
+  va_list ap;
+  va_start(ap, fmt);
+  sb_vprintf(&b, fmt, ap);
+  va_end(ap);
+  return ag__set_error(v->err, AG_EINVAL, -1, "%s", msg);
+}
+
+static bool type_ok(unsigned types, const json_t *x) {
+  switch (json_typeof(x)) {
+  case JSON_OBJECT:
+    return types & T_OBJECT;
+  case JSON_ARRAY:
+    return types & T_ARRAY;
+  case JSON_STRING:
+    return types & T_STRING;
+  case JSON_INTEGER:
+    return types & (T_NUMBER | T_INTEGER);
+  case JSON_REAL: {
+    if (types & T_NUMBER)
+      return true;
+    double d = json_real_value(x);
+    return (types & T_INTEGER) && integral(d);
+  }
+  case JSON_TRUE:
+  case JSON_FALSE:
+    return types & T_BOOLEAN;
+  default:
+    return types & T_NULL;
+  }
+}
+
+/* "string", "string or null", "string, number or null". */
+static void types_text(sbuf *b, unsigned types) {
+  int n = 0, total = 0;
+  for (int t = 0; t < N_TYPES; t++)
+    total += (types >> t) & 1u;
+  for (int t = 0; t < N_TYPES; t++) {
+    if (!(types & (1u << t)))
+      continue;
+    if (n > 0)
+      sb_puts(b, n == total - 1 ? " or " : ", ");
+    sb_puts(b, type_names[t]);
+    n++;
+  }
+}
+
+static const prop *find_prop(const ag__schema *s, const char *k, size_t kl) {
+  size_t lo = 0, hi = s->n_props;
+  prop key = {{(char *)k, kl}, NULL};
+  const prop *kp = &key;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int r = prop_cmp(&kp, &s->sorted[mid]);
+    if (r == 0)
+      return s->sorted[mid];
+    if (r < 0)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return NULL;
+}
+
+static size_t code_points(const char *s, size_t n) {
+  size_t cp = 0;
+  for (size_t i = 0; i < n; i++)
+    cp += ((unsigned char)s[i] & 0xC0) != 0x80;
+  return cp;
+}
+
+static ag_err_t validate(vctx *v, const ag__schema *s, const json_t *x);
+
+static ag_err_t descend(vctx *v, const ag__schema *s, const json_t *x,
+                        const char *key, size_t len, size_t index) {
+  /* The compiled tree is at most MAX_DEPTH deep, so depth < MAX_DEPTH. */
+  v->path[v->depth].key = key;
+  v->path[v->depth].len = len;
+  v->path[v->depth].index = index;
+  v->depth++;
+  ag_err_t rc = validate(v, s, x);
+  v->depth--;
+  return rc;
+}
+
+static ag_err_t validate_object(vctx *v, const ag__schema *s, const json_t *x) {
+  const char *k;
+  size_t kl;
+  json_t *val;
+  if (s->additional == ADD_NONE) {
+    json_object_keylen_foreach((json_t *)x, k, kl, val) {
+      if (find_prop(s, k, kl) != NULL)
+        continue;
+      char q[MAX_SHOWN * 2 + 8];
+      sbuf b;
+      sb_init(&b, q, sizeof(q));
+      sb_quoted(&b, k, kl);
+      /* Suggest the closest declared property the arguments lack. */
+      const prop *near = NULL;
+      int best = 3;
+      for (size_t i = 0; i < s->n_props; i++) {
+        const prop *p = &s->props[i];
+        int d = close_enough(k, kl, p->name.s, p->name.len);
+        if (d >= 0 && d < best &&
+            json_object_getn(x, p->name.s, p->name.len) == NULL) {
+          best = d;
+          near = p;
+        }
+      }
+      if (near == NULL)
+        return vfail(v, "unexpected property %s", q);
+      char nq[MAX_SHOWN * 2 + 8];
+      sb_init(&b, nq, sizeof(nq));
+      sb_quoted(&b, near->name.s, near->name.len);
+      return vfail(v, "unexpected property %s; did you mean %s?", q, nq);
+    }
+  }
+  for (size_t i = 0; i < s->n_required; i++) {
+    if (json_object_getn(x, s->required[i].s, s->required[i].len) == NULL) {
+      char q[MAX_SHOWN * 2 + 8];
+      sbuf b;
+      sb_init(&b, q, sizeof(q));
+      sb_quoted(&b, s->required[i].s, s->required[i].len);
+      return vfail(v, "missing required property %s", q);
+    }
+  }
+  if (s->n_props == 0 && s->additional != ADD_SCHEMA)
+    return AG_OK;
+  json_object_keylen_foreach((json_t *)x, k, kl, val) {
+    const prop *p = find_prop(s, k, kl);
+    const ag__schema *sub = p != NULL                     ? p->schema
+                            : s->additional == ADD_SCHEMA ? s->additional_schema
+                                                          : NULL;
+    if (sub == NULL)
+      continue;
+    ag_err_t rc = descend(v, sub, val, k, kl, 0);
+    if (rc != AG_OK)
+      return rc;
+  }
+  return AG_OK;
+}
+
+static ag_err_t validate(vctx *v, const ag__schema *s, const json_t *x) {
+  if (s->never)
+    return vfail(v, "not allowed");
+  if (s->types != 0 && !type_ok(s->types, x)) {
+    char want[96];
+    sbuf b;
+    sb_init(&b, want, sizeof(want));
+    types_text(&b, s->types);
+    return vfail(v, "expected %s, got %s", want, got_name(x));
+  }
+  if (s->const_value != NULL && !json_eq(x, s->const_value))
+    return vfail(v, "must equal %s", s->const_text);
+  if (s->enum_values != NULL) {
+    bool found = false;
+    for (size_t i = 0; i < json_array_size(s->enum_values) && !found; i++)
+      found = json_eq(x, json_array_get(s->enum_values, i));
+    if (!found)
+      return vfail(v, "must be one of %s", s->enum_text);
+  }
+  switch (json_typeof(x)) {
+  case JSON_STRING: {
+    if (s->has_min_len || s->has_max_len) {
+      size_t cp = code_points(json_string_value(x), json_string_length(x));
+      if (s->has_min_len && cp < s->min_len)
+        return vfail(v, "must be at least %zu character%s", s->min_len,
+                     s->min_len == 1 ? "" : "s");
+      if (s->has_max_len && cp > s->max_len)
+        return vfail(v, "must be at most %zu character%s", s->max_len,
+                     s->max_len == 1 ? "" : "s");
+    }
+    if (s->pattern != NULL) {
+      locale_t old = uselocale(s->pattern->loc);
+      int rc = regexec(&s->pattern->re, json_string_value(x), 0, NULL, 0);
+      uselocale(old);
+      if (rc != 0)
+        return vfail(v, "must match pattern \"%s\"", s->pattern->text);
+    }
+    return AG_OK;
+  }
+  case JSON_INTEGER:
+  case JSON_REAL:
+    if (s->has_min && cmp_num(x, &s->minimum) < 0)
+      return vfail(v, "must be >= %s", s->minimum.text);
+    if (s->has_max && cmp_num(x, &s->maximum) > 0)
+      return vfail(v, "must be <= %s", s->maximum.text);
+    return AG_OK;
+  case JSON_ARRAY: {
+    size_t n = json_array_size(x);
+    if (s->has_min_items && n < s->min_items)
+      return vfail(v, "must have at least %zu item%s", s->min_items,
+                   s->min_items == 1 ? "" : "s");
+    if (s->has_max_items && n > s->max_items)
+      return vfail(v, "must have at most %zu item%s", s->max_items,
+                   s->max_items == 1 ? "" : "s");
+    if (s->items != NULL) {
+      for (size_t i = 0; i < n; i++) {
+        ag_err_t rc = descend(v, s->items, json_array_get(x, i), NULL, 0, i);
+        if (rc != AG_OK)
+          return rc;
+      }
+    }
+    return AG_OK;
+  }
+  case JSON_OBJECT:
+    return validate_object(v, s, x);
+  default:
+    return AG_OK;
+  }
+}
+
+ag_err_t ag__schema_validate(const ag__schema *s, const json_t *value,
+                             ag_error_t *err) {
+  if (value == NULL)
+    return ag__set_error(err, AG_EINVAL, -1, "no value to validate");
+  if (s == NULL)
+    return AG_OK;
+  vctx v;
+  v.err = err;
+  v.depth = 0;
+  return validate(&v, s, value);
+}
