@@ -7,6 +7,8 @@
  *                        classifier, compact errors, detectors (pure)
  *   agentguard/exec.h    cancellation, retries, tool registry, native and
  *                        subprocess tools, the two-phase scheduler
+ *   agentguard/providers.h  model clients: the interface, scripted provider
+ *   agentguard/agent.h   the agentic loop: sessions, turns, events
  *
  * Library-wide thread-safety: functions without an object are safe from any
  * thread; an object is used from one thread at a time unless its header says
@@ -18,5 +20,7 @@
 #include "agentguard/common.h"
 #include "agentguard/core.h"
 #include "agentguard/exec.h"
+#include "agentguard/providers.h"
+#include "agentguard/agent.h"
 
 #endif /* AGENTGUARD_H */

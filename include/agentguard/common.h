@@ -47,7 +47,9 @@ AG_EXTERN const char *ag_version(void);
   X(NOSPACE, "output buffer too small")                                        \
   X(STATE, "call made in the wrong state")                                     \
   X(IO, "input/output error")                                                  \
-  X(NOTFOUND, "not found")
+  X(NOTFOUND, "not found")                                                     \
+  X(CANCELLED, "cancelled")                                                    \
+  X(PROVIDER, "model request failed")
 
 typedef enum {
 #define AG__ERR_ENUM(name, msg) AG_E##name,

@@ -1,0 +1,58 @@
+/*
+ * cli/main.c - the agentguard program: dispatches to its commands.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct command {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *summary;
+} command;
+
+static const command commands[] = {
+    {"simulate", cli_simulate,
+     "run a scenario (scripted model and tools) through the guarded loop"},
+    {"audit", cli_audit,
+     "replay recorded agent runs through the guard: where would it stop?"},
+    {"presets", cli_presets, "list the presets, or print one as JSON"},
+    {"check-config", cli_check_config,
+     "validate a config file and print the effective config"},
+};
+
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: agentguard <command> [options]\n\ncommands:\n");
+  for (size_t i = 0; i < N_COMMANDS; i++)
+    fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f, "\n'agentguard <command> --help' describes a command.\n"
+             "Exit codes: 0 completed, 3 stopped or escalated, 4 timed out "
+             "or cancelled,\n1 other failure, 2 invalid input (nothing "
+             "ran). See docs/cli.md.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return AG_EXIT_USAGE;
+  }
+  const char *cmd = argv[1];
+  if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
+      strcmp(cmd, "help") == 0) {
+    usage(stdout);
+    return AG_EXIT_OK;
+  }
+  if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+    printf("agentguard %s\n", ag_version());
+    return AG_EXIT_OK;
+  }
+  for (size_t i = 0; i < N_COMMANDS; i++)
+    if (strcmp(cmd, commands[i].name) == 0)
+      return commands[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "agentguard: unknown command '%s'\n\n", cmd);
+  usage(stderr);
+  return AG_EXIT_USAGE;
+}

@@ -1,0 +1,129 @@
+/*
+ * agentguard/providers.h - model clients behind one interface.
+ *
+ * A provider performs ONE model request: it never retries (the agent loop
+ * applies DESIGN.md's network retry rules: network.max_retries, backoff with
+ * full jitter, Retry-After, which statuses are retried). Streaming providers
+ * report text as it arrives through an optional delta callback and still
+ * return the complete reply.
+ *
+ * Built in: the scripted provider (plays a scenario's model replies). Your
+ * own: fill an ag_provider_vtable and wrap it with ag_provider_new.
+ *
+ * Thread-safety: a provider is called from one thread at a time (the thread
+ * running the turn); `cancel` may be fired from any thread.
+ */
+#ifndef AGENTGUARD_PROVIDERS_H
+#define AGENTGUARD_PROVIDERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "common.h"
+#include "core.h"
+#include "exec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One tool call in a model reply. All strings owned by the reply. */
+typedef struct ag_tool_call {
+  char *id; /* the model's call id; generated ("call_<n>") if absent */
+  char *name;
+  char *arguments; /* JSON text exactly as the model sent it */
+  size_t arguments_len;
+} ag_tool_call;
+
+/* A model reply. Release with ag_reply_clear. */
+typedef struct ag_reply {
+  char *text; /* assistant text, or NULL */
+  ag_tool_call *calls;
+  size_t n_calls;
+} ag_reply;
+
+/* Frees everything the reply owns and zeroes it. */
+AG_EXTERN void ag_reply_clear(ag_reply *r);
+
+/*
+ * Adds a call to a reply (copies every string; id may be NULL). For
+ * providers building replies. Returns AG_OK or AG_ENOMEM.
+ */
+AG_EXTERN ag_err_t ag_reply_add_call(ag_reply *r, const char *id,
+                                     const char *name, const char *arguments,
+                                     size_t arguments_len);
+
+/* What the loop asks. All borrowed for the call. */
+typedef struct ag_request {
+  const json_t *messages; /* OpenAI chat messages array */
+  const json_t *tools;    /* OpenAI tools array, or NULL: no tools offered */
+  int turn;               /* 1-based turn of the session */
+  int iteration;          /* 1-based iteration of the turn */
+} ag_request;
+
+/* Why a request failed (filled when complete() returns AG_EPROVIDER). */
+typedef struct ag_provider_error {
+  int http_status;        /* 0 for failures below HTTP */
+  bool transient;         /* worth retrying: connection, timeout, 408, 429,
+                             5xx */
+  int64_t retry_after_ms; /* the server's Retry-After, or -1 */
+  bool exhausted;         /* a scripted provider ran out of replies */
+  char service[64];       /* who answered: "scripted", a host name */
+  char message[512];      /* a readable message, never an API key */
+  char details[1024];     /* the raw provider body (shown only with
+                             errors.include_provider_details) */
+} ag_provider_error;
+
+/* Streaming text as it arrives; return non-zero to stop the request. */
+typedef int (*ag_delta_fn)(void *user, const char *text, size_t len);
+
+typedef struct ag_provider_vtable {
+  const char *kind; /* "scripted", "openai", ... */
+  /*
+   * One request. Returns AG_OK with *out filled, AG_EPROVIDER with *perr
+   * filled, AG_ECANCELLED when `cancel` fired (check its reason), or
+   * AG_ENOMEM. on_delta may be NULL.
+   */
+  ag_err_t (*complete)(void *self, const ag_request *req, ag_cancel *cancel,
+                       ag_delta_fn on_delta, void *delta_user, ag_reply *out,
+                       ag_provider_error *perr);
+  void (*destroy)(void *self); /* may be NULL */
+} ag_provider_vtable;
+
+typedef struct ag_provider ag_provider;
+
+/* Wraps a vtable (borrowed, static storage) and its state (steals: destroy
+ * is called by ag_provider_free). */
+AG_EXTERN ag_err_t ag_provider_new(ag_provider **out,
+                                   const ag_provider_vtable *vt, void *self,
+                                   ag_error_t *err);
+AG_EXTERN void ag_provider_free(ag_provider *p);
+AG_EXTERN const char *ag_provider_kind(const ag_provider *p);
+AG_EXTERN ag_err_t ag_provider_complete(ag_provider *p, const ag_request *req,
+                                        ag_cancel *cancel, ag_delta_fn on_delta,
+                                        void *delta_user, ag_reply *out,
+                                        ag_provider_error *perr);
+
+/*
+ * The scripted provider of DESIGN.md section 5: `turns` (borrowed; copied)
+ * is the scenario's "turns" array: [{"user": TEXT, "model": [REPLY...],
+ * "repeat_last": bool}]. REPLY: {"text": ...} and/or {"tool_calls":
+ * [{"name", "arguments": OBJECT or raw STRING, "id"}]}, or {"provider_error":
+ * {"status": 429, "retry_after_ms": 10, "message": ...}}, each with an
+ * optional "delay_ms" (a cancellable wait before answering). Request k of turn
+ * t gets reply k of turns[t-1]; past the end the last repeats when
+ * repeat_last, else AG_EPROVIDER with perr->exhausted. Failed requests
+ * (provider_error) consume their reply. Shape errors are AG_ECONFIG naming
+ * the path ("turns[1].model[2].tool_calls[0].name: expected a string").
+ */
+AG_EXTERN ag_err_t ag_provider_scripted_new(ag_provider **out,
+                                            const json_t *turns,
+                                            ag_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* AGENTGUARD_PROVIDERS_H */
