@@ -440,23 +440,24 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
  * nudge text; invalid arguments: AG_OUTCOME_ERROR, category validation, the
  * message). The callback may set outcome AG_OUTCOME_SKIPPED for a call it
  * did not run (denied at approval). Text pointers must stay valid until
- * ag_guard_iteration returns. Returns the time after execution (now_ms).
+ * ag_guard_run_batch returns. Returns the time after execution (now_ms).
  */
 typedef int64_t (*ag_run_fn)(void *user, const ag_call *calls,
                              const ag_call_check *checks, size_t n,
                              ag_result *results);
 
 /*
- * One whole iteration through the guard, the way the agent loop and
- * `agentguard audit` both drive it: ag_guard_begin_iteration, then
- * ag_guard_check_calls, then `run` for the calls that may run (skipped when
- * the batch is stopped or escalated), then ag_guard_record_results. Sharing
- * this path is what makes a recorded run stop at the same step as a live one.
- * checks and results must have n entries. Returns the deciding verdict's
- * action; `v` says which phase decided: v->reason and, for a stop before
- * execution, v->call_index. *ran (may be NULL) is set when `run` was called.
+ * One batch through the guard, the way the agent loop and `agentguard audit`
+ * both drive it after ag_guard_begin_iteration (and, live, the model
+ * request): ag_guard_check_calls, then `run` for the calls that may run
+ * (not called when the batch is stopped or escalated), then
+ * ag_guard_record_results. Sharing this path is what makes a recorded run
+ * stop at the same step as a live one. checks and results must have n
+ * entries. Returns the deciding verdict's action; v->reason says why and,
+ * for a stop before execution, v->call_index which call. *ran (may be NULL)
+ * is set when `run` was called.
  */
-AG_EXTERN ag_action ag_guard_iteration(ag_guard *g, const ag_call *calls,
+AG_EXTERN ag_action ag_guard_run_batch(ag_guard *g, const ag_call *calls,
                                        size_t n, int64_t now_ms, ag_run_fn run,
                                        void *user, ag_call_check *checks,
                                        ag_result *results, ag_verdict *v,

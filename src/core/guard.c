@@ -879,17 +879,14 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
   return v->action;
 }
 
-AG_EXTERN ag_action ag_guard_iteration(ag_guard *g, const ag_call *calls,
+AG_EXTERN ag_action ag_guard_run_batch(ag_guard *g, const ag_call *calls,
                                        size_t n, int64_t now_ms, ag_run_fn run,
                                        void *user, ag_call_check *checks,
                                        ag_result *results, ag_verdict *v,
                                        bool *ran) {
   if (ran != NULL)
     *ran = false;
-  ag_action a = ag_guard_begin_iteration(g, now_ms, v);
-  if (a != AG_ALLOW)
-    return a;
-  a = ag_guard_check_calls(g, calls, n, now_ms, checks, v);
+  ag_action a = ag_guard_check_calls(g, calls, n, now_ms, checks, v);
   if (a != AG_ALLOW)
     return a;
   for (size_t i = 0; i < n; i++) {

@@ -935,13 +935,17 @@ Test(edge, invalid_config_is_refused) {
   cr_assert(strstr(err.msg, "loop.cycle_max_length") != NULL, "%s", err.msg);
 }
 
-/* ---- ag_guard_iteration: the shared path of the loop and audit ----------- */
+/* ---- ag_guard_run_batch: the shared path of the loop and audit ----------- */
 
 typedef struct replay {
   const char *text;
   ag_outcome outcome;
   int calls_run;
 } replay;
+
+static ag_action iteration(ag_guard *g, const ag_call *calls, size_t n,
+                           replay *r, ag_call_check *ck, ag_result *res,
+                           ag_verdict *v, bool *ran);
 
 static int64_t run_recorded(void *user, const ag_call *calls,
                             const ag_call_check *checks, size_t n,
@@ -959,6 +963,16 @@ static int64_t run_recorded(void *user, const ag_call *calls,
   return 7;
 }
 
+static ag_action iteration(ag_guard *g, const ag_call *calls, size_t n,
+                           replay *r, ag_call_check *ck, ag_result *res,
+                           ag_verdict *v, bool *ran) {
+  *ran = false;
+  ag_action a = ag_guard_begin_iteration(g, 0, v);
+  if (a != AG_ALLOW)
+    return a;
+  return ag_guard_run_batch(g, calls, n, 0, run_recorded, r, ck, res, v, ran);
+}
+
 Test(iteration, same_stop_as_the_step_by_step_calls) {
   ag_guard *g = make("hpd");
   replay r = {"Error: File not found", AG_OUTCOME_OK, 0};
@@ -968,12 +982,8 @@ Test(iteration, same_stop_as_the_step_by_step_calls) {
   ag_verdict v;
   bool ran;
   for (int i = 0; i < 3; i++)
-    cr_assert_eq(
-        ag_guard_iteration(g, &c, 1, 0, run_recorded, &r, &ck, &res, &v, &ran),
-        AG_ALLOW);
-  cr_assert_eq(
-      ag_guard_iteration(g, &c, 1, 0, run_recorded, &r, &ck, &res, &v, &ran),
-      AG_STOP);
+    cr_assert_eq(iteration(g, &c, 1, &r, &ck, &res, &v, &ran), AG_ALLOW);
+  cr_assert_eq(iteration(g, &c, 1, &r, &ck, &res, &v, &ran), AG_STOP);
   cr_assert(ran);
   cr_assert_eq(v.reason, AG_REASON_CONSECUTIVE_ERRORS);
   cr_assert_eq(r.calls_run, 4);
@@ -988,20 +998,14 @@ Test(iteration, stopped_batch_never_runs_and_invalid_calls_are_errors) {
   ag_result res[2];
   ag_verdict v;
   bool ran;
-  cr_assert_eq(
-      ag_guard_iteration(g, c, 2, 0, run_recorded, &r, ck, res, &v, &ran),
-      AG_ALLOW);
+  cr_assert_eq(iteration(g, c, 2, &r, ck, res, &v, &ran), AG_ALLOW);
   cr_assert_eq(r.calls_run, 1);
   cr_assert_eq(res[1].outcome, AG_OUTCOME_ERROR);
   cr_assert_eq(res[1].category, AG_CAT_VALIDATION);
   /* the invalid call ended T's run: four more calls of T({}) pass */
   for (int i = 0; i < 4; i++)
-    cr_assert_eq(
-        ag_guard_iteration(g, c, 1, 0, run_recorded, &r, ck, res, &v, &ran),
-        AG_ALLOW);
-  cr_assert_eq(
-      ag_guard_iteration(g, c, 1, 0, run_recorded, &r, ck, res, &v, &ran),
-      AG_STOP);
+    cr_assert_eq(iteration(g, c, 1, &r, ck, res, &v, &ran), AG_ALLOW);
+  cr_assert_eq(iteration(g, c, 1, &r, ck, res, &v, &ran), AG_STOP);
   cr_assert(!ran, "a stopped batch must not run");
   cr_assert_eq(v.reason, AG_REASON_IDENTICAL_CALLS);
   ag_guard_free(g);
