@@ -1,3 +1,218 @@
-/* placeholder until this module lands */
-#include "agentguard.h"
-typedef int ag__placeholder_provider;
+/*
+ * src/providers/provider.c - the provider handle and model replies.
+ *
+ * What it is for. Every model client (the scripted provider, the HTTP
+ * provider, a user's own) is a vtable plus its state, wrapped in one opaque
+ * ag_provider. The loop only ever calls ag_provider_complete(), so the
+ * guarantees the loop relies on are made here once rather than trusted to
+ * every implementation:
+ *   - *out and *perr are zeroed before the vtable runs, and perr starts with
+ *     retry_after_ms = -1, so a provider fills in only what it knows;
+ *   - complete() is not called at all when the token has already fired;
+ *   - on any failure *out comes back empty (a half-built reply is freed), so
+ *     callers release a reply only after AG_OK;
+ *   - an AG_EPROVIDER always carries a service name (the provider's kind when
+ *     the provider gave none), a message, NUL-terminated buffers and a
+ *     retry_after_ms that is -1 or >= 0;
+ *   - a failure that happens while the token is cancelled is reported as
+ *     AG_ECANCELLED, so the loop never retries a request the turn gave up on
+ *     (an HTTP client aborted by its progress callback sees "connection
+ *     failed", which would otherwise look transient).
+ *
+ * Data structures. ag_provider is the vtable pointer (borrowed, static
+ * storage) and `self` (owned: destroyed by ag_provider_free). A reply's call
+ * array grows by exactly one element per ag_reply_add_call: replies carry a
+ * handful of calls, and ag_reply has no capacity field to amortise with.
+ *
+ * Threading. A provider is used by one thread at a time; nothing here has
+ * state of its own beyond the handle.
+ *
+ * Rejected: validating req->messages here (a scripted provider ignores
+ * them, and the loop builds them); retrying here (retries are the loop's,
+ * with DESIGN.md's network rules, so that every retry is an event).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agentguard/providers.h"
+
+#include "../core/internal.h"
+
+struct ag_provider {
+  const ag_provider_vtable *vt; /* borrowed: static storage */
+  void *self;                   /* owned: vt->destroy */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Replies                                                                  */
+/* ------------------------------------------------------------------------ */
+
+AG_EXTERN void ag_reply_clear(ag_reply *r) {
+  if (r == NULL)
+    return;
+  free(r->text);
+  for (size_t i = 0; i < r->n_calls; i++) {
+    free(r->calls[i].id);
+    free(r->calls[i].name);
+    free(r->calls[i].arguments);
+  }
+  free(r->calls);
+  memset(r, 0, sizeof(*r));
+}
+
+static char *dup_bytes(const char *s, size_t len) {
+  if (len == SIZE_MAX)
+    return NULL;
+  char *d = malloc(len + 1);
+  if (d == NULL)
+    return NULL;
+  if (len > 0)
+    memcpy(d, s, len);
+  d[len] = '\0';
+  return d;
+}
+
+AG_EXTERN ag_err_t ag_reply_add_call(ag_reply *r, const char *id,
+                                     const char *name, const char *arguments,
+                                     size_t arguments_len) {
+  if (r == NULL || name == NULL || (arguments == NULL && arguments_len > 0))
+    return AG_EINVAL;
+  if (r->n_calls >= SIZE_MAX / sizeof(ag_tool_call) - 1)
+    return AG_ENOMEM;
+  ag_tool_call c = {0};
+  if (id != NULL && id[0] != '\0') {
+    c.id = dup_bytes(id, strlen(id));
+  } else {
+    char gen[32];
+    int n = snprintf(gen, sizeof(gen), "call_%zu", r->n_calls + 1);
+    c.id = dup_bytes(gen, (size_t)n);
+  }
+  c.name = dup_bytes(name, strlen(name));
+  c.arguments = dup_bytes(arguments == NULL ? "" : arguments, arguments_len);
+  c.arguments_len = arguments_len;
+  ag_tool_call *grown = NULL;
+  if (c.id != NULL && c.name != NULL && c.arguments != NULL)
+    grown = realloc(r->calls, (r->n_calls + 1) * sizeof(*grown));
+  if (grown == NULL) {
+    /* The reply is left exactly as it was. */
+    free(c.id);
+    free(c.name);
+    free(c.arguments);
+    return AG_ENOMEM;
+  }
+  grown[r->n_calls] = c;
+  r->calls = grown;
+  r->n_calls++;
+  return AG_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The handle                                                               */
+/* ------------------------------------------------------------------------ */
+
+AG_EXTERN ag_err_t ag_provider_new(ag_provider **out,
+                                   const ag_provider_vtable *vt, void *self,
+                                   ag_error_t *err) {
+  if (out != NULL)
+    *out = NULL;
+  /* `self` is stolen even on failure (jansson's "steal"): whenever there is
+   * a destroy function to call, a failed constructor calls it. */
+  if (out == NULL || vt == NULL || vt->complete == NULL) {
+    if (vt != NULL && vt->destroy != NULL)
+      vt->destroy(self);
+    return ag__set_error(err, AG_EINVAL, -1, "%s",
+                         out == NULL  ? "ag_provider_new: out is NULL"
+                         : vt == NULL ? "ag_provider_new: vtable is NULL"
+                                      : "ag_provider_new: vtable has no "
+                                        "complete function");
+  }
+  ag_provider *p = malloc(sizeof(*p));
+  if (p == NULL) {
+    if (vt->destroy != NULL)
+      vt->destroy(self);
+    return ag__set_error(err, AG_ENOMEM, -1,
+                         "out of memory creating a provider");
+  }
+  p->vt = vt;
+  p->self = self;
+  *out = p;
+  return AG_OK;
+}
+
+AG_EXTERN void ag_provider_free(ag_provider *p) {
+  if (p == NULL)
+    return;
+  if (p->vt->destroy != NULL)
+    p->vt->destroy(p->self);
+  free(p);
+}
+
+AG_EXTERN const char *ag_provider_kind(const ag_provider *p) {
+  if (p == NULL || p->vt->kind == NULL || p->vt->kind[0] == '\0')
+    return "custom";
+  return p->vt->kind;
+}
+
+/* A provider that forgot to terminate a buffer must not make us read past
+ * it. */
+static void terminate(char *buf, size_t cap) {
+  buf[cap - 1] = '\0';
+}
+
+static void sanitize_perr(const ag_provider *p, ag_provider_error *perr) {
+  terminate(perr->service, sizeof(perr->service));
+  terminate(perr->message, sizeof(perr->message));
+  terminate(perr->details, sizeof(perr->details));
+  if (perr->retry_after_ms < -1)
+    perr->retry_after_ms = -1;
+  if (perr->service[0] == '\0')
+    ag__scopy(perr->service, sizeof(perr->service), ag_provider_kind(p));
+  if (perr->message[0] == '\0') {
+    if (perr->exhausted)
+      ag__scopy(perr->message, sizeof(perr->message),
+                "the model script has no more replies");
+    else if (perr->http_status > 0)
+      snprintf(perr->message, sizeof(perr->message), "HTTP status %d",
+               perr->http_status);
+    else
+      ag__scopy(perr->message, sizeof(perr->message),
+                ag_strerror(AG_EPROVIDER));
+  }
+}
+
+AG_EXTERN ag_err_t ag_provider_complete(ag_provider *p, const ag_request *req,
+                                        ag_cancel *cancel, ag_delta_fn on_delta,
+                                        void *delta_user, ag_reply *out,
+                                        ag_provider_error *perr) {
+  ag_provider_error scratch;
+  if (perr == NULL)
+    perr = &scratch;
+  memset(perr, 0, sizeof(*perr));
+  perr->retry_after_ms = -1;
+  if (out != NULL)
+    memset(out, 0, sizeof(*out));
+  if (p == NULL || req == NULL || out == NULL)
+    return AG_EINVAL;
+  if (ag_cancel_check(cancel, ag_now_ms()) != AG_CANCEL_NONE)
+    return AG_ECANCELLED;
+
+  ag_err_t rc =
+      p->vt->complete(p->self, req, cancel, on_delta, delta_user, out, perr);
+  if (rc == AG_OK)
+    return AG_OK;
+  ag_reply_clear(out);
+  if (rc == AG_EPROVIDER &&
+      ag_cancel_check(cancel, ag_now_ms()) != AG_CANCEL_NONE) {
+    rc = AG_ECANCELLED;
+  }
+  if (rc == AG_EPROVIDER) {
+    sanitize_perr(p, perr);
+  } else {
+    /* Only AG_EPROVIDER fills perr; anything else leaves it as it began. */
+    memset(perr, 0, sizeof(*perr));
+    perr->retry_after_ms = -1;
+  }
+  return rc;
+}
