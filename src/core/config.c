@@ -348,33 +348,6 @@ static int ascii_lower(int c) {
   return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c;
 }
 
-/* Optimal string alignment distance (Levenshtein plus adjacent
- * transpositions), ASCII case-insensitive. Inputs of at most 64 bytes. */
-static int osa_distance(const char *a, size_t la, const char *b, size_t lb) {
-  int d[65][65];
-  for (size_t i = 0; i <= la; i++)
-    d[i][0] = (int)i;
-  for (size_t j = 0; j <= lb; j++)
-    d[0][j] = (int)j;
-  for (size_t i = 1; i <= la; i++) {
-    for (size_t j = 1; j <= lb; j++) {
-      int ca = ascii_lower((unsigned char)a[i - 1]);
-      int cb = ascii_lower((unsigned char)b[j - 1]);
-      int cost = ca != cb;
-      int v = d[i - 1][j] + 1;
-      if (d[i][j - 1] + 1 < v)
-        v = d[i][j - 1] + 1;
-      if (d[i - 1][j - 1] + cost < v)
-        v = d[i - 1][j - 1] + cost;
-      if (i > 1 && j > 1 && ca == ascii_lower((unsigned char)b[j - 2]) &&
-          ascii_lower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1 < v)
-        v = d[i - 2][j - 2] + 1;
-      d[i][j] = v;
-    }
-  }
-  return d[la][lb];
-}
-
 static bool starts_with_ci(const char *s, size_t ls, const char *p, size_t lp) {
   if (lp > ls)
     return false;
@@ -394,13 +367,13 @@ static bool starts_with_ci(const char *s, size_t ls, const char *p, size_t lp) {
 static const char *suggest(const char *input, const char *const *cands,
                            size_t n) {
   size_t li = strlen(input);
-  int limit = li < 6 ? 1 : 2;
+  int limit = ag__suggest_limit(li);
   const char *best = NULL, *prefix = NULL;
   int best_d = limit + 1, n_prefix = 0;
   for (size_t i = 0; i < n; i++) {
     size_t lc = strlen(cands[i]);
-    if (li <= 64 && lc <= 64) {
-      int dist = osa_distance(input, li, cands[i], lc);
+    int dist = ag__edit_distance(input, li, cands[i], lc);
+    if (dist >= 0) {
       if (dist < best_d) {
         best_d = dist;
         best = cands[i];

@@ -28,6 +28,21 @@ ag_err_t ag__set_error(ag_error_t *err, ag_err_t code, long pos,
 size_t ag__scopy(char *dst, size_t cap, const char *src);
 
 /* ------------------------------------------------------------------------ */
+/* Suggestions (src/core/suggest.c)                                         */
+/* ------------------------------------------------------------------------ */
+
+#define AG__SUGGEST_MAX 64 /* longest name compared, in bytes */
+
+/* Optimal string alignment distance (Levenshtein plus adjacent
+ * transpositions), ASCII case-insensitive; -1 when either input is longer
+ * than AG__SUGGEST_MAX bytes. */
+int ag__edit_distance(const char *a, size_t la, const char *b, size_t lb);
+
+/* The largest distance worth a "did you mean": 1 for inputs shorter than 6
+ * bytes, else 2. */
+int ag__suggest_limit(size_t input_len);
+
+/* ------------------------------------------------------------------------ */
 /* JCS canonicalizer feeding SHA-256 (src/core/jcs.c)                       */
 /* ------------------------------------------------------------------------ */
 

@@ -53,51 +53,18 @@ static uint32_t fnv1a(const char *s, size_t n) {
   return h;
 }
 
-static int lower(int c) {
-  return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c;
-}
-
-/* Optimal string alignment distance, ASCII case-insensitive, for names of
- * at most MAX_NAME bytes (the same rule as the config's suggestions). */
-static int osa_distance(const char *a, size_t la, const char *b, size_t lb) {
-  int rows[3][MAX_NAME + 1];
-  int *pp = rows[0], *p = rows[1], *d = rows[2];
-  for (size_t j = 0; j <= lb; j++)
-    p[j] = (int)j;
-  for (size_t i = 1; i <= la; i++) {
-    d[0] = (int)i;
-    for (size_t j = 1; j <= lb; j++) {
-      int ca = lower((unsigned char)a[i - 1]);
-      int cb = lower((unsigned char)b[j - 1]);
-      int v = p[j] + 1;
-      if (d[j - 1] + 1 < v)
-        v = d[j - 1] + 1;
-      if (p[j - 1] + (ca != cb) < v)
-        v = p[j - 1] + (ca != cb);
-      if (i > 1 && j > 1 && ca == lower((unsigned char)b[j - 2]) &&
-          lower((unsigned char)a[i - 2]) == cb && pp[j - 2] + 1 < v)
-        v = pp[j - 2] + 1;
-      d[j] = v;
-    }
-    int *t = pp;
-    pp = p;
-    p = d;
-    d = t;
-  }
-  return p[lb];
-}
-
 /* The registered name closest to `name` (at most 1 edit for names shorter
  * than 6 bytes, else 2; ties go to the first registered), or NULL. */
 static const char *suggest_tool(const ag_registry *r, const char *name) {
   size_t li = strlen(name);
   if (li > MAX_NAME)
     return NULL;
-  int best = li < 6 ? 2 : 3;
+  int best = ag__suggest_limit(li) + 1;
   const char *near = NULL;
   for (size_t i = 0; i < r->n; i++) {
-    int d = osa_distance(name, li, r->tools[i]->name, r->tools[i]->name_len);
-    if (d < best) {
+    int d =
+        ag__edit_distance(name, li, r->tools[i]->name, r->tools[i]->name_len);
+    if (d >= 0 && d < best) {
       best = d;
       near = r->tools[i]->name;
     }

@@ -231,41 +231,6 @@ static void sb_token(sbuf *b, const char *s, size_t n) {
 /* Suggestions                                                              */
 /* ------------------------------------------------------------------------ */
 
-static int lower(int c) {
-  return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c;
-}
-
-/* Optimal string alignment distance (Levenshtein plus adjacent
- * transpositions), ASCII case-insensitive, in three rows; inputs of at most
- * MAX_SHOWN bytes. */
-static int osa_distance(const char *a, size_t la, const char *b, size_t lb) {
-  int rows[3][MAX_SHOWN + 1];
-  int *pp = rows[0], *p = rows[1], *d = rows[2];
-  for (size_t j = 0; j <= lb; j++)
-    p[j] = (int)j;
-  for (size_t i = 1; i <= la; i++) {
-    d[0] = (int)i;
-    for (size_t j = 1; j <= lb; j++) {
-      int ca = lower((unsigned char)a[i - 1]),
-          cb = lower((unsigned char)b[j - 1]);
-      int v = p[j] + 1;
-      if (d[j - 1] + 1 < v)
-        v = d[j - 1] + 1;
-      if (p[j - 1] + (ca != cb) < v)
-        v = p[j - 1] + (ca != cb);
-      if (i > 1 && j > 1 && ca == lower((unsigned char)b[j - 2]) &&
-          lower((unsigned char)a[i - 2]) == cb && pp[j - 2] + 1 < v)
-        v = pp[j - 2] + 1;
-      d[j] = v;
-    }
-    int *t = pp;
-    pp = p;
-    p = d;
-    d = t;
-  }
-  return p[lb];
-}
-
 /* Distance of `input` to `cand` if it is close enough to suggest (at most 1
  * for inputs shorter than 6 bytes, else 2, as the config's suggestions), else
  * -1. */
@@ -273,9 +238,8 @@ static int close_enough(const char *input, size_t li, const char *cand,
                         size_t lc) {
   if (li > MAX_SHOWN || lc > MAX_SHOWN)
     return -1;
-  int limit = li < 6 ? 1 : 2;
-  int dist = osa_distance(input, li, cand, lc);
-  return dist <= limit ? dist : -1;
+  int dist = ag__edit_distance(input, li, cand, lc);
+  return dist >= 0 && dist <= ag__suggest_limit(li) ? dist : -1;
 }
 
 /* ------------------------------------------------------------------------ */
