@@ -106,36 +106,8 @@ static void scripted_destroy(void *self) {
 /* Unknown keys and their suggestions                                       */
 /* ------------------------------------------------------------------------ */
 
-#define MAX_KEY_CMP 64
-
 static int lower(int c) {
   return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c;
-}
-
-/* Optimal string alignment distance (Levenshtein plus adjacent swaps),
- * ASCII case-insensitive; both lengths at most MAX_KEY_CMP. */
-static int osa(const char *a, size_t la, const char *b, size_t lb) {
-  int d[MAX_KEY_CMP + 1][MAX_KEY_CMP + 1];
-  for (size_t i = 0; i <= la; i++)
-    d[i][0] = (int)i;
-  for (size_t j = 0; j <= lb; j++)
-    d[0][j] = (int)j;
-  for (size_t i = 1; i <= la; i++) {
-    for (size_t j = 1; j <= lb; j++) {
-      int ca = lower((unsigned char)a[i - 1]);
-      int cb = lower((unsigned char)b[j - 1]);
-      int best = d[i - 1][j - 1] + (ca != cb);
-      if (d[i - 1][j] + 1 < best)
-        best = d[i - 1][j] + 1;
-      if (d[i][j - 1] + 1 < best)
-        best = d[i][j - 1] + 1;
-      if (i > 1 && j > 1 && ca == lower((unsigned char)b[j - 2]) &&
-          lower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1 < best)
-        best = d[i - 2][j - 2] + 1;
-      d[i][j] = best;
-    }
-  }
-  return d[la][lb];
 }
 
 static bool has_prefix_ci(const char *s, size_t ls, const char *p, size_t lp) {
@@ -148,26 +120,23 @@ static bool has_prefix_ci(const char *s, size_t ls, const char *p, size_t lp) {
 }
 
 /*
- * The known key `input` most likely meant, or NULL: the closest within edit
- * distance 1 (inputs under 6 bytes) or 2, else the only key the input
- * begins ("delay" for "delay_ms") or that begins the input. The same rule
- * as the config's suggestions, so both read alike.
+ * The known key `input` most likely meant, or NULL: the closest within the
+ * shared edit-distance limit (ag__suggest_limit), else the only key the
+ * input begins ("delay" for "delay_ms") or that begins the input. The same
+ * rule as the config's suggestions, so both read alike.
  */
 static const char *suggest(const char *input, const char *const *keys,
                            size_t n) {
   size_t li = strlen(input);
-  int limit = li < 6 ? 1 : 2;
   const char *best = NULL, *prefix = NULL;
-  int best_d = limit + 1;
+  int best_d = ag__suggest_limit(li) + 1;
   size_t n_prefix = 0;
   for (size_t i = 0; i < n; i++) {
     size_t lk = strlen(keys[i]);
-    if (li <= MAX_KEY_CMP && lk <= MAX_KEY_CMP) {
-      int dist = osa(input, li, keys[i], lk);
-      if (dist < best_d) {
-        best_d = dist;
-        best = keys[i];
-      }
+    int dist = ag__edit_distance(input, li, keys[i], lk); /* -1: too long */
+    if (dist >= 0 && dist < best_d) {
+      best_d = dist;
+      best = keys[i];
     }
     if ((li >= 3 && has_prefix_ci(keys[i], lk, input, li)) ||
         (lk >= 4 && has_prefix_ci(input, li, keys[i], lk))) {
