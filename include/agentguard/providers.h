@@ -84,8 +84,8 @@ typedef struct ag_provider_vtable {
   const char *kind; /* "scripted", "openai", ... */
   /*
    * One request. Returns AG_OK with *out filled, AG_EPROVIDER with *perr
-   * filled, AG_ECANCELLED when `cancel` fired (check its reason), or
-   * AG_ENOMEM. on_delta may be NULL.
+   * filled, AG_ECANCELLED when `cancel` fired (check its reason) or when
+   * on_delta asked to stop, or AG_ENOMEM. on_delta may be NULL.
    */
   ag_err_t (*complete)(void *self, const ag_request *req, ag_cancel *cancel,
                        ag_delta_fn on_delta, void *delta_user, ag_reply *out,
@@ -96,12 +96,20 @@ typedef struct ag_provider_vtable {
 typedef struct ag_provider ag_provider;
 
 /* Wraps a vtable (borrowed, static storage) and its state (steals: destroy
- * is called by ag_provider_free). */
+ * is called by ag_provider_free, or at once when ag_provider_new fails). */
 AG_EXTERN ag_err_t ag_provider_new(ag_provider **out,
                                    const ag_provider_vtable *vt, void *self,
                                    ag_error_t *err);
 AG_EXTERN void ag_provider_free(ag_provider *p);
 AG_EXTERN const char *ag_provider_kind(const ag_provider *p);
+/*
+ * Calls the provider's complete(). Before: *out and *perr are zeroed
+ * (perr->retry_after_ms = -1); a token that already fired returns
+ * AG_ECANCELLED without a request. After: a failure frees any half-built
+ * reply; perr's strings are terminated, service defaults to the kind and
+ * message to "HTTP status N"; an AG_EPROVIDER while `cancel` fired becomes
+ * AG_ECANCELLED. perr may be NULL.
+ */
 AG_EXTERN ag_err_t ag_provider_complete(ag_provider *p, const ag_request *req,
                                         ag_cancel *cancel, ag_delta_fn on_delta,
                                         void *delta_user, ag_reply *out,
