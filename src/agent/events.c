@@ -1,3 +1,392 @@
-/* placeholder until this module lands */
-#include "agentguard.h"
-typedef int ag__placeholder_events;
+/*
+ * src/agent/events.c - the event stream of DESIGN.md section 5: one JSON
+ * object per event, each with "event", "turn", "iteration" and "t_ms" (ms
+ * since the agent was created) in front of the event's own fields.
+ *
+ * Threading. Events come from the thread running the turn and, for
+ * tool_attempt, from the scheduler's pool threads. One mutex per agent
+ * serialises the callback, so on_event is never called concurrently, and
+ * guards the position (turn, iteration) stamped on each event. The object
+ * is built outside the lock and only stamped and delivered inside it.
+ *
+ * Memory. An event is built, handed over borrowed, and freed: nothing is
+ * kept. With no callback nothing is built at all.
+ *
+ * Text. Tool output need not be UTF-8 (a subprocess can print anything) and
+ * jansson refuses invalid UTF-8, so every text goes through ag__json_text,
+ * which replaces invalid bytes with U+FFFD. The same helper builds the
+ * history's messages in loop.c.
+ *
+ * Rejected: formatting JSON Lines here (the sink is the caller's: the CLI
+ * writes lines, an embedding application may keep objects); a queue drained
+ * by the loop thread (tool_attempt events would arrive late, after the
+ * batch, and the queue would need a cap).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+ag_err_t ag__ev_init(ag__events *ev, ag_event_fn fn, void *user) {
+  memset(ev, 0, sizeof(*ev));
+  if (pthread_mutex_init(&ev->mu, NULL) != 0)
+    return AG_ENOMEM;
+  ev->fn = fn;
+  ev->user = user;
+  ev->t0 = ag_now_ms();
+  return AG_OK;
+}
+
+void ag__ev_destroy(ag__events *ev) {
+  pthread_mutex_destroy(&ev->mu);
+}
+
+bool ag__ev_on(const ag__events *ev) {
+  return ev->fn != NULL;
+}
+
+void ag__ev_position(ag__events *ev, int turn, int iteration) {
+  pthread_mutex_lock(&ev->mu);
+  ev->turn = turn;
+  ev->iteration = iteration;
+  pthread_mutex_unlock(&ev->mu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Text                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is invalid
+ * (overlong forms, surrogates and code points past U+10FFFF included). */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+  unsigned char c = s[0];
+  if (c < 0x80)
+    return 1;
+  size_t len;
+  uint32_t cp;
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+    cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    cp = c & 0x0F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (n < len)
+    return 0;
+  for (size_t i = 1; i < len; i++) {
+    if ((s[i] & 0xC0) != 0x80)
+      return 0;
+    cp = (cp << 6) | (s[i] & 0x3F);
+  }
+  if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+      (cp >= 0xD800 && cp <= 0xDFFF))
+    return 0;
+  return len;
+}
+
+json_t *ag__json_text(const char *text, size_t len) {
+  if (text == NULL)
+    return json_null();
+  const unsigned char *s = (const unsigned char *)text;
+  size_t i = 0;
+  while (i < len) {
+    size_t k = utf8_seq(s + i, len - i);
+    if (k == 0)
+      break;
+    i += k;
+  }
+  if (i == len)
+    return json_stringn(text, len);
+
+  /* Worst case every byte becomes the 3-byte U+FFFD. */
+  if (len > (SIZE_MAX - 1) / 3)
+    return NULL;
+  char *buf = malloc(len * 3 + 1);
+  if (buf == NULL)
+    return NULL;
+  size_t o = 0;
+  memcpy(buf, text, i);
+  o = i;
+  while (i < len) {
+    size_t k = utf8_seq(s + i, len - i);
+    if (k == 0) {
+      memcpy(buf + o, "\xEF\xBF\xBD", 3);
+      o += 3;
+      i++;
+    } else {
+      memcpy(buf + o, s + i, k);
+      o += k;
+      i += k;
+    }
+  }
+  json_t *j = json_stringn(buf, o);
+  free(buf);
+  return j;
+}
+
+static json_t *text0(const char *s) {
+  return ag__json_text(s, s != NULL ? strlen(s) : 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Emission                                                                 */
+/* ------------------------------------------------------------------------ */
+
+void ag__ev_emit(ag__events *ev, const char *name, json_t *fields) {
+  if (ev->fn == NULL) {
+    json_decref(fields);
+    return;
+  }
+  json_t *e = json_object();
+  if (e == NULL) {
+    json_decref(fields);
+    return;
+  }
+  /* The common fields go first, so a line reads "event" first. */
+  json_object_set_new(e, "event", json_string(name));
+  pthread_mutex_lock(&ev->mu);
+  json_object_set_new(e, "turn", json_integer(ev->turn));
+  json_object_set_new(e, "iteration", json_integer(ev->iteration));
+  json_object_set_new(e, "t_ms", json_integer(ag_now_ms() - ev->t0));
+  if (fields != NULL)
+    json_object_update(e, fields);
+  ev->fn(ev->user, e);
+  pthread_mutex_unlock(&ev->mu);
+  json_decref(fields);
+  json_decref(e);
+}
+
+/* ------------------------------------------------------------------------ */
+/* One builder per event                                                    */
+/* ------------------------------------------------------------------------ */
+
+void ag__ev_turn_start(ag__events *ev, const char *user) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL)
+    json_object_set_new(f, "user", text0(user));
+  ag__ev_emit(ev, "turn_start", f);
+}
+
+void ag__ev_model_request(ag__events *ev) {
+  if (ev->fn == NULL)
+    return;
+  ag__ev_emit(ev, "model_request", NULL);
+}
+
+void ag__ev_provider_retry(ag__events *ev, int attempt, int status,
+                           const char *message, int64_t delay_ms) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_object_set_new(f, "attempt", json_integer(attempt));
+    json_object_set_new(f, "status", json_integer(status));
+    json_object_set_new(f, "message", text0(message));
+    json_object_set_new(f, "delay_ms", json_integer(delay_ms));
+  }
+  ag__ev_emit(ev, "provider_retry", f);
+}
+
+void ag__ev_model_response(ag__events *ev, const ag_reply *r) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  json_t *calls = json_array();
+  if (f == NULL || calls == NULL) {
+    json_decref(f);
+    json_decref(calls);
+    return;
+  }
+  json_object_set_new(f, "text", text0(r->text));
+  for (size_t i = 0; i < r->n_calls; i++) {
+    const ag_tool_call *c = &r->calls[i];
+    json_t *o = json_object();
+    if (o == NULL)
+      continue;
+    json_object_set_new(o, "id", text0(c->id));
+    json_object_set_new(o, "name", text0(c->name != NULL ? c->name : ""));
+    json_object_set_new(
+        o, "arguments",
+        ag__json_text(c->arguments != NULL ? c->arguments : "",
+                      c->arguments != NULL ? c->arguments_len : 0));
+    json_array_append_new(calls, o);
+  }
+  json_object_set_new(f, "tool_calls", calls);
+  ag__ev_emit(ev, "model_response", f);
+}
+
+void ag__ev_tool_call(ag__events *ev, const char *call_id, const char *name,
+                      const char *args, size_t args_len, const uint8_t *sig) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_object_set_new(f, "call_id", text0(call_id));
+    json_object_set_new(f, "name", text0(name));
+    json_object_set_new(
+        f, "arguments",
+        ag__json_text(args != NULL ? args : "", args != NULL ? args_len : 0));
+    if (sig != NULL) {
+      char hex[65];
+      ag_sig_hex(sig, hex);
+      json_object_set_new(f, "signature", json_string(hex));
+    } else {
+      json_object_set_new(f, "signature", json_null());
+    }
+  }
+  ag__ev_emit(ev, "tool_call", f);
+}
+
+void ag__ev_approval(ag__events *ev, const char *call_id, const char *name,
+                     bool approved) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_object_set_new(f, "call_id", text0(call_id));
+    json_object_set_new(f, "name", text0(name));
+    json_object_set_new(f, "approved", json_boolean(approved));
+  }
+  ag__ev_emit(ev, "approval", f);
+}
+
+void ag__ev_tool_blocked(ag__events *ev, const char *call_id, const char *name,
+                         const char *reason) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_object_set_new(f, "call_id", text0(call_id));
+    json_object_set_new(f, "name", text0(name));
+    json_object_set_new(f, "reason", text0(reason));
+  }
+  ag__ev_emit(ev, "tool_blocked", f);
+}
+
+static const char *tool_status_name(ag_tool_status s) {
+  switch (s) {
+  case AG_TOOL_OK:
+    return "ok";
+  case AG_TOOL_ERROR:
+    return "error";
+  case AG_TOOL_TIMEOUT:
+    return "timeout";
+  case AG_TOOL_CANCELLED:
+    return "cancelled";
+  }
+  return "error";
+}
+
+void ag__ev_tool_attempt(ag__events *ev, const char *call_id,
+                         const ag_attempt *at) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_object_set_new(f, "call_id", text0(call_id));
+    json_object_set_new(f, "name", text0(at->name));
+    json_object_set_new(f, "attempt", json_integer(at->attempt));
+    json_object_set_new(f, "outcome",
+                        json_string(tool_status_name(at->outcome)));
+    json_object_set_new(f, "message",
+                        text0(at->message != NULL ? at->message : ""));
+    json_object_set_new(f, "retry_in_ms",
+                        at->retry_in_ms >= 0 ? json_integer(at->retry_in_ms)
+                                             : json_null());
+  }
+  ag__ev_emit(ev, "tool_attempt", f);
+}
+
+void ag__ev_tool_result(ag__events *ev, const char *call_id, const char *name,
+                        bool ok, int attempts, const char *category,
+                        const char *text, size_t text_len) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_object_set_new(f, "call_id", text0(call_id));
+    json_object_set_new(f, "name", text0(name));
+    json_object_set_new(f, "ok", json_boolean(ok));
+    json_object_set_new(f, "attempts", json_integer(attempts));
+    json_object_set_new(f, "category",
+                        category != NULL ? json_string(category) : json_null());
+    json_object_set_new(
+        f, "text",
+        ag__json_text(text != NULL ? text : "", text != NULL ? text_len : 0));
+  }
+  ag__ev_emit(ev, "tool_result", f);
+}
+
+void ag__ev_error_context(ag__events *ev, const char *text) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL)
+    json_object_set_new(f, "text", text0(text));
+  ag__ev_emit(ev, "error_context", f);
+}
+
+void ag__ev_nudge(ag__events *ev, const char *reason, const char *text) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_object_set_new(f, "reason", text0(reason));
+    json_object_set_new(f, "text", text0(text));
+  }
+  ag__ev_emit(ev, "nudge", f);
+}
+
+void ag__ev_warning(ag__events *ev, const char *message) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL)
+    json_object_set_new(f, "message", text0(message));
+  ag__ev_emit(ev, "warning", f);
+}
+
+void ag__ev_escalation(ag__events *ev, const char *record) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_t *rec = record != NULL ? json_loads(record, 0, NULL) : NULL;
+    json_object_set_new(f, "record", rec != NULL ? rec : json_null());
+  }
+  ag__ev_emit(ev, "escalation", f);
+}
+
+void ag__ev_human(ag__events *ev, const char *action, const char *message) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_object_set_new(f, "action", text0(action));
+    json_object_set_new(f, "message", text0(message != NULL ? message : ""));
+  }
+  ag__ev_emit(ev, "human", f);
+}
+
+void ag__ev_turn_end(ag__events *ev, const ag_turn_outcome *o) {
+  if (ev->fn == NULL)
+    return;
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_object_set_new(f, "status",
+                        json_string(ag_turn_status_name(o->status)));
+    json_object_set_new(f, "reason", text0(o->reason));
+    json_object_set_new(f, "message", text0(o->message));
+    json_object_set_new(f, "iterations", json_integer(o->iterations));
+    json_object_set_new(f, "tool_calls", json_integer(o->tool_calls));
+    json_object_set_new(f, "final_text", text0(o->final_text));
+  }
+  ag__ev_emit(ev, "turn_end", f);
+}

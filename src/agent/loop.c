@@ -1,3 +1,1355 @@
-/* placeholder until this module lands */
-#include "agentguard.h"
-typedef int ag__placeholder_loop;
+/*
+ * src/agent/loop.c - the agentic loop: a session (ag_agent) holds a history
+ * in the OpenAI chat shape and runs turns; a turn runs iterations (one model
+ * request and the tool calls it returned) until a final answer, a loop
+ * breaking tool, a guard stop or escalation, the deadline, a cancel or a
+ * model error. docs/agent.md describes every step for users.
+ *
+ * One iteration:
+ *   1. ag_guard_begin_iteration (iteration cap, deadline); at the cap, one
+ *      wrap-up request without tools (loop.final_request_without_tools);
+ *   2. the model request: history + the ephemeral error context (an extra
+ *      user message for this request only, never stored), retried per
+ *      network.* with exponential backoff, full jitter and Retry-After, the
+ *      waits on the turn token;
+ *   3. the assistant message joins the history;
+ *   4. the batch through ag_guard_run_batch, the driver shared with
+ *      `agentguard audit`: the guard checks every call, run_cb executes the
+ *      allowed ones through the scheduler (approvals, retries, the pool),
+ *      the guard records the results; one tool message per call joins the
+ *      history whatever happened to it (run, denied, held back, blocked);
+ *   5. the verdict: go on, stop, nudge, or escalate to the human.
+ *
+ * Data structures. The session: the config, the guard, the scheduler, the
+ * history (a jansson array) with the index where each stored turn starts
+ * (for the history cap), the event sink, and one 64 KiB buffer for the error
+ * context. A turn: a turn_ctx on the stack (its cancel token, the tools
+ * array offered to the model, the pending error context flag, the partial
+ * answer). A batch: per-call arrays allocated for the batch and freed after
+ * it (calls, guard checks and results, exec calls and results, call ids).
+ * Memory grows only with the stored history, which is capped after each
+ * turn by dropping the oldest complete turns.
+ *
+ * Threading. A turn runs on the caller's thread, and so do the provider,
+ * the approval and the human callbacks. The scheduler runs tools on its pool
+ * threads; their tool_attempt events go through the event sink's mutex
+ * (events.c) and read the batch's call ids, which the loop thread writes
+ * before ag_scheduler_run posts the batch (the scheduler's mutex orders the
+ * two). Cancellation: the turn token links the caller's token and the turn
+ * deadline; the provider, the scheduler (running tools and retry waits) and
+ * the network retry waits all watch it, and the loop checks it between
+ * steps, so a cancel ends the turn promptly and says which cause fired.
+ *
+ * Rejected:
+ *   - Storing the error context in the history and deleting it afterwards:
+ *     a stop or an out-of-memory in between would leave it there. Requests
+ *     get a shallow copy of the history array with the extra message.
+ *   - Counting retried model requests as iterations (DESIGN.md: they do not
+ *     count again) or emitting model_request per retry: a reader counting
+ *     model_request events gets the iterations; provider_retry tells the
+ *     retries.
+ *   - Capping the history by messages instead of whole turns: cutting inside
+ *     a turn can separate an assistant tool call from its tool messages,
+ *     which the chat API rejects.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define DEFAULT_HISTORY_BYTES ((size_t)8 << 20)
+#define ECTX_CAP ((size_t)64 << 10)
+#define HINT_CAP 4096
+#define MAX_WAIT_MS ((int64_t)5 * 60 * 1000) /* bound of any retry wait */
+
+static const char no_tool_call_text[] = "Your response contained no tool call.";
+
+struct ag_agent {
+  ag_config cfg;
+  ag_provider *provider;  /* borrowed */
+  const ag_registry *reg; /* borrowed, or own_reg */
+  ag_registry *own_reg;   /* an empty registry when opts.tools is NULL */
+  char *system_prompt;    /* copied, or NULL */
+  ag_approve_fn approve;  /* kept for the record; the scheduler has it */
+  ag_human_fn human;
+  void *human_user;
+  size_t max_history_bytes;
+  uint64_t rng; /* xorshift64* state for network retry jitter */
+
+  ag_guard *guard;
+  ag_scheduler *sched;
+  ag__events ev;
+
+  json_t *history;
+  size_t *turn_starts; /* history index of each stored turn's user message */
+  size_t n_turns, cap_turns;
+  int turn;
+
+  char *ectx; /* ECTX_CAP bytes: the pending error context */
+
+  /* The batch being executed: call ids by index, for on_attempt. */
+  const char *const *batch_ids;
+  size_t batch_n;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+AG_EXTERN const char *ag_turn_status_name(ag_turn_status s) {
+  switch (s) {
+  case AG_TURN_COMPLETED:
+    return "completed";
+  case AG_TURN_STOPPED:
+    return "stopped";
+  case AG_TURN_ESCALATED:
+    return "escalated";
+  case AG_TURN_TIMED_OUT:
+    return "timed_out";
+  case AG_TURN_CANCELLED:
+    return "cancelled";
+  case AG_TURN_FAILED:
+    return "failed";
+  }
+  return "unknown";
+}
+
+AG_EXTERN void ag_turn_outcome_clear(ag_turn_outcome *o) {
+  if (o == NULL)
+    return;
+  free(o->final_text);
+  memset(o, 0, sizeof(*o));
+}
+
+static char *dup_n(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (d != NULL) {
+    memcpy(d, s, n);
+    d[n] = '\0';
+  }
+  return d;
+}
+
+static char *dup0(const char *s) {
+  return s != NULL ? dup_n(s, strlen(s)) : NULL;
+}
+
+static void set_outcome(ag_turn_outcome *o, ag_turn_status st,
+                        const char *reason, const char *fmt, ...)
+    AG__PRINTF(4, 5);
+static void set_outcome(ag_turn_outcome *o, ag_turn_status st,
+                        const char *reason, const char *fmt, ...) {
+  o->status = st;
+  ag__scopy(o->reason, sizeof(o->reason), reason);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(o->message, sizeof(o->message), fmt, ap);
+  va_end(ap);
+}
+
+/* "350ms", "1.2s", "2m5s": elapsed times in messages for people. */
+static void fmt_elapsed(int64_t ms, char *buf, size_t cap) {
+  if (ms < 1000)
+    snprintf(buf, cap, "%lldms", (long long)ms);
+  else if (ms < 60000)
+    snprintf(buf, cap, "%.1fs", (double)ms / 1000.0);
+  else
+    snprintf(buf, cap, "%lldm%llds", (long long)(ms / 60000),
+             (long long)(ms % 60000 / 1000));
+}
+
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t x = *s;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  *s = x;
+  return x * 0x2545F4914F6CDD1Dull;
+}
+
+static ag_err_t nomem(ag_error_t *err) {
+  return ag__set_error(err, AG_ENOMEM, -1, "agent: out of memory");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Session                                                                  */
+/* ------------------------------------------------------------------------ */
+
+AG_EXTERN void ag_agent_opts_init(ag_agent_opts *o) {
+  if (o == NULL)
+    return;
+  memset(o, 0, sizeof(*o));
+  ag_config_init(&o->config);
+  o->max_history_bytes = DEFAULT_HISTORY_BYTES;
+}
+
+static void on_attempt(void *user, const ag_attempt *at) {
+  ag_agent *a = user;
+  const char *id = "";
+  if (a->batch_ids != NULL && at->call_index >= 0 &&
+      (size_t)at->call_index < a->batch_n)
+    id = a->batch_ids[at->call_index];
+  ag__ev_tool_attempt(&a->ev, id, at);
+}
+
+static json_t *message(const char *role, const char *content) {
+  json_t *m = json_object();
+  if (m == NULL)
+    return NULL;
+  if (json_object_set_new(m, "role", json_string(role)) != 0 ||
+      json_object_set_new(
+          m, "content",
+          ag__json_text(content, content != NULL ? strlen(content) : 0)) != 0) {
+    json_decref(m);
+    return NULL;
+  }
+  return m;
+}
+
+AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
+                                ag_error_t *err) {
+  if (out != NULL)
+    *out = NULL;
+  if (out == NULL || opts == NULL || opts->provider == NULL)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "ag_agent_new: out, opts and opts->provider are "
+                         "required");
+  ag_agent *a = calloc(1, sizeof(*a));
+  if (a == NULL)
+    return nomem(err);
+  a->cfg = opts->config;
+  a->provider = opts->provider;
+  a->approve = opts->approve;
+  a->human = opts->human;
+  a->human_user = opts->human_user;
+  a->max_history_bytes = opts->max_history_bytes > 0 ? opts->max_history_bytes
+                                                     : DEFAULT_HISTORY_BYTES;
+  a->rng = opts->seed != 0 ? opts->seed
+                           : (uint64_t)ag_now_ms() * 0x9E3779B97F4A7C15ull;
+  if (a->rng == 0)
+    a->rng = 0x2545F4914F6CDD1Dull;
+
+  ag_err_t rc = ag__ev_init(&a->ev, opts->on_event, opts->event_user);
+  if (rc != AG_OK) {
+    free(a);
+    return nomem(err);
+  }
+  rc = ag_guard_new(&a->guard, &a->cfg, NULL, err);
+  if (rc != AG_OK)
+    goto fail;
+
+  a->reg = opts->tools;
+  if (a->reg == NULL) {
+    rc = ag_registry_new(&a->own_reg, err);
+    if (rc != AG_OK)
+      goto fail;
+    a->reg = a->own_reg;
+  }
+  ag_scheduler_opts so;
+  ag_scheduler_opts_init(&so);
+  so.approve = opts->approve;
+  so.approve_user = opts->approve_user;
+  so.on_attempt = on_attempt;
+  so.attempt_user = a;
+  so.jitter_seed = opts->seed;
+  rc = ag_scheduler_new(&a->sched, a->reg, &a->cfg, &so, err);
+  if (rc != AG_OK)
+    goto fail;
+
+  rc = AG_ENOMEM;
+  a->history = json_array();
+  a->ectx = malloc(ECTX_CAP);
+  if (a->history == NULL || a->ectx == NULL)
+    goto fail_nomem;
+  if (opts->system_prompt != NULL) {
+    a->system_prompt = dup0(opts->system_prompt);
+    json_t *m = message("system", opts->system_prompt);
+    if (a->system_prompt == NULL || m == NULL ||
+        json_array_append_new(a->history, m) != 0)
+      goto fail_nomem;
+  }
+  *out = a;
+  return AG_OK;
+
+fail_nomem:
+  nomem(err);
+fail:
+  ag_agent_free(a);
+  return rc;
+}
+
+AG_EXTERN void ag_agent_free(ag_agent *a) {
+  if (a == NULL)
+    return;
+  ag_scheduler_free(a->sched);
+  ag_registry_free(a->own_reg);
+  ag_guard_free(a->guard);
+  json_decref(a->history);
+  free(a->turn_starts);
+  free(a->system_prompt);
+  free(a->ectx);
+  ag__ev_destroy(&a->ev);
+  free(a);
+}
+
+AG_EXTERN const json_t *ag_agent_history(const ag_agent *a) {
+  return a != NULL ? a->history : NULL;
+}
+
+AG_EXTERN const ag_guard *ag_agent_guard(const ag_agent *a) {
+  return a != NULL ? a->guard : NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* History                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static int count_bytes(const char *buf, size_t size, void *data) {
+  (void)buf;
+  *(size_t *)data += size;
+  return 0;
+}
+
+static size_t json_size(const json_t *j) {
+  size_t n = 0;
+  json_dump_callback(j, count_bytes, &n, JSON_COMPACT | JSON_ENCODE_ANY);
+  return n;
+}
+
+/* Drops the oldest complete turns while the serialized history (compact
+ * JSON) is larger than the cap; never the system message, never the turn
+ * that just ended. */
+static void cap_history(ag_agent *a) {
+  size_t size = json_size(a->history);
+  while (size > a->max_history_bytes && a->n_turns > 1) {
+    size_t from = a->turn_starts[0], to = a->turn_starts[1];
+    size_t k = to - from;
+    for (size_t i = from; i < to; i++)
+      size -= json_size(json_array_get(a->history, i)) + 1; /* and a comma */
+    for (size_t i = 0; i < k; i++)
+      json_array_remove(a->history, from);
+    memmove(a->turn_starts, a->turn_starts + 1,
+            (a->n_turns - 1) * sizeof(*a->turn_starts));
+    a->n_turns--;
+    for (size_t t = 0; t < a->n_turns; t++)
+      a->turn_starts[t] -= k;
+  }
+}
+
+static bool note_turn_start(ag_agent *a, size_t index) {
+  if (a->n_turns == a->cap_turns) {
+    size_t cap = a->cap_turns ? a->cap_turns * 2 : 16;
+    size_t *p = realloc(a->turn_starts, cap * sizeof(*p));
+    if (p == NULL)
+      return false;
+    a->turn_starts = p;
+    a->cap_turns = cap;
+  }
+  a->turn_starts[a->n_turns++] = index;
+  return true;
+}
+
+/* Appends `m` (steals; NULL is a failure) to the history. */
+static bool hist_append(ag_agent *a, json_t *m) {
+  if (m == NULL)
+    return false;
+  return json_array_append_new(a->history, m) == 0;
+}
+
+/* Removes history entries past `len` (undoing a partial append). */
+static void hist_truncate(ag_agent *a, size_t len) {
+  while (json_array_size(a->history) > len)
+    json_array_remove(a->history, json_array_size(a->history) - 1);
+}
+
+/* The call ids of a reply: the model's, or generated "call_<t>_<i>_<k>". */
+typedef struct call_ids {
+  const char **ids;
+  char (*gen)[48];
+} call_ids;
+
+static bool ids_make(call_ids *c, const ag_reply *r, int turn, int iter) {
+  c->ids = NULL;
+  c->gen = NULL;
+  if (r->n_calls == 0)
+    return true;
+  c->ids = calloc(r->n_calls, sizeof(*c->ids));
+  c->gen = calloc(r->n_calls, sizeof(*c->gen));
+  if (c->ids == NULL || c->gen == NULL)
+    return false;
+  for (size_t i = 0; i < r->n_calls; i++) {
+    if (r->calls[i].id != NULL && r->calls[i].id[0] != '\0') {
+      c->ids[i] = r->calls[i].id;
+    } else {
+      snprintf(c->gen[i], sizeof(c->gen[i]), "call_%d_%d_%zu", turn, iter, i);
+      c->ids[i] = c->gen[i];
+    }
+  }
+  return true;
+}
+
+static void ids_free(call_ids *c) {
+  free(c->ids);
+  free(c->gen);
+  c->ids = NULL;
+  c->gen = NULL;
+}
+
+static const char *call_name(const ag_tool_call *c) {
+  return c->name != NULL ? c->name : "";
+}
+
+static const char *call_args(const ag_tool_call *c, size_t *len) {
+  *len = c->arguments != NULL ? c->arguments_len : 0;
+  return c->arguments != NULL ? c->arguments : "";
+}
+
+static json_t *assistant_message(const ag_reply *r, const call_ids *ids) {
+  json_t *m = message("assistant", r->text);
+  if (m == NULL || r->n_calls == 0)
+    return m;
+  json_t *calls = json_array();
+  if (calls == NULL || json_object_set_new(m, "tool_calls", calls) != 0) {
+    json_decref(m);
+    return NULL;
+  }
+  for (size_t i = 0; i < r->n_calls; i++) {
+    size_t alen;
+    const char *args = call_args(&r->calls[i], &alen);
+    json_t *fn = json_object();
+    json_t *c = json_object();
+    if (fn == NULL || c == NULL ||
+        json_object_set_new(fn, "name",
+                            ag__json_text(call_name(&r->calls[i]),
+                                          strlen(call_name(&r->calls[i])))) ||
+        json_object_set_new(fn, "arguments", ag__json_text(args, alen)) ||
+        json_object_set_new(c, "id",
+                            ag__json_text(ids->ids[i], strlen(ids->ids[i]))) ||
+        json_object_set_new(c, "type", json_string("function")) ||
+        json_object_set_new(c, "function", fn) ||
+        json_array_append_new(calls, c)) {
+      json_decref(m);
+      return NULL;
+    }
+  }
+  return m;
+}
+
+static json_t *tool_message(const char *call_id, const char *text, size_t len) {
+  json_t *m = json_object();
+  if (m == NULL)
+    return NULL;
+  if (json_object_set_new(m, "role", json_string("tool")) ||
+      json_object_set_new(m, "tool_call_id",
+                          ag__json_text(call_id, strlen(call_id))) ||
+      json_object_set_new(m, "content", ag__json_text(text, len))) {
+    json_decref(m);
+    return NULL;
+  }
+  return m;
+}
+
+/* ------------------------------------------------------------------------ */
+/* A turn                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct turn_ctx {
+  ag_agent *a;
+  ag_cancel *tt; /* the turn token */
+  ag_turn_outcome *out;
+  json_t *tools_json; /* offered to the model, or NULL */
+  const char **tool_names;
+  size_t n_tools;
+  int iterations; /* model requests made, the wrap-up included */
+  bool has_ectx;  /* a->ectx goes into the next request */
+  char *partial;  /* the turn's last assistant text, for stops */
+  bool oom;
+} turn_ctx;
+
+static void remember_text(turn_ctx *t, const char *text) {
+  if (text == NULL || text[0] == '\0')
+    return;
+  char *d = dup0(text);
+  if (d == NULL)
+    return;
+  free(t->partial);
+  t->partial = d;
+}
+
+/* Ends the turn for a fired turn token. */
+static void end_cancelled(turn_ctx *t, ag_cancel_reason why) {
+  if (why == AG_CANCEL_USER || why == AG_CANCEL_NONE) {
+    set_outcome(t->out, AG_TURN_CANCELLED, "cancelled",
+                "The turn was cancelled by the caller.");
+    return;
+  }
+  int64_t d = t->a->cfg.loop.max_turn_duration_ms;
+  if (d > 0) {
+    char s[32];
+    ag_format_duration(d, s, sizeof(s));
+    set_outcome(t->out, AG_TURN_TIMED_OUT, "turn_timeout",
+                "Turn exceeded the maximum duration of %s", s);
+  } else {
+    set_outcome(t->out, AG_TURN_TIMED_OUT, "turn_timeout",
+                "The caller's deadline for the turn passed.");
+  }
+}
+
+static ag_cancel_reason fired(turn_ctx *t) {
+  return ag_cancel_check(t->tt, ag_now_ms());
+}
+
+/* A STOP verdict: the warning first, then the outcome. */
+static void end_stopped(turn_ctx *t, const ag_verdict *v) {
+  if (v->warning[0] != '\0')
+    ag__ev_warning(&t->a->ev, v->warning);
+  set_outcome(t->out,
+              v->reason == AG_REASON_TURN_TIMEOUT ? AG_TURN_TIMED_OUT
+                                                  : AG_TURN_STOPPED,
+              ag_reason_name(v->reason), "%s", v->message);
+}
+
+/*
+ * An ESCALATE verdict: the record goes to the human. Returns true when the
+ * human said continue (the hint joined the history and the tripped
+ * mechanism was reset), false when the turn ends escalated.
+ */
+static bool escalate(turn_ctx *t, const ag_verdict *v) {
+  ag_agent *a = t->a;
+  char *rec = NULL;
+  if (ag_guard_escalation_record(a->guard, v, &rec, NULL) != AG_OK)
+    rec = NULL;
+  ag__ev_escalation(&a->ev, rec);
+  bool go_on = false;
+  if (a->human != NULL) {
+    char hint[HINT_CAP];
+    hint[0] = '\0';
+    ag_human_action act =
+        a->human(a->human_user, rec != NULL ? rec : "{}", hint, sizeof(hint));
+    hint[sizeof(hint) - 1] = '\0';
+    go_on = act == AG_HUMAN_CONTINUE;
+    ag__ev_human(&a->ev, go_on ? "continue" : "stop", hint);
+    if (go_on) {
+      if (hint[0] != '\0' && !hist_append(a, message("user", hint)))
+        t->oom = true;
+      ag_guard_resume(a->guard, v->reason);
+    }
+  }
+  ag_free(rec);
+  if (!go_on)
+    set_outcome(t->out, AG_TURN_ESCALATED, ag_reason_name(v->reason), "%s",
+                v->message);
+  return go_on;
+}
+
+/* ---- model requests ------------------------------------------------------ */
+
+typedef enum { REQ_OK = 0, REQ_CANCELLED, REQ_FAILED, REQ_NOMEM } req_status;
+
+static const char *http_phrase(int status) {
+  switch (status) {
+  case 400:
+    return "Bad request";
+  case 401:
+    return "Unauthorized";
+  case 402:
+    return "Payment required";
+  case 403:
+    return "Forbidden";
+  case 404:
+    return "Not found";
+  case 408:
+    return "Request timeout";
+  case 409:
+    return "Conflict";
+  case 413:
+    return "Payload too large";
+  case 422:
+    return "Unprocessable entity";
+  case 429:
+    return "Too many requests";
+  case 500:
+    return "Internal server error";
+  case 502:
+    return "Bad gateway";
+  case 503:
+    return "Service unavailable";
+  case 504:
+    return "Gateway timeout";
+  default:
+    return status >= 500 ? "Server error" : "Error";
+  }
+}
+
+/* Appends `s` to the NUL-terminated text in buf[0..cap), cutting it. */
+static void cat(char *buf, size_t cap, const char *s) {
+  size_t n = strlen(buf);
+  if (n + 1 < cap)
+    ag__scopy(buf + n, cap - n, s);
+}
+
+/* The message of a failed model request, for people. */
+static void provider_failure(turn_ctx *t, const ag_provider_error *pe,
+                             int tries, int64_t elapsed, bool gave_up) {
+  ag_agent *a = t->a;
+  const char *service =
+      pe->service[0] != '\0' ? pe->service : ag_provider_kind(a->provider);
+  if (service == NULL || service[0] == '\0')
+    service = "model";
+  char msg[sizeof(t->out->message)];
+  msg[0] = '\0';
+  if (!a->cfg.errors.normalize_provider_errors) {
+    cat(msg, sizeof(msg), service);
+    cat(msg, sizeof(msg), ": ");
+    cat(msg, sizeof(msg), pe->message[0] ? pe->message : "request failed");
+  } else {
+    char part[160], span[32];
+    cat(msg, sizeof(msg), "The model service ");
+    cat(msg, sizeof(msg), service);
+    if (pe->http_status > 0)
+      snprintf(part, sizeof(part), " answered HTTP %d (%s)", pe->http_status,
+               http_phrase(pe->http_status));
+    else
+      snprintf(part, sizeof(part), " could not be reached");
+    cat(msg, sizeof(msg), part);
+    if (tries > 1) {
+      fmt_elapsed(elapsed, span, sizeof(span));
+      snprintf(part, sizeof(part), " %d times over %s", tries, span);
+      cat(msg, sizeof(msg), part);
+    }
+    cat(msg, sizeof(msg),
+        gave_up ? "; giving up." : "; this error is not retried.");
+    /* the provider's own words, unless they only repeat the status */
+    if (pe->message[0] != '\0' && strncmp(pe->message, "HTTP status ", 12)) {
+      cat(msg, sizeof(msg), " The last answer: ");
+      cat(msg, sizeof(msg), pe->message);
+    }
+  }
+  if (a->cfg.errors.include_provider_details && pe->details[0] != '\0') {
+    cat(msg, sizeof(msg), " Details: ");
+    cat(msg, sizeof(msg), pe->details);
+  }
+  set_outcome(t->out, AG_TURN_FAILED, "model_error", "%s", msg);
+}
+
+/* The wait before retry number `retry` + 1 (0-based): exponential from
+ * network.delay, capped at network.max_delay (0: no cap) and MAX_WAIT_MS,
+ * full jitter, and never shorter than the server's Retry-After. */
+static int64_t retry_wait(ag_agent *a, int retry, int64_t retry_after) {
+  int64_t cap = a->cfg.network.max_delay_ms > 0 ? a->cfg.network.max_delay_ms
+                                                : MAX_WAIT_MS;
+  if (cap > MAX_WAIT_MS)
+    cap = MAX_WAIT_MS;
+  int64_t d = a->cfg.network.delay_ms;
+  for (int k = 0; k < retry && d < cap; k++)
+    d *= 2;
+  if (d > cap)
+    d = cap;
+  if (d > 0)
+    d = (int64_t)(rng_next(&a->rng) % (uint64_t)(d + 1));
+  if (retry_after >= 0) {
+    int64_t ra = retry_after < MAX_WAIT_MS ? retry_after : MAX_WAIT_MS;
+    if (ra > d)
+      d = ra;
+  }
+  return d;
+}
+
+/*
+ * One model request with DESIGN.md's network retries. On REQ_OK `reply` is
+ * filled. Otherwise the outcome is set (cancelled / timed_out / failed)
+ * except for REQ_NOMEM.
+ */
+static req_status request_model(turn_ctx *t, const json_t *tools,
+                                bool with_ectx, ag_reply *reply) {
+  ag_agent *a = t->a;
+  json_t *msgs;
+  if (with_ectx) {
+    /* A shallow copy: the error context never enters the history. */
+    msgs = json_array();
+    if (msgs == NULL)
+      return REQ_NOMEM;
+    json_t *m = json_array_extend(msgs, a->history) == 0
+                    ? message("user", a->ectx)
+                    : NULL;
+    if (m == NULL || json_array_append_new(msgs, m) != 0) {
+      json_decref(msgs);
+      return REQ_NOMEM;
+    }
+  } else {
+    msgs = json_incref(a->history);
+  }
+  ag_request req = {msgs, tools, a->turn, t->iterations};
+
+  int64_t first = ag_now_ms();
+  int retries = 0;
+  req_status st;
+  for (;;) {
+    ag_cancel_reason why = fired(t);
+    if (why != AG_CANCEL_NONE) {
+      end_cancelled(t, why);
+      st = REQ_CANCELLED;
+      break;
+    }
+    ag_provider_error pe;
+    memset(&pe, 0, sizeof(pe));
+    pe.retry_after_ms = -1;
+    memset(reply, 0, sizeof(*reply));
+    ag_err_t rc =
+        ag_provider_complete(a->provider, &req, t->tt, NULL, NULL, reply, &pe);
+    if (rc == AG_OK) {
+      st = REQ_OK;
+      break;
+    }
+    ag_reply_clear(reply);
+    if (rc == AG_ECANCELLED) {
+      end_cancelled(t, fired(t));
+      st = REQ_CANCELLED;
+      break;
+    }
+    if (rc == AG_ENOMEM) {
+      st = REQ_NOMEM;
+      break;
+    }
+    if (rc != AG_EPROVIDER) {
+      memset(&pe, 0, sizeof(pe));
+      snprintf(pe.message, sizeof(pe.message), "%s", ag_strerror(rc));
+    }
+    pe.service[sizeof(pe.service) - 1] = '\0';
+    pe.message[sizeof(pe.message) - 1] = '\0';
+    pe.details[sizeof(pe.details) - 1] = '\0';
+    if (pe.exhausted) {
+      set_outcome(t->out, AG_TURN_FAILED, "script_exhausted",
+                  "The model script has no reply left for request %d of turn "
+                  "%d (%.400s).",
+                  t->iterations, a->turn,
+                  pe.message[0] != '\0' ? pe.message : "exhausted");
+      st = REQ_FAILED;
+      break;
+    }
+    if (!pe.transient || retries >= a->cfg.network.max_retries) {
+      provider_failure(t, &pe, retries + 1, ag_now_ms() - first, pe.transient);
+      st = REQ_FAILED;
+      break;
+    }
+    int64_t wait = retry_wait(a, retries, pe.retry_after_ms);
+    ag__ev_provider_retry(&a->ev, retries + 1, pe.http_status, pe.message,
+                          wait);
+    why = ag_cancel_wait(t->tt, wait);
+    if (why != AG_CANCEL_NONE) {
+      end_cancelled(t, why);
+      st = REQ_CANCELLED;
+      break;
+    }
+    retries++;
+  }
+  json_decref(msgs);
+  return st;
+}
+
+/* ---- the batch ------------------------------------------------------------
+ */
+
+typedef struct batch_ctx {
+  turn_ctx *t;
+  const ag_reply *reply;
+  const call_ids *ids;
+  ag_exec_call *ecalls;
+  ag_exec_result *ers;
+  bool sched_failed;
+} batch_ctx;
+
+static bool requires_approval(const ag_registry *r, const char *name) {
+  const ag_tool_def *d = ag_registry_get(r, name);
+  return d != NULL && d->requires_approval;
+}
+
+/* Executes the calls the guard allowed (ag_run_fn for ag_guard_run_batch). */
+static int64_t run_cb(void *user, const ag_call *calls,
+                      const ag_call_check *checks, size_t n,
+                      ag_result *results) {
+  batch_ctx *b = user;
+  turn_ctx *t = b->t;
+  ag_agent *a = t->a;
+
+  for (size_t i = 0; i < n; i++) {
+    ag__ev_tool_call(&a->ev, b->ids->ids[i], calls[i].name, calls[i].args,
+                     calls[i].args_len, checks[i].valid ? checks[i].sig : NULL);
+    if (checks[i].action == AG_NUDGE)
+      ag__ev_nudge(&a->ev, ag_reason_name(checks[i].reason), checks[i].message);
+  }
+  for (size_t i = 0; i < n; i++) {
+    b->ecalls[i].name = calls[i].name;
+    b->ecalls[i].args = calls[i].args;
+    b->ecalls[i].args_len = calls[i].args_len;
+    b->ecalls[i].skip = !(checks[i].action == AG_ALLOW && checks[i].valid);
+  }
+  a->batch_ids = b->ids->ids;
+  a->batch_n = n;
+  if (ag_scheduler_run(a->sched, b->ecalls, n, t->tt, b->ers, NULL) != AG_OK)
+    b->sched_failed = true;
+  a->batch_ids = NULL;
+  a->batch_n = 0;
+
+  for (size_t i = 0; i < n; i++) {
+    const char *id = b->ids->ids[i];
+    const char *name = calls[i].name;
+    if (checks[i].action == AG_NUDGE)
+      continue; /* held back: answered by its nudge */
+    if (!checks[i].valid) {
+      ag__ev_tool_result(&a->ev, id, name, false, 0,
+                         ag_category_name(AG_CAT_VALIDATION), results[i].text,
+                         results[i].text_len);
+      continue;
+    }
+    ag_exec_result *er = &b->ers[i];
+    const char *text = er->text != NULL ? er->text : "";
+    size_t len = er->text != NULL ? er->text_len : 0;
+    if (requires_approval(a->reg, name) && er->status != AG_EXEC_NOT_FOUND &&
+        er->status != AG_EXEC_INVALID && er->status != AG_EXEC_SKIPPED &&
+        !(er->status == AG_EXEC_CANCELLED && er->attempts == 0))
+      ag__ev_approval(&a->ev, id, name, er->status != AG_EXEC_DENIED);
+    if (er->attempts > 0)
+      t->out->tool_calls++;
+
+    ag_result *r = &results[i];
+    r->text = text;
+    r->text_len = len;
+    bool ok;
+    const char *cat;
+    switch (er->status) {
+    case AG_EXEC_OK:
+      r->outcome = AG_OUTCOME_OK;
+      r->category = AG_CAT__COUNT; /* the guard checks the prefixes */
+      ok = !ag_guard_is_error_text(a->guard, text, len);
+      cat = ok ? NULL : ag_category_name(ag_classify(text, len));
+      break;
+    case AG_EXEC_DENIED:
+      r->outcome = AG_OUTCOME_SKIPPED; /* a denial is not an error */
+      r->category = er->category;
+      ok = false;
+      cat = ag_category_name(er->category);
+      break;
+    default:
+      r->outcome = AG_OUTCOME_ERROR;
+      r->category = er->category;
+      ok = false;
+      cat = ag_category_name(er->category);
+      break;
+    }
+    ag__ev_tool_result(&a->ev, id, name, ok, er->attempts, cat, text, len);
+  }
+  return ag_now_ms();
+}
+
+/* A failed call's tool message per errors.feedback (malloc'd). */
+static char *error_feedback(const ag_agent *a, const char *name,
+                            ag_category cat, const char *text, size_t len,
+                            size_t *out_len) {
+  if (a->cfg.errors.feedback == AG_FEEDBACK_FULL) {
+    *out_len = len;
+    return dup_n(text, len);
+  }
+  char one[1];
+  size_t max = (size_t)a->cfg.errors.max_error_chars;
+  size_t need =
+      ag_format_compact_error(one, sizeof(one), name, cat, text, len, max);
+  char *buf = malloc(need + 1);
+  if (buf == NULL)
+    return NULL;
+  ag_format_compact_error(buf, need + 1, name, cat, text, len, max);
+  *out_len = need;
+  return buf;
+}
+
+static bool is_loop_breaking(const ag_config *cfg, const char *name) {
+  const ag_str_list *l = &cfg->loop.loop_breaking_tools;
+  for (int i = 0; i < l->count && i < AG_LIST_MAX; i++)
+    if (strcmp(l->items[i], name) == 0)
+      return true;
+  return false;
+}
+
+/* Appends one tool message per call. `texts[i]` (lens[i]) is its content. */
+static bool append_tool_messages(ag_agent *a, const call_ids *ids, size_t n,
+                                 char **texts, const size_t *lens) {
+  size_t before = json_array_size(a->history);
+  for (size_t i = 0; i < n; i++) {
+    const char *s = texts[i] != NULL ? texts[i] : "";
+    size_t l = texts[i] != NULL ? lens[i] : 0;
+    if (!hist_append(a, tool_message(ids->ids[i], s, l))) {
+      hist_truncate(a, before);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* "Not run: <why>" for every call of a reply that was never executed. */
+static bool answer_not_run(turn_ctx *t, const ag_reply *r, const call_ids *ids,
+                           const char *reason_code, const char *why) {
+  ag_agent *a = t->a;
+  char text[AG_VERDICT_MSG_MAX + 16];
+  int len = snprintf(text, sizeof(text), "Not run: %s", why);
+  size_t l = len < 0                      ? 0
+             : (size_t)len < sizeof(text) ? (size_t)len
+                                          : sizeof(text) - 1;
+  size_t before = json_array_size(a->history);
+  for (size_t i = 0; i < r->n_calls; i++) {
+    size_t alen;
+    const char *args = call_args(&r->calls[i], &alen);
+    uint8_t sig[AG_SIG_LEN];
+    bool valid =
+        ag__ev_on(&a->ev) &&
+        ag_signature(call_name(&r->calls[i]), args, alen, sig, NULL) == AG_OK;
+    ag__ev_tool_call(&a->ev, ids->ids[i], call_name(&r->calls[i]), args, alen,
+                     valid ? sig : NULL);
+    ag__ev_tool_blocked(&a->ev, ids->ids[i], call_name(&r->calls[i]),
+                        reason_code);
+    if (!hist_append(a, tool_message(ids->ids[i], text, l))) {
+      hist_truncate(a, before);
+      return false;
+    }
+  }
+  return true;
+}
+
+typedef enum { GO_ON = 0, END_TURN } step;
+
+static step after_errors(turn_ctx *t, ag_recover_kind kind) {
+  ag_agent *a = t->a;
+  if (!a->cfg.errors.error_context)
+    return GO_ON;
+  size_t need = ag_guard_error_context(a->guard, kind, t->tool_names,
+                                       t->n_tools, a->ectx, ECTX_CAP);
+  if (need > 0 && a->ectx[0] != '\0') {
+    t->has_ectx = true;
+    ag__ev_error_context(&a->ev, a->ectx);
+  }
+  return GO_ON;
+}
+
+/* Steps 6-8 for a reply with tool calls. */
+static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
+  ag_agent *a = t->a;
+  size_t n = reply->n_calls;
+  /* the reply's assistant message is the last entry of the history */
+  size_t base = json_array_size(a->history) - 1;
+
+  ag_cancel_reason why = fired(t);
+  if (why != AG_CANCEL_NONE) {
+    end_cancelled(t, why);
+    if (!answer_not_run(t, reply, ids, t->out->reason, t->out->message)) {
+      t->oom = true;
+      hist_truncate(a, base);
+    }
+    return END_TURN;
+  }
+
+  ag_call *calls = calloc(n, sizeof(*calls));
+  ag_call_check *checks = calloc(n, sizeof(*checks));
+  ag_result *results = calloc(n, sizeof(*results));
+  ag_exec_call *ecalls = calloc(n, sizeof(*ecalls));
+  ag_exec_result *ers = calloc(n, sizeof(*ers));
+  char **texts = calloc(n, sizeof(*texts));
+  size_t *lens = calloc(n, sizeof(*lens));
+  step s = END_TURN;
+  char *breaking = NULL;
+  const char *breaking_name = "";
+  bool have_breaking = false;
+  if (calls == NULL || checks == NULL || results == NULL || ecalls == NULL ||
+      ers == NULL || texts == NULL || lens == NULL) {
+    t->oom = true;
+    if (!answer_not_run(t, reply, ids, "cancelled", "out of memory"))
+      hist_truncate(a, base);
+    goto done;
+  }
+  for (size_t i = 0; i < n; i++) {
+    calls[i].name = call_name(&reply->calls[i]);
+    calls[i].args = call_args(&reply->calls[i], &calls[i].args_len);
+  }
+
+  batch_ctx b = {t, reply, ids, ecalls, ers, false};
+  ag_verdict v;
+  bool ran = false;
+  ag_action act = ag_guard_run_batch(a->guard, calls, n, ag_now_ms(), run_cb,
+                                     &b, checks, results, &v, &ran);
+  if (b.sched_failed)
+    t->oom = true;
+
+  /* The tool messages, and what the batch tells the next steps. */
+  bool any_error = false, not_found = false, invalid = false;
+  if (!ran) {
+    const char *code = ag_reason_name(v.reason);
+    for (size_t i = 0; i < n; i++) {
+      ag__ev_tool_call(&a->ev, ids->ids[i], calls[i].name, calls[i].args,
+                       calls[i].args_len,
+                       checks[i].valid ? checks[i].sig : NULL);
+      ag__ev_tool_blocked(&a->ev, ids->ids[i], calls[i].name, code);
+    }
+  }
+  for (size_t i = 0; i < n && !t->oom; i++) {
+    const char *name = calls[i].name;
+    if (!ran) {
+      char buf[AG_VERDICT_MSG_MAX + 16];
+      int l = snprintf(buf, sizeof(buf), "Not run: %s", v.message);
+      lens[i] = l < 0                     ? 0
+                : (size_t)l < sizeof(buf) ? (size_t)l
+                                          : sizeof(buf) - 1;
+      texts[i] = dup_n(buf, lens[i]);
+    } else if (checks[i].action == AG_NUDGE) {
+      lens[i] = strlen(checks[i].message);
+      texts[i] = dup_n(checks[i].message, lens[i]);
+    } else if (!checks[i].valid) {
+      any_error = invalid = true;
+      texts[i] = error_feedback(a, name, AG_CAT_VALIDATION, results[i].text,
+                                results[i].text_len, &lens[i]);
+    } else {
+      const ag_exec_result *er = &ers[i];
+      const char *text = er->text != NULL ? er->text : "";
+      size_t len = er->text != NULL ? er->text_len : 0;
+      switch (er->status) {
+      case AG_EXEC_OK:
+      case AG_EXEC_DENIED:
+      case AG_EXEC_SKIPPED:
+        lens[i] = len;
+        texts[i] = dup_n(text, len);
+        if (er->status == AG_EXEC_OK) {
+          if (ag_guard_is_error_text(a->guard, text, len))
+            any_error = true;
+          else if (!have_breaking && a->cfg.loop.require_tool_call &&
+                   is_loop_breaking(&a->cfg, name)) {
+            have_breaking = true;
+            breaking_name = name;
+            breaking = dup_n(text, len);
+            if (breaking == NULL)
+              t->oom = true;
+          }
+        }
+        break;
+      case AG_EXEC_NOT_FOUND:
+        not_found = true;
+        any_error = true;
+        texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
+        break;
+      case AG_EXEC_INVALID:
+        invalid = true;
+        any_error = true;
+        texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
+        break;
+      default:
+        any_error = true;
+        texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
+        break;
+      }
+    }
+    if (texts[i] == NULL)
+      t->oom = true;
+  }
+
+  /* A nudge after the results (call_and_result scope): the call ran; its
+   * answer carries the nudge. */
+  if (ran && act == AG_NUDGE && !t->oom) {
+    ag__ev_nudge(&a->ev, ag_reason_name(v.reason), v.message);
+    if (v.call_index >= 0 && (size_t)v.call_index < n) {
+      size_t k = (size_t)v.call_index;
+      size_t ml = strlen(v.message);
+      char *joined = malloc(lens[k] + 2 + ml + 1);
+      if (joined == NULL) {
+        t->oom = true;
+      } else {
+        memcpy(joined, texts[k], lens[k]);
+        memcpy(joined + lens[k], "\n\n", 2);
+        memcpy(joined + lens[k] + 2, v.message, ml + 1);
+        free(texts[k]);
+        texts[k] = joined;
+        lens[k] += 2 + ml;
+      }
+    }
+  }
+
+  if (t->oom || !append_tool_messages(a, ids, n, texts, lens)) {
+    /* Keep the history valid: every tool call answered. */
+    t->oom = true;
+    if (!answer_not_run(t, reply, ids, "cancelled", "out of memory"))
+      hist_truncate(a, base); /* drop the unanswered assistant message */
+    goto done;
+  }
+
+  why = fired(t);
+  if (why != AG_CANCEL_NONE) {
+    end_cancelled(t, why);
+    goto done;
+  }
+  switch (act) {
+  case AG_STOP:
+    end_stopped(t, &v);
+    goto done;
+  case AG_ESCALATE:
+    if (!escalate(t, &v))
+      goto done;
+    break;
+  case AG_ALLOW:
+  case AG_NUDGE:
+    if (have_breaking) {
+      set_outcome(t->out, AG_TURN_COMPLETED, "loop_breaking_tool",
+                  "The model called %s, which ends the turn.", breaking_name);
+      t->out->final_text = breaking;
+      breaking = NULL;
+      goto done;
+    }
+    break;
+  }
+  s = GO_ON;
+  if (any_error)
+    after_errors(t, not_found ? AG_RECOVER_UNKNOWN_TOOL
+                    : invalid ? AG_RECOVER_INVALID_JSON
+                              : AG_RECOVER_EXECUTION);
+
+done:
+  for (size_t i = 0; ers != NULL && i < n; i++)
+    ag_exec_result_clear(&ers[i]);
+  for (size_t i = 0; texts != NULL && i < n; i++)
+    free(texts[i]);
+  free(breaking);
+  free(calls);
+  free(checks);
+  free(results);
+  free(ecalls);
+  free(ers);
+  free(texts);
+  free(lens);
+  return s;
+}
+
+/* Step 5 under loop.require_tool_call: a reply without a tool call is a
+ * recoverable error. */
+static step no_tool_call(turn_ctx *t) {
+  ag_agent *a = t->a;
+  ag_result r;
+  memset(&r, 0, sizeof(r));
+  r.name = "";
+  r.sig = NULL;
+  r.outcome = AG_OUTCOME_ERROR;
+  r.text = no_tool_call_text;
+  r.text_len = sizeof(no_tool_call_text) - 1;
+  r.category = AG_CAT_VALIDATION;
+  ag_verdict v;
+  ag_action act = ag_guard_record_results(a->guard, &r, 1, ag_now_ms(), &v);
+  ag_cancel_reason why = fired(t);
+  if (why != AG_CANCEL_NONE) {
+    end_cancelled(t, why);
+    return END_TURN;
+  }
+  if (act == AG_STOP) {
+    end_stopped(t, &v);
+    return END_TURN;
+  }
+  if (act == AG_ESCALATE && !escalate(t, &v))
+    return END_TURN;
+  return after_errors(t, AG_RECOVER_NO_TOOL_CALL);
+}
+
+/* Appends the assistant message of `reply`; false on ENOMEM. */
+static bool append_assistant(turn_ctx *t, const ag_reply *reply,
+                             const call_ids *ids) {
+  return hist_append(t->a, assistant_message(reply, ids));
+}
+
+/*
+ * At the iteration cap with loop.final_request_without_tools: one more
+ * request with no tools offered, so the user gets an answer. The turn ends
+ * stopped / max_iterations with that answer as final_text. Tool calls in
+ * the reply (a model may still send some) are answered "Not run".
+ */
+static void wrap_up(turn_ctx *t, const ag_verdict *v) {
+  ag_agent *a = t->a;
+  t->iterations++;
+  ag__ev_position(&a->ev, a->turn, t->iterations);
+  ag__ev_model_request(&a->ev);
+  ag_reply reply;
+  memset(&reply, 0, sizeof(reply));
+  /* No error context: its instructions ask for tool calls, and none are
+   * offered here. */
+  req_status st = request_model(t, NULL, false, &reply);
+  if (st == REQ_CANCELLED)
+    return;
+  if (st == REQ_NOMEM) {
+    t->oom = true;
+    end_stopped(t, v);
+    return;
+  }
+  if (st == REQ_FAILED) {
+    char why[sizeof(t->out->message)];
+    ag__scopy(why, sizeof(why), t->out->message);
+    set_outcome(t->out, AG_TURN_STOPPED, ag_reason_name(v->reason),
+                "%s. The final request without tools failed: %.700s",
+                v->message, why);
+    return;
+  }
+  ag__ev_model_response(&a->ev, &reply);
+  call_ids ids;
+  if (!ids_make(&ids, &reply, a->turn, t->iterations) ||
+      !append_assistant(t, &reply, &ids)) {
+    t->oom = true;
+  } else if (reply.n_calls > 0) {
+    size_t base = json_array_size(a->history) - 1;
+    if (!answer_not_run(t, &reply, &ids, ag_reason_name(v->reason),
+                        v->message)) {
+      t->oom = true;
+      hist_truncate(a, base);
+    }
+  }
+  ids_free(&ids);
+  remember_text(t, reply.text);
+  end_stopped(t, v);
+  if (reply.text != NULL) {
+    t->out->final_text = dup0(reply.text);
+    if (t->out->final_text == NULL)
+      t->oom = true;
+  }
+  ag_reply_clear(&reply);
+}
+
+/* The tools offered to the model and their names, for this turn. */
+static bool turn_tools(turn_ctx *t) {
+  const ag_registry *reg = t->a->reg;
+  size_t n = ag_registry_count(reg);
+  if (n == 0)
+    return true;
+  t->tools_json = ag_registry_tools_json(reg);
+  t->tool_names = calloc(n, sizeof(*t->tool_names));
+  if (t->tools_json == NULL || t->tool_names == NULL)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    t->tool_names[i] = ag_registry_name(reg, i);
+  t->n_tools = n;
+  return true;
+}
+
+static void iterate(turn_ctx *t) {
+  ag_agent *a = t->a;
+  for (;;) {
+    ag_cancel_reason why = fired(t);
+    if (why != AG_CANCEL_NONE) {
+      end_cancelled(t, why);
+      return;
+    }
+    ag_verdict v;
+    if (ag_guard_begin_iteration(a->guard, ag_now_ms(), &v) == AG_STOP) {
+      if (v.reason == AG_REASON_MAX_ITERATIONS &&
+          a->cfg.loop.final_request_without_tools)
+        wrap_up(t, &v);
+      else
+        end_stopped(t, &v);
+      return;
+    }
+    t->iterations++;
+    ag__ev_position(&a->ev, a->turn, t->iterations);
+    ag__ev_model_request(&a->ev);
+
+    ag_reply reply;
+    memset(&reply, 0, sizeof(reply));
+    bool with_ectx = t->has_ectx;
+    t->has_ectx = false; /* the error context goes into this request only */
+    req_status st = request_model(t, t->tools_json, with_ectx, &reply);
+    if (st != REQ_OK) {
+      if (st == REQ_NOMEM)
+        t->oom = true;
+      return;
+    }
+    ag__ev_model_response(&a->ev, &reply);
+    remember_text(t, reply.text);
+
+    call_ids ids;
+    step s = END_TURN;
+    if (!ids_make(&ids, &reply, a->turn, t->iterations) ||
+        !append_assistant(t, &reply, &ids)) {
+      t->oom = true;
+    } else if (reply.n_calls == 0) {
+      if (!a->cfg.loop.require_tool_call) {
+        set_outcome(t->out, AG_TURN_COMPLETED, "final_answer",
+                    "The model answered.");
+        t->out->final_text = dup0(reply.text != NULL ? reply.text : "");
+        if (t->out->final_text == NULL)
+          t->oom = true;
+      } else {
+        s = no_tool_call(t);
+      }
+    } else {
+      s = run_calls(t, &reply, &ids);
+    }
+    ids_free(&ids);
+    ag_reply_clear(&reply);
+    if (s == END_TURN || t->oom)
+      return;
+  }
+}
+
+AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
+                                     ag_cancel *cancel, ag_turn_outcome *out,
+                                     ag_error_t *err) {
+  if (out != NULL)
+    memset(out, 0, sizeof(*out));
+  if (a == NULL || user_message == NULL || out == NULL)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "ag_agent_run_turn: a, user_message and out are "
+                         "required");
+
+  int64_t now = ag_now_ms();
+  int64_t d = a->cfg.loop.max_turn_duration_ms;
+  ag_cancel *tt = NULL;
+  ag_err_t rc = ag_cancel_new(&tt, cancel, d > 0 ? now + d : INT64_MAX,
+                              AG_CANCEL_DEADLINE, err);
+  if (rc != AG_OK) {
+    set_outcome(out, AG_TURN_FAILED, "model_error",
+                "The turn could not start: %s", ag_strerror(rc));
+    return rc;
+  }
+  a->turn++;
+  ag_guard_begin_turn(a->guard, now);
+  ag__ev_position(&a->ev, a->turn, 0);
+
+  turn_ctx t;
+  memset(&t, 0, sizeof(t));
+  t.a = a;
+  t.tt = tt;
+  t.out = out;
+
+  ag__ev_turn_start(&a->ev, user_message);
+  size_t start = json_array_size(a->history);
+  if (!note_turn_start(a, start)) {
+    t.oom = true;
+  } else if (!hist_append(a, message("user", user_message))) {
+    a->n_turns--;
+    t.oom = true;
+  } else if (!turn_tools(&t)) {
+    t.oom = true;
+  } else {
+    iterate(&t);
+  }
+  out->iterations = t.iterations;
+
+  if (t.oom) {
+    /* Out of memory: the turn fails, the session stays usable. */
+    set_outcome(out, AG_TURN_FAILED, "out_of_memory",
+                "The turn ran out of memory.");
+    rc = nomem(err);
+  }
+  if (out->status != AG_TURN_COMPLETED && out->final_text == NULL &&
+      t.partial != NULL) {
+    out->final_text = t.partial; /* the partial answer */
+    t.partial = NULL;
+  }
+
+  cap_history(a);
+  ag__ev_turn_end(&a->ev, out);
+
+  free(t.partial);
+  free(t.tool_names);
+  json_decref(t.tools_json);
+  ag_cancel_free(tt);
+  return rc;
+}
