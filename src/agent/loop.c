@@ -544,7 +544,7 @@ static bool escalate(turn_ctx *t, const ag_verdict *v) {
   return go_on;
 }
 
-/* ---- model requests ------------------------------------------------------ */
+/* ---- model requests -------------------------------------------------- */
 
 typedef enum { REQ_OK = 0, REQ_CANCELLED, REQ_FAILED, REQ_NOMEM } req_status;
 
@@ -749,8 +749,7 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
   return st;
 }
 
-/* ---- the batch ------------------------------------------------------------
- */
+/* ---- the batch --------------------------------------------------------- */
 
 typedef struct batch_ctx {
   turn_ctx *t;
@@ -916,6 +915,20 @@ static bool answer_not_run(turn_ctx *t, const ag_reply *r, const call_ids *ids,
   return true;
 }
 
+/* Out of memory after the assistant message joined the history: answer
+ * every call with a fixed text (no allocation beyond the messages), or drop
+ * the assistant message, so the history stays valid either way. */
+static void answer_lost(ag_agent *a, const call_ids *ids, size_t n,
+                        size_t base) {
+  static const char lost[] = "No result: the agent ran out of memory.";
+  for (size_t i = 0; i < n; i++) {
+    if (!hist_append(a, tool_message(ids->ids[i], lost, sizeof(lost) - 1))) {
+      hist_truncate(a, base);
+      return;
+    }
+  }
+}
+
 typedef enum { GO_ON = 0, END_TURN } step;
 
 static step after_errors(turn_ctx *t, ag_recover_kind kind) {
@@ -962,8 +975,7 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
   if (calls == NULL || checks == NULL || results == NULL || ecalls == NULL ||
       ers == NULL || texts == NULL || lens == NULL) {
     t->oom = true;
-    if (!answer_not_run(t, reply, ids, "cancelled", "out of memory"))
-      hist_truncate(a, base);
+    answer_lost(a, ids, n, base);
     goto done;
   }
   for (size_t i = 0; i < n; i++) {
@@ -976,8 +988,6 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
   bool ran = false;
   ag_action act = ag_guard_run_batch(a->guard, calls, n, ag_now_ms(), run_cb,
                                      &b, checks, results, &v, &ran);
-  if (b.sched_failed)
-    t->oom = true;
 
   /* The tool messages, and what the batch tells the next steps. */
   bool any_error = false, not_found = false, invalid = false;
@@ -990,7 +1000,8 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
       ag__ev_tool_blocked(&a->ev, ids->ids[i], calls[i].name, code);
     }
   }
-  for (size_t i = 0; i < n && !t->oom; i++) {
+  bool lost = false; /* a tool message could not be built */
+  for (size_t i = 0; i < n && !lost; i++) {
     const char *name = calls[i].name;
     if (!ran) {
       char buf[AG_VERDICT_MSG_MAX + 16];
@@ -1025,7 +1036,7 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
             breaking_name = name;
             breaking = dup_n(text, len);
             if (breaking == NULL)
-              t->oom = true;
+              lost = true;
           }
         }
         break;
@@ -1046,19 +1057,19 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
       }
     }
     if (texts[i] == NULL)
-      t->oom = true;
+      lost = true;
   }
 
   /* A nudge after the results (call_and_result scope): the call ran; its
    * answer carries the nudge. */
-  if (ran && act == AG_NUDGE && !t->oom) {
+  if (ran && act == AG_NUDGE && !lost) {
     ag__ev_nudge(&a->ev, ag_reason_name(v.reason), v.message);
     if (v.call_index >= 0 && (size_t)v.call_index < n) {
       size_t k = (size_t)v.call_index;
       size_t ml = strlen(v.message);
       char *joined = malloc(lens[k] + 2 + ml + 1);
       if (joined == NULL) {
-        t->oom = true;
+        lost = true;
       } else {
         memcpy(joined, texts[k], lens[k]);
         memcpy(joined + lens[k], "\n\n", 2);
@@ -1070,11 +1081,13 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
     }
   }
 
-  if (t->oom || !append_tool_messages(a, ids, n, texts, lens)) {
-    /* Keep the history valid: every tool call answered. */
+  if (lost || !append_tool_messages(a, ids, n, texts, lens)) {
     t->oom = true;
-    if (!answer_not_run(t, reply, ids, "cancelled", "out of memory"))
-      hist_truncate(a, base); /* drop the unanswered assistant message */
+    answer_lost(a, ids, n, base);
+    goto done;
+  }
+  if (b.sched_failed) {
+    t->oom = true; /* the results were written; the turn still fails */
     goto done;
   }
 
