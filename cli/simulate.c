@@ -1,7 +1,564 @@
-/* placeholder until this command lands (replaced by its owner) */
+/*
+ * cli/simulate.c - `agentguard simulate FILE`: runs a scenario (a scripted
+ * model and scripted or real tools, docs/scenarios.md) through the guarded
+ * agent loop, turn by turn, exactly as a live model would be run.
+ *
+ * Flow: parse the options; load and check the whole scenario (exit 2 on
+ * any problem, before anything runs); open the events file; build the agent
+ * from the public API (ag_agent_new over the scripted provider, the
+ * scenario's registry and its approval and human callbacks); run each turn
+ * with the caller's cancel token; report. The exit code comes from the last
+ * turn (DESIGN.md section 5), or with --check from the comparison with the
+ * turns' "expect".
+ *
+ * Events: the agent calls on_event on the turn's thread or a pool thread,
+ * never two at once, so the three observers - the JSON Lines writer (one
+ * compact object, a newline and a flush per event, so an interrupted run
+ * still leaves complete lines), the timeline (cli/timeline.c) and the
+ * --check event patterns - need no lock of their own.
+ *
+ * Signals: SIGINT and SIGTERM cancel the caller's token
+ * (ag_cancel_cancel is async-signal-safe); the turn ends "cancelled" with
+ * its turn_end event written, later turns are not started, and the exit
+ * code is 4. SA_RESETHAND makes a second Ctrl-C kill the program the usual
+ * way. SIGPIPE is ignored while running so a closed events pipe is a write
+ * error we report, not a silent death.
+ *
+ * Rejected: writing the timeline from ag_turn_outcome after each turn (the
+ * story of the iterations is only in the events), and letting --check
+ * compare whole event logs (timing-dependent; patterns say what matters).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "cli.h"
-int cli_simulate(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "agentguard: '%s' is not built yet\n", argv[0]);
+#include "scenario.h"
+#include "timeline.h"
+
+typedef struct sim {
+  FILE *events;
+  const char *events_path;
+  bool events_failed;
+  int events_errno;
+  cli_timeline *timeline;
+  /* --check patterns of the current turn */
+  const json_t *patterns;
+  bool *matched;
+  size_t n_patterns;
+} sim;
+
+static void usage(FILE *f) {
+  fputs(
+      "usage: agentguard simulate FILE [options]\n"
+      "\n"
+      "Runs a scenario - a scripted model and scripted or real tools - "
+      "through the\n"
+      "guarded agent loop. The scenario format is in docs/scenarios.md.\n"
+      "\n"
+      "options:\n"
+      "  --preset NAME    use this preset instead of the scenario's\n"
+      "  --config FILE    config keys applied on top of the scenario's\n"
+      "  --events PATH    write every event as JSON Lines to PATH "
+      "('-': stdout)\n"
+      "  --check          compare each turn with its \"expect\"; exit 0 "
+      "when all match,\n"
+      "                   1 when any does not\n"
+      "  --timeline       print the timeline to stderr even when it is not "
+      "a terminal\n"
+      "  --quiet, -q      print no timeline and no outcome lines (errors and "
+      "--check\n"
+      "                   mismatches are still printed)\n"
+      "  --help, -h       this help\n"
+      "\n"
+      "Exit codes: 0 the last turn completed; 3 stopped or escalated; 4 timed "
+      "out or\n"
+      "cancelled (Ctrl-C); 1 any other failure, or a --check mismatch; 2 "
+      "invalid input\n"
+      "(nothing ran). See docs/cli.md.\n",
+      f);
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+  fputs("agentguard simulate: ", stderr);
+  fprintf(stderr, fmt, arg);
+  fputs("\n\n", stderr);
+  usage(stderr);
+  return AG_EXIT_USAGE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Signals                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static ag_cancel *volatile g_caller;
+
+static void on_signal(int sig) {
+  (void)sig;
+  ag_cancel *c = g_caller;
+  if (c != NULL)
+    ag_cancel_cancel(c, AG_CANCEL_USER);
+}
+
+typedef struct saved_signals {
+  struct sigaction intr, term, pipe;
+} saved_signals;
+
+static void install_signals(ag_cancel *caller, saved_signals *old) {
+  g_caller = caller;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, &old->intr);
+  sigaction(SIGTERM, &sa, &old->term);
+  struct sigaction ign;
+  memset(&ign, 0, sizeof ign);
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sigaction(SIGPIPE, &ign, &old->pipe);
+}
+
+static void restore_signals(const saved_signals *old) {
+  sigaction(SIGINT, &old->intr, NULL);
+  sigaction(SIGTERM, &old->term, NULL);
+  sigaction(SIGPIPE, &old->pipe, NULL);
+  g_caller = NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* --check event patterns                                                   */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Whether `value` matches `pat`: objects match when every key of the
+ * pattern matches (other keys are ignored); a string matches a string that
+ * contains it, or any other value whose compact JSON contains it; the
+ * "event" name must be equal; numbers compare by value; an array matches
+ * when every pattern item matches some item; true/false/null are equal.
+ */
+static bool match(const json_t *pat, const json_t *value, bool exact_string) {
+  if (value == NULL)
+    return false;
+  switch (json_typeof(pat)) {
+  case JSON_OBJECT: {
+    if (!json_is_object(value))
+      return false;
+    const char *key;
+    json_t *p;
+    json_object_foreach((json_t *)pat, key, p) {
+      if (!match(p, json_object_get(value, key), strcmp(key, "event") == 0))
+        return false;
+    }
+    return true;
+  }
+  case JSON_ARRAY: {
+    if (!json_is_array(value))
+      return false;
+    for (size_t i = 0; i < json_array_size(pat); i++) {
+      bool found = false;
+      for (size_t j = 0; j < json_array_size(value) && !found; j++)
+        found = match(json_array_get(pat, i), json_array_get(value, j), false);
+      if (!found)
+        return false;
+    }
+    return true;
+  }
+  case JSON_STRING: {
+    const char *want = json_string_value(pat);
+    if (json_is_string(value)) {
+      if (exact_string)
+        return strcmp(json_string_value(value), want) == 0;
+      return strstr(json_string_value(value), want) != NULL;
+    }
+    if (exact_string)
+      return false;
+    char *dump = json_dumps(value, JSON_COMPACT | JSON_ENCODE_ANY);
+    bool hit = dump != NULL && strstr(dump, want) != NULL;
+    free(dump);
+    return hit;
+  }
+  case JSON_INTEGER:
+  case JSON_REAL:
+    return json_is_number(value) &&
+           json_number_value(pat) == json_number_value(value);
+  default:
+    return json_equal((json_t *)pat, (json_t *)value);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Events                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static void on_event(void *user, const json_t *ev) {
+  sim *S = user;
+  if (S->events != NULL && !S->events_failed) {
+    errno = 0;
+    if (json_dumpf(ev, S->events, JSON_COMPACT) != 0 ||
+        fputc('\n', S->events) == EOF || fflush(S->events) != 0) {
+      S->events_failed = true;
+      S->events_errno = errno ? errno : EIO;
+    }
+  }
+  if (S->timeline != NULL)
+    cli_timeline_event(S->timeline, ev);
+  for (size_t i = 0; i < S->n_patterns; i++)
+    if (!S->matched[i] && match(json_array_get(S->patterns, i), ev, false))
+      S->matched[i] = true;
+}
+
+static FILE *open_events(const char *path) {
+  if (strcmp(path, "-") == 0)
+    return stdout;
+  int fd;
+  do
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  while (fd < 0 && errno == EINTR);
+  if (fd < 0)
+    return NULL;
+  FILE *f = fdopen(fd, "w");
+  if (f == NULL) {
+    int e = errno;
+    close(fd);
+    errno = e;
+  }
+  return f;
+}
+
+/* ------------------------------------------------------------------------ */
+/* --check                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Compares one turn; prints each mismatch; returns how many there were. */
+static int check_turn(const char *file, size_t turn, const cli_expect *x,
+                      const ag_turn_outcome *o, const sim *S) {
+  int bad = 0;
+  const char *status = ag_turn_status_name(o->status);
+  if (strcmp(x->status, status) != 0 ||
+      (x->reason != NULL && strcmp(x->reason, o->reason) != 0)) {
+    fprintf(stderr, "%s: turn %zu: expected %s%s%s, got %s (%s): ", file, turn,
+            x->status, x->reason ? "/" : "", x->reason ? x->reason : "", status,
+            o->reason);
+    cli_put_oneline(stderr, o->message, strlen(o->message), 300);
+    fputc('\n', stderr);
+    bad++;
+  }
+  if (x->final_text_contains != NULL &&
+      (o->final_text == NULL ||
+       strstr(o->final_text, x->final_text_contains) == NULL)) {
+    fprintf(stderr, "%s: turn %zu: expected the final text to contain \"", file,
+            turn);
+    cli_put_oneline(stderr, x->final_text_contains,
+                    strlen(x->final_text_contains), 200);
+    fputs("\", got ", stderr);
+    if (o->final_text == NULL) {
+      fputs("none\n", stderr);
+    } else {
+      fputc('"', stderr);
+      cli_put_oneline(stderr, o->final_text, strlen(o->final_text), 300);
+      fputs("\"\n", stderr);
+    }
+    bad++;
+  }
+  if (x->message_contains != NULL &&
+      strstr(o->message, x->message_contains) == NULL) {
+    fprintf(stderr, "%s: turn %zu: expected the message to contain \"", file,
+            turn);
+    cli_put_oneline(stderr, x->message_contains, strlen(x->message_contains),
+                    200);
+    fputs("\", got \"", stderr);
+    cli_put_oneline(stderr, o->message, strlen(o->message), 300);
+    fputs("\"\n", stderr);
+    bad++;
+  }
+  if (x->iterations >= 0 && x->iterations != o->iterations) {
+    fprintf(stderr, "%s: turn %zu: expected %d iterations, got %d\n", file,
+            turn, x->iterations, o->iterations);
+    bad++;
+  }
+  if (x->tool_calls >= 0 && x->tool_calls != o->tool_calls) {
+    fprintf(stderr, "%s: turn %zu: expected %d tool calls, got %d\n", file,
+            turn, x->tool_calls, o->tool_calls);
+    bad++;
+  }
+  for (size_t i = 0; i < S->n_patterns; i++) {
+    if (S->matched[i])
+      continue;
+    char *dump = json_dumps(json_array_get(S->patterns, i), JSON_COMPACT);
+    fprintf(stderr, "%s: turn %zu: no event matched expect.events[%zu] ", file,
+            turn, i);
+    if (dump != NULL)
+      cli_put_oneline(stderr, dump, strlen(dump), 300);
+    fputc('\n', stderr);
+    free(dump);
+    bad++;
+  }
+  return bad;
+}
+
+static int exit_code(ag_turn_status s) {
+  switch (s) {
+  case AG_TURN_COMPLETED:
+    return AG_EXIT_OK;
+  case AG_TURN_STOPPED:
+  case AG_TURN_ESCALATED:
+    return AG_EXIT_STOPPED;
+  case AG_TURN_TIMED_OUT:
+  case AG_TURN_CANCELLED:
+    return AG_EXIT_TIMEOUT;
+  case AG_TURN_FAILED:
+    return AG_EXIT_FAILURE;
+  }
   return AG_EXIT_FAILURE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The command                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct sim_args {
+  const char *file;
+  const char *preset;
+  const char *config;
+  const char *events;
+  bool check, quiet, timeline;
+} sim_args;
+
+/* Returns -1 when parsed, else the exit code (help or a usage error). */
+static int parse_args(int argc, char **argv, sim_args *a) {
+  memset(a, 0, sizeof *a);
+  bool options = true;
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    if (options && arg[0] == '-' && arg[1] != '\0') {
+      if (strcmp(arg, "--") == 0) {
+        options = false;
+        continue;
+      }
+      if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+        usage(stdout);
+        return AG_EXIT_OK;
+      }
+      if (strcmp(arg, "--check") == 0) {
+        a->check = true;
+        continue;
+      }
+      if (strcmp(arg, "--quiet") == 0 || strcmp(arg, "-q") == 0) {
+        a->quiet = true;
+        continue;
+      }
+      if (strcmp(arg, "--timeline") == 0) {
+        a->timeline = true;
+        continue;
+      }
+      static const char *const with_value[] = {"--preset", "--config",
+                                               "--events"};
+      const char **slot[] = {&a->preset, &a->config, &a->events};
+      bool known = false;
+      for (size_t k = 0; k < 3 && !known; k++) {
+        size_t n = strlen(with_value[k]);
+        if (strncmp(arg, with_value[k], n) != 0 ||
+            (arg[n] != '\0' && arg[n] != '='))
+          continue;
+        known = true;
+        const char *value;
+        if (arg[n] == '=') {
+          value = arg + n + 1;
+        } else {
+          if (i + 1 >= argc)
+            return usage_error("option '%s' needs a value", arg);
+          value = argv[++i];
+        }
+        if (value[0] == '\0')
+          return usage_error("option '%s' needs a non-empty value",
+                             with_value[k]);
+        if (*slot[k] != NULL)
+          return usage_error("option '%s' given twice", with_value[k]);
+        *slot[k] = value;
+      }
+      if (!known)
+        return usage_error("unknown option '%s'", arg);
+      continue;
+    }
+    if (a->file != NULL)
+      return usage_error("one scenario file only (got also '%s')", arg);
+    a->file = arg;
+  }
+  if (a->file == NULL)
+    return usage_error("%s", "a scenario FILE is required");
+  return -1;
+}
+
+static bool want_color(void) {
+  const char *term = getenv("TERM");
+  return isatty(STDERR_FILENO) && getenv("NO_COLOR") == NULL &&
+         (term == NULL || strcmp(term, "dumb") != 0);
+}
+
+int cli_simulate(int argc, char **argv) {
+  sim_args a;
+  int rc = parse_args(argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+
+  cli_scenario_opts so = {a.file, a.preset, a.config};
+  cli_scenario *sc = NULL;
+  rc = cli_scenario_load(&sc, &so, stderr);
+  if (rc != 0)
+    return rc;
+  if (a.check && !cli_scenario_has_expect(sc)) {
+    fprintf(stderr,
+            "%s: --check: no turn has an \"expect\", so there is nothing to "
+            "check\n",
+            a.file);
+    cli_scenario_free(sc);
+    return AG_EXIT_USAGE;
+  }
+
+  sim S;
+  memset(&S, 0, sizeof S);
+  if (a.events != NULL) {
+    S.events_path = a.events;
+    S.events = open_events(a.events);
+    if (S.events == NULL) {
+      fprintf(stderr, "agentguard simulate: --events %s: cannot open: %s\n",
+              a.events, strerror(errno));
+      cli_scenario_free(sc);
+      return AG_EXIT_USAGE;
+    }
+  }
+  bool show_timeline = a.timeline || (!a.quiet && isatty(STDERR_FILENO));
+  if (show_timeline) {
+    S.timeline = cli_timeline_new(stderr, want_color());
+    if (S.timeline == NULL) {
+      fprintf(stderr, "agentguard simulate: out of memory\n");
+      rc = AG_EXIT_FAILURE;
+      goto out_events;
+    }
+  }
+
+  ag_error_t err;
+  ag_cancel *caller = NULL;
+  ag_agent *agent = NULL;
+  ag_provider *provider = cli_scenario_take_provider(sc);
+  if (ag_cancel_new(&caller, NULL, INT64_MAX, AG_CANCEL_DEADLINE, &err) !=
+      AG_OK) {
+    fprintf(stderr, "agentguard simulate: %s\n", err.msg);
+    rc = AG_EXIT_FAILURE;
+    goto out_agent;
+  }
+  ag_agent_opts ao;
+  ag_agent_opts_init(&ao);
+  ao.config = *cli_scenario_config(sc);
+  ao.provider = provider;
+  ao.tools = cli_scenario_registry(sc);
+  ao.on_event = on_event;
+  ao.event_user = &S;
+  ao.seed = 1; /* reproducible retry jitter */
+  cli_scenario_callbacks(sc, &ao);
+  ag_err_t e = ag_agent_new(&agent, &ao, &err);
+  if (e != AG_OK) {
+    fprintf(stderr, "%s: %s\n", a.file, err.msg[0] ? err.msg : ag_strerror(e));
+    rc = e == AG_ECONFIG || e == AG_EINVAL ? AG_EXIT_USAGE : AG_EXIT_FAILURE;
+    goto out_agent;
+  }
+
+  saved_signals old;
+  install_signals(caller, &old);
+  size_t n = cli_scenario_turn_count(sc);
+  int mismatches = 0;
+  size_t checked = 0;
+  bool interrupted = false, aborted = false;
+  rc = AG_EXIT_FAILURE;
+  for (size_t i = 0; i < n; i++) {
+    const cli_turn *turn = cli_scenario_turn(sc, i);
+    const cli_expect *x = &turn->expect;
+    bool checking = a.check && x->present;
+    S.patterns = NULL;
+    S.n_patterns = 0;
+    free(S.matched);
+    S.matched = NULL;
+    if (checking && x->events != NULL && json_array_size(x->events) > 0) {
+      S.matched = calloc(json_array_size(x->events), sizeof *S.matched);
+      if (S.matched == NULL) {
+        fprintf(stderr, "agentguard simulate: out of memory\n");
+        rc = AG_EXIT_FAILURE;
+        aborted = true;
+        break;
+      }
+      S.patterns = x->events;
+      S.n_patterns = json_array_size(x->events);
+    }
+    ag_turn_outcome o;
+    memset(&o, 0, sizeof o);
+    e = ag_agent_run_turn(agent, turn->user, caller, &o, &err);
+    if (e != AG_OK) {
+      fprintf(stderr, "agentguard simulate: turn %zu: %s\n", i + 1,
+              err.msg[0] ? err.msg : ag_strerror(e));
+      ag_turn_outcome_clear(&o);
+      rc = AG_EXIT_FAILURE;
+      aborted = true;
+      break;
+    }
+    if (!show_timeline && !a.quiet)
+      cli_outcome_line(stderr, i + 1, &o);
+    if (checking) {
+      mismatches += check_turn(a.file, i + 1, x, &o, &S);
+      checked++;
+    }
+    rc = exit_code(o.status);
+    interrupted = ag_cancel_check(caller, ag_now_ms()) != AG_CANCEL_NONE;
+    ag_turn_outcome_clear(&o);
+    if (interrupted) {
+      if (i + 1 < n)
+        fprintf(stderr,
+                "agentguard simulate: interrupted; %zu turn%s not run\n",
+                n - i - 1, n - i - 1 == 1 ? "" : "s");
+      rc = AG_EXIT_TIMEOUT;
+      break;
+    }
+  }
+  restore_signals(&old);
+  free(S.matched);
+  S.matched = NULL;
+
+  if (a.check && !interrupted && !aborted) {
+    if (mismatches > 0) {
+      fprintf(stderr, "%s: check failed: %d mismatch%s\n", a.file, mismatches,
+              mismatches == 1 ? "" : "es");
+      rc = AG_EXIT_FAILURE;
+    } else if (checked > 0) {
+      if (!a.quiet)
+        fprintf(stderr, "%s: check passed: %zu turn%s as expected\n", a.file,
+                checked, checked == 1 ? "" : "s");
+      rc = AG_EXIT_OK;
+    }
+  }
+
+out_agent:
+  ag_agent_free(agent);
+  ag_provider_free(provider);
+  ag_cancel_free(caller);
+  cli_timeline_free(S.timeline);
+out_events:
+  if (S.events != NULL && S.events != stdout) {
+    if (fclose(S.events) != 0 && !S.events_failed) {
+      S.events_failed = true;
+      S.events_errno = errno;
+    }
+  }
+  if (S.events_failed) {
+    fprintf(stderr, "agentguard simulate: cannot write events to %s: %s\n",
+            strcmp(S.events_path, "-") == 0 ? "stdout" : S.events_path,
+            strerror(S.events_errno));
+    if (rc != AG_EXIT_USAGE)
+      rc = AG_EXIT_FAILURE;
+  }
+  cli_scenario_free(sc);
+  return rc;
 }

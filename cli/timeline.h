@@ -1,0 +1,42 @@
+/*
+ * cli/timeline.h - a readable account of a run, written from the agent's
+ * events (DESIGN.md section 5): per iteration what the model asked for, the
+ * attempts and retries, approvals, what the guard decided and why, and the
+ * outcome of each turn. docs/cli.md shows an example.
+ */
+#ifndef AG_CLI_TIMELINE_H
+#define AG_CLI_TIMELINE_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "agentguard.h"
+
+typedef struct cli_timeline cli_timeline;
+
+/*
+ * A timeline writing to `out` (borrowed; flushed after every event), with
+ * ANSI colours when `color`. Returns NULL when out of memory.
+ */
+cli_timeline *cli_timeline_new(FILE *out, bool color);
+void cli_timeline_free(cli_timeline *t);
+
+/* Writes what `event` (borrowed) adds to the story. Unknown events and
+ * missing fields are skipped, never fatal. */
+void cli_timeline_event(cli_timeline *t, const json_t *event);
+
+/*
+ * The one-line outcome of a turn (1-based `turn`) for runs without a
+ * timeline: "turn 1: stopped (identical_calls) after 5 iterations, 4 tool
+ * calls: MESSAGE", and the final text on a second line when there is one.
+ */
+void cli_outcome_line(FILE *out, size_t turn, const ag_turn_outcome *o);
+
+/*
+ * Writes `s` (`len` bytes) on one line: newlines and tabs become spaces,
+ * other control characters '?', cut to about `max` bytes on a UTF-8
+ * boundary with "..." when longer.
+ */
+void cli_put_oneline(FILE *out, const char *s, size_t len, size_t max);
+
+#endif /* AG_CLI_TIMELINE_H */
