@@ -72,7 +72,6 @@ struct ag_agent {
   const ag_registry *reg; /* borrowed, or own_reg */
   ag_registry *own_reg;   /* an empty registry when opts.tools is NULL */
   char *system_prompt;    /* copied, or NULL */
-  ag_approve_fn approve;  /* kept for the record; the scheduler has it */
   ag_human_fn human;
   void *human_user;
   size_t max_history_bytes;
@@ -221,7 +220,6 @@ AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
     return nomem(err);
   a->cfg = opts->config;
   a->provider = opts->provider;
-  a->approve = opts->approve;
   a->human = opts->human;
   a->human_user = opts->human_user;
   a->max_history_bytes = opts->max_history_bytes > 0 ? opts->max_history_bytes
@@ -486,7 +484,7 @@ static void end_cancelled(turn_ctx *t, ag_cancel_reason why) {
     return;
   }
   int64_t d = t->a->cfg.loop.max_turn_duration_ms;
-  if (d > 0) {
+  if (d > 0 && ag_now_ms() >= ag_guard_deadline(t->a->guard)) {
     char s[32];
     ag_format_duration(d, s, sizeof(s));
     set_outcome(t->out, AG_TURN_TIMED_OUT, "turn_timeout",
@@ -722,10 +720,9 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
     pe.details[sizeof(pe.details) - 1] = '\0';
     if (pe.exhausted) {
       set_outcome(t->out, AG_TURN_FAILED, "script_exhausted",
-                  "The model script has no reply left for request %d of turn "
-                  "%d (%.400s).",
-                  t->iterations, a->turn,
-                  pe.message[0] != '\0' ? pe.message : "exhausted");
+                  "The model script ran out of replies: %s.",
+                  pe.message[0] != '\0' ? pe.message
+                                        : "no reply left for this request");
       st = REQ_FAILED;
       break;
     }
@@ -1317,8 +1314,9 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
   ag_err_t rc = ag_cancel_new(&tt, cancel, d > 0 ? now + d : INT64_MAX,
                               AG_CANCEL_DEADLINE, err);
   if (rc != AG_OK) {
-    set_outcome(out, AG_TURN_FAILED, "model_error",
-                "The turn could not start: %s", ag_strerror(rc));
+    /* Nothing ran and no event was sent: there is no reason code. */
+    set_outcome(out, AG_TURN_FAILED, "", "The turn could not start: %s",
+                ag_strerror(rc));
     return rc;
   }
   a->turn++;
