@@ -764,6 +764,30 @@ Test(agent, forge_no_tool_call_feeds_ephemeral_error_context) {
   teardown();
 }
 
+Test(agent, error_context_goes_into_the_next_request_only) {
+  ag_config cfg = preset("default");
+  setup(&cfg, "[{\"model\": [{\"tool_calls\": [{\"name\": \"fail\", "
+              "\"arguments\": {\"path\": \"x\"}}]}, {\"tool_calls\": "
+              "[{\"name\": \"echo\", \"arguments\": {}}]}, {\"text\": "
+              "\"ok\"}]}]");
+  ag_turn_outcome o = run("x");
+  ASSERT_OUTCOME(o, AG_TURN_COMPLETED, "final_answer");
+  cr_assert_eq(json_array_size(H.fake->requests), 3);
+  /* request 2: history (system, user, assistant, tool) + the context */
+  json_t *m1 = json_object_get(request(1), "messages");
+  cr_assert_eq(json_array_size(m1), 5);
+  const char *ctx = str(json_array_get(m1, 4), "content");
+  cr_assert(strstr(ctx, "The error was: Error: cannot open x") != NULL, "%s",
+            ctx);
+  /* request 3: the history alone */
+  json_t *m2 = json_object_get(request(2), "messages");
+  cr_assert_eq(json_array_size(m2), 6);
+  cr_assert_str_eq(str(json_array_get(m2, 5), "role"), "tool");
+  cr_assert_eq(json_array_size(history()), 7);
+  ag_turn_outcome_clear(&o);
+  teardown();
+}
+
 Test(agent, unknown_tool_error_context_lists_tools) {
   ag_config cfg = preset("default");
   setup(&cfg, "[{\"model\": [{\"tool_calls\": [{\"name\": \"nope\", "
