@@ -1,3 +1,1886 @@
-/* placeholder until this module lands */
+/*
+ * src/core/jcs.c - RFC 8785 JSON Canonicalization Scheme streamed into
+ * SHA-256: the call signature of DESIGN.md section 3.
+ *
+ * Design. A signature is SHA-256(name ":" JCS(args)). It is computed for
+ * every call the guard checks, so this file never builds a document tree and
+ * never allocates after ag__jcs_new (jansson parses at ~10 ns/byte, several
+ * times the budget of a whole check). Two passes over the argument text:
+ *
+ *  1. tokenize() validates the text and records a "tape": one 16-byte record
+ *     per value or key (offset, length, type, flags; containers also hold the
+ *     index just past their subtree). Nesting is tracked on an explicit stack
+ *     of max_depth frames, so hostile input cannot recurse; the tape is
+ *     capped at max_tokens. Strings are scanned 16 bytes at a time with SSE2
+ *     (8 with portable SWAR elsewhere) for the bytes that need attention:
+ *     '"', '\\', controls, non-ASCII (validated as UTF-8). A string with
+ *     escapes switches to a 64-byte block scanner that finds escaped bytes
+ *     with carries rather than a branch per escape. Escapes JCS writes the
+ *     same way (\" \\ \b \f \n \r \t) need no rewriting, so such
+ *     values are later copied verbatim; only \u and \/ force a rewrite.
+ *     Keys with any escape are decoded into a scratch arena, because keys
+ *     are compared after decoding. When an object closes, its keys
+ *     (collected on a key stack with their first 8 bytes as a sortable
+ *     integer) are sorted in UTF-16 code unit order - UTF-8 byte order,
+ *     except that lead bytes EE/EF (U+E000..U+FFFF) sort after F0..F4
+ *     (supplementary planes, surrogates D800..DFFF in UTF-16). Equal
+ *     neighbours are duplicate keys. Keys already in order (checked first)
+ *     are not moved; otherwise insertion sort for short lists, bottom-up
+ *     merge sort with a preallocated buffer for long ones (qsort may
+ *     allocate). A container with no whitespace inside, keys in order and
+ *     only canonical members is flagged so that pass 2 copies its text in
+ *     one piece. Numbers are classified here so that AG_ENUMBER is found
+ *     before any output: an integer literal of at most 15 digits is its own
+ *     canonical form; a literal with at most 15 significant digits and a
+ *     decimal exponent well inside the normal range is canonicalized by
+ *     moving digits around (DBL_DIG = 15: no shorter decimal maps to the
+ *     same double); anything else goes through strtod_l in a "C" locale
+ *     made once per scratch, and the double is kept in the token.
+ *  2. emit() walks the tape with an explicit stack and writes canonical bytes
+ *     into a fixed 4 KiB buffer that is flushed to EVP_DigestUpdate (or to the
+ *     caller's sink) when full; long runs bypass the buffer. Doubles are
+ *     printed the ECMAScript way: the shortest of 15, 16, 17 significant
+ *     digits that reads back (all lengths for subnormals), laid out as
+ *     Number.prototype.toString does.
+ *
+ * SHA-256: the digest is fetched once; each signature copies a context
+ * initialised once (EVP_MD_CTX_copy_ex measured ~5% cheaper per small
+ * signature than EVP_DigestInit_ex2), feeds name ":" and the canonical text
+ * through the output buffer, and finalises.
+ *
+ * Errors are reported in source order: the first problem in the text wins
+ * (a duplicate key found when its object closes is remembered and reported
+ * unless an earlier duplicate turns up). Empty argument text (length 0) is
+ * treated as the empty object "{}", because models often send "" for tools
+ * without parameters; whitespace-only text is invalid JSON. The one-shot
+ * public functions size their scratch to the input: no token cap, depth 256.
+ *
+ * Threading: an ag__jcs is used by one thread at a time; the public
+ * convenience functions create their own and are safe from any thread.
+ * Nothing depends on the process locale.
+ *
+ * Rejected: jansson (too slow, and it cannot report where a duplicate key
+ * is); a single pass that sorts while emitting (every key of an object must
+ * be known before its first byte is written, and errors must be found before
+ * the sink sees anything); recursion (depth would be bounded by the C
+ * stack, not by max_depth); SHA256_* (deprecated in OpenSSL 3).
+ */
+#define _GNU_SOURCE /* strtod_l */
+#include <float.h>
+#include <locale.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__APPLE__)
+#include <xlocale.h>
+#endif
+
+#include <openssl/evp.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "internal.h"
-typedef int ag__placeholder_jcs;
+
+/* ------------------------------------------------------------------------ */
+/* Data structures                                                          */
+/* ------------------------------------------------------------------------ */
+
+enum { T_OBJ = 1, T_ARR, T_STR, T_KEY, T_NUM, T_TRUE, T_FALSE, T_NULL };
+
+enum {
+  F_ESC = 1,      /* key: has escapes (decoded in the arena); value: has
+                     escapes JCS writes differently */
+  F_NUM_INT = 2,  /* integer literal of <= 15 digits: copy it */
+  F_NUM_TEXT = 4, /* <= 15 significant digits: rearrange the digits */
+  F_NUM_DBL = 8,  /* w[] holds the double */
+  F_CANON = 16    /* container whose source text is already canonical */
+};
+
+/*
+ * One tape record. Meaning of the fields by type:
+ *   T_STR, T_KEY  off: first content byte (after the quote)
+ *                 w[0]: length (keys with F_ESC: decoded length)
+ *                 w[1]: keys with F_ESC: offset of the decoded key in arena
+ *   T_NUM         off: first byte; w[0]: length, or w[0..1]: the double
+ *   T_ARR         off: the '['; w[0]: index past the subtree; w[1]: count,
+ *                 or with F_CANON the offset just past the ']'
+ *   T_OBJ         off: the '{' until closed, then (without F_CANON) the
+ *                 first index of its sorted keys in `order`; w[0], w[1]: as
+ *                 T_ARR
+ *   literals      off: first byte
+ */
+typedef struct tok {
+  uint32_t off;
+  uint32_t w[2];
+  uint8_t type;
+  uint8_t flags;
+  uint16_t spare;
+} tok;
+
+/* A key waiting to be sorted: its first bytes in sort order, and its token. */
+typedef struct kent {
+  uint64_t prefix;
+  uint32_t tok;
+} kent;
+
+/* A container being parsed (pass 1) or written (pass 2). */
+typedef struct frame {
+  uint32_t tok;   /* its tape index */
+  uint32_t count; /* pass 1: members so far; pass 2: members left */
+  uint32_t base;  /* pass 1: key stack base; pass 2: next index in order */
+  uint32_t cur;   /* pass 2 arrays: tape index of the next element */
+  bool obj;
+  bool clean; /* pass 1: the parent's "canonical so far" while this is open */
+} frame;
+
+#define OBUF_SIZE 4096
+#define NONE UINT32_MAX
+
+struct ag__jcs {
+  size_t max_bytes;
+  size_t max_tokens;
+  size_t max_keys; /* keys can be at most half of the tokens */
+  int max_depth;
+
+  tok *tape;
+  kent *keys;      /* key stack of the open objects */
+  uint32_t *order; /* sorted keys of every closed object, back to back */
+  kent *aux;       /* merge sort buffer */
+  frame *stack;
+  uint8_t *arena; /* decoded keys; number text for strtod_l */
+
+  /* per call */
+  const uint8_t *src;
+  size_t len;
+  size_t arena_len;
+  uint32_t dup_tok; /* pending duplicate key (the second one), or NONE */
+
+  locale_t c_locale;
+  EVP_MD *md;
+  EVP_MD_CTX *ctx;
+  EVP_MD_CTX *tmpl; /* initialised once; copied per signature */
+
+  ag__sink_fn sink; /* NULL: feed ctx */
+  void *user;
+  bool stopped;       /* the sink asked to stop */
+  bool crypto_failed; /* EVP_DigestUpdate failed */
+  size_t olen;
+  char obuf[OBUF_SIZE + 32]; /* slack for fixed-size copies */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static inline bool is_digit(uint8_t c) {
+  return (uint8_t)(c - '0') < 10;
+}
+
+static inline bool is_ws(uint8_t c) {
+  return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+static inline unsigned ctz64(uint64_t m) {
+#if defined(__GNUC__)
+  return (unsigned)__builtin_ctzll(m);
+#else
+  unsigned n = 0;
+  while (!(m & 1)) {
+    m >>= 1;
+    n++;
+  }
+  return n;
+#endif
+}
+
+static inline size_t skip_ws(const uint8_t *s, size_t len, size_t p) {
+  while (p < len && s[p] <= ' ' && is_ws(s[p]))
+    p++;
+  return p;
+}
+
+static int hexval(uint8_t c) {
+  if (is_digit(c))
+    return c - '0';
+  c |= 0x20;
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  return -1;
+}
+
+/* Four hex digits at s[0..4) (caller checked they exist); -1 if invalid. */
+static long hex4(const uint8_t *s) {
+  long v = 0;
+  for (int i = 0; i < 4; i++) {
+    int h = hexval(s[i]);
+    if (h < 0)
+      return -1;
+    v = v * 16 + h;
+  }
+  return v;
+}
+
+/* As hex4 for s[p..p+4) of a text of `len` bytes: -1 if a digit is not hex,
+ * -2 if the text ends first. */
+static long hex4_checked(const uint8_t *s, size_t len, size_t p) {
+  long v = 0;
+  for (size_t i = 0; i < 4; i++) {
+    if (p + i >= len)
+      return -2;
+    int h = hexval(s[p + i]);
+    if (h < 0)
+      return -1;
+    v = v * 16 + h;
+  }
+  return v;
+}
+
+static size_t utf8_put(uint32_t cp, uint8_t *o) {
+  if (cp < 0x80) {
+    o[0] = (uint8_t)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    o[0] = (uint8_t)(0xC0 | (cp >> 6));
+    o[1] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    o[0] = (uint8_t)(0xE0 | (cp >> 12));
+    o[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+    o[2] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  o[0] = (uint8_t)(0xF0 | (cp >> 18));
+  o[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+  o[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+  o[3] = (uint8_t)(0x80 | (cp & 0x3F));
+  return 4;
+}
+
+/*
+ * Length of the well-formed UTF-8 sequence (2..4 bytes) with lead byte s[p],
+ * or 0 if it is not one (overlong, surrogate, above U+10FFFF, truncated).
+ */
+static size_t utf8_seq(const uint8_t *s, size_t len, size_t p) {
+  uint8_t c = s[p];
+  size_t n;
+  uint8_t lo = 0x80, hi = 0xBF;
+  if (c < 0xC2)
+    return 0;
+  if (c < 0xE0) {
+    n = 2;
+  } else if (c < 0xF0) {
+    n = 3;
+    if (c == 0xE0)
+      lo = 0xA0;
+    else if (c == 0xED)
+      hi = 0x9F;
+  } else if (c < 0xF5) {
+    n = 4;
+    if (c == 0xF0)
+      lo = 0x90;
+    else if (c == 0xF4)
+      hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (len - p < n)
+    return 0;
+  if (s[p + 1] < lo || s[p + 1] > hi)
+    return 0;
+  for (size_t i = 2; i < n; i++)
+    if ((s[p + i] & 0xC0) != 0x80)
+      return 0;
+  return n;
+}
+
+/*
+ * Decodes the escape at s[*p] == '\\' of a string validated by pass 1;
+ * advances *p past it and returns the code point.
+ */
+static uint32_t esc_decode(const uint8_t *s, size_t *p) {
+  uint8_t c = s[*p + 1];
+  switch (c) {
+  case 'b':
+    *p += 2;
+    return 0x08;
+  case 'f':
+    *p += 2;
+    return 0x0C;
+  case 'n':
+    *p += 2;
+    return 0x0A;
+  case 'r':
+    *p += 2;
+    return 0x0D;
+  case 't':
+    *p += 2;
+    return 0x09;
+  case 'u': {
+    uint32_t cp = (uint32_t)hex4(s + *p + 2);
+    *p += 6;
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+      uint32_t lo = (uint32_t)hex4(s + *p + 2);
+      *p += 6;
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+    }
+    return cp;
+  }
+  default: /* '"', '\\', '/' */
+    *p += 2;
+    return c;
+  }
+}
+
+/* A byte for an error message: 'c' when printable ASCII, else 0xNN. */
+static const char *show_byte(uint8_t c, char buf[8]) {
+  if (c > 0x20 && c < 0x7F && c != '\'')
+    snprintf(buf, 8, "'%c'", c);
+  else
+    snprintf(buf, 8, "0x%02x", c);
+  return buf;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Key order: UTF-16 code units                                             */
+/* ------------------------------------------------------------------------ */
+
+static inline const uint8_t *key_bytes(const ag__jcs *j, const tok *t,
+                                       size_t *n) {
+  *n = t->w[0];
+  if (t->flags & F_ESC)
+    return j->arena + t->w[1];
+  return j->src + t->off;
+}
+
+/* Rank of a byte: UTF-8 byte order with the lead bytes EE/EF moved past
+ * F0..F4 (to F5/F6, which never occur in UTF-8). */
+static inline uint8_t key_rank(uint8_t c) {
+  return (c == 0xEE || c == 0xEF) ? (uint8_t)(c + 7) : c;
+}
+
+/* The first 8 bytes of a key, ranked, as a big-endian number (zero padded):
+ * different prefixes order the keys; equal ones need key_cmp. `limit` is the
+ * end of the buffer holding the key: reading up to it is allowed. */
+static uint64_t key_prefix(const uint8_t *b, size_t n, const uint8_t *limit) {
+  uint64_t x = 0;
+  if (limit - b >= 8) {
+    /* One load, then drop the bytes past the key (no byte loop, and no
+     * store-to-load stall through a stack buffer). */
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) &&                            \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(&x, b, 8);
+    x = __builtin_bswap64(x);
+#else
+    for (int i = 0; i < 8; i++)
+      x = x << 8 | b[i];
+#endif
+    if (n < 8)
+      x = n == 0 ? 0 : x & ~(~0ULL >> (8 * n));
+  } else {
+    for (size_t i = 0; i < 8; i++)
+      x = x << 8 | (i < n ? b[i] : 0);
+  }
+  if (x & 0x8080808080808080ULL) {
+    uint64_t y = 0;
+    for (int i = 7; i >= 0; i--)
+      y = y << 8 | key_rank((uint8_t)(x >> (8 * i)));
+    x = y;
+  }
+  return x;
+}
+
+static int key_cmp(const ag__jcs *j, uint32_t ia, uint32_t ib) {
+  size_t na, nb;
+  const uint8_t *a = key_bytes(j, &j->tape[ia], &na);
+  const uint8_t *b = key_bytes(j, &j->tape[ib], &nb);
+  size_t n = na < nb ? na : nb;
+  size_t i = 0;
+  while (i + 8 <= n) {
+    uint64_t x, y;
+    memcpy(&x, a + i, 8);
+    memcpy(&y, b + i, 8);
+    if (x != y)
+      break;
+    i += 8;
+  }
+  for (; i < n; i++) {
+    if (a[i] != b[i])
+      return key_rank(a[i]) < key_rank(b[i]) ? -1 : 1;
+  }
+  return na < nb ? -1 : (na > nb ? 1 : 0);
+}
+
+static inline int kent_cmp(const ag__jcs *j, const kent *a, const kent *b) {
+  if (a->prefix != b->prefix)
+    return a->prefix < b->prefix ? -1 : 1;
+  return key_cmp(j, a->tok, b->tok);
+}
+
+static void insertion_sort(const ag__jcs *j, kent *v, size_t n) {
+  for (size_t i = 1; i < n; i++) {
+    kent x = v[i];
+    size_t k = i;
+    while (k > 0 && kent_cmp(j, &v[k - 1], &x) > 0) {
+      v[k] = v[k - 1];
+      k--;
+    }
+    v[k] = x;
+  }
+}
+
+#define RUN 16
+
+/* Stable: equal keys stay in source order, so the later one is the dup. */
+static void sort_keys(const ag__jcs *j, kent *v, size_t n) {
+  if (n <= RUN) {
+    insertion_sort(j, v, n);
+    return;
+  }
+  for (size_t i = 0; i < n; i += RUN)
+    insertion_sort(j, v + i, n - i < RUN ? n - i : RUN);
+  kent *from = v, *to = j->aux;
+  for (size_t width = RUN; width < n; width *= 2) {
+    for (size_t lo = 0; lo < n; lo += 2 * width) {
+      size_t mid = lo + width < n ? lo + width : n;
+      size_t hi = lo + 2 * width < n ? lo + 2 * width : n;
+      size_t a = lo, b = mid, o = lo;
+      while (a < mid && b < hi)
+        to[o++] = kent_cmp(j, &from[b], &from[a]) < 0 ? from[b++] : from[a++];
+      while (a < mid)
+        to[o++] = from[a++];
+      while (b < hi)
+        to[o++] = from[b++];
+    }
+    kent *t = from;
+    from = to;
+    to = t;
+  }
+  if (from != v)
+    memcpy(v, from, n * sizeof(*v));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Numbers                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Decimal exponents for which 15 significant digits always round-trip. */
+#define TEXT_EXP_MIN (-300)
+#define TEXT_EXP_MAX 300
+#define EXP_SATURATE 1000000000000000LL
+
+/*
+ * For a validated number literal s[0..len): when it has at most 15
+ * significant digits and a decimal exponent in the safe range (or is zero),
+ * sets d[0..*k) to its significant digits without trailing zeros, *n so that
+ * the value is 0.d * 10^n, *neg, and returns true (*k == 0 for zero).
+ * Returns false when the double has to be computed.
+ */
+static bool num_text(const uint8_t *s, size_t len, char d[15], int *k, long *n,
+                     bool *neg) {
+  size_t i = 0;
+  int64_t int_digits = 0, lz = 0, sig = 0, last = 0;
+  bool seen = false;
+  *neg = false;
+  if (s[0] == '-') {
+    *neg = true;
+    i = 1;
+  }
+  for (bool frac = false;; i++) {
+    if (i < len && s[i] == '.' && !frac) {
+      frac = true;
+      continue;
+    }
+    if (i >= len || !is_digit(s[i]))
+      break;
+    uint8_t c = s[i];
+    if (!frac)
+      int_digits++;
+    if (!seen) {
+      if (c == '0') {
+        lz++;
+        continue;
+      }
+      seen = true;
+    }
+    if (sig < 15)
+      d[sig] = (char)c;
+    else if (c != '0')
+      return false;
+    sig++;
+    if (c != '0')
+      last = sig;
+  }
+  int64_t e = 0;
+  if (i < len && (s[i] | 0x20) == 'e') {
+    bool eneg = false;
+    i++;
+    if (s[i] == '+' || s[i] == '-') {
+      eneg = s[i] == '-';
+      i++;
+    }
+    for (; i < len && is_digit(s[i]); i++)
+      if (e < EXP_SATURATE)
+        e = e * 10 + (s[i] - '0');
+    if (eneg)
+      e = -e;
+  }
+  if (!seen) {
+    *k = 0;
+    *n = 0;
+    return true;
+  }
+  int64_t nn = int_digits - lz + e;
+  if (nn < TEXT_EXP_MIN || nn > TEXT_EXP_MAX)
+    return false;
+  *k = (int)last;
+  *n = (long)nn;
+  return true;
+}
+
+/*
+ * Lays out k significant digits d with exponent n (value 0.d * 10^n) as
+ * ECMAScript's Number.prototype.toString does. `o` needs 32 bytes.
+ */
+static size_t num_layout(char *o, bool neg, const char *d, int k, long n) {
+  char *p = o;
+  if (k == 0) {
+    o[0] = '0';
+    return 1;
+  }
+  if (neg)
+    *p++ = '-';
+  if (k <= n && n <= 21) {
+    memcpy(p, d, (size_t)k);
+    p += k;
+    memset(p, '0', (size_t)(n - k));
+    p += n - k;
+  } else if (0 < n && n <= 21) {
+    memcpy(p, d, (size_t)n);
+    p += n;
+    *p++ = '.';
+    memcpy(p, d + n, (size_t)(k - n));
+    p += k - n;
+  } else if (-6 < n && n <= 0) {
+    *p++ = '0';
+    *p++ = '.';
+    memset(p, '0', (size_t)-n);
+    p += -n;
+    memcpy(p, d, (size_t)k);
+    p += k;
+  } else {
+    long e = n - 1;
+    *p++ = d[0];
+    if (k > 1) {
+      *p++ = '.';
+      memcpy(p, d + 1, (size_t)(k - 1));
+      p += k - 1;
+    }
+    *p++ = 'e';
+    *p++ = e < 0 ? '-' : '+';
+    if (e < 0)
+      e = -e;
+    char tmp[8];
+    int t = 0;
+    do {
+      tmp[t++] = (char)('0' + e % 10);
+      e /= 10;
+    } while (e > 0);
+    while (t > 0)
+      *p++ = tmp[--t];
+  }
+  return (size_t)(p - o);
+}
+
+/*
+ * The ECMAScript text of a finite double into o[32]: the fewest significant
+ * digits (15 with trailing zeros dropped, else 16, else 17) whose correctly
+ * rounded decimal reads back as v. printf's decimal point depends on the
+ * process locale, so only its digits and exponent are used; the round-trip
+ * check builds its own text and reads it with strtod_l in the "C" locale.
+ */
+static size_t num_double(const ag__jcs *j, double v, char *o) {
+  if (v == 0)
+    return num_layout(o, false, "", 0, 0);
+  char buf[64], d[17], rt[40];
+  int k = 0;
+  long ex = 0;
+  /* A normal double's shortest form has at most 15 digits exactly when its
+   * 15-digit rounding reads back; subnormals carry fewer digits, so for them
+   * every length is tried. */
+  int first = fabs(v) < DBL_MIN ? 0 : 14;
+  for (int prec = first; prec <= 16; prec++) {
+    snprintf(buf, sizeof(buf), "%.*e", prec, v);
+    k = 0;
+    const char *p = buf;
+    while (*p && *p != 'e' && *p != 'E') {
+      if (is_digit((uint8_t)*p) && k < 17)
+        d[k++] = *p;
+      p++;
+    }
+    ex = (*p) ? strtol(p + 1, NULL, 10) : 0;
+    if (prec == 16)
+      break;
+    int r = snprintf(rt, sizeof(rt), "%s%.*se%ld", v < 0 ? "-" : "", k, d,
+                     ex - (k - 1));
+    if (r > 0 && (size_t)r < sizeof(rt) && strtod_l(rt, NULL, j->c_locale) == v)
+      break;
+  }
+  while (k > 1 && d[k - 1] == '0')
+    k--;
+  return num_layout(o, v < 0, d, k, ex + 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pass 1: tokenize and validate                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Errors are reported in source order: a pending duplicate key is earlier
+ * than anything found after it. */
+static ag_err_t dup_error(ag__jcs *j, ag_error_t *err) {
+  const tok *t = &j->tape[j->dup_tok];
+  size_t n;
+  const uint8_t *b = key_bytes(j, t, &n);
+  char shown[64];
+  size_t o = 0, i = 0;
+  /* The key as JSON string content, cut at a character boundary. */
+  while (i < n) {
+    uint8_t c = b[i];
+    size_t step = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (o + 7 > sizeof(shown) - 4)
+      break;
+    if (c < 0x20 || c == '"' || c == '\\' || c == 0x7F)
+      o += (size_t)snprintf(shown + o, sizeof(shown) - o, "\\u%04x", c);
+    else {
+      memcpy(shown + o, b + i, step);
+      o += step;
+    }
+    i += step;
+  }
+  shown[o] = '\0';
+  return ag__set_error(err, AG_EDUPKEY, (long)t->off - 1,
+                       "arguments: duplicate key \"%s%s\" at byte %ld", shown,
+                       i < n ? "..." : "", (long)t->off - 1);
+}
+
+#define FAIL(code, pos, ...)                                                   \
+  return (j->dup_tok != NONE                                                   \
+              ? dup_error(j, err)                                              \
+              : ag__set_error(err, code, (long)(pos), __VA_ARGS__))
+
+/* What scan_string found in a string. */
+enum {
+  S_ESC = 1,    /* some escape: keys must be decoded to be compared */
+  S_REWRITE = 2 /* an escape JCS writes differently (\/ or \u) */
+};
+
+/*
+ * Block scanner for strings with escapes. Per 64-byte block it builds four
+ * bit masks (quotes, backslashes, the letters of canonical escapes, and
+ * "attention" bytes: controls and non-ASCII), finds the escaped bytes with
+ * carries instead of branches (simdjson's odd-backslash-run trick), and so
+ * finds the closing quote without a branch per escape. Only the rarer items
+ * get a look each: an escape JCS rewrites (\/, and \u: hex digits and
+ * surrogate pairs) and a non-ASCII lead byte (UTF-8 validation). Anything
+ * wrong - a control byte, a bad escape or sequence, the end of the input -
+ * hands over to the byte scanner in scan_string, which finds the exact error.
+ */
+#if defined(__SSE2__)
+static inline uint64_t mm_bits(__m128i m, int i) {
+  return (uint64_t)(uint16_t)_mm_movemask_epi8(m) << (16 * i);
+}
+
+static inline void block_masks(const uint8_t *b, uint64_t *q, uint64_t *bs,
+                               uint64_t *att, uint64_t *keep) {
+  uint64_t mq = 0, mb = 0, ma = 0, mk = 0;
+  for (int i = 0; i < 4; i++) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(b + 16 * i));
+    __m128i eq = _mm_cmpeq_epi8(x, _mm_set1_epi8('"'));
+    __m128i eb = _mm_cmpeq_epi8(x, _mm_set1_epi8('\\'));
+    __m128i k = _mm_or_si128(
+        _mm_or_si128(_mm_or_si128(eq, eb),
+                     _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('n')),
+                                  _mm_cmpeq_epi8(x, _mm_set1_epi8('t')))),
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('r')),
+                                  _mm_cmpeq_epi8(x, _mm_set1_epi8('b'))),
+                     _mm_cmpeq_epi8(x, _mm_set1_epi8('f'))));
+    mq |= mm_bits(eq, i);
+    mb |= mm_bits(eb, i);
+    mk |= mm_bits(k, i);
+    /* signed compare: 0x80..0xFF are negative, so this flags both kinds */
+    ma |= mm_bits(_mm_cmplt_epi8(x, _mm_set1_epi8(0x20)), i);
+  }
+  *q = mq;
+  *bs = mb;
+  *att = ma;
+  *keep = mk;
+}
+#else
+/* Portable: exact per-byte flags in the high bits, gathered by a multiply. */
+static inline uint64_t load_le64(const uint8_t *b) {
+  uint64_t x = 0;
+  for (int i = 7; i >= 0; i--)
+    x = (x << 8) | b[i];
+  return x;
+}
+
+static inline uint64_t gather8(uint64_t m) {
+  return ((m >> 7) * 0x0102040810204080ULL) >> 56;
+}
+
+static inline uint64_t eq_bytes(uint64_t x, uint8_t c) {
+  const uint64_t lo7 = 0x7F7F7F7F7F7F7F7FULL;
+  uint64_t t = x ^ (0x0101010101010101ULL * c);
+  return ~(((t & lo7) + lo7) | t | lo7);
+}
+
+static inline void block_masks(const uint8_t *b, uint64_t *q, uint64_t *bs,
+                               uint64_t *att, uint64_t *keep) {
+  const uint64_t lo7 = 0x7F7F7F7F7F7F7F7FULL, high = 0x8080808080808080ULL;
+  uint64_t mq = 0, mb = 0, ma = 0, mk = 0;
+  for (int i = 0; i < 8; i++) {
+    uint64_t x = load_le64(b + 8 * i);
+    uint64_t eq = eq_bytes(x, '"'), eb = eq_bytes(x, '\\');
+    uint64_t k = eq | eb | eq_bytes(x, 'n') | eq_bytes(x, 't') |
+                 eq_bytes(x, 'r') | eq_bytes(x, 'b') | eq_bytes(x, 'f');
+    mq |= gather8(eq) << (8 * i);
+    mb |= gather8(eb) << (8 * i);
+    mk |= gather8(k) << (8 * i);
+    ma |= gather8((~((x & lo7) + 0x6060606060606060ULL) | x) & high) << (8 * i);
+  }
+  *q = mq;
+  *bs = mb;
+  *att = ma;
+  *keep = mk;
+}
+#endif
+
+/*
+ * Scans from s[*pp] (an unescaped position inside a string). Returns true
+ * and sets *endp at the closing quote when the rest of the string is valid;
+ * otherwise returns false with *pp at a position where the byte scanner can
+ * resume: the start of the block it could not handle, or the start of the
+ * escape or UTF-8 sequence that spills into that block.
+ */
+static bool scan_block(const uint8_t *s, size_t len, size_t *pp, size_t *endp,
+                       int *found) {
+  const uint64_t even = 0x5555555555555555ULL;
+  uint64_t carry = 0; /* 1 when the block's first byte is escaped */
+  unsigned cont = 0;  /* continuation bytes spilled into the block */
+  size_t skip_u = 0;  /* the 'u' of a low surrogate already checked */
+  size_t p = *pp, resume = *pp;
+  uint8_t pad[64];
+  for (;;) {
+    const uint8_t *b = s + p;
+    size_t avail = len - p;
+    uint64_t valid = ~0ULL;
+    if (avail < 64) {
+      if (avail > 0)
+        memcpy(pad, b, avail);
+      memset(pad + avail, ' ', 64 - avail);
+      b = pad;
+      valid = (1ULL << avail) - 1;
+    }
+    uint64_t q, bs, att, keep;
+    block_masks(b, &q, &bs, &att, &keep);
+    /* escaped = bytes preceded by an odd run of backslashes */
+    uint64_t carry_in = carry;
+    bs &= ~carry_in;
+    uint64_t follows = (bs << 1) | carry_in;
+    uint64_t odd_starts = bs & ~even & ~follows;
+    uint64_t even_seq = odd_starts + bs;
+    carry = even_seq < bs; /* overflow: the last backslash escapes on */
+    uint64_t escaped = (even ^ (even_seq << 1)) & follows;
+
+    uint64_t qe = q & ~escaped & valid;
+    uint64_t before = qe ? (qe & (0 - qe)) - 1 : valid;
+    if (qe == 0 && avail <= 64)
+      goto fallback; /* the input ends inside the string */
+    uint64_t esc = escaped & before;
+    if (esc)
+      *found |= S_ESC;
+    /* Escapes other than the canonical ones: \u, \/ or invalid. */
+    for (uint64_t m = esc & ~keep; m != 0; m &= m - 1) {
+      size_t u = p + ctz64(m);
+      if (b[u - p] == '/') {
+        *found |= S_REWRITE;
+        continue;
+      }
+      if (b[u - p] != 'u')
+        goto fallback;
+      *found |= S_REWRITE;
+      if (u == skip_u)
+        continue;
+      long cp = hex4_checked(s, len, u + 1);
+      if (cp < 0 || (cp >= 0xDC00 && cp <= 0xDFFF))
+        goto fallback;
+      if (cp >= 0xD800 && cp <= 0xDBFF) {
+        long lo = -1;
+        if (len - u >= 7 && s[u + 5] == '\\' && s[u + 6] == 'u')
+          lo = hex4_checked(s, len, u + 7);
+        if (lo < 0xDC00 || lo > 0xDFFF)
+          goto fallback;
+        skip_u = u + 6;
+      }
+    }
+    /* Controls (errors) and non-ASCII (validated sequence by sequence). */
+    uint64_t h = att & before & ~((1ULL << cont) - 1);
+    size_t lead = 0;
+    cont = 0;
+    while (h != 0) {
+      unsigned i = ctz64(h);
+      size_t n = b[i] >= 0x80 ? utf8_seq(s, len, p + i) : 0;
+      if (n == 0)
+        goto fallback;
+      if (i + n > 64) {
+        cont = (unsigned)(i + n - 64);
+        lead = p + i;
+        break;
+      }
+      h &= ~(((1ULL << n) - 1) << i);
+    }
+    if (qe) {
+      *endp = p + ctz64(qe);
+      return true;
+    }
+    p += 64;
+    resume = p;
+    if (carry)
+      resume = p - 1;
+    if (cont)
+      resume = lead;
+    if (skip_u >= p && skip_u - 7 < resume)
+      resume = skip_u - 7;
+    continue;
+  fallback:
+    *pp = resume;
+    return false;
+  }
+}
+
+/*
+ * Position of the first byte at or after p that is '"', '\\', a control or
+ * non-ASCII byte, or len. 16 bytes at a time with SSE2, else 8 with SWAR
+ * (borrows only flag bytes above a true hit, so the lowest flag is right).
+ */
+static inline size_t find_special(const uint8_t *s, size_t len, size_t p) {
+#if defined(__SSE2__)
+  const __m128i vq = _mm_set1_epi8('"'), vb = _mm_set1_epi8('\\'),
+                v20 = _mm_set1_epi8(0x20);
+  while (len - p >= 16) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + p));
+    __m128i m =
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, vq), _mm_cmpeq_epi8(x, vb)),
+                     _mm_cmplt_epi8(x, v20));
+    unsigned bits = (unsigned)_mm_movemask_epi8(m);
+    if (bits != 0)
+      return p + ctz64(bits);
+    p += 16;
+  }
+  if (p < len && len >= 16) {
+    /* The tail: one load ending at len, ignoring the bytes before p. */
+    size_t base = len - 16;
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + base));
+    __m128i m =
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, vq), _mm_cmpeq_epi8(x, vb)),
+                     _mm_cmplt_epi8(x, v20));
+    unsigned bits = (unsigned)_mm_movemask_epi8(m) >> (p - base);
+    return bits != 0 ? p + ctz64(bits) : len;
+  }
+#endif
+  const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+  while (len - p >= 8) {
+    uint64_t x;
+    memcpy(&x, s + p, 8);
+    uint64_t xq = x ^ (ones * '"'), xb = x ^ (ones * '\\');
+    uint64_t m =
+        (((xq - ones) & ~xq) | ((xb - ones) & ~xb) | (x - ones * 0x20) | x) &
+        high;
+    if (m != 0) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) &&                            \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+      return p + (ctz64(m) >> 3);
+#else
+      break;
+#endif
+    }
+    p += 8;
+  }
+  while (p < len && s[p] != '"' && s[p] != '\\' && s[p] >= 0x20 && s[p] < 0x80)
+    p++;
+  return p;
+}
+
+/*
+ * Scans the string whose opening quote is at q, from p (an unescaped
+ * position; the caller has skipped plain bytes). On success sets *endp to
+ * the closing quote and *found to S_* bits. \" \\ \b \f \n \r \t are
+ * already in canonical form, so a value that has only those is copied
+ * verbatim.
+ */
+static ag_err_t scan_string(ag__jcs *j, size_t q, size_t p, size_t *endp,
+                            int *found, ag_error_t *err) {
+  const uint8_t *s = j->src;
+  const size_t len = j->len;
+  size_t block_from = 0;
+  int e = 0;
+  char cb[8];
+  for (;;) {
+    p = find_special(s, len, p);
+    if (p >= len)
+      FAIL(AG_EJSON, len,
+           "arguments: unexpected end of input at byte %zu in the string "
+           "starting at byte %zu",
+           len, q);
+    uint8_t c = s[p];
+    if (c == '"') {
+      *endp = p;
+      *found = e;
+      return AG_OK;
+    }
+    if (c == '\\') {
+      if (p >= block_from) {
+        if (scan_block(s, len, &p, endp, &e)) {
+          *found = e;
+          return AG_OK;
+        }
+        block_from = p + 64; /* resume bytewise; retry blocks later */
+        continue;
+      }
+      e |= S_ESC;
+      if (len - p < 2)
+        FAIL(AG_EJSON, len,
+             "arguments: unexpected end of input at byte %zu in the string "
+             "starting at byte %zu",
+             len, q);
+      uint8_t x = s[p + 1];
+      if (x == 'n' || x == '"' || x == '\\' || x == 't' || x == 'r' ||
+          x == 'b' || x == 'f') {
+        p += 2;
+        continue;
+      }
+      e |= S_REWRITE;
+      if (x == 'u') {
+        long cp = hex4_checked(s, len, p + 2);
+        if (cp == -2)
+          FAIL(AG_EJSON, len,
+               "arguments: unexpected end of input at byte %zu in a \\u "
+               "escape",
+               len);
+        if (cp < 0)
+          FAIL(AG_EJSON, p, "arguments: invalid \\u escape at byte %zu", p);
+        if (cp >= 0xDC00 && cp <= 0xDFFF)
+          FAIL(AG_EUTF8, p,
+               "arguments: lone low surrogate \\u%04lx at byte %zu", cp, p);
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+          if (len - p >= 8 && s[p + 6] == '\\' && s[p + 7] == 'u') {
+            long lo = hex4_checked(s, len, p + 8);
+            if (lo == -2)
+              FAIL(AG_EJSON, len,
+                   "arguments: unexpected end of input at byte %zu in a \\u "
+                   "escape",
+                   len);
+            if (lo < 0)
+              FAIL(AG_EJSON, p + 6, "arguments: invalid \\u escape at byte %zu",
+                   p + 6);
+            if (lo >= 0xDC00 && lo <= 0xDFFF) {
+              p += 12;
+              continue;
+            }
+          }
+          FAIL(AG_EUTF8, p,
+               "arguments: lone high surrogate \\u%04lx at byte %zu", cp, p);
+        }
+        p += 6;
+        continue;
+      }
+      if (x == '/') {
+        p += 2;
+        continue;
+      }
+      FAIL(AG_EJSON, p, "arguments: invalid escape \\%s at byte %zu",
+           show_byte(x, cb), p);
+    }
+    if (c < 0x20)
+      FAIL(AG_EJSON, p,
+           "arguments: unescaped control character 0x%02x in a string at "
+           "byte %zu",
+           c, p);
+    if (c >= 0x80) {
+      size_t n = utf8_seq(s, len, p);
+      if (n == 0)
+        FAIL(AG_EUTF8, p, "arguments: invalid UTF-8 byte 0x%02x at byte %zu", c,
+             p);
+      p += n;
+      continue;
+    }
+    p++; /* not reached: find_special stops only at the bytes above */
+  }
+}
+
+/* Decodes the escaped key content s[a..b) into the arena. */
+static void decode_key(ag__jcs *j, tok *t, size_t a, size_t b) {
+  const uint8_t *s = j->src;
+  uint8_t *o = j->arena + j->arena_len;
+  size_t p = a;
+  while (p < b) {
+    const uint8_t *bs = memchr(s + p, '\\', b - p);
+    size_t run = bs ? (size_t)(bs - (s + p)) : b - p;
+    memcpy(o, s + p, run);
+    o += run;
+    p += run;
+    if (p < b)
+      o += utf8_put(esc_decode(s, &p), o);
+  }
+  t->w[1] = (uint32_t)j->arena_len;
+  t->w[0] = (uint32_t)(o - (j->arena + j->arena_len));
+  j->arena_len += t->w[0];
+}
+
+/* Sorts the keys of the object in frame f, checks duplicates, stores the
+ * sorted list in `order`. Returns true when the source order was already
+ * strictly ascending (sorted, no duplicates). */
+static bool close_object(ag__jcs *j, const frame *f, size_t *norder) {
+  kent *v = j->keys + f->base;
+  size_t n = f->count;
+  bool sorted = true;
+  for (size_t i = 1; i < n && sorted; i++)
+    sorted = kent_cmp(j, &v[i - 1], &v[i]) < 0;
+  if (!sorted) {
+    sort_keys(j, v, n);
+    for (size_t i = 1; i < n; i++) {
+      if (v[i - 1].prefix == v[i].prefix &&
+          key_cmp(j, v[i - 1].tok, v[i].tok) == 0 &&
+          (j->dup_tok == NONE ||
+           j->tape[v[i].tok].off < j->tape[j->dup_tok].off))
+        j->dup_tok = v[i].tok;
+    }
+  }
+  tok *t = &j->tape[f->tok];
+  uint32_t *o = j->order + *norder;
+  for (size_t i = 0; i < n; i++)
+    o[i] = v[i].tok;
+  t->off = (uint32_t)*norder;
+  *norder += n;
+  return sorted;
+}
+
+static ag_err_t parse_number(ag__jcs *j, size_t start, size_t *endp, tok *t,
+                             ag_error_t *err) {
+  const uint8_t *s = j->src;
+  const size_t len = j->len;
+  size_t p = start;
+  bool is_int = true;
+  if (s[p] == '-')
+    p++;
+  if (p >= len || !is_digit(s[p]))
+    FAIL(AG_EJSON, p,
+         "arguments: invalid number at byte %zu (expected a digit)", p);
+  if (s[p] == '0') {
+    p++;
+    if (p < len && is_digit(s[p]))
+      FAIL(AG_EJSON, start, "arguments: number with a leading zero at byte %zu",
+           start);
+  } else {
+    while (p < len && is_digit(s[p]))
+      p++;
+  }
+  size_t int_end = p;
+  if (p < len && s[p] == '.') {
+    p++;
+    if (p >= len || !is_digit(s[p]))
+      FAIL(AG_EJSON, p,
+           "arguments: invalid number at byte %zu (expected a digit after "
+           "'.')",
+           p);
+    while (p < len && is_digit(s[p]))
+      p++;
+    is_int = false;
+  }
+  if (p < len && (s[p] | 0x20) == 'e') {
+    p++;
+    if (p < len && (s[p] == '+' || s[p] == '-'))
+      p++;
+    if (p >= len || !is_digit(s[p]))
+      FAIL(AG_EJSON, p,
+           "arguments: invalid number at byte %zu (expected an exponent "
+           "digit)",
+           p);
+    while (p < len && is_digit(s[p]))
+      p++;
+    is_int = false;
+  }
+  t->type = T_NUM;
+  t->off = (uint32_t)start;
+  t->w[0] = (uint32_t)(p - start);
+  *endp = p;
+  size_t ndig = int_end - start - (s[start] == '-');
+  if (is_int && ndig <= 15 &&
+      !(p - start == 2 && s[start] == '-' && s[start + 1] == '0')) {
+    t->flags = F_NUM_INT;
+    return AG_OK;
+  }
+  char d[15];
+  int k;
+  long n;
+  bool neg;
+  if (num_text(s + start, p - start, d, &k, &n, &neg)) {
+    t->flags = F_NUM_TEXT;
+    return AG_OK;
+  }
+  /* strtod_l needs a terminated copy; the arena has room: decoded keys so
+   * far plus this literal are at most the input length. */
+  char *tmp = (char *)j->arena + j->arena_len;
+  memcpy(tmp, s + start, p - start);
+  tmp[p - start] = '\0';
+  double v = strtod_l(tmp, NULL, j->c_locale);
+  if (isinf(v))
+    FAIL(AG_ENUMBER, start,
+         "arguments: number out of the range of a double at byte %zu", start);
+  t->flags = F_NUM_DBL;
+  memcpy(t->w, &v, sizeof(v));
+  return AG_OK;
+}
+
+/* Skips whitespace at p; inside a container, whitespace means its source
+ * text is not canonical. */
+#define SKIP_WS()                                                              \
+  do {                                                                         \
+    if (p < len && s[p] <= ' ' && is_ws(s[p])) {                               \
+      p = skip_ws(s, len, p);                                                  \
+      clean = false;                                                           \
+    }                                                                          \
+  } while (0)
+
+static ag_err_t tokenize(ag__jcs *j, size_t *ntok, ag_error_t *err) {
+  const uint8_t *s = j->src;
+  const size_t len = j->len;
+  const size_t max_tokens = j->max_tokens;
+  tok *const tape = j->tape;
+  size_t p = 0, nt = 0, nkeys = 0, norder = 0, depth = 0;
+  frame *f = NULL;
+  tok *ct;           /* the container being closed */
+  uint32_t start;    /* its first byte */
+  bool clean = true; /* the innermost open container is canonical so far */
+  ag_err_t rc;
+  char cb[8];
+
+  j->arena_len = 0;
+  j->dup_tok = NONE;
+
+value:
+  SKIP_WS();
+  if (p >= len)
+    FAIL(AG_EJSON, len,
+         "arguments: unexpected end of input at byte %zu (expected a value)",
+         len);
+  if (nt >= max_tokens)
+    FAIL(AG_ETOOBIG, p, "arguments: more than %zu values at byte %zu",
+         max_tokens, p);
+  {
+    tok *t = &tape[nt];
+    uint8_t c = s[p];
+    if (c == '"') {
+      size_t end = find_special(s, len, p + 1);
+      int found = 0;
+      if (end >= len || s[end] != '"')
+        if ((rc = scan_string(j, p, end, &end, &found, err)) != AG_OK)
+          return rc;
+      t->type = T_STR;
+      t->flags = (found & S_REWRITE) ? F_ESC : 0;
+      clean &= !(found & S_REWRITE);
+      t->off = (uint32_t)(p + 1);
+      t->w[0] = (uint32_t)(end - p - 1);
+      p = end + 1;
+      nt++;
+      goto after;
+    }
+    if (is_digit(c) || c == '-') {
+      /* Fast path: a short plain integer is its own canonical form. */
+      size_t d0 = p + (c == '-'), e = d0;
+      while (e < len && is_digit(s[e]))
+        e++;
+      size_t nd = e - d0;
+      if (nd >= 1 && nd <= 15 && (s[d0] != '0' || (nd == 1 && c != '-')) &&
+          (e >= len || (s[e] != '.' && (s[e] | 0x20) != 'e'))) {
+        t->type = T_NUM;
+        t->flags = F_NUM_INT;
+        t->off = (uint32_t)p;
+        t->w[0] = (uint32_t)(e - p);
+        p = e;
+        nt++;
+        goto after;
+      }
+      if ((rc = parse_number(j, p, &p, t, err)) != AG_OK)
+        return rc;
+      clean &= t->flags == F_NUM_INT;
+      nt++;
+      goto after;
+    }
+    t->flags = 0;
+    switch (c) {
+    case '{':
+    case '[':
+      if (depth >= (size_t)j->max_depth)
+        FAIL(AG_EDEPTH, p, "arguments: nesting deeper than %d at byte %zu",
+             j->max_depth, p);
+      t->type = c == '{' ? T_OBJ : T_ARR;
+      t->off = (uint32_t)p;
+      f = &j->stack[depth++];
+      f->tok = (uint32_t)nt++;
+      f->count = 0;
+      f->base = (uint32_t)nkeys;
+      f->obj = c == '{';
+      f->clean = clean;
+      clean = true;
+      p++;
+      SKIP_WS();
+      if (p < len && s[p] == (f->obj ? '}' : ']')) {
+        p++;
+        goto close;
+      }
+      if (f->obj)
+        goto key;
+      goto value;
+    case 't':
+    case 'f':
+    case 'n': {
+      const char *lit = c == 't' ? "true" : c == 'f' ? "false" : "null";
+      size_t n = c == 'f' ? 5 : 4;
+      if (len - p < n || memcmp(s + p, lit, n) != 0)
+        FAIL(AG_EJSON, p,
+             "arguments: invalid literal at byte %zu (expected true, false "
+             "or null)",
+             p);
+      t->type = c == 't' ? T_TRUE : c == 'f' ? T_FALSE : T_NULL;
+      t->off = (uint32_t)p;
+      p += n;
+      nt++;
+      goto after;
+    }
+    default:
+      FAIL(AG_EJSON, p,
+           "arguments: unexpected character %s at byte %zu (expected a "
+           "value)",
+           show_byte(c, cb), p);
+    }
+  }
+
+key: /* p is at the expected '"' of a key (whitespace skipped) */
+  if (p >= len)
+    FAIL(AG_EJSON, len,
+         "arguments: unexpected end of input at byte %zu (expected a string "
+         "key)",
+         len);
+  if (s[p] != '"')
+    FAIL(AG_EJSON, p,
+         "arguments: unexpected character %s at byte %zu (expected a "
+         "string key)",
+         show_byte(s[p], cb), p);
+  if (nt >= max_tokens)
+    FAIL(AG_ETOOBIG, p, "arguments: more than %zu values at byte %zu",
+         max_tokens, p);
+  {
+    tok *t = &tape[nt];
+    size_t end = find_special(s, len, p + 1);
+    int found = 0;
+    if (end >= len || s[end] != '"')
+      if ((rc = scan_string(j, p, end, &end, &found, err)) != AG_OK)
+        return rc;
+    t->type = T_KEY;
+    t->flags = (found & S_ESC) ? F_ESC : 0;
+    clean &= !(found & S_REWRITE);
+    t->off = (uint32_t)(p + 1);
+    t->w[0] = (uint32_t)(end - p - 1);
+    const uint8_t *kb = s + p + 1, *limit = s + len;
+    if (found & S_ESC) {
+      decode_key(j, t, p + 1, end);
+      kb = j->arena + t->w[1];
+      limit = j->arena + j->max_bytes + 1;
+    }
+    j->keys[nkeys].prefix = key_prefix(kb, t->w[0], limit);
+    j->keys[nkeys++].tok = (uint32_t)nt++;
+    p = end + 1;
+    SKIP_WS();
+    if (p >= len)
+      FAIL(AG_EJSON, len,
+           "arguments: unexpected end of input at byte %zu (expected ':')",
+           len);
+    if (s[p] != ':')
+      FAIL(AG_EJSON, p,
+           "arguments: unexpected character %s at byte %zu (expected ':')",
+           show_byte(s[p], cb), p);
+    p++;
+    goto value;
+  }
+
+after: /* a value ended at p */
+  if (depth == 0) {
+    p = skip_ws(s, len, p);
+    if (p != len)
+      FAIL(AG_EJSON, p,
+           "arguments: unexpected character %s at byte %zu after the JSON "
+           "value",
+           show_byte(s[p], cb), p);
+    if (j->dup_tok != NONE)
+      return dup_error(j, err);
+    *ntok = nt;
+    return AG_OK;
+  }
+  f = &j->stack[depth - 1];
+  f->count++;
+  SKIP_WS();
+  if (p >= len)
+    FAIL(AG_EJSON, len,
+         "arguments: unexpected end of input at byte %zu (expected ',' or "
+         "'%c')",
+         len, f->obj ? '}' : ']');
+  if (s[p] == ',') {
+    p++;
+    SKIP_WS();
+    if (f->obj)
+      goto key;
+    goto value;
+  }
+  if (s[p] == (f->obj ? '}' : ']')) {
+    p++;
+    goto close;
+  }
+  FAIL(AG_EJSON, p,
+       "arguments: unexpected character %s at byte %zu (expected ',' or "
+       "'%c')",
+       show_byte(s[p], cb), p, f->obj ? '}' : ']');
+
+close: /* the container of frame f ended just before p */
+  ct = &tape[f->tok];
+  start = ct->off;
+  ct->w[0] = (uint32_t)nt;
+  ct->w[1] = f->count;
+  if (f->obj) {
+    clean &= close_object(j, f, &norder);
+    nkeys = f->base;
+  }
+  if (clean) { /* emit copies s[start..p) */
+    ct->flags = F_CANON;
+    ct->off = start;
+    ct->w[1] = (uint32_t)p;
+  }
+  depth--;
+  clean = clean && f->clean;
+  goto after;
+}
+
+#undef SKIP_WS
+
+/* ------------------------------------------------------------------------ */
+/* Pass 2: emit                                                             */
+/* ------------------------------------------------------------------------ */
+
+static void deliver(ag__jcs *j, const void *data, size_t n) {
+  if (j->stopped || n == 0)
+    return;
+  if (j->sink == NULL) {
+    if (EVP_DigestUpdate(j->ctx, data, n) != 1) {
+      j->crypto_failed = true;
+      j->stopped = true;
+    }
+  } else if (j->sink(j->user, data, n) != 0) {
+    j->stopped = true;
+  }
+}
+
+static void flush(ag__jcs *j) {
+  deliver(j, j->obuf, j->olen);
+  j->olen = 0;
+}
+
+static void put_slow(ag__jcs *j, const void *d, size_t n) {
+  flush(j);
+  if (n >= OBUF_SIZE / 2) {
+    deliver(j, d, n);
+  } else {
+    memcpy(j->obuf, d, n);
+    j->olen = n;
+  }
+}
+
+static inline void put(ag__jcs *j, const void *d, size_t n) {
+  if (n <= OBUF_SIZE - j->olen) {
+    memcpy(j->obuf + j->olen, d, n);
+    j->olen += n;
+  } else {
+    put_slow(j, d, n);
+  }
+}
+
+static inline void put1(ag__jcs *j, char c) {
+  if (j->olen == OBUF_SIZE)
+    flush(j);
+  j->obuf[j->olen++] = c;
+}
+
+/* Writes code point cp of a string with JCS's minimal escaping. */
+static void put_cp(ag__jcs *j, uint32_t cp) {
+  static const char hex[] = "0123456789abcdef";
+  char b[8];
+  switch (cp) {
+  case '"':
+    put(j, "\\\"", 2);
+    return;
+  case '\\':
+    put(j, "\\\\", 2);
+    return;
+  case 0x08:
+    put(j, "\\b", 2);
+    return;
+  case 0x09:
+    put(j, "\\t", 2);
+    return;
+  case 0x0A:
+    put(j, "\\n", 2);
+    return;
+  case 0x0C:
+    put(j, "\\f", 2);
+    return;
+  case 0x0D:
+    put(j, "\\r", 2);
+    return;
+  default:
+    break;
+  }
+  if (cp < 0x20) {
+    memcpy(b, "\\u00", 4);
+    b[4] = hex[cp >> 4];
+    b[5] = hex[cp & 15];
+    put(j, b, 6);
+    return;
+  }
+  put(j, b, utf8_put(cp, (uint8_t *)b));
+}
+
+/* A string with escapes, straight from the (validated) source. Escapes that
+ * are already canonical stay in the copied runs; \u and \/ are rewritten. */
+static void put_src_escaped(ag__jcs *j, const uint8_t *s, size_t a, size_t b) {
+  size_t p = a, run = a;
+  while (p < b) {
+    const uint8_t *bs = memchr(s + p, '\\', b - p);
+    if (bs == NULL)
+      break;
+    p = (size_t)(bs - s);
+    if (s[p + 1] != 'u' && s[p + 1] != '/') {
+      p += 2;
+      continue;
+    }
+    put(j, s + run, p - run);
+    put_cp(j, esc_decode(s, &p));
+    run = p;
+  }
+  put(j, s + run, b - run);
+}
+
+/* A decoded string (a key from the arena): escape what JCS escapes. */
+static void put_decoded(ag__jcs *j, const uint8_t *s, size_t n) {
+  size_t run = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint8_t c = s[i];
+    if (c < 0x20 || c == '"' || c == '\\') {
+      put(j, s + run, i - run);
+      put_cp(j, c);
+      run = i + 1;
+    }
+  }
+  put(j, s + run, n - run);
+}
+
+static void put_string_slow(ag__jcs *j, const tok *t) {
+  put1(j, '"');
+  if (!(t->flags & F_ESC))
+    put(j, j->src + t->off, t->w[0]);
+  else if (t->type == T_KEY)
+    put_decoded(j, j->arena + t->w[1], t->w[0]);
+  else
+    put_src_escaped(j, j->src, t->off, t->off + t->w[0]);
+  put1(j, '"');
+}
+
+static inline void put_string(ag__jcs *j, const tok *t) {
+  size_t n = t->w[0];
+  if (!(t->flags & F_ESC) && n + 2 <= OBUF_SIZE - j->olen) {
+    const uint8_t *b = j->src + t->off;
+    char *o = j->obuf + j->olen;
+    o[0] = '"';
+    /* Short strings: one fixed 16-byte copy (obuf has slack past
+     * OBUF_SIZE) instead of a call to memcpy, when the source allows. */
+    if (n <= 16 && j->len - t->off >= 16)
+      memcpy(o + 1, b, 16);
+    else
+      memcpy(o + 1, b, n);
+    o[n + 1] = '"';
+    j->olen += n + 2;
+    return;
+  }
+  put_string_slow(j, t);
+}
+
+static void put_number(ag__jcs *j, const tok *t) {
+  const uint8_t *s = j->src + t->off;
+  char o[32];
+  size_t n;
+  if (t->flags & F_NUM_INT) {
+    if (t->w[0] == 2 && s[0] == '-' && s[1] == '0')
+      put1(j, '0');
+    else
+      put(j, s, t->w[0]);
+    return;
+  }
+  if (t->flags & F_NUM_TEXT) {
+    char d[15];
+    int k;
+    long e;
+    bool neg;
+    num_text(s, t->w[0], d, &k, &e, &neg);
+    n = num_layout(o, neg, d, k, e);
+  } else {
+    double v;
+    memcpy(&v, t->w, sizeof(v));
+    n = num_double(j, v, o);
+  }
+  put(j, o, n);
+}
+
+static inline uint32_t skip(const tok *tape, uint32_t i) {
+  return tape[i].type <= T_ARR ? tape[i].w[0] : i + 1;
+}
+
+static void emit(ag__jcs *j, size_t ntok) {
+  const tok *const tape = j->tape;
+  const tok *t;
+  size_t depth = 0;
+  uint32_t i = 0, k;
+  frame *f;
+  if (ntok == 0) { /* empty arguments */
+    put(j, "{}", 2);
+    return;
+  }
+
+value:
+  t = &tape[i];
+  switch (t->type) {
+  case T_STR:
+    put_string(j, t);
+    break;
+  case T_NUM:
+    put_number(j, t);
+    break;
+  case T_TRUE:
+    put(j, "true", 4);
+    break;
+  case T_FALSE:
+    put(j, "false", 5);
+    break;
+  case T_NULL:
+    put(j, "null", 4);
+    break;
+  case T_ARR:
+    if (t->flags & F_CANON) {
+      put(j, j->src + t->off, t->w[1] - t->off);
+      break;
+    }
+    put1(j, '[');
+    if (t->w[1] == 0) {
+      put1(j, ']');
+      break;
+    }
+    f = &j->stack[depth++];
+    f->obj = false;
+    f->count = t->w[1] - 1;
+    f->cur = skip(tape, i + 1);
+    i = i + 1;
+    goto value;
+  default: /* T_OBJ */
+    if (t->flags & F_CANON) {
+      put(j, j->src + t->off, t->w[1] - t->off);
+      break;
+    }
+    put1(j, '{');
+    if (t->w[1] == 0) {
+      put1(j, '}');
+      break;
+    }
+    f = &j->stack[depth++];
+    f->obj = true;
+    f->count = t->w[1];
+    f->base = t->off;
+    goto member;
+  }
+
+next:
+  if (depth == 0)
+    return;
+  f = &j->stack[depth - 1];
+  if (f->count == 0) {
+    put1(j, f->obj ? '}' : ']');
+    depth--;
+    goto next;
+  }
+  put1(j, ',');
+  if (!f->obj) {
+    i = f->cur;
+    f->cur = skip(tape, i);
+    f->count--;
+    goto value;
+  }
+
+member:
+  k = j->order[f->base++];
+  f->count--;
+  put_string(j, &tape[k]);
+  put1(j, ':');
+  i = k + 1;
+  goto value;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Construction                                                             */
+/* ------------------------------------------------------------------------ */
+
+static ag_err_t jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
+                           int max_depth, bool digest, ag_error_t *err) {
+  if (out == NULL)
+    return ag__set_error(err, AG_EINVAL, -1, "jcs: out is NULL");
+  *out = NULL;
+  if (max_bytes > UINT32_MAX - 1 || max_tokens == 0 ||
+      max_tokens > UINT32_MAX - 1 || max_tokens > SIZE_MAX / sizeof(tok) ||
+      max_depth < 1 || (size_t)max_depth > UINT32_MAX / sizeof(frame))
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "jcs: invalid limits (bytes %zu, tokens %zu, depth "
+                         "%d)",
+                         max_bytes, max_tokens, max_depth);
+  ag__jcs *j = calloc(1, sizeof(*j));
+  if (j == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "jcs: out of memory");
+  j->max_bytes = max_bytes;
+  j->max_tokens = max_tokens;
+  j->max_keys = max_tokens / 2 + 1;
+  j->max_depth = max_depth;
+  j->tape = malloc(max_tokens * sizeof(tok));
+  j->keys = malloc(j->max_keys * sizeof(kent));
+  j->order = malloc(j->max_keys * sizeof(uint32_t));
+  j->aux = malloc(j->max_keys * sizeof(kent));
+  j->stack = malloc((size_t)max_depth * sizeof(frame));
+  j->arena = calloc(1, max_bytes + 1); /* key_prefix may read past a key */
+  j->c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+  if (j->tape == NULL || j->keys == NULL || j->order == NULL ||
+      j->aux == NULL || j->stack == NULL || j->arena == NULL ||
+      j->c_locale == (locale_t)0) {
+    ag__jcs_free(j);
+    return ag__set_error(err, AG_ENOMEM, -1, "jcs: out of memory");
+  }
+  if (digest) {
+    j->md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    j->ctx = EVP_MD_CTX_new();
+    j->tmpl = EVP_MD_CTX_new();
+    if (j->md == NULL || j->ctx == NULL || j->tmpl == NULL ||
+        EVP_DigestInit_ex2(j->tmpl, j->md, NULL) != 1) {
+      ag__jcs_free(j);
+      return ag__set_error(err, AG_ECRYPTO, -1,
+                           "jcs: cannot set up SHA-256 in OpenSSL");
+    }
+  }
+  *out = j;
+  return AG_OK;
+}
+
+ag_err_t ag__jcs_new(ag__jcs **out, size_t max_bytes, size_t max_tokens,
+                     int max_depth, ag_error_t *err) {
+  return jcs_create(out, max_bytes, max_tokens, max_depth, true, err);
+}
+
+void ag__jcs_free(ag__jcs *j) {
+  if (j == NULL)
+    return;
+  free(j->tape);
+  free(j->keys);
+  free(j->order);
+  free(j->aux);
+  free(j->stack);
+  free(j->arena);
+  if (j->c_locale != (locale_t)0)
+    freelocale(j->c_locale);
+  EVP_MD_CTX_free(j->ctx);
+  EVP_MD_CTX_free(j->tmpl);
+  EVP_MD_free(j->md);
+  free(j);
+}
+
+/* Pass 1 over args; on success the tape is ready for emit(). */
+static ag_err_t prepare(ag__jcs *j, const char *args, size_t args_len,
+                        size_t *ntok, ag_error_t *err) {
+  if (args == NULL && args_len > 0)
+    return ag__set_error(err, AG_EINVAL, -1, "arguments: NULL text");
+  if (args_len > j->max_bytes)
+    return ag__set_error(err, AG_ETOOBIG, (long)j->max_bytes,
+                         "arguments: %zu bytes exceed the limit of %zu",
+                         args_len, j->max_bytes);
+  j->src = (const uint8_t *)args;
+  j->len = args_len;
+  j->olen = 0;
+  j->stopped = false;
+  j->crypto_failed = false;
+  if (args_len == 0) {
+    *ntok = 0;
+    return AG_OK;
+  }
+  return tokenize(j, ntok, err);
+}
+
+ag_err_t ag__jcs_signature(ag__jcs *j, const char *name, size_t name_len,
+                           const char *args, size_t args_len,
+                           uint8_t sig[AG_SIG_LEN], ag_error_t *err) {
+  size_t ntok;
+  if (j == NULL || j->ctx == NULL || (name == NULL && name_len > 0) ||
+      sig == NULL)
+    return ag__set_error(err, AG_EINVAL, -1, "signature: invalid argument");
+  ag_err_t rc = prepare(j, args, args_len, &ntok, err);
+  if (rc != AG_OK)
+    return rc;
+  if (EVP_MD_CTX_copy_ex(j->ctx, j->tmpl) != 1)
+    return ag__set_error(err, AG_ECRYPTO, -1, "signature: SHA-256 failed");
+  j->sink = NULL;
+  if (name_len > 0)
+    put(j, name, name_len);
+  put1(j, ':');
+  emit(j, ntok);
+  flush(j);
+  unsigned int n = 0;
+  if (j->crypto_failed || EVP_DigestFinal_ex(j->ctx, sig, &n) != 1 ||
+      n != AG_SIG_LEN)
+    return ag__set_error(err, AG_ECRYPTO, -1, "signature: SHA-256 failed");
+  return AG_OK;
+}
+
+ag_err_t ag__jcs_write(ag__jcs *j, const char *args, size_t args_len,
+                       ag__sink_fn sink, void *user, ag_error_t *err) {
+  size_t ntok;
+  if (j == NULL || sink == NULL)
+    return ag__set_error(err, AG_EINVAL, -1, "canonicalize: invalid argument");
+  ag_err_t rc = prepare(j, args, args_len, &ntok, err);
+  if (rc != AG_OK)
+    return rc;
+  j->sink = sink;
+  j->user = user;
+  emit(j, ntok);
+  flush(j);
+  j->sink = NULL;
+  if (j->stopped)
+    return ag__set_error(err, AG_ENOSPACE, -1,
+                         "canonicalize: the output sink stopped");
+  return AG_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public convenience functions                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Limits of the scratch sized for one input: a token takes at least one
+ * byte, so the token cap is never what stops it (invalid text such as
+ * "[[[[" gets AG_EJSON, as with a guard's larger scratch). Pages that are
+ * not touched are not committed. */
+#define CONV_DEPTH 256
+
+static ag_err_t conv_create(ag__jcs **j, size_t len, bool digest,
+                            ag_error_t *err) {
+  if (len > UINT32_MAX - 2)
+    return ag__set_error(err, AG_ETOOBIG, (long)(UINT32_MAX - 2),
+                         "arguments: %zu bytes exceed the limit of %lu", len,
+                         (unsigned long)(UINT32_MAX - 2));
+  return jcs_create(j, len, len + 1, CONV_DEPTH, digest, err);
+}
+
+AG_EXTERN ag_err_t ag_signature(const char *name, const char *args,
+                                size_t args_len, uint8_t sig[AG_SIG_LEN],
+                                ag_error_t *err) {
+  if (name == NULL || sig == NULL || (args == NULL && args_len > 0))
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "ag_signature: name, args or sig is NULL");
+  ag__jcs *j;
+  ag_err_t rc = conv_create(&j, args_len, true, err);
+  if (rc != AG_OK)
+    return rc;
+  rc = ag__jcs_signature(j, name, strlen(name), args, args_len, sig, err);
+  ag__jcs_free(j);
+  return rc;
+}
+
+typedef struct strbuf {
+  char *p;
+  size_t len, cap;
+} strbuf;
+
+static int strbuf_sink(void *user, const char *data, size_t len) {
+  strbuf *b = user;
+  if (len > b->cap - b->len - 1) {
+    size_t cap = b->cap;
+    while (len > cap - b->len - 1) {
+      if (cap > SIZE_MAX / 2)
+        return 1;
+      cap *= 2;
+    }
+    char *np = realloc(b->p, cap);
+    if (np == NULL)
+      return 1;
+    b->p = np;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, data, len);
+  b->len += len;
+  return 0;
+}
+
+AG_EXTERN ag_err_t ag_canonicalize(const char *json, size_t len, char **out,
+                                   size_t *out_len, ag_error_t *err) {
+  if (out == NULL || (json == NULL && len > 0))
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "ag_canonicalize: json or out is NULL");
+  *out = NULL;
+  if (out_len != NULL)
+    *out_len = 0;
+  ag__jcs *j;
+  ag_err_t rc = conv_create(&j, len, false, err);
+  if (rc != AG_OK)
+    return rc;
+  /* Canonical text is rarely longer than the input; the sink grows it. */
+  strbuf b = {NULL, 0, len + 64};
+  b.p = malloc(b.cap);
+  if (b.p == NULL) {
+    ag__jcs_free(j);
+    return ag__set_error(err, AG_ENOMEM, -1, "ag_canonicalize: out of memory");
+  }
+  rc = ag__jcs_write(j, json, len, strbuf_sink, &b, err);
+  ag__jcs_free(j);
+  if (rc == AG_ENOSPACE)
+    rc = ag__set_error(err, AG_ENOMEM, -1, "ag_canonicalize: out of memory");
+  if (rc != AG_OK) {
+    free(b.p);
+    return rc;
+  }
+  b.p[b.len] = '\0';
+  *out = b.p;
+  if (out_len != NULL)
+    *out_len = b.len;
+  return AG_OK;
+}
+
+AG_EXTERN void ag_sig_hex(const uint8_t sig[AG_SIG_LEN], char hex[65]) {
+  static const char digits[] = "0123456789abcdef";
+  for (int i = 0; i < AG_SIG_LEN; i++) {
+    hex[2 * i] = digits[sig[i] >> 4];
+    hex[2 * i + 1] = digits[sig[i] & 15];
+  }
+  hex[64] = '\0';
+}
