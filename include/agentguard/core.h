@@ -250,10 +250,15 @@ AG_EXTERN size_t ag_format_compact_error(char *buf, size_t cap,
  * A call signature: SHA-256 over  name ":" JCS(arguments)  (RFC 8785).
  * The guard computes these itself; ag_signature() is the same code, for
  * callers that want a signature without a guard.
- * Returns AG_OK, or for arguments that are not canonicalizable JSON:
- * AG_EJSON, AG_EDUPKEY, AG_EUTF8, AG_ENUMBER, AG_EDEPTH or AG_ETOOBIG, with
- * err->pos the byte offset in `args`. Allocates scratch proportional to the
- * input; use a guard for the allocation-free path.
+ * Empty argument text (args_len 0; args may then be NULL) counts as {}; text
+ * of only whitespace is AG_EJSON. Returns AG_OK, AG_EINVAL (NULL name or
+ * sig), or for arguments that are not canonicalizable JSON: AG_EJSON,
+ * AG_EDUPKEY, AG_EUTF8, AG_ENUMBER or AG_EDEPTH (nesting over 256), with
+ * err->pos the byte offset of the first problem in `args`. Allocates scratch
+ * proportional to the input (no token cap); a guard is the allocation-free
+ * path, with its own caps (ag_guard_opts: depth 64, 65,536 tokens, 1 MiB by
+ * default), so very deep or large arguments can be valid here and invalid
+ * for a guard.
  */
 AG_EXTERN ag_err_t ag_signature(const char *name, const char *args,
                                 size_t args_len, uint8_t sig[AG_SIG_LEN],
@@ -261,7 +266,8 @@ AG_EXTERN ag_err_t ag_signature(const char *name, const char *args,
 
 /*
  * Writes the RFC 8785 canonical form of `json` to *out (caller-owns, free
- * with ag_free; NUL-terminated, length in *out_len). Errors as ag_signature.
+ * with ag_free; NUL-terminated, length in *out_len). Errors as ag_signature,
+ * plus AG_ENOMEM.
  */
 AG_EXTERN ag_err_t ag_canonicalize(const char *json, size_t len, char **out,
                                    size_t *out_len, ag_error_t *err);

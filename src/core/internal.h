@@ -53,6 +53,9 @@ int ag__suggest_limit(size_t input_len);
  */
 typedef struct ag__jcs ag__jcs;
 
+/* max_bytes <= UINT32_MAX-1, max_tokens and max_depth >= 1 (else AG_EINVAL);
+ * AG_ENOMEM, AG_ECRYPTO. Reserves about 44 x max_tokens + max_bytes bytes,
+ * mostly untouched until used. */
 ag_err_t ag__jcs_new(ag__jcs **out, size_t max_bytes, size_t max_tokens,
                      int max_depth, ag_error_t *err);
 void ag__jcs_free(ag__jcs *j);
@@ -67,8 +70,9 @@ ag_err_t ag__jcs_signature(ag__jcs *j, const char *name, size_t name_len,
                            uint8_t sig[AG_SIG_LEN], ag_error_t *err);
 
 /*
- * Writes JCS(args) through `sink` in chunks (no allocation). `sink` returns
- * 0 to go on, non-zero to stop (then AG_ENOSPACE is returned).
+ * Writes JCS(args) through `sink` in chunks (no allocation). Input errors are
+ * found before the sink gets any byte. `sink` returns 0 to go on, non-zero
+ * to stop (then AG_ENOSPACE is returned and the sink has a prefix).
  */
 typedef int (*ag__sink_fn)(void *user, const char *data, size_t len);
 ag_err_t ag__jcs_write(ag__jcs *j, const char *args, size_t args_len,
