@@ -416,18 +416,22 @@ static json_t *assistant_message(const ag_reply *r, const call_ids *ids) {
   for (size_t i = 0; i < r->n_calls; i++) {
     size_t alen;
     const char *args = call_args(&r->calls[i], &alen);
+    const char *name = call_name(&r->calls[i]);
     json_t *fn = json_object();
     json_t *c = json_object();
-    if (fn == NULL || c == NULL ||
-        json_object_set_new(fn, "name",
-                            ag__json_text(call_name(&r->calls[i]),
-                                          strlen(call_name(&r->calls[i])))) ||
-        json_object_set_new(fn, "arguments", ag__json_text(args, alen)) ||
-        json_object_set_new(c, "id",
-                            ag__json_text(ids->ids[i], strlen(ids->ids[i]))) ||
-        json_object_set_new(c, "type", json_string("function")) ||
-        json_object_set_new(c, "function", fn) ||
-        json_array_append_new(calls, c)) {
+    bool ok =
+        fn != NULL && c != NULL &&
+        json_object_set_new(fn, "name", ag__json_text(name, strlen(name))) ==
+            0 &&
+        json_object_set_new(fn, "arguments", ag__json_text(args, alen)) == 0 &&
+        json_object_set_new(
+            c, "id", ag__json_text(ids->ids[i], strlen(ids->ids[i]))) == 0 &&
+        json_object_set_new(c, "type", json_string("function")) == 0 &&
+        json_object_set(c, "function", fn) == 0 &&
+        json_array_append(calls, c) == 0;
+    json_decref(fn);
+    json_decref(c);
+    if (!ok) {
       json_decref(m);
       return NULL;
     }
