@@ -45,7 +45,8 @@ AG_EXTERN const char *ag_turn_status_name(ag_turn_status s);
 typedef struct ag_turn_outcome {
   ag_turn_status status;
   /* a reason code of DESIGN.md section 3, or final_answer,
-   * loop_breaking_tool, cancelled, model_error, script_exhausted */
+   * loop_breaking_tool, cancelled, model_error, script_exhausted (and
+   * out_of_memory, the one failure DESIGN.md does not name) */
   char reason[32];
   char message[1024]; /* for people: what happened and why */
   char *final_text;   /* the answer or partial answer (caller-owns), or NULL */
@@ -83,6 +84,9 @@ typedef struct ag_agent_opts {
   void *human_user;
   ag_event_fn on_event; /* may be NULL */
   void *event_user;
+  ag_delta_fn on_delta; /* streaming text of model replies as it arrives,
+                           on the turn's thread; may be NULL */
+  void *delta_user;
   size_t max_history_bytes; /* cap of the stored history (default 8 MiB):
                                oldest turns are dropped first, never the
                                system prompt or the current turn */
@@ -93,8 +97,8 @@ AG_EXTERN void ag_agent_opts_init(ag_agent_opts *o);
 
 typedef struct ag_agent ag_agent;
 
-/* Creates a session. Returns AG_OK, AG_EINVAL (no provider), AG_ECONFIG,
- * AG_ENOMEM, AG_EIO. */
+/* Creates a session: its guard and scheduler. Returns AG_OK, AG_EINVAL (no
+ * provider), AG_ECONFIG, AG_ENOMEM, AG_ECRYPTO, AG_EIO. */
 AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
                                 ag_error_t *err);
 AG_EXTERN void ag_agent_free(ag_agent *a);
@@ -105,7 +109,9 @@ AG_EXTERN void ag_agent_free(ag_agent *a);
  * model error. `cancel` (may be NULL) is the caller's token. Always fills
  * *out (also when the turn stops: nothing is lost) and leaves the session
  * ready for the next message. Returns AG_OK (the turn ran, whatever its
- * status) or AG_ENOMEM / AG_EINVAL.
+ * status), AG_EINVAL, AG_ENOMEM, or AG_EIO (no cancellation token could be
+ * made: nothing ran, *out is failed). Out of memory in the middle of a turn
+ * ends it failed with reason "out_of_memory".
  */
 AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
                                      ag_cancel *cancel, ag_turn_outcome *out,

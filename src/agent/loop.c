@@ -74,6 +74,8 @@ struct ag_agent {
   char *system_prompt;    /* copied, or NULL */
   ag_human_fn human;
   void *human_user;
+  ag_delta_fn on_delta; /* streaming text of model replies, or NULL */
+  void *delta_user;
   size_t max_history_bytes;
   uint64_t rng; /* xorshift64* state for network retry jitter */
 
@@ -222,6 +224,8 @@ AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
   a->provider = opts->provider;
   a->human = opts->human;
   a->human_user = opts->human_user;
+  a->on_delta = opts->on_delta;
+  a->delta_user = opts->delta_user;
   a->max_history_bytes = opts->max_history_bytes > 0 ? opts->max_history_bytes
                                                      : DEFAULT_HISTORY_BYTES;
   a->rng = opts->seed != 0 ? opts->seed
@@ -699,8 +703,8 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
     memset(&pe, 0, sizeof(pe));
     pe.retry_after_ms = -1;
     memset(reply, 0, sizeof(*reply));
-    ag_err_t rc =
-        ag_provider_complete(a->provider, &req, t->tt, NULL, NULL, reply, &pe);
+    ag_err_t rc = ag_provider_complete(a->provider, &req, t->tt, a->on_delta,
+                                       a->delta_user, reply, &pe);
     if (rc == AG_OK) {
       st = REQ_OK;
       break;

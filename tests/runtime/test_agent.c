@@ -1435,3 +1435,49 @@ Test(agent, bad_arguments_and_config) {
   cr_assert_not_null(ag_agent_guard(H.agent));
   teardown();
 }
+
+/* Streaming text reaches opts.on_delta (the scripted provider sends each
+ * reply's text as one delta). */
+typedef struct delta_sink {
+  char text[256];
+  int calls;
+} delta_sink;
+
+static int on_delta_cb(void *user, const char *text, size_t len) {
+  delta_sink *d = user;
+  size_t have = strlen(d->text);
+  if (have + len < sizeof(d->text)) {
+    memcpy(d->text + have, text, len);
+    d->text[have + len] = '\0';
+  }
+  d->calls++;
+  return 0;
+}
+
+Test(agent, streaming_deltas_reach_the_caller) {
+  json_error_t je;
+  json_t *turns = json_loads(
+      "[{\"user\": \"hi\", \"model\": [{\"text\": \"hello there\"}]}]", 0, &je);
+  cr_assert_not_null(turns, "%s", je.text);
+  ag_provider *p = NULL;
+  ag_error_t err;
+  cr_assert_eq(ag_provider_scripted_new(&p, turns, &err), AG_OK, "%s", err.msg);
+  json_decref(turns);
+  ag_agent_opts o;
+  ag_agent_opts_init(&o);
+  ag_config_preset(&o.config, "default", NULL);
+  o.provider = p;
+  delta_sink d = {"", 0};
+  o.on_delta = on_delta_cb;
+  o.delta_user = &d;
+  ag_agent *a = NULL;
+  cr_assert_eq(ag_agent_new(&a, &o, &err), AG_OK, "%s", err.msg);
+  ag_turn_outcome out;
+  cr_assert_eq(ag_agent_run_turn(a, "hi", NULL, &out, &err), AG_OK);
+  cr_assert_eq(out.status, AG_TURN_COMPLETED);
+  cr_assert_str_eq(d.text, "hello there");
+  cr_assert_eq(d.calls, 1);
+  ag_turn_outcome_clear(&out);
+  ag_agent_free(a);
+  ag_provider_free(p);
+}
