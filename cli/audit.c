@@ -1,7 +1,653 @@
-/* placeholder until this command lands (replaced by its owner) */
+/*
+ * cli/audit.c - `agentguard audit [options] PATH...`: replays recorded agent
+ * runs through the guard and reports where each would have stopped, how
+ * many steps that would have saved, and which successful runs it would have
+ * cut short. docs/audit.md is the user's page.
+ *
+ * Design. This file does the I/O the core must not do: it reads files and
+ * folders (a folder's own files named *.json, *.jsonl or *.ndjson, sorted,
+ * hidden ones skipped, subfolders not entered; a file named on the command
+ * line is read whatever its name; "-" is standard input), caps each input at
+ * 64 MiB, and prints. Parsing and the replay are ag_trajectory_parse and
+ * ag_auditor_run (include/agentguard/audit.h), the summary and the JSON are
+ * the core's too, so an embedding program gets the same numbers.
+ *
+ * Inputs are handled one at a time: read, parse, audit, print, free. Memory
+ * stays at one input's size whatever the number of files. A bad input
+ * (unreadable, too big, not JSON, unknown shape, a tool reply without its
+ * call, ...) is reported with its reason and skipped; the others still run.
+ *
+ * Exit codes (audit's own, documented in docs/audit.md): 0 every input was
+ * audited, whatever the guard found; 1 some inputs were skipped; 2 bad
+ * invocation (unknown option, bad preset or config, a PATH that does not
+ * exist, no input files): nothing ran. Stops are findings, not failures,
+ * so they never change the exit code (unlike simulate's 3).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "agentguard/audit.h"
 #include "cli.h"
+
+#define MAX_INPUT_BYTES ((size_t)64 << 20)
+#define MAX_CONFIG_BYTES ((size_t)1 << 20)
+
+static const char usage_text[] =
+    "usage: agentguard audit [options] PATH...\n"
+    "\n"
+    "Replays recorded agent runs through the guard: where would it have "
+    "stopped\neach run, for which reason, and how many steps would that "
+    "have saved?\n"
+    "\n"
+    "PATH is a file, a folder (its *.json, *.jsonl and *.ndjson files, not\n"
+    "subfolders) or - for standard input. Formats are detected: agentguard\n"
+    "trajectories ({\"steps\": ...}), OpenAI chat transcripts (an array of\n"
+    "messages, {\"messages\": [...]}, or JSON Lines of messages) and "
+    "agentguard\nevent logs (simulate --events).\n"
+    "\n"
+    "options:\n"
+    "  --preset NAME   the preset to audit with (default: default)\n"
+    "  --config FILE   a config file; with --preset, its keys go on top of "
+    "NAME\n"
+    "  --all-stops     also show each mechanism's first stop when it is the\n"
+    "                  only one on\n"
+    "  --json          JSON Lines on stdout: one object per run or skipped\n"
+    "                  input, then a summary (docs/audit.md)\n"
+    "  --quiet         the summary only (table output)\n"
+    "  -h, --help      this text\n"
+    "\n"
+    "Exit codes: 0 every input audited (whatever the guard found), 1 some\n"
+    "inputs were skipped, 2 invalid invocation (nothing ran).\n";
+
+typedef struct opts {
+  const char *preset;
+  const char *config;
+  bool all_stops;
+  bool json;
+  bool quiet;
+} opts;
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static char *xstrdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = malloc(n);
+  if (p == NULL) {
+    fprintf(stderr, "agentguard audit: out of memory\n");
+    exit(AG_EXIT_FAILURE);
+  }
+  memcpy(p, s, n);
+  return p;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  if (k > n)
+    return false;
+  for (size_t i = 0; i < k; i++) {
+    char a = s[n - k + i], b = suffix[i];
+    if (a >= 'A' && a <= 'Z')
+      a = (char)(a - 'A' + 'a');
+    if (a != b)
+      return false;
+  }
+  return true;
+}
+
+/* The name shown for an input: its base name without the extension. */
+static void run_label(const char *path, char *buf, size_t cap) {
+  if (strcmp(path, "-") == 0) {
+    snprintf(buf, cap, "(stdin)");
+    return;
+  }
+  const char *base = strrchr(path, '/');
+  base = base != NULL ? base + 1 : path;
+  snprintf(buf, cap, "%s", base);
+  static const char *const exts[] = {".json", ".jsonl", ".ndjson"};
+  for (size_t i = 0; i < sizeof(exts) / sizeof(exts[0]); i++) {
+    if (ends_with(buf, exts[i]) && strlen(buf) > strlen(exts[i])) {
+      buf[strlen(buf) - strlen(exts[i])] = '\0';
+      break;
+    }
+  }
+}
+
+/* Reads a whole file (or stdin for "-") up to `cap` bytes. Returns 0 and a
+ * malloc'd buffer, or -1 with a reason in why. */
+static int read_input(const char *path, size_t cap, char **out, size_t *len,
+                      char *why, size_t why_cap) {
+  *out = NULL;
+  *len = 0;
+  FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+  if (f == NULL) {
+    snprintf(why, why_cap, "cannot open: %s", strerror(errno));
+    return -1;
+  }
+  size_t bcap = 65536, n = 0;
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)) {
+    if ((uintmax_t)st.st_size > (uintmax_t)cap) {
+      snprintf(why, why_cap,
+               "larger than %zu MiB (%jd bytes); split it or audit a part",
+               cap >> 20, (intmax_t)st.st_size);
+      if (f != stdin)
+        fclose(f);
+      return -1;
+    }
+    bcap = (size_t)st.st_size + 1;
+  }
+  char *buf = malloc(bcap);
+  if (buf == NULL) {
+    snprintf(why, why_cap, "out of memory");
+    if (f != stdin)
+      fclose(f);
+    return -1;
+  }
+  for (;;) {
+    if (n == bcap) {
+      if (bcap > cap) {
+        snprintf(why, why_cap, "larger than %zu MiB", cap >> 20);
+        free(buf);
+        if (f != stdin)
+          fclose(f);
+        return -1;
+      }
+      size_t nc = bcap * 2 > cap + 1 ? cap + 1 : bcap * 2;
+      char *q = realloc(buf, nc);
+      if (q == NULL) {
+        snprintf(why, why_cap, "out of memory");
+        free(buf);
+        if (f != stdin)
+          fclose(f);
+        return -1;
+      }
+      buf = q;
+      bcap = nc;
+    }
+    size_t got = fread(buf + n, 1, bcap - n, f);
+    n += got;
+    if (got == 0)
+      break;
+  }
+  bool failed = ferror(f) != 0;
+  int e = errno;
+  if (f != stdin)
+    fclose(f);
+  if (failed) {
+    snprintf(why, why_cap, "read error: %s", strerror(e));
+    free(buf);
+    return -1;
+  }
+  if (n > cap) {
+    snprintf(why, why_cap, "larger than %zu MiB", cap >> 20);
+    free(buf);
+    return -1;
+  }
+  *out = buf;
+  *len = n;
+  return 0;
+}
+
+/* ---- the input list ----------------------------------------------------- */
+
+typedef struct inputs {
+  char **paths;
+  size_t n, cap;
+} inputs;
+
+static void inputs_add(inputs *in, char *path) {
+  if (in->n == in->cap) {
+    size_t nc = in->cap ? in->cap * 2 : 64;
+    char **p = realloc(in->paths, nc * sizeof(*p));
+    if (p == NULL) {
+      fprintf(stderr, "agentguard audit: out of memory\n");
+      exit(AG_EXIT_FAILURE);
+    }
+    in->paths = p;
+    in->cap = nc;
+  }
+  in->paths[in->n++] = path;
+}
+
+static void inputs_free(inputs *in) {
+  for (size_t i = 0; i < in->n; i++)
+    free(in->paths[i]);
+  free(in->paths);
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Adds the files of folder `dir`; returns -1 (message printed) when it
+ * cannot be listed. */
+static int add_folder(inputs *in, const char *dir) {
+  DIR *d = opendir(dir);
+  if (d == NULL) {
+    fprintf(stderr, "agentguard audit: %s: cannot list: %s\n", dir,
+            strerror(errno));
+    return -1;
+  }
+  size_t first = in->n;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    const char *name = e->d_name;
+    if (name[0] == '.')
+      continue; /* hidden files, "." and ".." */
+    if (!ends_with(name, ".json") && !ends_with(name, ".jsonl") &&
+        !ends_with(name, ".ndjson"))
+      continue;
+    size_t need = strlen(dir) + 1 + strlen(name) + 1;
+    char *p = malloc(need);
+    if (p == NULL) {
+      closedir(d);
+      fprintf(stderr, "agentguard audit: out of memory\n");
+      exit(AG_EXIT_FAILURE);
+    }
+    bool slash = dir[0] != '\0' && dir[strlen(dir) - 1] == '/';
+    snprintf(p, need, "%s%s%s", dir, slash ? "" : "/", name);
+    struct stat st;
+    if (stat(p, &st) != 0 || !S_ISREG(st.st_mode)) {
+      free(p); /* subfolders and special files are not entered */
+      continue;
+    }
+    inputs_add(in, p);
+  }
+  closedir(d);
+  qsort(in->paths + first, in->n - first, sizeof(*in->paths), cmp_str);
+  return 0;
+}
+
+/* ---- the config --------------------------------------------------------- */
+
+/* --config FILE on top of --preset NAME: the file's keys over the preset.
+ * A file that names another preset is a conflict. */
+static int load_config(const opts *o, ag_config *cfg) {
+  ag_error_t err;
+  if (o->config == NULL) {
+    const char *name = o->preset != NULL ? o->preset : "default";
+    if (ag_config_preset(cfg, name, &err) != AG_OK) {
+      fprintf(stderr, "agentguard audit: %s\n", err.msg);
+      return -1;
+    }
+    return 0;
+  }
+  if (o->preset == NULL) {
+    if (ag_config_load_file(cfg, o->config, &err) != AG_OK) {
+      fprintf(stderr, "agentguard audit: %s\n", err.msg);
+      return -1;
+    }
+    return 0;
+  }
+  char *buf;
+  size_t len;
+  char why[256];
+  if (read_input(o->config, MAX_CONFIG_BYTES, &buf, &len, why, sizeof(why))) {
+    fprintf(stderr, "agentguard audit: %s: %s\n", o->config, why);
+    return -1;
+  }
+  json_error_t je;
+  json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+  free(buf);
+  if (!json_is_object(root)) {
+    if (root == NULL)
+      fprintf(stderr, "agentguard audit: %s: line %d, column %d: %s\n",
+              o->config, je.line, je.column, je.text);
+    else
+      fprintf(stderr, "agentguard audit: %s: a config must be a JSON object\n",
+              o->config);
+    json_decref(root);
+    return -1;
+  }
+  const char *named = json_string_value(json_object_get(root, "preset"));
+  if (named != NULL && strcmp(named, o->preset) != 0) {
+    fprintf(stderr,
+            "agentguard audit: --preset %s conflicts with \"preset\": \"%s\" "
+            "in %s; give one\n",
+            o->preset, named, o->config);
+    json_decref(root);
+    return -1;
+  }
+  json_object_set_new(root, "preset", json_string(o->preset));
+  char *text = json_dumps(root, JSON_COMPACT);
+  json_decref(root);
+  if (text == NULL) {
+    fprintf(stderr, "agentguard audit: out of memory\n");
+    return -1;
+  }
+  ag_err_t rc = ag_config_parse(cfg, text, strlen(text), &err);
+  free(text);
+  if (rc != AG_OK) {
+    fprintf(stderr, "agentguard audit: %s: %s\n", o->config, err.msg);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- output ------------------------------------------------------------- */
+
+#define LABEL_MIN 12
+#define LABEL_MAX 72
+#define MSG_W 64
+
+/* Prints at most `w` bytes of `s`, cut on a UTF-8 boundary, with "…" when
+ * cut; newlines become spaces. */
+static void put_cut(const char *s, size_t w) {
+  size_t n = strlen(s);
+  bool cut = n > w;
+  if (cut) {
+    n = w > 3 ? w - 3 : w;
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+      n--;
+  }
+  for (size_t i = 0; i < n; i++)
+    putchar(s[i] == '\n' || s[i] == '\t' ? ' ' : s[i]);
+  if (cut)
+    fputs("...", stdout);
+}
+
+static void print_header(int w) {
+  printf("%-*s %-10s %5s %5s %4s %-18s %5s  %s\n", w, "RUN", "OUTCOME", "STEPS",
+         "STOP", "TURN", "REASON", "SAVED", "MESSAGE");
+}
+
+static void print_row(int w, const char *label, const ag_trajectory *t,
+                      const ag_audit_finding *f) {
+  char lab[LABEL_MAX + 1];
+  snprintf(lab, sizeof(lab), "%s", label);
+  printf("%-*s %-10s %5d ", w, lab, ag_run_outcome_name(t->outcome), f->steps);
+  if (!f->stop.stopped) {
+    printf("%5s %4s %-18s %5s\n", "-", "-", "-", "-");
+  } else {
+    char reason[40];
+    snprintf(reason, sizeof(reason), "%s%s", ag_reason_name(f->stop.reason),
+             f->stop.action == AG_ESCALATE ? "*" : "");
+    printf("%5d %4d %-18s %5d  ", f->stop.step, f->stop.turn, reason,
+           f->stop.steps_after);
+    put_cut(f->stop.message, MSG_W);
+    putchar('\n');
+  }
+  if (f->all_stops) {
+    printf("%*s alone:", w, "");
+    bool any = false;
+    for (int r = 1; r < AG_REASON__COUNT; r++) {
+      if (!f->mechanism_on[r])
+        continue;
+      const ag_audit_stop *s = &f->by_mechanism[r];
+      if (s->stopped)
+        printf(" %s@%d", ag_reason_name((ag_reason)r), s->step);
+      else
+        printf(" %s -", ag_reason_name((ag_reason)r));
+      any = true;
+    }
+    if (!any)
+      printf(" (no mechanism enabled)");
+    putchar('\n');
+  }
+}
+
+typedef struct cut_short {
+  char *label;
+  int step, steps;
+  ag_reason reason;
+} cut_short;
+
+static void print_summary(const opts *o, const ag_config *cfg,
+                          const ag_audit_summary *s, const cut_short *cs,
+                          size_t n_cs, double secs) {
+  printf("\nsummary: preset %s%s%s, %d run%s audited, %d skipped, "
+         "%.3f s\n",
+         cfg->preset[0] ? cfg->preset : "(custom)",
+         o->config != NULL ? " + " : "", o->config != NULL ? o->config : "",
+         s->runs, s->runs == 1 ? "" : "s", s->skipped, secs);
+  printf("  %-11s %5s %8s %7s %7s %7s\n", "outcome", "runs", "stopped", "steps",
+         "saved", "share");
+  static const ag_run_outcome order[] = {AG_RUN_RESOLVED, AG_RUN_UNRESOLVED,
+                                         AG_RUN_UNKNOWN};
+  for (size_t k = 0; k < 3; k++) {
+    int i = (int)order[k];
+    printf("  %-11s %5d %8d %7ld %7ld %6.1f%%\n", ag_run_outcome_name(order[k]),
+           s->runs_by_outcome[i], s->stopped_by_outcome[i],
+           s->steps_by_outcome[i], s->saved_by_outcome[i],
+           100.0 * ag_audit_summary_saved_share(s, order[k]));
+  }
+  printf("  steps saved in unresolved runs: %.1f%%\n",
+         100.0 * ag_audit_summary_saved_share(s, AG_RUN_UNRESOLVED));
+  printf("  stops by reason:");
+  bool any = false;
+  for (int r = 1; r < AG_REASON__COUNT; r++) {
+    if (s->stops_by_reason[r] == 0)
+      continue;
+    printf(" %s %d", ag_reason_name((ag_reason)r), s->stops_by_reason[r]);
+    any = true;
+  }
+  printf("%s\n", any ? "" : " none");
+  if (s->escalations > 0)
+    printf("  escalations (counted as stops, marked *): %d\n", s->escalations);
+  if (s->held_back > 0)
+    printf("  calls a nudge would have held back: %d\n", s->held_back);
+  if (s->all_stops) {
+    printf("  runs each mechanism alone would stop:");
+    for (int r = 1; r < AG_REASON__COUNT; r++)
+      if (s->mechanism_on[r])
+        printf(" %s %d", ag_reason_name((ag_reason)r), s->mechanism_stops[r]);
+    putchar('\n');
+  }
+  if (n_cs == 0) {
+    printf("  resolved runs cut short: none\n");
+  } else {
+    printf("  resolved runs cut short (%zu):\n", n_cs);
+    for (size_t i = 0; i < n_cs; i++)
+      printf("    %s at step %d of %d (%s)\n", cs[i].label, cs[i].step,
+             cs[i].steps, ag_reason_name(cs[i].reason));
+  }
+}
+
+/* ---- the command -------------------------------------------------------- */
+
+static int parse_args(int argc, char **argv, opts *o, inputs *in) {
+  bool done_opts = false;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!done_opts && strcmp(a, "--") == 0) {
+      done_opts = true;
+    } else if (!done_opts &&
+               (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)) {
+      fputs(usage_text, stdout);
+      return 1;
+    } else if (!done_opts &&
+               (strcmp(a, "--preset") == 0 || strcmp(a, "--config") == 0)) {
+      if (i + 1 >= argc) {
+        fprintf(stderr, "agentguard audit: %s needs a value\n", a);
+        return -1;
+      }
+      if (a[2] == 'p')
+        o->preset = argv[++i];
+      else
+        o->config = argv[++i];
+    } else if (!done_opts && strncmp(a, "--preset=", 9) == 0) {
+      o->preset = a + 9;
+    } else if (!done_opts && strncmp(a, "--config=", 9) == 0) {
+      o->config = a + 9;
+    } else if (!done_opts && strcmp(a, "--all-stops") == 0) {
+      o->all_stops = true;
+    } else if (!done_opts && strcmp(a, "--json") == 0) {
+      o->json = true;
+    } else if (!done_opts &&
+               (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0)) {
+      o->quiet = true;
+    } else if (!done_opts && a[0] == '-' && a[1] != '\0') {
+      fprintf(stderr,
+              "agentguard audit: unknown option '%s' (see agentguard audit "
+              "--help)\n",
+              a);
+      return -1;
+    } else {
+      struct stat st;
+      if (strcmp(a, "-") == 0) {
+        inputs_add(in, xstrdup(a));
+      } else if (stat(a, &st) != 0) {
+        fprintf(stderr, "agentguard audit: %s: %s\n", a, strerror(errno));
+        return -1;
+      } else if (S_ISDIR(st.st_mode)) {
+        size_t before = in->n;
+        if (add_folder(in, a) != 0)
+          return -1;
+        if (in->n == before)
+          fprintf(stderr,
+                  "agentguard audit: %s: no *.json, *.jsonl or *.ndjson "
+                  "files in this folder\n",
+                  a);
+      } else {
+        inputs_add(in, xstrdup(a));
+      }
+    }
+  }
+  return 0;
+}
+
 int cli_audit(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "agentguard: '%s' is not built yet\n", argv[0]);
-  return AG_EXIT_FAILURE;
+  opts o;
+  memset(&o, 0, sizeof(o));
+  inputs in;
+  memset(&in, 0, sizeof(in));
+  int pr = parse_args(argc, argv, &o, &in);
+  if (pr != 0) {
+    inputs_free(&in);
+    return pr > 0 ? AG_EXIT_OK : AG_EXIT_USAGE;
+  }
+  if (in.n == 0) {
+    fprintf(stderr, "agentguard audit: no input files (give files or "
+                    "folders of recorded runs; --help)\n");
+    inputs_free(&in);
+    return AG_EXIT_USAGE;
+  }
+  ag_config cfg;
+  if (load_config(&o, &cfg) != 0) {
+    inputs_free(&in);
+    return AG_EXIT_USAGE;
+  }
+  ag_audit_opts ao;
+  ag_audit_opts_init(&ao);
+  ao.all_stops = o.all_stops;
+  ag_auditor *aud = NULL;
+  ag_error_t err;
+  if (ag_auditor_new(&aud, &cfg, &ao, &err) != AG_OK) {
+    fprintf(stderr, "agentguard audit: %s\n", err.msg);
+    inputs_free(&in);
+    return AG_EXIT_USAGE;
+  }
+  const char *preset = cfg.preset[0] ? cfg.preset : NULL;
+
+  ag_audit_summary sum;
+  ag_audit_summary_init(&sum);
+  cut_short *cs = NULL;
+  size_t n_cs = 0;
+  int width = LABEL_MIN;
+  for (size_t i = 0; i < in.n; i++) {
+    char label[512];
+    run_label(in.paths[i], label, sizeof(label));
+    int l = (int)strlen(label);
+    if (l > width)
+      width = l > LABEL_MAX ? LABEL_MAX : l;
+  }
+  double t0 = now_s();
+  bool header = false;
+  for (size_t i = 0; i < in.n; i++) {
+    const char *path = in.paths[i];
+    char label[512];
+    run_label(path, label, sizeof(label));
+    char *buf = NULL;
+    size_t len = 0;
+    char why[AG_ERROR_MSG_MAX + 64];
+    ag_trajectory *t = NULL;
+    ag_audit_finding f;
+    bool ok =
+        read_input(path, MAX_INPUT_BYTES, &buf, &len, why, sizeof(why)) == 0;
+    if (ok) {
+      ag_traj_opts to;
+      ag_traj_opts_init(&to);
+      to.max_bytes = MAX_INPUT_BYTES;
+      ok = ag_trajectory_parse(&t, buf, len, &to, &err) == AG_OK;
+      if (!ok)
+        snprintf(why, sizeof(why), "%s", err.msg);
+    }
+    free(buf);
+    if (ok) {
+      ok = ag_auditor_run(aud, t, &f, &err) == AG_OK;
+      if (!ok)
+        snprintf(why, sizeof(why), "%s", err.msg);
+    }
+    if (!ok) {
+      ag_audit_summary_add_skipped(&sum);
+      fprintf(stderr, "agentguard audit: %s: skipped: %s\n", path, why);
+      if (o.json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "type", json_string("skipped"));
+        json_object_set_new(j, "file", json_string(path));
+        json_object_set_new(j, "error", json_string(why));
+        char *line = json_dumps(j, JSON_COMPACT);
+        if (line != NULL)
+          puts(line);
+        free(line);
+        json_decref(j);
+      }
+      ag_trajectory_free(t);
+      continue;
+    }
+    ag_audit_summary_add(&sum, t, &f);
+    if (f.stop.stopped && t->outcome == AG_RUN_RESOLVED) {
+      cut_short *q = realloc(cs, (n_cs + 1) * sizeof(*cs));
+      if (q != NULL) {
+        cs = q;
+        cs[n_cs].label = xstrdup(label);
+        cs[n_cs].step = f.stop.step;
+        cs[n_cs].steps = f.steps;
+        cs[n_cs].reason = f.stop.reason;
+        n_cs++;
+      }
+    }
+    if (o.json) {
+      char *line = NULL;
+      if (ag_audit_finding_json(path, preset, t, &f, &line, &err) == AG_OK)
+        puts(line);
+      ag_free(line);
+    } else if (!o.quiet) {
+      if (!header)
+        print_header(width);
+      header = true;
+      print_row(width, label, t, &f);
+    }
+    ag_trajectory_free(t);
+  }
+  double secs = now_s() - t0;
+
+  if (o.json) {
+    char *line = NULL;
+    if (ag_audit_summary_json(preset, &sum, &line, &err) == AG_OK)
+      puts(line);
+    ag_free(line);
+  } else {
+    print_summary(&o, &cfg, &sum, cs, n_cs, secs);
+  }
+  fflush(stdout);
+  for (size_t i = 0; i < n_cs; i++)
+    free(cs[i].label);
+  free(cs);
+  ag_auditor_free(aud);
+  inputs_free(&in);
+  return sum.skipped > 0 ? AG_EXIT_FAILURE : AG_EXIT_OK;
 }

@@ -1,3 +1,1285 @@
-/* placeholder until this module lands */
+/*
+ * src/core/trajectory.c - recorded agent runs: parsing five input formats
+ * from a memory buffer into the neutral ag_trajectory (agentguard/audit.h).
+ *
+ * Design. jansson parses the buffer once; the tree is kept alive inside the
+ * trajectory and every text the run needs (tool names, arguments sent as
+ * strings, results) is borrowed from it, so nothing large is copied. Only
+ * what has no string in the tree is written to a small arena: arguments
+ * given as JSON objects (dumped compact; the guard canonicalizes them, so
+ * key order and number spelling do not matter), chat contents given as
+ * arrays of parts (joined), and synthesised texts.
+ *
+ * While parsing, calls and results go into growable vectors and steps and
+ * turns hold offsets into them, because a chat transcript answers calls
+ * later, by id, and vectors move when they grow. Once the run is complete
+ * the offsets become the pointers of the public structs. Every vector is
+ * capped by ag_traj_opts (steps per run, calls per step) and the input by
+ * max_bytes, so a hostile file cannot grow anything without bound.
+ *
+ * Format detection looks at the shape, not at a file name: a document that
+ * starts with '[' is a chat array (or an array of events); one that starts
+ * with '{' is tried as one JSON value first (a neutral trajectory, or an
+ * object with "messages"), then, when that fails with more data after the
+ * first value, as JSON Lines, each line parsed on its own so that errors
+ * name the line. Numbers are read as doubles (JSON_DECODE_INT_AS_REAL):
+ * an integer too large for jansson's int then parses, and the guard's
+ * signatures treat 5 and 5.0 alike anyway.
+ *
+ * Pure: no I/O, no clock, no globals. Rejected: a hand-written streaming
+ * parser (jansson is the project's JSON library; the audit's speed target is
+ * met with it, see docs/audit.md), and copying every text out of the tree
+ * (it doubled the parse time of the bundled trajectories).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "agentguard/audit.h"
 #include "internal.h"
-typedef int ag__placeholder_trajectory;
+
+#define JFLAGS (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL)
+
+/* ------------------------------------------------------------------------ */
+/* Names and options                                                        */
+/* ------------------------------------------------------------------------ */
+
+AG_EXTERN const char *ag_traj_format_name(ag_traj_format f) {
+  switch (f) {
+  case AG_TRAJ_AUTO:
+    return "auto";
+  case AG_TRAJ_NEUTRAL:
+    return "trajectory";
+  case AG_TRAJ_CHAT:
+    return "chat";
+  case AG_TRAJ_CHAT_OBJECT:
+    return "chat-object";
+  case AG_TRAJ_CHAT_JSONL:
+    return "chat-jsonl";
+  case AG_TRAJ_EVENTS:
+    return "events";
+  }
+  return "unknown";
+}
+
+AG_EXTERN const char *ag_run_outcome_name(ag_run_outcome o) {
+  switch (o) {
+  case AG_RUN_RESOLVED:
+    return "resolved";
+  case AG_RUN_UNRESOLVED:
+    return "unresolved";
+  case AG_RUN_UNKNOWN:
+    break;
+  }
+  return "unknown";
+}
+
+AG_EXTERN void ag_traj_opts_init(ag_traj_opts *opts) {
+  memset(opts, 0, sizeof(*opts));
+  opts->format = AG_TRAJ_AUTO;
+  opts->max_bytes = (size_t)64 << 20;
+  opts->max_steps = 1000000;
+  opts->max_calls = 4096;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Memory: an arena for the few texts that are not in the tree              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct achunk {
+  struct achunk *next;
+  size_t used, cap;
+  char data[];
+} achunk;
+
+/* What ag_trajectory.priv points at: the public struct comes first, so one
+ * allocation holds both. */
+typedef struct traj_full {
+  ag_trajectory pub;
+  json_t *root; /* every borrowed string lives in here */
+  achunk *chunks;
+  ag_traj_turn *turns;
+  ag_traj_step *steps;
+  ag_traj_call *calls;
+  ag_traj_result *results;
+} traj_full;
+
+static char *arena_alloc(traj_full *f, size_t n) {
+  achunk *c = f->chunks;
+  if (c == NULL || c->cap - c->used < n) {
+    size_t cap = n > 16384 ? n : 16384;
+    c = malloc(sizeof(*c) + cap);
+    if (c == NULL)
+      return NULL;
+    c->used = 0;
+    c->cap = cap;
+    c->next = f->chunks;
+    f->chunks = c;
+  }
+  char *p = c->data + c->used;
+  c->used += n;
+  return p;
+}
+
+static void traj_full_free(traj_full *f) {
+  if (f == NULL)
+    return;
+  json_decref(f->root);
+  for (achunk *c = f->chunks; c != NULL;) {
+    achunk *next = c->next;
+    free(c);
+    c = next;
+  }
+  free(f->turns);
+  free(f->steps);
+  free(f->calls);
+  free(f->results);
+  free(f);
+}
+
+AG_EXTERN void ag_trajectory_free(ag_trajectory *t) {
+  if (t == NULL)
+    return;
+  traj_full_free((traj_full *)t->priv);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The builder                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bstep {
+  size_t call0, n_calls, res0, n_results;
+  bool rejected;
+  bool has_response; /* events: a model_response was seen */
+  int iteration;     /* events: the "iteration" it belongs to, else 0 */
+  size_t origin;     /* the message / step / event that opened it */
+  long origin_line;  /* its line in JSON Lines, else 0 */
+  int64_t t_req, t_resp, t_done;
+} bstep;
+
+typedef struct bturn {
+  size_t step0, n_steps;
+  int64_t t_start;
+} bturn;
+
+typedef struct builder {
+  const ag_traj_opts *o;
+  ag_error_t *err;
+  traj_full *f;
+  /* calls and the results that answer them; ids and `answered` run
+   * parallel to them */
+  ag_traj_call *calls;
+  const char **ids;
+  size_t n_calls, cap_calls;
+  ag_traj_result *results;
+  bool *answered;
+  size_t n_results, cap_results;
+  bstep *steps;
+  size_t n_steps, cap_steps;
+  bturn *turns;
+  size_t n_turns, cap_turns;
+  bool new_turn;      /* a user message arrived: the next step opens a turn */
+  int64_t new_turn_t; /* when it arrived, or -1 */
+  /* where we are, for messages: "message 7", "line 12", "step 3" */
+  const char *unit;
+  size_t unit_no;
+  long line; /* JSON Lines: the line of the current value, else 0 */
+} builder;
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap)
+    return 0;
+  size_t nc = *cap != 0 ? *cap : 16;
+  while (nc < need) {
+    if (nc > SIZE_MAX / 2)
+      return -1;
+    nc *= 2;
+  }
+  if (nc > SIZE_MAX / elem)
+    return -1;
+  void *q = realloc(*p, nc * elem);
+  if (q == NULL)
+    return -1;
+  *p = q;
+  *cap = nc;
+  return 0;
+}
+
+static void builder_free(builder *b) {
+  free(b->calls);
+  free(b->ids);
+  free(b->results);
+  free(b->answered);
+  free(b->steps);
+  free(b->turns);
+}
+
+/* An error at the current place in the input: "message 7: ..." */
+static ag_err_t fail(builder *b, ag_err_t code, const char *fmt, ...)
+    AG__PRINTF(3, 4);
+static ag_err_t fail(builder *b, ag_err_t code, const char *fmt, ...) {
+  char msg[AG_ERROR_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (b->unit != NULL && b->line > 0)
+    ag__set_error(b->err, code, -1, "line %ld (%s %zu): %s", b->line, b->unit,
+                  b->unit_no, msg);
+  else if (b->line > 0)
+    ag__set_error(b->err, code, -1, "line %ld: %s", b->line, msg);
+  else if (b->unit != NULL)
+    ag__set_error(b->err, code, -1, "%s %zu: %s", b->unit, b->unit_no, msg);
+  else
+    ag__set_error(b->err, code, -1, "%s", msg);
+  if (b->err != NULL && b->line > 0 && b->line <= 0x7fffffffL)
+    b->err->line = (int)b->line;
+  return code;
+}
+
+static ag_err_t nomem(builder *b) {
+  return ag__set_error(b->err, AG_ENOMEM, -1, "out of memory");
+}
+
+static const char *json_type_name(const json_t *v) {
+  switch (json_typeof(v)) {
+  case JSON_OBJECT:
+    return "an object";
+  case JSON_ARRAY:
+    return "an array";
+  case JSON_STRING:
+    return "a string";
+  case JSON_INTEGER:
+  case JSON_REAL:
+    return "a number";
+  case JSON_TRUE:
+  case JSON_FALSE:
+    return "a boolean";
+  case JSON_NULL:
+    return "null";
+  }
+  return "a value";
+}
+
+/* A user message arrived at `t`: the next step opens a new turn. */
+static void b_user(builder *b, int64_t t) {
+  if (!b->new_turn)
+    b->new_turn_t = t;
+  b->new_turn = true;
+}
+
+/* Opens a step (and a turn when a user message came first or there is no
+ * turn yet). */
+static ag_err_t b_step(builder *b, int iteration) {
+  if (b->n_steps >= b->o->max_steps)
+    return fail(b, AG_ETOOBIG, "more than %zu steps in one run",
+                b->o->max_steps);
+  if (b->n_turns == 0 || (b->new_turn && b->turns[b->n_turns - 1].n_steps)) {
+    if (grow((void **)&b->turns, &b->cap_turns, b->n_turns + 1,
+             sizeof(*b->turns)))
+      return nomem(b);
+    bturn *t = &b->turns[b->n_turns++];
+    t->step0 = b->n_steps;
+    t->n_steps = 0;
+    t->t_start = b->new_turn ? b->new_turn_t : -1;
+  } else if (b->new_turn && b->turns[b->n_turns - 1].t_start < 0) {
+    b->turns[b->n_turns - 1].t_start = b->new_turn_t;
+  }
+  b->new_turn = false;
+  if (grow((void **)&b->steps, &b->cap_steps, b->n_steps + 1,
+           sizeof(*b->steps)))
+    return nomem(b);
+  bstep *s = &b->steps[b->n_steps++];
+  memset(s, 0, sizeof(*s));
+  s->call0 = b->n_calls;
+  s->res0 = b->n_results;
+  s->iteration = iteration;
+  s->origin = b->unit_no;
+  s->origin_line = b->line;
+  s->t_req = s->t_resp = s->t_done = -1;
+  b->turns[b->n_turns - 1].n_steps++;
+  return AG_OK;
+}
+
+static bstep *cur_step(builder *b) {
+  return b->n_steps > 0 ? &b->steps[b->n_steps - 1] : NULL;
+}
+
+/* Appends a result (unanswered, outcome skipped, text "") to the current
+ * step. */
+static ag_err_t b_result(builder *b) {
+  size_t cap = b->cap_results;
+  if (grow((void **)&b->results, &b->cap_results, b->n_results + 1,
+           sizeof(*b->results)))
+    return nomem(b);
+  if (b->cap_results != cap) {
+    bool *a = realloc(b->answered, b->cap_results * sizeof(*a));
+    if (a == NULL)
+      return nomem(b);
+    b->answered = a;
+  }
+  ag_traj_result *r = &b->results[b->n_results];
+  r->outcome = AG_OUTCOME_SKIPPED;
+  r->category = AG_CAT__COUNT;
+  r->text = "";
+  r->text_len = 0;
+  b->answered[b->n_results] = false;
+  b->n_results++;
+  cur_step(b)->n_results++;
+  return AG_OK;
+}
+
+/* Appends a call to the current step; with `with_result`, also the result
+ * slot that answers it. */
+static ag_err_t b_call(builder *b, const char *name, const char *args,
+                       size_t args_len, const char *id, bool with_result) {
+  bstep *s = cur_step(b);
+  if (s->n_calls >= b->o->max_calls)
+    return fail(b, AG_ETOOBIG, "more than %zu tool calls in one step",
+                b->o->max_calls);
+  size_t cap = b->cap_calls;
+  if (grow((void **)&b->calls, &b->cap_calls, b->n_calls + 1,
+           sizeof(*b->calls)))
+    return nomem(b);
+  if (b->cap_calls != cap) {
+    const char **ids = realloc(b->ids, b->cap_calls * sizeof(*ids));
+    if (ids == NULL)
+      return nomem(b);
+    b->ids = ids;
+  }
+  ag_traj_call *c = &b->calls[b->n_calls];
+  c->name = name;
+  c->args = args;
+  c->args_len = args_len;
+  b->ids[b->n_calls] = id;
+  b->n_calls++;
+  s->n_calls++;
+  return with_result ? b_result(b) : AG_OK;
+}
+
+/* The arguments of a call: a string is the text as the model sent it; any
+ * other value is dumped compact; missing or null is "" (treated as {}). */
+static ag_err_t b_args(builder *b, const json_t *v, const char **out,
+                       size_t *len) {
+  if (v == NULL || json_is_null(v)) {
+    *out = "";
+    *len = 0;
+    return AG_OK;
+  }
+  if (json_is_string(v)) {
+    *out = json_string_value(v);
+    *len = json_string_length(v);
+    return AG_OK;
+  }
+  /* Dumped straight into the arena: first into what is left of its chunk,
+   * and only when that is too small into a chunk of the size needed. */
+  const size_t flags = JSON_COMPACT | JSON_ENCODE_ANY;
+  achunk *c = b->f->chunks;
+  size_t room = c != NULL ? c->cap - c->used : 0;
+  size_t need = json_dumpb(v, room > 0 ? c->data + c->used : NULL, room, flags);
+  if (need == 0)
+    return nomem(b);
+  if (need < room) { /* it fit, with room for the NUL */
+    char *p = arena_alloc(b->f, need + 1);
+    p[need] = '\0';
+    *out = p;
+    *len = need;
+    return AG_OK;
+  }
+  char *p = arena_alloc(b->f, need + 1);
+  if (p == NULL || json_dumpb(v, p, need, flags) != need)
+    return nomem(b);
+  p[need] = '\0';
+  *out = p;
+  *len = need;
+  return AG_OK;
+}
+
+/* A text that may be a string, null/missing (""), or an array of content
+ * parts ({"type":"text","text":…} or plain strings), joined by newlines. */
+static ag_err_t b_text(builder *b, const json_t *v, const char *what,
+                       const char **out, size_t *len) {
+  *out = "";
+  *len = 0;
+  if (v == NULL || json_is_null(v))
+    return AG_OK;
+  if (json_is_string(v)) {
+    *out = json_string_value(v);
+    *len = json_string_length(v);
+    return AG_OK;
+  }
+  const json_t *one[1];
+  const json_t *const *parts;
+  size_t n;
+  if (json_is_object(v)) {
+    one[0] = v;
+    parts = one;
+    n = 1;
+  } else if (json_is_array(v)) {
+    parts = NULL;
+    n = json_array_size(v);
+  } else {
+    return fail(b, AG_EINVAL,
+                "\"%s\" must be a string or an array of parts, got %s", what,
+                json_type_name(v));
+  }
+  size_t total = 0;
+  for (size_t pass = 0; pass < 2; pass++) {
+    char *dst = NULL;
+    if (pass == 1) {
+      dst = arena_alloc(b->f, total + 1);
+      if (dst == NULL)
+        return nomem(b);
+      *out = dst;
+    }
+    size_t used = 0, k = 0;
+    for (size_t i = 0; i < n; i++) {
+      const json_t *p = parts != NULL ? parts[i] : json_array_get(v, i);
+      const json_t *t = json_is_string(p) ? p : json_object_get(p, "text");
+      if (!json_is_string(t))
+        continue; /* images, audio: no text to judge */
+      size_t tl = json_string_length(t);
+      if (pass == 0) {
+        total += tl + (k > 0 ? 1 : 0);
+      } else {
+        if (k > 0)
+          dst[used++] = '\n';
+        memcpy(dst + used, json_string_value(t), tl);
+        used += tl;
+      }
+      k++;
+    }
+    if (pass == 1) {
+      dst[used] = '\0';
+      *len = used;
+    }
+  }
+  return AG_OK;
+}
+
+/* A timestamp field: a number >= 0, or -1 when absent. */
+static ag_err_t b_time(builder *b, const json_t *obj, const char *key,
+                       int64_t *out) {
+  const json_t *v = json_object_get(obj, key);
+  *out = -1;
+  if (v == NULL || json_is_null(v))
+    return AG_OK;
+  if (!json_is_number(v))
+    return fail(b, AG_EINVAL, "\"%s\" must be a number, got %s", key,
+                json_type_name(v));
+  double d = json_number_value(v);
+  if (!(d >= 0 && d < 9.0e15))
+    return fail(b, AG_EINVAL, "\"%s\" is out of range", key);
+  *out = (int64_t)d;
+  return AG_OK;
+}
+
+static ag_run_outcome parse_outcome(const json_t *obj) {
+  const char *s = json_string_value(json_object_get(obj, "outcome"));
+  if (s == NULL)
+    return AG_RUN_UNKNOWN;
+  if (strcmp(s, "resolved") == 0)
+    return AG_RUN_RESOLVED;
+  if (strcmp(s, "unresolved") == 0)
+    return AG_RUN_UNRESOLVED;
+  return AG_RUN_UNKNOWN;
+}
+
+static const char *parse_source(const json_t *obj) {
+  static const char *const keys[] = {"source", "id", "instance_id"};
+  for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+    const char *s = json_string_value(json_object_get(obj, keys[i]));
+    if (s != NULL)
+      return s;
+  }
+  return NULL;
+}
+
+static bool truthy(const json_t *v) {
+  return v != NULL && !json_is_null(v) && !json_is_false(v) &&
+         !(json_is_string(v) && json_string_length(v) == 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Neutral trajectories                                                     */
+/* ------------------------------------------------------------------------ */
+
+static ag_err_t parse_neutral(builder *b, const json_t *root) {
+  ag_err_t rc;
+  const json_t *steps = json_object_get(root, "steps");
+  if (!json_is_array(steps))
+    return fail(b, AG_EINVAL, "\"steps\" must be an array, got %s",
+                json_type_name(steps));
+  b->f->pub.outcome = parse_outcome(root);
+  b->f->pub.source = parse_source(root);
+  b->unit = "step";
+  for (size_t i = 0; i < json_array_size(steps); i++) {
+    const json_t *st = json_array_get(steps, i);
+    b->unit_no = i + 1;
+    if (!json_is_object(st))
+      return fail(b, AG_EINVAL, "must be an object, got %s",
+                  json_type_name(st));
+    const json_t *calls = json_object_get(st, "calls");
+    const json_t *results = json_object_get(st, "results");
+    if (calls != NULL && !json_is_array(calls))
+      return fail(b, AG_EINVAL, "\"calls\" must be an array, got %s",
+                  json_type_name(calls));
+    if (results != NULL && !json_is_array(results))
+      return fail(b, AG_EINVAL, "\"results\" must be an array, got %s",
+                  json_type_name(results));
+    if (calls == NULL && results == NULL)
+      return fail(b, AG_EINVAL, "has neither \"calls\" nor \"results\"");
+    size_t nc = json_array_size(calls), nr = json_array_size(results);
+
+    if (i > 0 && truthy(json_object_get(st, "user_msg_before")))
+      b_user(b, -1);
+    if ((rc = b_step(b, 0)) != AG_OK)
+      return rc;
+    bstep *s = cur_step(b);
+    if ((rc = b_time(b, st, "t_ms", &s->t_req)) != AG_OK ||
+        (rc = b_time(b, st, "t_done_ms", &s->t_done)) != AG_OK)
+      return rc;
+    s->t_resp = s->t_req;
+    if (s->t_done < 0)
+      s->t_done = s->t_req;
+
+    size_t n_rejected = 0;
+    for (size_t k = 0; k < nc; k++) {
+      const json_t *c = json_array_get(calls, k);
+      if (!json_is_object(c))
+        return fail(b, AG_EINVAL, "call %zu must be an object, got %s", k + 1,
+                    json_type_name(c));
+      const json_t *name = json_object_get(c, "name");
+      if (!json_is_string(name))
+        return fail(b, AG_EINVAL, "call %zu: \"name\" must be a string", k + 1);
+      const json_t *args = json_object_get(c, "args");
+      if (args == NULL)
+        args = json_object_get(c, "arguments");
+      const char *a;
+      size_t al;
+      if ((rc = b_args(b, args, &a, &al)) != AG_OK)
+        return rc;
+      if (truthy(json_object_get(c, "rejected_by_harness")))
+        n_rejected++;
+      if ((rc = b_call(b, json_string_value(name), a, al, NULL, false)) !=
+          AG_OK)
+        return rc;
+      s = cur_step(b);
+    }
+    bool rejected = truthy(json_object_get(st, "rejected_by_harness"));
+    if (n_rejected > 0 && n_rejected < nc && !rejected)
+      return fail(b, AG_EINVAL,
+                  "%zu of its %zu calls are rejected_by_harness: a rejected "
+                  "reply ran nothing, so all or none must be",
+                  n_rejected, nc);
+    rejected = rejected || (nc > 0 && n_rejected == nc);
+    s->rejected = rejected;
+    if (!rejected && nr != nc)
+      return fail(b, AG_EINVAL,
+                  "%zu calls but %zu results (each call needs its result)", nc,
+                  nr);
+
+    size_t keep = rejected ? 1 : nr; /* a rejection has one observation */
+    for (size_t k = 0; k < keep; k++) {
+      if ((rc = b_result(b)) != AG_OK)
+        return rc;
+      ag_traj_result *r = &b->results[b->n_results - 1];
+      b->answered[b->n_results - 1] = true;
+      const json_t *rv = json_array_get(results, k);
+      if (rv == NULL) { /* a rejection recorded without its observation */
+        r->outcome = AG_OUTCOME_ERROR;
+        continue;
+      }
+      if (!json_is_object(rv))
+        return fail(b, AG_EINVAL, "result %zu must be an object, got %s", k + 1,
+                    json_type_name(rv));
+      const json_t *ok = json_object_get(rv, "ok");
+      if (ok != NULL && !json_is_boolean(ok))
+        return fail(b, AG_EINVAL, "result %zu: \"ok\" must be true or false",
+                    k + 1);
+      const json_t *text = json_object_get(rv, "text");
+      if (text != NULL && !json_is_string(text) && !json_is_null(text))
+        return fail(b, AG_EINVAL, "result %zu: \"text\" must be a string",
+                    k + 1);
+      /* ok is authoritative: false is an error even without an error
+       * prefix; true (or absent) lets the guard apply its prefixes. */
+      r->outcome =
+          rejected || json_is_false(ok) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
+      if (json_is_string(text)) {
+        r->text = json_string_value(text);
+        r->text_len = json_string_length(text);
+      }
+    }
+  }
+  return AG_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* OpenAI chat transcripts                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* The first unanswered call of the current step, its id equal to `id` (any
+ * id when NULL, a legacy function reply matches by name instead). Returns
+ * the index in b->calls, or SIZE_MAX. */
+static size_t find_call(builder *b, const char *id, const char *by_name,
+                        bool *already) {
+  bstep *s = cur_step(b);
+  *already = false;
+  if (s == NULL || s->rejected)
+    return SIZE_MAX;
+  for (size_t k = 0; k < s->n_calls; k++) {
+    size_t ci = s->call0 + k, ri = s->res0 + k;
+    if (id != NULL) {
+      if (b->ids[ci] == NULL || strcmp(b->ids[ci], id) != 0)
+        continue;
+      if (b->answered[ri]) {
+        *already = true;
+        continue;
+      }
+      return ci;
+    }
+    if (b->answered[ri])
+      continue;
+    if (by_name != NULL && strcmp(b->calls[ci].name, by_name) != 0)
+      continue;
+    return ci;
+  }
+  return SIZE_MAX;
+}
+
+/* Every call of the current step must have its reply before `what`. */
+static ag_err_t check_answered(builder *b, const char *what) {
+  bstep *s = cur_step(b);
+  if (s == NULL)
+    return AG_OK;
+  for (size_t k = 0; k < s->n_calls; k++) {
+    if (b->answered[s->res0 + k])
+      continue;
+    const char *id = b->ids[s->call0 + k];
+    /* Named where the call was made, not where the reply was missed. */
+    b->unit_no = s->origin;
+    b->line = s->origin_line;
+    return fail(b, AG_EINVAL, "tool call %s%s%s(%s) has no tool reply %s",
+                id != NULL ? "'" : "", id != NULL ? id : "",
+                id != NULL ? "' " : "", b->calls[s->call0 + k].name, what);
+  }
+  return AG_OK;
+}
+
+static ag_err_t chat_assistant(builder *b, const json_t *m) {
+  ag_err_t rc;
+  if ((rc = check_answered(b, "before the next assistant message")) != AG_OK)
+    return rc;
+  const json_t *tcs = json_object_get(m, "tool_calls");
+  const json_t *fc = json_object_get(m, "function_call");
+  if (tcs != NULL && !json_is_null(tcs) && !json_is_array(tcs))
+    return fail(b, AG_EINVAL, "\"tool_calls\" must be an array, got %s",
+                json_type_name(tcs));
+  if ((rc = b_step(b, 0)) != AG_OK)
+    return rc;
+  for (size_t k = 0; k < json_array_size(tcs); k++) {
+    const json_t *tc = json_array_get(tcs, k);
+    if (!json_is_object(tc))
+      return fail(b, AG_EINVAL, "tool call %zu must be an object, got %s",
+                  k + 1, json_type_name(tc));
+    const json_t *fn = json_object_get(tc, "function");
+    const json_t *src = json_is_object(fn) ? fn : tc;
+    const json_t *name = json_object_get(src, "name");
+    if (!json_is_string(name))
+      return fail(b, AG_EINVAL, "tool call %zu has no function name", k + 1);
+    const json_t *id = json_object_get(tc, "id");
+    if (id != NULL && !json_is_string(id) && !json_is_null(id))
+      return fail(b, AG_EINVAL, "tool call %zu: \"id\" must be a string",
+                  k + 1);
+    const char *a;
+    size_t al;
+    if ((rc = b_args(b, json_object_get(src, "arguments"), &a, &al)) != AG_OK)
+      return rc;
+    if ((rc = b_call(b, json_string_value(name), a, al, json_string_value(id),
+                     true)) != AG_OK)
+      return rc;
+  }
+  if (json_array_size(tcs) == 0 && json_is_object(fc)) {
+    const json_t *name = json_object_get(fc, "name");
+    if (!json_is_string(name))
+      return fail(b, AG_EINVAL, "\"function_call\" has no name");
+    const char *a;
+    size_t al;
+    if ((rc = b_args(b, json_object_get(fc, "arguments"), &a, &al)) != AG_OK)
+      return rc;
+    if ((rc = b_call(b, json_string_value(name), a, al, NULL, true)) != AG_OK)
+      return rc;
+  }
+  return AG_OK;
+}
+
+static ag_err_t chat_tool(builder *b, const json_t *m, bool legacy) {
+  ag_err_t rc;
+  const json_t *idv = json_object_get(m, "tool_call_id");
+  if (idv != NULL && !json_is_string(idv) && !json_is_null(idv))
+    return fail(b, AG_EINVAL, "\"tool_call_id\" must be a string, got %s",
+                json_type_name(idv));
+  const char *id = json_string_value(idv);
+  const char *name =
+      legacy ? json_string_value(json_object_get(m, "name")) : NULL;
+  bool already;
+  size_t ci = find_call(b, id, name, &already);
+  if (ci == SIZE_MAX) {
+    if (already)
+      return fail(b, AG_EINVAL, "a second tool reply for call '%s'", id);
+    if (id != NULL)
+      return fail(b, AG_EINVAL,
+                  "tool reply for call '%s' without its call (no assistant "
+                  "tool call with that id is waiting for a reply)",
+                  id);
+    return fail(b, AG_EINVAL,
+                "tool reply without its call (no assistant tool call is "
+                "waiting for a reply)");
+  }
+  bstep *s = cur_step(b);
+  size_t ri = s->res0 + (ci - s->call0);
+  ag_traj_result *r = &b->results[ri];
+  if ((rc = b_text(b, json_object_get(m, "content"), "content", &r->text,
+                   &r->text_len)) != AG_OK)
+    return rc;
+  const json_t *ie = json_object_get(m, "is_error");
+  if (ie != NULL && !json_is_boolean(ie) && !json_is_null(ie))
+    return fail(b, AG_EINVAL, "\"is_error\" must be true or false");
+  /* Without an explicit is_error the guard's error prefixes decide. */
+  r->outcome = json_is_true(ie) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
+  b->answered[ri] = true;
+  return AG_OK;
+}
+
+static ag_err_t chat_message(builder *b, const json_t *m) {
+  ag_err_t rc;
+  if (!json_is_object(m))
+    return fail(b, AG_EINVAL, "a chat message must be an object, got %s",
+                json_type_name(m));
+  const json_t *rv = json_object_get(m, "role");
+  if (!json_is_string(rv))
+    return fail(b, AG_EINVAL, "not a chat message (no \"role\")");
+  const char *role = json_string_value(rv);
+  if (strcmp(role, "assistant") == 0)
+    return chat_assistant(b, m);
+  if (strcmp(role, "tool") == 0)
+    return chat_tool(b, m, false);
+  if (strcmp(role, "function") == 0)
+    return chat_tool(b, m, true);
+  if (strcmp(role, "user") == 0) {
+    if ((rc = check_answered(b, "before the next user message")) != AG_OK)
+      return rc;
+    b_user(b, -1);
+    return AG_OK;
+  }
+  if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0)
+    return AG_OK;
+  return fail(b, AG_EINVAL,
+              "unknown role '%.40s' (expected system, developer, user, "
+              "assistant, tool or function)",
+              role);
+}
+
+/* `lines` (may be NULL) gives each message's line in a JSON Lines input. */
+static ag_err_t parse_chat(builder *b, const json_t *msgs, const long *lines) {
+  ag_err_t rc;
+  b->unit = "message";
+  for (size_t i = 0; i < json_array_size(msgs); i++) {
+    b->unit_no = i + 1;
+    b->line = lines != NULL ? lines[i] : 0;
+    if ((rc = chat_message(b, json_array_get(msgs, i))) != AG_OK)
+      return rc;
+  }
+  return check_answered(b, "(the transcript ends)");
+}
+
+/* ------------------------------------------------------------------------ */
+/* agentguard event logs                                                    */
+/* ------------------------------------------------------------------------ */
+
+static int ev_int(const json_t *e, const char *key) {
+  const json_t *v = json_object_get(e, key);
+  if (!json_is_number(v))
+    return -1;
+  double d = json_number_value(v);
+  return d >= 0 && d < 2147483647.0 ? (int)d : -1;
+}
+
+/* The current step for an event of `iteration`, opened when needed. */
+static ag_err_t ev_step(builder *b, int iteration, bool fresh) {
+  bstep *s = cur_step(b);
+  bool same_turn =
+      b->n_turns > 0 && !b->new_turn && b->turns[b->n_turns - 1].n_steps > 0;
+  if (!fresh && s != NULL && same_turn && s->iteration == iteration)
+    return AG_OK;
+  return b_step(b, iteration);
+}
+
+/* The call of the current turn whose call_id is `id`, searching the newest
+ * steps first; SIZE_MAX when none. */
+static size_t ev_find(builder *b, const char *id) {
+  if (id == NULL || b->n_turns == 0)
+    return SIZE_MAX;
+  const bturn *t = &b->turns[b->n_turns - 1];
+  for (size_t si = t->step0 + t->n_steps; si-- > t->step0;) {
+    const bstep *s = &b->steps[si];
+    for (size_t k = 0; k < s->n_calls; k++) {
+      const char *cid = b->ids[s->call0 + k];
+      if (cid != NULL && strcmp(cid, id) == 0)
+        return s->call0 + k;
+    }
+  }
+  return SIZE_MAX;
+}
+
+static ag_traj_result *ev_result_of(builder *b, size_t ci) {
+  /* Event steps always give every call its result slot, in order. */
+  for (size_t si = b->n_steps; si-- > 0;) {
+    const bstep *s = &b->steps[si];
+    if (ci >= s->call0 && ci < s->call0 + s->n_calls)
+      return &b->results[s->res0 + (ci - s->call0)];
+  }
+  return NULL;
+}
+
+/* A model request that never got a reply (the request failed: model_error,
+ * or the turn was cancelled while waiting) is no step: the model said
+ * nothing the guard could judge. It can only be a turn's last step. */
+static void ev_drop_unanswered(builder *b) {
+  bstep *s = cur_step(b);
+  if (s == NULL || s->has_response || s->n_calls > 0)
+    return;
+  bturn *t = &b->turns[b->n_turns - 1];
+  if (t->step0 + t->n_steps != b->n_steps)
+    return;
+  b->n_steps--;
+  t->n_steps--;
+  if (t->n_steps == 0)
+    b->n_turns--;
+}
+
+static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
+  ag_err_t rc;
+  b->unit = "event";
+  for (size_t i = 0; i < json_array_size(evs); i++) {
+    const json_t *e = json_array_get(evs, i);
+    b->unit_no = i + 1;
+    b->line = lines != NULL ? lines[i] : 0;
+    if (!json_is_object(e))
+      return fail(b, AG_EINVAL, "an event must be an object, got %s",
+                  json_type_name(e));
+    const char *name = json_string_value(json_object_get(e, "event"));
+    if (name == NULL)
+      return fail(b, AG_EINVAL, "not an agentguard event (no \"event\")");
+    int iteration = ev_int(e, "iteration");
+    int64_t t;
+    if ((rc = b_time(b, e, "t_ms", &t)) != AG_OK)
+      return rc;
+
+    if (strcmp(name, "turn_start") == 0) {
+      ev_drop_unanswered(b);
+      /* A new user message: the next step opens a new turn. */
+      b->new_turn = true;
+      b->new_turn_t = t;
+    } else if (strcmp(name, "model_request") == 0) {
+      /* A new model request is a new step, unless the current step of this
+       * iteration has no reply yet (then it is the same request again). */
+      bstep *s = cur_step(b);
+      bool retry = s != NULL && !b->new_turn && s->iteration == iteration &&
+                   !s->has_response && s->n_calls == 0;
+      if (!retry && (rc = ev_step(b, iteration, true)) != AG_OK)
+        return rc;
+      if (cur_step(b)->t_req < 0)
+        cur_step(b)->t_req = t;
+    } else if (strcmp(name, "model_response") == 0) {
+      if ((rc = ev_step(b, iteration, false)) != AG_OK)
+        return rc;
+      bstep *s = cur_step(b);
+      s->has_response = true;
+      s->t_resp = t;
+      if (s->t_req < 0)
+        s->t_req = t;
+      if (s->t_done < 0)
+        s->t_done = t;
+    } else if (strcmp(name, "tool_call") == 0) {
+      if ((rc = ev_step(b, iteration, false)) != AG_OK)
+        return rc;
+      const json_t *nm = json_object_get(e, "name");
+      if (!json_is_string(nm))
+        return fail(b, AG_EINVAL, "tool_call without a \"name\"");
+      const char *a;
+      size_t al;
+      if ((rc = b_args(b, json_object_get(e, "arguments"), &a, &al)) != AG_OK)
+        return rc;
+      const char *id = json_string_value(json_object_get(e, "call_id"));
+      if ((rc = b_call(b, json_string_value(nm), a, al, id, true)) != AG_OK)
+        return rc;
+      bstep *s = cur_step(b);
+      if (s->t_req < 0)
+        s->t_req = t;
+      if (s->t_resp < 0)
+        s->t_resp = t;
+      if (s->t_done < t)
+        s->t_done = t;
+    } else if (strcmp(name, "tool_result") == 0 ||
+               strcmp(name, "tool_blocked") == 0 ||
+               strcmp(name, "approval") == 0) {
+      const char *id = json_string_value(json_object_get(e, "call_id"));
+      size_t ci = ev_find(b, id);
+      if (ci == SIZE_MAX)
+        return fail(b, AG_EINVAL, "%s for call '%.80s' without its tool_call",
+                    name, id != NULL ? id : "(no call_id)");
+      ag_traj_result *r = ev_result_of(b, ci);
+      size_t ri = (size_t)(r - b->results);
+      if (name[5] == 'r') { /* tool_result */
+        const json_t *ok = json_object_get(e, "ok");
+        if (!json_is_boolean(ok))
+          return fail(b, AG_EINVAL,
+                      "tool_result: \"ok\" must be true or "
+                      "false");
+        if ((rc = b_text(b, json_object_get(e, "text"), "text", &r->text,
+                         &r->text_len)) != AG_OK)
+          return rc;
+        /* A denied call (approval false came first) stays skipped: a
+         * denial is not an error. Otherwise "ok" is what the loop decided,
+         * error prefixes included, and "category" what it passed on. */
+        if (!(b->answered[ri] && r->outcome == AG_OUTCOME_SKIPPED)) {
+          r->outcome = json_is_true(ok) ? AG_OUTCOME_OK : AG_OUTCOME_ERROR;
+          r->category = json_is_false(ok)
+                            ? ag_category_from_name(json_string_value(
+                                  json_object_get(e, "category")))
+                            : AG_CAT__COUNT;
+        }
+        b->answered[ri] = true;
+        bstep *s = cur_step(b);
+        if (s != NULL && s->t_done < t)
+          s->t_done = t;
+      } else if (name[5] == 'b' ||
+                 json_is_false(json_object_get(e, "approved"))) { /* not run */
+        if (!b->answered[ri]) {
+          r->outcome = AG_OUTCOME_SKIPPED;
+          b->answered[ri] = true;
+        }
+      }
+    } else if (strcmp(name, "turn_end") == 0) {
+      /* nothing to keep: the next turn_start opens the next turn */
+    }
+    /* model retries, attempts, nudges, warnings, escalations, error
+     * context and unknown events carry nothing the replay needs */
+  }
+  ev_drop_unanswered(b);
+  b->line = 0;
+  b->unit = NULL;
+  /* Calls that never got a result did not run in the recording (the live
+   * guard stopped their batch): they stay AG_OUTCOME_SKIPPED. */
+  return AG_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Detection and the entry point                                            */
+/* ------------------------------------------------------------------------ */
+
+static ag_err_t json_fail(ag_error_t *err, const json_error_t *je,
+                          long line_base, long pos_base, const char *what) {
+  ag__set_error(err, AG_EJSON, pos_base + (long)je->position,
+                "invalid JSON%s%s at line %ld, column %d: %s",
+                what[0] ? " " : "", what, line_base + (long)je->line,
+                je->column, je->text);
+  if (err != NULL) {
+    err->line = (int)(line_base + je->line);
+    err->column = je->column;
+  }
+  return AG_EJSON;
+}
+
+typedef enum { KIND_OTHER, KIND_MESSAGE, KIND_EVENT } line_kind;
+
+static line_kind kind_of(const json_t *v) {
+  if (!json_is_object(v))
+    return KIND_OTHER;
+  if (json_is_string(json_object_get(v, "event")))
+    return KIND_EVENT;
+  if (json_is_string(json_object_get(v, "role")))
+    return KIND_MESSAGE;
+  return KIND_OTHER;
+}
+
+/* Parses JSON Lines: every non-blank line one value, collected into an
+ * array (new reference in *out); lines[i] is the 1-based line of value i
+ * (caller-owns, free). */
+static ag_err_t load_lines(const char *buf, size_t len, json_t **out,
+                           long **lines_out, ag_error_t *err) {
+  json_t *arr = json_array();
+  long *lines = NULL;
+  size_t cap = 0, n = 0;
+  if (arr == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  long lineno = 0;
+  for (size_t pos = 0; pos < len;) {
+    const char *nl = memchr(buf + pos, '\n', len - pos);
+    size_t end = nl != NULL ? (size_t)(nl - buf) : len;
+    lineno++;
+    size_t a = pos, z = end;
+    while (a < z && (buf[a] == ' ' || buf[a] == '\t' || buf[a] == '\r'))
+      a++;
+    if (a < z) {
+      json_error_t je;
+      json_t *v = json_loadb(buf + pos, end - pos, JFLAGS, &je);
+      if (v == NULL) {
+        json_decref(arr);
+        free(lines);
+        return json_fail(err, &je, lineno - 1, (long)pos, "");
+      }
+      if (grow((void **)&lines, &cap, n + 1, sizeof(*lines)) ||
+          json_array_append_new(arr, v) != 0) {
+        json_decref(arr);
+        free(lines);
+        return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+      }
+      lines[n++] = lineno;
+    }
+    pos = end + 1;
+  }
+  *out = arr;
+  *lines_out = lines;
+  return AG_OK;
+}
+
+static const char shape_help[] =
+    "expected a trajectory object with \"steps\", an array of chat messages, "
+    "an object with \"messages\", or JSON Lines of chat messages or "
+    "agentguard events";
+
+/* Checks that every value of `arr` is of `kind`; fills the builder's place
+ * for the message. */
+static ag_err_t check_lines(builder *b, const json_t *arr, const long *lines,
+                            line_kind kind) {
+  for (size_t i = 0; i < json_array_size(arr); i++) {
+    line_kind k = kind_of(json_array_get(arr, i));
+    if (k == kind)
+      continue;
+    b->line = lines != NULL ? lines[i] : 0;
+    b->unit = NULL;
+    if (b->line == 0) {
+      b->unit = "element";
+      b->unit_no = i + 1;
+    }
+    if (k == KIND_OTHER)
+      return fail(b, AG_EINVAL,
+                  "neither a chat message (\"role\") nor an "
+                  "agentguard event (\"event\")");
+    return fail(b, AG_EINVAL, "%s among %s",
+                k == KIND_EVENT ? "an agentguard event" : "a chat message",
+                kind == KIND_EVENT ? "agentguard events" : "chat messages");
+  }
+  return AG_OK;
+}
+
+static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
+  traj_full *f = b->f;
+  ag_error_t *err = b->err;
+  json_error_t je;
+  long *lines = NULL;
+  ag_err_t rc;
+  const ag_traj_format want = b->o->format;
+
+  if (len == 0)
+    return ag__set_error(err, AG_EINVAL, -1, "empty input: %s", shape_help);
+  bool lines_mode = want == AG_TRAJ_CHAT_JSONL || want == AG_TRAJ_EVENTS;
+  if (!lines_mode) {
+    f->root = json_loadb(buf, len, JFLAGS | JSON_DECODE_ANY, &je);
+    if (f->root == NULL) {
+      /* More data after one complete value: JSON Lines. Anything else
+       * (truncated, bad syntax) is reported as it is. */
+      bool extra = strstr(je.text, "end of file expected") != NULL;
+      if (!extra || buf[0] != '{' || want != AG_TRAJ_AUTO)
+        return json_fail(err, &je, 0, 0, "");
+      lines_mode = true;
+    }
+  }
+  if (lines_mode) {
+    if ((rc = load_lines(buf, len, &f->root, &lines, err)) != AG_OK)
+      return rc;
+    const json_t *first = json_array_get(f->root, 0);
+    line_kind k = kind_of(first);
+    if (want == AG_TRAJ_EVENTS)
+      k = KIND_EVENT;
+    else if (want == AG_TRAJ_CHAT_JSONL)
+      k = KIND_MESSAGE;
+    if (k == KIND_OTHER) {
+      long l0 = lines != NULL ? lines[0] : 1;
+      free(lines);
+      return ag__set_error(err, AG_EINVAL, -1, "line %ld: unknown shape: %s",
+                           l0, shape_help);
+    }
+    if ((rc = check_lines(b, f->root, lines, k)) != AG_OK) {
+      free(lines);
+      return rc;
+    }
+    f->pub.format = k == KIND_EVENT ? AG_TRAJ_EVENTS : AG_TRAJ_CHAT_JSONL;
+    rc = k == KIND_EVENT ? parse_events(b, f->root, lines)
+                         : parse_chat(b, f->root, lines);
+    free(lines);
+    return rc;
+  }
+
+  json_t *root = f->root;
+  if (json_is_array(root)) {
+    if (json_array_size(root) == 0)
+      return ag__set_error(err, AG_EINVAL, -1,
+                           "an empty array: no messages to audit");
+    line_kind k = kind_of(json_array_get(root, 0));
+    if (k == KIND_OTHER)
+      return ag__set_error(err, AG_EINVAL, -1,
+                           "unknown shape: an array whose first element is "
+                           "not a chat message; %s",
+                           shape_help);
+    if ((rc = check_lines(b, root, NULL, k)) != AG_OK)
+      return rc;
+    f->pub.format = k == KIND_EVENT ? AG_TRAJ_EVENTS : AG_TRAJ_CHAT;
+    return k == KIND_EVENT ? parse_events(b, root, NULL)
+                           : parse_chat(b, root, NULL);
+  }
+  if (!json_is_object(root))
+    return ag__set_error(err, AG_EINVAL, -1, "unknown shape: %s; %s",
+                         json_type_name(root), shape_help);
+  if (json_object_get(root, "steps") != NULL && want != AG_TRAJ_CHAT &&
+      want != AG_TRAJ_CHAT_OBJECT) {
+    f->pub.format = AG_TRAJ_NEUTRAL;
+    return parse_neutral(b, root);
+  }
+  const json_t *msgs = json_object_get(root, "messages");
+  if (msgs != NULL && want != AG_TRAJ_NEUTRAL) {
+    if (!json_is_array(msgs))
+      return ag__set_error(err, AG_EINVAL, -1,
+                           "\"messages\" must be an array, got %s",
+                           json_type_name(msgs));
+    f->pub.format = AG_TRAJ_CHAT_OBJECT;
+    f->pub.outcome = parse_outcome(root);
+    f->pub.source = parse_source(root);
+    return parse_chat(b, msgs, NULL);
+  }
+  /* A single line of JSON Lines. */
+  line_kind k = kind_of(root);
+  if (k != KIND_OTHER && want == AG_TRAJ_AUTO) {
+    json_t *arr = json_array();
+    if (arr == NULL || json_array_append(arr, root) != 0) {
+      json_decref(arr);
+      return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+    }
+    json_decref(f->root);
+    f->root = arr;
+    long one = 1;
+    f->pub.format = k == KIND_EVENT ? AG_TRAJ_EVENTS : AG_TRAJ_CHAT_JSONL;
+    return k == KIND_EVENT ? parse_events(b, arr, &one)
+                           : parse_chat(b, arr, &one);
+  }
+  return ag__set_error(err, AG_EINVAL, -1,
+                       "unknown shape: an object without \"steps\" or "
+                       "\"messages\"; %s",
+                       shape_help);
+}
+
+/* Turns the builder's offsets into the public arrays. */
+static ag_err_t finish(builder *b) {
+  traj_full *f = b->f;
+  ag_trajectory *t = &f->pub;
+  if (b->n_steps == 0)
+    return ag__set_error(b->err, AG_EINVAL, -1,
+                         "no steps: the recording holds no model reply to "
+                         "audit");
+  f->calls = b->calls;
+  f->results = b->results;
+  b->calls = NULL;
+  b->results = NULL;
+  f->steps = calloc(b->n_steps, sizeof(*f->steps));
+  f->turns = calloc(b->n_turns, sizeof(*f->turns));
+  if (f->steps == NULL || f->turns == NULL)
+    return ag__set_error(b->err, AG_ENOMEM, -1, "out of memory");
+  bool timed = true;
+  for (size_t i = 0; i < b->n_steps; i++) {
+    const bstep *s = &b->steps[i];
+    ag_traj_step *o = &f->steps[i];
+    o->calls = s->n_calls ? f->calls + s->call0 : NULL;
+    o->n_calls = s->n_calls;
+    o->results = s->n_results ? f->results + s->res0 : NULL;
+    o->n_results = s->n_results;
+    o->rejected = s->rejected;
+    o->t_request_ms = s->t_req;
+    o->t_response_ms = s->t_resp >= 0 ? s->t_resp : s->t_req;
+    o->t_done_ms = s->t_done >= 0 ? s->t_done : o->t_response_ms;
+    if (s->t_req < 0)
+      timed = false;
+    t->n_calls += s->n_calls;
+  }
+  for (size_t i = 0; i < b->n_turns; i++) {
+    f->turns[i].steps = f->steps + b->turns[i].step0;
+    f->turns[i].n_steps = b->turns[i].n_steps;
+    f->turns[i].t_start_ms = b->turns[i].t_start;
+    if (f->turns[i].t_start_ms < 0 && timed)
+      f->turns[i].t_start_ms = f->turns[i].steps[0].t_request_ms;
+  }
+  t->turns = f->turns;
+  t->n_turns = b->n_turns;
+  t->n_steps = b->n_steps;
+  t->timed = timed;
+  return AG_OK;
+}
+
+AG_EXTERN ag_err_t ag_trajectory_parse(ag_trajectory **out, const char *buf,
+                                       size_t len, const ag_traj_opts *opts,
+                                       ag_error_t *err) {
+  if (out == NULL)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "ag_trajectory_parse: out is NULL");
+  *out = NULL;
+  if (buf == NULL && len > 0)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "ag_trajectory_parse: buf is NULL");
+  ag_traj_opts o;
+  if (opts != NULL)
+    o = *opts;
+  else
+    ag_traj_opts_init(&o);
+  if (o.max_steps == 0 || o.max_calls == 0 || o.max_bytes == 0)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "ag_trajectory_parse: every limit must be positive");
+  if (len > o.max_bytes)
+    return ag__set_error(err, AG_ETOOBIG, -1,
+                         "input of %zu bytes is larger than the limit of %zu",
+                         len, o.max_bytes);
+  /* A UTF-8 byte-order mark and leading whitespace are not content. */
+  if (len >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0) {
+    buf += 3;
+    len -= 3;
+  }
+  while (len > 0 && (buf[0] == ' ' || buf[0] == '\t' || buf[0] == '\n' ||
+                     buf[0] == '\r')) {
+    buf++;
+    len--;
+  }
+
+  traj_full *f = calloc(1, sizeof(*f));
+  if (f == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  f->pub.priv = f;
+  f->pub.outcome = AG_RUN_UNKNOWN;
+  builder b;
+  memset(&b, 0, sizeof(b));
+  b.o = &o;
+  b.err = err;
+  b.f = f;
+  b.new_turn_t = -1;
+  ag_err_t rc = detect_and_parse(&b, buf, len);
+  if (rc == AG_OK)
+    rc = finish(&b);
+  builder_free(&b);
+  if (rc != AG_OK) {
+    traj_full_free(f);
+    return rc;
+  }
+  *out = &f->pub;
+  return AG_OK;
+}
