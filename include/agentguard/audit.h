@@ -86,12 +86,14 @@ typedef struct ag_traj_result {
 } ag_traj_result;
 
 /*
- * One step: one model reply and what it led to.
+ * One step: one model request, the reply and what it led to.
  *   - A normal step: n_results == n_calls, results[i] answers calls[i].
  *   - rejected (neutral "rejected_by_harness"): the harness refused the reply
  *     and nothing ran; calls are what the reply proposed (informational),
  *     n_results is 1 and results[0] is the harness's observation.
- *   - n_calls == 0 and !rejected: a reply without tool calls (a text answer).
+ *   - no_reply (event logs): a model request that got no reply (it failed,
+ *     or the guard refused it at the iteration cap); no calls, no results.
+ *   - otherwise n_calls == 0: a reply without tool calls (a text answer).
  * Times are milliseconds on the recording's clock, -1 when unknown.
  */
 typedef struct ag_traj_step {
@@ -100,6 +102,7 @@ typedef struct ag_traj_step {
   const ag_traj_result *results;
   size_t n_results;
   bool rejected;
+  bool no_reply;
   int64_t t_request_ms;  /* the model request started */
   int64_t t_response_ms; /* the reply arrived (calls checked) */
   int64_t t_done_ms;     /* the last result arrived */
@@ -255,7 +258,8 @@ AG_EXTERN const ag_config *ag_auditor_config(const ag_auditor *a);
  *     name "" and the harness's observation as text (like a reply without a
  *     tool call);
  *   - a step without calls: nothing more, or, with loop.require_tool_call,
- *     one error result with tool name "" (the live loop's rule).
+ *     one error result with tool name "" (the live loop's rule);
+ *   - a no_reply step: nothing more (only the iteration counts).
  * The replay ends at the first AG_STOP or AG_ESCALATE verdict. Time: the
  * recording's timestamps when t->timed, else time stands still within each
  * turn, so loop.max_turn_duration never trips on an untimed recording.

@@ -285,7 +285,9 @@ static ag_err_t replay(ag_auditor *a, ag_guard *g, const ag_trajectory *t,
       }
       ag_verdict v;
       ag_action act = ag_guard_begin_iteration(g, t_req, &v);
-      if (act == AG_ALLOW && (st->rejected || st->n_calls == 0)) {
+      if (act == AG_ALLOW && st->no_reply && !st->rejected) {
+        /* The request got no reply: only the iteration counted. */
+      } else if (act == AG_ALLOW && (st->rejected || st->n_calls == 0)) {
         /* Nothing ran: a refused reply, or a reply without a tool call. */
         ag_result r;
         memset(&r, 0, sizeof(r));

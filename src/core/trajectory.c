@@ -153,6 +153,7 @@ typedef struct bstep {
   size_t call0, n_calls, res0, n_results;
   bool rejected;
   bool has_response; /* events: a model_response was seen */
+  bool no_reply;     /* events: a request that got no reply */
   int iteration;     /* events: the "iteration" it belongs to, else 0 */
   size_t origin;     /* the message / step / event that opened it */
   long origin_line;  /* its line in JSON Lines, else 0 */
@@ -845,19 +846,60 @@ static ag_traj_result *ev_result_of(builder *b, size_t ci) {
 }
 
 /* A model request that never got a reply (the request failed: model_error,
- * or the turn was cancelled while waiting) is no step: the model said
- * nothing the guard could judge. It can only be a turn's last step. */
-static void ev_drop_unanswered(builder *b) {
+ * or the turn was cancelled while waiting) stays a step, marked no_reply:
+ * live it counted as an iteration, but the model said nothing to judge. */
+static void ev_close(builder *b) {
   bstep *s = cur_step(b);
-  if (s == NULL || s->has_response || s->n_calls > 0)
-    return;
-  bturn *t = &b->turns[b->n_turns - 1];
-  if (t->step0 + t->n_steps != b->n_steps)
-    return;
-  b->n_steps--;
-  t->n_steps--;
-  if (t->n_steps == 0)
-    b->n_turns--;
+  if (s != NULL && !s->has_response && s->n_calls == 0)
+    s->no_reply = true;
+}
+
+/*
+ * A turn stopped at the iteration cap of N: live, the guard refused request
+ * N+1. With loop.final_request_without_tools the loop then made that
+ * request without tools (the wrap-up), so it is in the log as step N+1;
+ * without it, the log holds only N steps, and the refused request is added
+ * here as a no_reply step so that the replay asks the guard about it too.
+ * Which case it was: turn_end's message names the cap ("Reached the maximum
+ * of N iterations ...", the guard's text), so iterations == N means no
+ * wrap-up. A message without the number falls back to the log's shape: a
+ * last step whose calls ran was a normal step, not a wrap-up.
+ */
+static ag_err_t ev_turn_end(builder *b, const json_t *e, int64_t t) {
+  ev_close(b);
+  const char *status = json_string_value(json_object_get(e, "status"));
+  const char *reason = json_string_value(json_object_get(e, "reason"));
+  int iterations = ev_int(e, "iterations");
+  if (status == NULL || reason == NULL || strcmp(status, "stopped") != 0 ||
+      strcmp(reason, "max_iterations") != 0 || b->n_turns == 0 || b->new_turn ||
+      iterations < 1)
+    return AG_OK;
+  const bturn *turn = &b->turns[b->n_turns - 1];
+  if ((size_t)iterations != turn->n_steps)
+    return AG_OK;
+  bool refused_missing;
+  const char *msg = json_string_value(json_object_get(e, "message"));
+  const char *num = msg != NULL ? strstr(msg, "maximum of ") : NULL;
+  long cap = num != NULL ? strtol(num + 11, NULL, 10) : -1;
+  if (cap > 0) {
+    refused_missing = cap == iterations;
+  } else {
+    const bstep *last = cur_step(b);
+    refused_missing = false;
+    for (size_t k = 0; last != NULL && k < last->n_calls; k++)
+      if (b->answered[last->res0 + k] &&
+          b->results[last->res0 + k].outcome != AG_OUTCOME_SKIPPED)
+        refused_missing = true;
+  }
+  if (!refused_missing)
+    return AG_OK;
+  ag_err_t rc = b_step(b, iterations + 1);
+  if (rc != AG_OK)
+    return rc;
+  bstep *s = cur_step(b);
+  s->no_reply = true;
+  s->t_req = s->t_resp = s->t_done = t;
+  return AG_OK;
 }
 
 static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
@@ -879,7 +921,7 @@ static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
       return rc;
 
     if (strcmp(name, "turn_start") == 0) {
-      ev_drop_unanswered(b);
+      ev_close(b);
       /* A new user message: the next step opens a new turn. */
       b->new_turn = true;
       b->new_turn_t = t;
@@ -964,12 +1006,13 @@ static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
         }
       }
     } else if (strcmp(name, "turn_end") == 0) {
-      /* nothing to keep: the next turn_start opens the next turn */
+      if ((rc = ev_turn_end(b, e, t)) != AG_OK)
+        return rc;
     }
     /* model retries, attempts, nudges, warnings, escalations, error
      * context and unknown events carry nothing the replay needs */
   }
-  ev_drop_unanswered(b);
+  ev_close(b);
   b->line = 0;
   b->unit = NULL;
   /* Calls that never got a result did not run in the recording (the live
@@ -1207,6 +1250,7 @@ static ag_err_t finish(builder *b) {
     o->results = s->n_results ? f->results + s->res0 : NULL;
     o->n_results = s->n_results;
     o->rejected = s->rejected;
+    o->no_reply = s->no_reply;
     o->t_request_ms = s->t_req;
     o->t_response_ms = s->t_resp >= 0 ? s->t_resp : s->t_req;
     o->t_done_ms = s->t_done >= 0 ? s->t_done : o->t_response_ms;

@@ -759,7 +759,7 @@ Test(formats, events_blocked_nudged_and_denied_calls_did_not_run) {
   ag_trajectory_free(t);
 }
 
-Test(formats, events_drop_a_request_without_reply) {
+Test(formats, events_keep_a_request_without_reply) {
   static const char log[] =
       "{\"event\":\"turn_start\",\"turn\":1,\"iteration\":0,\"t_ms\":0}\n"
       "{\"event\":\"model_request\",\"turn\":1,\"iteration\":1,\"t_ms\":0}\n"
@@ -778,9 +778,21 @@ Test(formats, events_drop_a_request_without_reply) {
       "\"text\":\"done\",\"tool_calls\":[]}\n";
   ag_trajectory *t = parse_ok(log);
   cr_assert_eq(t->n_turns, 2);
-  cr_assert_eq(t->turns[0].n_steps, 1, "the failed request is no step");
+  cr_assert_eq(t->turns[0].n_steps, 2, "the failed request still counted");
+  cr_assert(!t->turns[0].steps[0].no_reply);
+  cr_assert(t->turns[0].steps[1].no_reply);
+  cr_assert_eq(t->turns[0].steps[1].n_calls, 0);
   cr_assert_eq(t->turns[1].n_steps, 1);
   cr_assert_eq(t->turns[1].steps[0].n_calls, 0);
+  cr_assert(!t->turns[1].steps[0].no_reply);
+  /* under require_tool_call a reply without a call is an error, a request
+   * without a reply is not */
+  ag_config cfg = config_json("{\"preset\": \"none\", \"loop\": "
+                              "{\"require_tool_call\": true}, \"errors\": "
+                              "{\"max_total_errors\": 1}}");
+  ag_audit_finding f = audit_cfg(t, &cfg, false);
+  cr_assert(f.stop.stopped);
+  cr_assert_eq(f.stop.step, 3, "stopped at %d", f.stop.step);
   ag_trajectory_free(t);
 }
 
@@ -842,6 +854,56 @@ Test(formats, forced_format) {
       ag_trajectory_parse(&t, sample_neutral, strlen(sample_neutral), &o, &err),
       AG_OK, "%s", err.msg);
   ag_trajectory_free(t);
+}
+
+Test(formats, events_iteration_cap_without_wrap_up) {
+  /* loop.final_request_without_tools false: the refused request is not in
+   * the log; turn_end says max_iterations after 2 iterations. */
+  static const char log[] =
+      "{\"event\":\"turn_start\",\"turn\":1,\"iteration\":0,\"t_ms\":0}\n"
+      "{\"event\":\"model_request\",\"turn\":1,\"iteration\":1,\"t_ms\":0}\n"
+      "{\"event\":\"model_response\",\"turn\":1,\"iteration\":1,\"t_ms\":0}\n"
+      "{\"event\":\"tool_call\",\"turn\":1,\"iteration\":1,\"t_ms\":0,"
+      "\"call_id\":\"a\",\"name\":\"ls\",\"arguments\":\"{\\\"p\\\":1}\"}\n"
+      "{\"event\":\"tool_result\",\"turn\":1,\"iteration\":1,\"t_ms\":1,"
+      "\"call_id\":\"a\",\"name\":\"ls\",\"ok\":true,\"text\":\"x\"}\n"
+      "{\"event\":\"model_request\",\"turn\":1,\"iteration\":2,\"t_ms\":2}\n"
+      "{\"event\":\"model_response\",\"turn\":1,\"iteration\":2,\"t_ms\":2}\n"
+      "{\"event\":\"tool_call\",\"turn\":1,\"iteration\":2,\"t_ms\":2,"
+      "\"call_id\":\"b\",\"name\":\"ls\",\"arguments\":\"{\\\"p\\\":2}\"}\n"
+      "{\"event\":\"tool_result\",\"turn\":1,\"iteration\":2,\"t_ms\":3,"
+      "\"call_id\":\"b\",\"name\":\"ls\",\"ok\":true,\"text\":\"y\"}\n"
+      "{\"event\":\"turn_end\",\"turn\":1,\"iteration\":2,\"t_ms\":3,"
+      "\"status\":\"stopped\",\"reason\":\"max_iterations\","
+      "\"message\":\"Reached the maximum of 2 iterations in one turn\","
+      "\"iterations\":2}\n";
+  ag_trajectory *t = parse_ok(log);
+  cr_assert_eq(t->n_steps, 3);
+  cr_assert(t->turns[0].steps[2].no_reply);
+  ag_config cfg = config_json("{\"loop\": {\"max_iterations\": 2}}");
+  ag_audit_finding f = audit_cfg(t, &cfg, false);
+  cr_assert(f.stop.stopped);
+  cr_assert_eq(f.stop.reason, AG_REASON_MAX_ITERATIONS);
+  cr_assert_eq(f.stop.step_in_turn, 3);
+  f = audit(t, "default");
+  cr_assert(!f.stop.stopped);
+  ag_trajectory_free(t);
+  /* with the wrap-up in the log (iterations = cap + 1) nothing is added */
+  char *wrapped = strdup(log);
+  char *m = strstr(wrapped, "maximum of 2");
+  m[11] = '1';
+  t = parse_ok(wrapped);
+  cr_assert_eq(t->n_steps, 2);
+  ag_trajectory_free(t);
+  /* without a message: the last step's calls ran, so no wrap-up */
+  char *bare = strdup(log);
+  m = strstr(bare, "\"message\"");
+  memcpy(m, "\"massage\"", 9);
+  t = parse_ok(bare);
+  cr_assert_eq(t->n_steps, 3);
+  ag_trajectory_free(t);
+  free(wrapped);
+  free(bare);
 }
 
 /* ---- bad inputs --------------------------------------------------------- */
