@@ -64,7 +64,7 @@ failed=""
 
 # ---- 1. the other benchmarks ----
 for exe in "$BUILD_DIR"/bench_*; do
-  [ -f "$exe" ] && [ -x "$exe" ] || continue
+  if [ ! -f "$exe" ] || [ ! -x "$exe" ]; then continue; fi
   name=$(basename "$exe")
   [ "$name" = bench_guard ] && continue
   echo "==== $name"
@@ -143,7 +143,7 @@ cat "$WORK/guard.txt" "$WORK/gemini.txt" | awk '
     m[key] = v
   }
   function get(k) { return (k in m) ? m[k] : "" }
-  function ratio(a, b) { return (a != "" && b != "" && b + 0 > 0) ? sprintf("%.2f", a / b) : "-" }
+  function ratio(a, b) { return (a != "" && b != "" && b + 0 > 0) ? sprintf("%.2fx", a / b) : "-" }
   function verdict(ok) { return ok ? "met" : "NOT met" }
   END {
     print "==== summary (ns per call, medians over rounds; same stream for both)"
@@ -153,16 +153,16 @@ cat "$WORK/guard.txt" "$WORK/gemini.txt" | awk '
       s = sizes[i]
       g = get("guard_ns_per_call size=" s); c = get("guard_check_ns_per_call size=" s)
       h = get("sha256_ns_per_call size=" s); q = get("gemini_ns_per_call size=" s)
-      printf "%-5s %10s %12s %10s %10s %12sx %9sx\n", s, g, c, h, (q == "" ? "-" : q), ratio(q, g), ratio(g, h)
+      printf "%-5s %10s %12s %10s %10s %13s %10s\n", s, g, c, h, (q == "" ? "-" : q), ratio(q, g), ratio(g, h)
     }
     print ""
     print "targets (figures only: benchmarks never fail on speed)"
     g64 = get("guard_ns_per_call size=64"); g1k = get("guard_ns_per_call size=1k")
     q64 = get("gemini_ns_per_call size=64"); q1k = get("gemini_ns_per_call size=1k")
     h1k = get("sha256_ns_per_call size=1k")
-    if (q64 != "") printf "  >= 6x faster than Gemini at ~64 B:  %sx  %s\n", ratio(q64, g64), verdict(q64 / g64 >= 6)
-    if (q1k != "") printf "  >= 3x faster than Gemini at ~1 KiB: %sx  %s\n", ratio(q1k, g1k), verdict(q1k / g1k >= 3)
-    printf "  <= 2x SHA-256 alone at ~1 KiB:      %sx  %s\n", ratio(g1k, h1k), verdict(g1k / h1k <= 2)
+    if (q64 != "") printf "  >= 6x faster than Gemini at ~64 B:  %s  %s\n", ratio(q64, g64), verdict(q64 / g64 >= 6)
+    if (q1k != "") printf "  >= 3x faster than Gemini at ~1 KiB: %s  %s\n", ratio(q1k, g1k), verdict(q1k / g1k >= 3)
+    printf "  <= 2x SHA-256 alone at ~1 KiB:      %s  %s\n", ratio(g1k, h1k), verdict(g1k / h1k <= 2)
     printf "  (the issue measured Gemini at ~1700 / ~3600 ns: 6x and 3x of those are <= %.0f / %.0f ns;\n", 1700 / 6, 3600 / 3
     printf "   guard here: %s / %s ns)\n", g64, g1k
     print ""
@@ -174,11 +174,12 @@ cat "$WORK/guard.txt" "$WORK/gemini.txt" | awk '
     for (c in checks) { if (c + 0 < lo) lo = c + 0; if (c + 0 > hi) hi = c + 0 }
     print ""
     print "guard memory (heap: bytes malloc has handed out since before ag_guard_new; RSS: whole process)"
-    printf "  %-18s %14s %12s\n", "", "heap (bytes)", "RSS (KiB)"
-    printf "  %-18s %14s %12s\n", "after ag_guard_new", get("guard_new_heap_bytes"), "-"
+    printf "  %-22s %14s %12s\n", "", "heap (bytes)", "RSS (KiB)"
+    printf "  %-22s %14s %12s\n", "before ag_guard_new", "0", get("guard_rss_before_new_kib")
+    printf "  %-22s %14s %12s\n", "after ag_guard_new", get("guard_new_heap_bytes"), get("guard_new_rss_kib")
     if (hi > 0) {
-      printf "  %-18s %14s %12s\n", sprintf("after %d checks", lo), get("guard_heap_delta_bytes checks=" lo), get("guard_rss_kib checks=" lo)
-      printf "  %-18s %14s %12s\n", sprintf("after %d checks", hi), get("guard_heap_delta_bytes checks=" hi), get("guard_rss_kib checks=" hi)
+      printf "  %-22s %14s %12s\n", sprintf("after %d checks", lo), get("guard_heap_delta_bytes checks=" lo), get("guard_rss_kib checks=" lo)
+      printf "  %-22s %14s %12s\n", sprintf("after %d checks", hi), get("guard_heap_delta_bytes checks=" hi), get("guard_rss_kib checks=" hi)
     }
   }'
 
