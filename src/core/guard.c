@@ -95,6 +95,7 @@ struct ag_guard {
   uint64_t stamp;
 
   tool_state *tools;
+  int n_tools; /* tools[0..n_tools) are in use (a prefix: never freed) */
 
   /* mechanism 4 */
   int cyc_len;    /* ring capacity = cycle_max_length */
@@ -265,6 +266,7 @@ AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
   g->calls_in_turn = 0;
   g->stamp = 0;
   memset(g->tools, 0, (size_t)g->opts.max_tools * sizeof(*g->tools));
+  g->n_tools = 0;
   g->cyc_n = 0;
   memset(g->cyc_valid, 0, sizeof(g->cyc_valid));
   memset(g->cyc_run, 0, sizeof(g->cyc_run));
@@ -304,31 +306,39 @@ static void verdict_reset(ag_verdict *v) {
   v->suggestion = NULL;
 }
 
-/* Finds or creates the state of tool `name` (never fails: evicts the least
- * recently used entry when the table is full). */
+/* The index of tool `name` in tools[0..n_tools), or -1. */
+static int tool_index(const ag_guard *g, const char *name, size_t n,
+                      uint64_t h) {
+  size_t keep = n < AG_TOOL_NAME_MAX - 1 ? n : AG_TOOL_NAME_MAX - 1;
+  for (int i = 0; i < g->n_tools; i++) {
+    const tool_state *t = &g->tools[i];
+    if (t->name_hash == h && t->name_len == n &&
+        memcmp(t->name, name, keep) == 0)
+      return i;
+  }
+  return -1;
+}
+
+/* Finds or creates the state of tool `name` (never fails: when the table is
+ * full, the least recently used entry is forgotten and reused). */
 static tool_state *tool_get(ag_guard *g, const char *name) {
   size_t n = strlen(name);
   uint64_t h = fnv1a(name, n);
-  size_t keep = n < AG_TOOL_NAME_MAX - 1 ? n : AG_TOOL_NAME_MAX - 1;
-  tool_state *free_slot = NULL, *lru = NULL;
-  for (int i = 0; i < g->opts.max_tools; i++) {
-    tool_state *t = &g->tools[i];
-    if (!t->used) {
-      if (free_slot == NULL)
-        free_slot = t;
-      continue;
-    }
-    if (t->name_hash == h && t->name_len == n &&
-        memcmp(t->name, name, keep) == 0) {
-      t->last_used = ++g->stamp;
-      return t;
-    }
-    if (lru == NULL || t->last_used < lru->last_used)
-      lru = t;
+  int i = tool_index(g, name, n, h);
+  if (i >= 0) {
+    g->tools[i].last_used = ++g->stamp;
+    return &g->tools[i];
   }
-  tool_state *t = free_slot != NULL ? free_slot : lru;
-  if (t == NULL) /* max_tools >= 1 is checked in ag_guard_new */
+  tool_state *t;
+  if (g->n_tools < g->opts.max_tools) {
+    t = &g->tools[g->n_tools++];
+  } else {
     t = &g->tools[0];
+    for (int k = 1; k < g->n_tools; k++)
+      if (g->tools[k].last_used < t->last_used)
+        t = &g->tools[k];
+  }
+  size_t keep = n < AG_TOOL_NAME_MAX - 1 ? n : AG_TOOL_NAME_MAX - 1;
   memset(t, 0, sizeof(*t));
   t->used = true;
   t->name_hash = h;
@@ -629,15 +639,8 @@ static void ring_push(ag_guard *g, err_ring *r, const char *tool,
 /* The state of `name` if tracked, without creating it. */
 static tool_state *tool_find(ag_guard *g, const char *name) {
   size_t n = strlen(name);
-  uint64_t h = fnv1a(name, n);
-  size_t keep = n < AG_TOOL_NAME_MAX - 1 ? n : AG_TOOL_NAME_MAX - 1;
-  for (int i = 0; i < g->opts.max_tools; i++) {
-    tool_state *t = &g->tools[i];
-    if (t->used && t->name_hash == h && t->name_len == n &&
-        memcmp(t->name, name, keep) == 0)
-      return t;
-  }
-  return NULL;
+  int i = tool_index(g, name, n, fnv1a(name, n));
+  return i >= 0 ? &g->tools[i] : NULL;
 }
 
 /* A success of tool `t` resolves its errors, and the errors with no tool
@@ -701,8 +704,11 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
                                             int64_t now_ms, ag_verdict *v) {
   verdict_reset(v);
   const ag_config *cfg = &g->cfg;
+  /* Only the flags are cleared: a note's text is written when it trips, and
+   * clearing the whole array (7 KB) was a third of a call's cost. */
   trip_note tn[AG_REASON__COUNT];
-  memset(tn, 0, sizeof(tn));
+  for (int r = 0; r < AG_REASON__COUNT; r++)
+    tn[r].tripped = false;
   int counted = 0, failed = 0;
   char shown[96];
 
