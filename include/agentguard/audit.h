@@ -138,10 +138,12 @@ typedef struct ag_trajectory {
 
 /* Limits of the parser. Every one is a cap: going over is an error. */
 typedef struct ag_traj_opts {
-  ag_traj_format format; /* AG_TRAJ_AUTO (default): detect */
-  size_t max_bytes;      /* input size (default 64 MiB) */
-  size_t max_steps;      /* steps in one run (default 1,000,000) */
-  size_t max_calls;      /* calls in one step (default 4096) */
+  /* AG_TRAJ_AUTO (default): detect; else the only format accepted (an
+   * input of another shape is AG_EINVAL) */
+  ag_traj_format format;
+  size_t max_bytes; /* input size (default 64 MiB) */
+  size_t max_steps; /* steps in one run (default 1,000,000) */
+  size_t max_calls; /* calls in one step (default 4096) */
 } ag_traj_opts;
 
 /* Fills `opts` with the defaults. */

@@ -854,6 +854,14 @@ Test(formats, forced_format) {
       ag_trajectory_parse(&t, sample_neutral, strlen(sample_neutral), &o, &err),
       AG_OK, "%s", err.msg);
   ag_trajectory_free(t);
+  char *arr = join(chat_lines, N_CHAT, "[", ",", "]");
+  cr_assert_eq(ag_trajectory_parse(&t, arr, strlen(arr), &o, &err), AG_EINVAL);
+  cr_assert(strstr(err.msg, "not a trajectory input: it reads as chat"), "%s",
+            err.msg);
+  o.format = AG_TRAJ_CHAT;
+  cr_assert_eq(ag_trajectory_parse(&t, arr, strlen(arr), &o, &err), AG_OK);
+  ag_trajectory_free(t);
+  free(arr);
 }
 
 Test(formats, events_iteration_cap_without_wrap_up) {
