@@ -82,7 +82,10 @@ int cli_presets(int argc, char **argv) {
   ag_config cfg;
   ag_error_t err;
   if (ag_config_preset(&cfg, name, &err) != AG_OK) {
-    fprintf(stderr, "agentguard presets: %s\n", err.msg);
+    const char *m = err.msg;
+    if (strncmp(m, "preset: ", 8) == 0)
+      m += 8;
+    fprintf(stderr, "agentguard presets: %s\n", m);
     return AG_EXIT_USAGE;
   }
   char *json = NULL;

@@ -1069,7 +1069,10 @@ static int load_config(loader *L, const json_t *root, const char *preset_opt,
     ag_config tmp;
     if (ag_config_preset(&tmp, preset_opt, &err) != AG_OK) {
       json_decref(doc);
-      fprintf(L->errf, "agentguard simulate: --preset: %s\n", err.msg);
+      const char *m = err.msg;
+      if (strncmp(m, "preset: ", 8) == 0)
+        m += 8;
+      fprintf(L->errf, "agentguard simulate: --preset: %s\n", m);
       return AG_EXIT_USAGE;
     }
   }
