@@ -111,6 +111,7 @@ struct cli_scenario {
   size_t n_human;
   size_t human_next;
   bool has_human;
+  const char *description; /* borrowed, or NULL */
 };
 
 /* The loading context: where messages go and what they start with. */
@@ -855,8 +856,8 @@ static const char *const k_statuses[] = {"completed", "stopped",   "escalated",
                                          "timed_out", "cancelled", "failed",
                                          NULL};
 static const char *const k_extra_reasons[] = {
-    "final_answer", "loop_breaking_tool", "cancelled",
-    "model_error",  "script_exhausted",   NULL};
+    "final_answer",     "loop_breaking_tool", "cancelled", "model_error",
+    "script_exhausted", "out_of_memory",      NULL};
 static const char *const k_events[] = {
     "turn_start",  "model_request", "provider_retry", "model_response",
     "tool_call",   "approval",      "tool_blocked",   "tool_attempt",
@@ -1204,6 +1205,7 @@ int cli_scenario_load(cli_scenario **out, const cli_scenario_opts *opts,
   int rc = check_keys(&L, doc, "", k_top_keys);
   if (rc == 0)
     rc = opt_string(&L, doc, "description", "", &description);
+  s->description = description;
   if (rc == 0)
     rc = load_config(&L, doc, opts->preset, opts->config_path);
   if (rc == 0)
@@ -1272,6 +1274,10 @@ size_t cli_scenario_turn_count(const cli_scenario *s) {
 
 const cli_turn *cli_scenario_turn(const cli_scenario *s, size_t i) {
   return i < s->n_turns ? &s->turns[i] : NULL;
+}
+
+const char *cli_scenario_description(const cli_scenario *s) {
+  return s->description;
 }
 
 bool cli_scenario_has_expect(const cli_scenario *s) {

@@ -74,6 +74,9 @@ ag_provider *cli_scenario_take_provider(cli_scenario *s);
 size_t cli_scenario_turn_count(const cli_scenario *s);
 const cli_turn *cli_scenario_turn(const cli_scenario *s, size_t i);
 
+/* The scenario's "description" (borrowed), or NULL. */
+const char *cli_scenario_description(const cli_scenario *s);
+
 /* Whether any turn has an "expect". */
 bool cli_scenario_has_expect(const cli_scenario *s);
 

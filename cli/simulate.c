@@ -442,6 +442,10 @@ int cli_simulate(int argc, char **argv) {
     }
   }
 
+  if (S.timeline != NULL)
+    cli_timeline_header(S.timeline, a.file, cli_scenario_config(sc)->preset,
+                        cli_scenario_description(sc));
+
   ag_error_t err;
   ag_cancel *caller = NULL;
   ag_agent *agent = NULL;

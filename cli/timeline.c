@@ -521,6 +521,46 @@ void cli_timeline_event(cli_timeline *t, const json_t *ev) {
   fflush(t->out);
 }
 
+void cli_timeline_header(cli_timeline *t, const char *file, const char *preset,
+                         const char *description) {
+  on(t, C_BOLD);
+  fputs("▶ ", t->out);
+  put_str(t->out, file, 200);
+  off(t);
+  if (preset != NULL && preset[0] != '\0') {
+    fputs(" (preset ", t->out);
+    put_str(t->out, preset, 64);
+    fputc(')', t->out);
+  }
+  fputc('\n', t->out);
+  if (description != NULL) {
+    /* Greedy wrap at 78 columns (bytes; close enough for prose), indented,
+     * at most 12 lines. */
+    const char *p = description;
+    int lines = 0;
+    on(t, C_DIM);
+    while (*p != '\0' && lines < 12) {
+      while (*p == ' ' || *p == '\n')
+        p++;
+      size_t n = strlen(p), take = n;
+      if (n > 76) {
+        take = 76;
+        while (take > 0 && p[take] != ' ')
+          take--;
+        if (take == 0)
+          take = ag_utf8_truncate(p, n, 76);
+      }
+      fputs("  ", t->out);
+      cli_put_oneline(t->out, p, take, take);
+      fputc('\n', t->out);
+      p += take;
+      lines++;
+    }
+    off(t);
+  }
+  fflush(t->out);
+}
+
 void cli_outcome_line(FILE *out, size_t turn, const ag_turn_outcome *o) {
   fprintf(out, "turn %zu: %s (%s) after %d iteration%s, %d tool call%s", turn,
           ag_turn_status_name(o->status), o->reason, o->iterations,

@@ -26,6 +26,13 @@ void cli_timeline_free(cli_timeline *t);
 void cli_timeline_event(cli_timeline *t, const json_t *event);
 
 /*
+ * The header of a timeline: the scenario file and its preset, then its
+ * description (may be NULL) wrapped to the terminal's usual 80 columns.
+ */
+void cli_timeline_header(cli_timeline *t, const char *file, const char *preset,
+                         const char *description);
+
+/*
  * The one-line outcome of a turn (1-based `turn`) for runs without a
  * timeline: "turn 1: stopped (identical_calls) after 5 iterations, 4 tool
  * calls: MESSAGE", and the final text on a second line when there is one.
