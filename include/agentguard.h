@@ -9,6 +9,8 @@
  *                        subprocess tools, the two-phase scheduler
  *   agentguard/providers.h  model clients: the interface, scripted provider
  *   agentguard/agent.h   the agentic loop: sessions, turns, events
+ *   agentguard/audit.h   recorded runs (trajectories, transcripts, event
+ *                        logs) replayed through the guard
  *
  * Library-wide thread-safety: functions without an object are safe from any
  * thread; an object is used from one thread at a time unless its header says
@@ -22,5 +24,6 @@
 #include "agentguard/exec.h"
 #include "agentguard/providers.h"
 #include "agentguard/agent.h"
+#include "agentguard/audit.h"
 
 #endif /* AGENTGUARD_H */
