@@ -369,7 +369,9 @@ int cli_read_file(const char *path, size_t cap, char **buf, size_t *len,
 
 static int args_signature(const char *name, const json_t *args,
                           uint8_t sig[AG_SIG_LEN], ag_error_t *err) {
-  char *text = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY);
+  /* The exec layer passes {} for calls without arguments; be safe anyway. */
+  char *text = args != NULL ? json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY)
+                            : strdup("{}");
   if (text == NULL) {
     if (err != NULL) {
       ag_error_clear(err);
