@@ -1,5 +1,6 @@
 # agentguard - convenience targets over CMake.
-#   make demo       build, then run the bundled demo through the guard
+#   make demo       build, then run a stuck agent through the guard (stopped)
+#                   and the same agent recovering through a nudge
 #   make test       build and run every test (CTest over Criterion)
 #   make test-asan  the tests under AddressSanitizer + UBSan
 #   make test-tsan  the runtime's concurrent scenarios under ThreadSanitizer
@@ -29,8 +30,13 @@ $(BUILD)/CMakeCache.txt: | deps
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
+# A stuck agent stopped by the guard (exit 3 is expected), then the same
+# agent recovering through a nudge (exit 0).
 demo: build
-	@$(BUILD)/agentguard-demo
+	@$(BUILD)/agentguard simulate --timeline examples/scenarios/stuck_agent.json; \
+	  test $$? -eq 3
+	@echo
+	@$(BUILD)/agentguard simulate --timeline examples/scenarios/recovering_agent.json
 
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

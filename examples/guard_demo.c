@@ -1,10 +1,9 @@
 /*
- * examples/guard_demo.c - `make demo`: four scripted agents run through the
- * guard's `default` preset; the demo prints each iteration, what the guard
- * decided, and why it stopped the ones that stopped making progress.
- *
- * The agents are scripted here as tables; the guard is the real library code
- * (signatures, detectors, verdicts). It uses only the public API.
+ * examples/guard_demo.c - the guard alone, through the public C API: four
+ * scripted agents run through the `default` preset; the program prints each
+ * iteration, what the guard decided, and why it stopped the ones that
+ * stopped making progress. Built as build/agentguard-demo. (`make demo` runs
+ * the whole loop through `agentguard simulate` instead.)
  */
 #include <stdio.h>
 #include <string.h>
