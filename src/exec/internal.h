@@ -54,7 +54,8 @@ ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
 void ag__schema_free(ag__schema *s);
 
 /* AG_OK or AG_EINVAL with "<json pointer>: <what>" ("/items/2/path: expected
- * string"; the root is ""). Thread-safe on a compiled schema. */
+ * string"); at the root the message is just "<what>". Thread-safe on a
+ * compiled schema. */
 ag_err_t ag__schema_validate(const ag__schema *s, const json_t *value,
                              ag_error_t *err);
 
