@@ -163,8 +163,8 @@ static ag_err_t check_keys(const json_t *obj, const char *path,
     const char *near = suggest(key, keys, n);
     if (near != NULL)
       return ag__set_error(err, AG_ECONFIG, -1,
-                           "%s: unknown key \"%.64s\"; did you mean \"%s\"?",
-                           path, key, near);
+                           "%s.%.64s: unknown key; did you mean %s?", path, key,
+                           near);
     char list[160] = "";
     size_t used = 0;
     for (size_t i = 0; i < n; i++) {
@@ -175,8 +175,7 @@ static ag_err_t check_keys(const json_t *obj, const char *path,
       used += (size_t)w;
     }
     return ag__set_error(err, AG_ECONFIG, -1,
-                         "%s: unknown key \"%.64s\" (known: %s)", path, key,
-                         list);
+                         "%s.%.64s: unknown key (known: %s)", path, key, list);
   }
   return AG_OK;
 }
