@@ -288,7 +288,7 @@ Test(cli, turns_and_expect) {
   refused("{\"turns\": []}", "turns: must have at least one turn");
   refused("{\"turns\": [{\"model\": []}]}", "turns[0].user: missing");
   refused("{\"turns\": [{\"user\": \"x\", \"model\": [{\"txt\": \"a\"}]}]}",
-          "s.json: turns[0].model[0]: unknown key");
+          "s.json: turns[0].model[0].txt: unknown key; did you mean text?");
   refused("{\"turns\": [{\"user\": \"x\", \"model\": [{\"text\": \"a\"}], "
           "\"expect\": {\"status\": \"stoped\"}}]}",
           "turns[0].expect.status: \"stoped\" is not a turn status; did you "
