@@ -8,6 +8,7 @@
  */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -426,6 +427,141 @@ Test(classify, large_texts) {
   memset(big + n - strlen(tail), 'z', strlen(tail));
   cr_expect_eq(ag_classify(big, n), AG_CAT_RESOURCE);
   free(big);
+}
+
+/* `*` is a gap within one line, found wherever it is on the line. */
+Test(classify, gaps_stay_on_one_line) {
+  EXPECT_CAT("Glyph 12 MISSING", AG_CAT_FONT);
+  EXPECT_CAT("glyph glyph 1 missing", AG_CAT_FONT);
+  EXPECT_CAT("glyph\nmissing", AG_CAT_UNKNOWN);
+  EXPECT_CAT("expected int got str", AG_CAT_VALIDATION);
+  EXPECT_CAT("expected expected x but", AG_CAT_VALIDATION);
+  EXPECT_CAT("expected int\ngot str", AG_CAT_UNKNOWN);
+}
+
+/* A status code needs its announcing word within the 40 bytes before it. */
+Test(classify, status_code_window) {
+  EXPECT_CAT("status                              429", AG_CAT_RATE_LIMIT);
+  EXPECT_CAT("status                                    429", AG_CAT_UNKNOWN);
+  EXPECT_CAT("429", AG_CAT_UNKNOWN);
+  EXPECT_CAT("HTTP 429", AG_CAT_RATE_LIMIT);
+}
+
+/* `unit` repeated to n bytes, then `tail`; a malloc'ed string. */
+static char *repeat(const char *unit, size_t n, const char *tail) {
+  size_t u = strlen(unit), t = strlen(tail);
+  char *b = malloc(n + t + 1);
+  cr_assert_not_null(b);
+  for (size_t i = 0; i < n; i++)
+    b[i] = unit[i % u];
+  memcpy(b + n, tail, t + 1);
+  return b;
+}
+
+/* One long line full of near-misses (the shape of minified CSS or a row of
+ * numbers): a match at its end is still found. */
+Test(classify, long_lines_of_near_misses) {
+  static const struct {
+    const char *unit, *tail;
+    ag_category want;
+  } cases[] = {
+      {"font-size:12px;", "", AG_CAT_UNKNOWN},
+      {"font-size:12px;", " font x not available", AG_CAT_FONT},
+      {"font-size:12px;", "\nfont x not available", AG_CAT_FONT},
+      {"glyph ", "", AG_CAT_UNKNOWN},
+      {"glyph ", "missing", AG_CAT_FONT},
+      {"404 ", "", AG_CAT_UNKNOWN},
+      {"404 ", "HTTP error 429", AG_CAT_RATE_LIMIT},
+      {"line 404 ", "status 503", AG_CAT_NETWORK},
+      {"connection x ", "", AG_CAT_UNKNOWN},
+      {"connection x ", "connection refused", AG_CAT_NETWORK},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    for (size_t n = 1000; n <= 200000; n *= 200) {
+      char *text = repeat(cases[i].unit, n, cases[i].tail);
+      ag_category got = classify_exact(text);
+      cr_expect_eq(got, cases[i].want, "\"%s\" x %zu + \"%s\": got %s, want %s",
+                   cases[i].unit, n, cases[i].tail, ag_category_name(got),
+                   ag_category_name(cases[i].want));
+      free(text);
+    }
+  }
+}
+
+/* Texts over 64 KiB: the first 16 KiB and the last 48 KiB are read, and a
+ * line of the tail comes after every line of the head. */
+static ag_category classify_long(const char *const *put, const size_t *at,
+                                 size_t count) {
+  size_t n = 100000;
+  char *b = malloc(n);
+  cr_assert_not_null(b);
+  for (size_t i = 0; i < n; i++)
+    b[i] = (i % 61 == 60) ? '\n' : (char)('a' + i % 26);
+  for (size_t i = 0; i < count; i++)
+    memcpy(b + at[i], put[i], strlen(put[i]));
+  ag_category c = ag_classify(b, n);
+  free(b);
+  return c;
+}
+
+Test(classify, windows_of_long_texts) {
+  size_t n = 100000, head_end = 16384, tail_start = n - 49152;
+  const char *t1_t1[] = {"No space left on device\n", "\nPermission denied"};
+  size_t at_ends[] = {0, n - 18};
+  cr_expect_eq(classify_long(t1_t1, at_ends, 2), AG_CAT_PERMISSION);
+  const char *t1_t2[] = {"No space left on device\n", "\nKeyError\n"};
+  size_t at_ends2[] = {0, n - 10};
+  cr_expect_eq(classify_long(t1_t2, at_ends2, 2), AG_CAT_RESOURCE);
+  const char *t2_t3[] = {"KeyError: x\n", "\nbusy\n"};
+  size_t at_ends3[] = {0, n - 6};
+  cr_expect_eq(classify_long(t2_t3, at_ends3, 2), AG_CAT_VALIDATION);
+
+  const char *pd[] = {"\nPermission denied\n"};
+  size_t middle[] = {40000};
+  cr_expect_eq(classify_long(pd, middle, 1), AG_CAT_UNKNOWN);
+  size_t across_head_end[] = {head_end - 8};
+  cr_expect_eq(classify_long(pd, across_head_end, 1), AG_CAT_UNKNOWN);
+  size_t across_tail_start[] = {tail_start - 8};
+  cr_expect_eq(classify_long(pd, across_tail_start, 1), AG_CAT_UNKNOWN);
+  size_t at_tail_start[] = {tail_start - 1};
+  cr_expect_eq(classify_long(pd, at_tail_start, 1), AG_CAT_PERMISSION);
+  size_t ending_at_head_end[] = {head_end - 19};
+  cr_expect_eq(classify_long(pd, ending_at_head_end, 1), AG_CAT_PERMISSION);
+}
+
+/* The first calls may come from several threads at once. */
+static const struct {
+  const char *text;
+  ag_category want;
+} thread_cases[] = {
+    {"ModuleNotFoundError: No module named 'numpy'", AG_CAT_MISSING_MODULE},
+    {"HTTP/1.1 429 Too Many Requests", AG_CAT_RATE_LIMIT},
+    {"cat: /etc/shadow: Permission denied", AG_CAT_PERMISSION},
+    {"Function timed out after 30s", AG_CAT_TIMEOUT},
+    {"AssertionError: assert 3 == 2", AG_CAT_UNKNOWN},
+};
+
+static void *classify_in_thread(void *arg) {
+  long *wrong = arg;
+  for (int round = 0; round < 200; round++)
+    for (size_t i = 0; i < sizeof(thread_cases) / sizeof(thread_cases[0]); i++)
+      if (ag_classify(thread_cases[i].text, strlen(thread_cases[i].text)) !=
+          thread_cases[i].want)
+        (*wrong)++;
+  return NULL;
+}
+
+Test(classify, concurrent_first_use) {
+  enum { NTHREADS = 8 };
+  pthread_t th[NTHREADS];
+  long wrong[NTHREADS] = {0};
+  for (int i = 0; i < NTHREADS; i++)
+    cr_assert_eq(pthread_create(&th[i], NULL, classify_in_thread, &wrong[i]),
+                 0);
+  for (int i = 0; i < NTHREADS; i++) {
+    pthread_join(th[i], NULL);
+    cr_expect_eq(wrong[i], 0, "thread %d: %ld wrong", i, wrong[i]);
+  }
 }
 
 /* ------------------------------------------------------------------------ */
