@@ -4,7 +4,9 @@
  *
  * The core is pure: it never does I/O, never reads the clock (time is an
  * argument, in milliseconds on any monotonic scale the caller picks), starts
- * no threads and keeps no globals. After ag_guard_new() the check path
+ * no threads and keeps no mutable globals (the classifier's pattern index is
+ * built once, under pthread_once, and only read after). After ag_guard_new()
+ * the check path
  * (ag_guard_begin_iteration, ag_guard_check_calls, ag_guard_record_results)
  * never allocates.
  *
