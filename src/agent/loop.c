@@ -66,6 +66,11 @@
 
 static const char no_tool_call_text[] = "Your response contained no tool call.";
 
+typedef struct turn_span {
+  size_t start;
+  size_t bytes;
+} turn_span;
+
 struct ag_agent {
   ag_config cfg;
   ag_provider *provider;  /* borrowed */
@@ -84,8 +89,12 @@ struct ag_agent {
   ag__events ev;
 
   json_t *history;
-  size_t *turn_starts; /* history index of each stored turn's user message */
+  /* Each stored turn: the history index of its user message and its size
+   * as compact JSON (messages and their commas), measured once when it
+   * ended, so capping the history never re-serializes it. */
+  turn_span *turns;
   size_t n_turns, cap_turns;
+  size_t stored_bytes; /* the history's compact JSON size */
   int turn;
 
   char *ectx; /* ECTX_CAP bytes: the pending error context */
@@ -209,6 +218,8 @@ static json_t *message(const char *role, const char *content) {
   return m;
 }
 
+static size_t json_size(const json_t *j);
+
 AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
                                 ag_error_t *err) {
   if (out != NULL)
@@ -272,6 +283,7 @@ AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
         json_array_append_new(a->history, m) != 0)
       goto fail_nomem;
   }
+  a->stored_bytes = json_size(a->history); /* brackets and system message */
   *out = a;
   return AG_OK;
 
@@ -289,7 +301,7 @@ AG_EXTERN void ag_agent_free(ag_agent *a) {
   ag_registry_free(a->own_reg);
   ag_guard_free(a->guard);
   json_decref(a->history);
-  free(a->turn_starts);
+  free(a->turns);
   free(a->system_prompt);
   free(a->ectx);
   ag__ev_destroy(&a->ev);
@@ -320,36 +332,65 @@ static size_t json_size(const json_t *j) {
   return n;
 }
 
-/* Drops the oldest complete turns while the serialized history (compact
- * JSON) is larger than the cap; never the system message, never the turn
- * that just ended. */
+/* Measures the turn that just ended (the last stored one): the compact JSON
+ * size of its messages, each with a separating comma. Work proportional to
+ * the turn, not to the history. */
+static void measure_last_turn(ag_agent *a) {
+  if (a->n_turns == 0)
+    return;
+  turn_span *t = &a->turns[a->n_turns - 1];
+  size_t n = json_array_size(a->history), bytes = 0;
+  for (size_t i = t->start; i < n; i++)
+    bytes += json_size(json_array_get(a->history, i)) + 1;
+  t->bytes = bytes;
+  a->stored_bytes += bytes;
+}
+
+/* Drops the oldest complete turns while the history (compact JSON) is larger
+ * than the cap; never the system message, never the turn that just ended.
+ * The kept messages move to a new array in one pass. */
 static void cap_history(ag_agent *a) {
-  size_t size = json_size(a->history);
-  while (size > a->max_history_bytes && a->n_turns > 1) {
-    size_t from = a->turn_starts[0], to = a->turn_starts[1];
-    size_t k = to - from;
-    for (size_t i = from; i < to; i++)
-      size -= json_size(json_array_get(a->history, i)) + 1; /* and a comma */
-    for (size_t i = 0; i < k; i++)
-      json_array_remove(a->history, from);
-    memmove(a->turn_starts, a->turn_starts + 1,
-            (a->n_turns - 1) * sizeof(*a->turn_starts));
-    a->n_turns--;
-    for (size_t t = 0; t < a->n_turns; t++)
-      a->turn_starts[t] -= k;
+  size_t drop = 0;
+  size_t size = a->stored_bytes;
+  while (size > a->max_history_bytes && a->n_turns - drop > 1)
+    size -= a->turns[drop++].bytes;
+  if (drop == 0)
+    return;
+  size_t from = a->turns[0].start, to = a->turns[drop].start;
+  size_t n = json_array_size(a->history);
+  json_t *kept = json_array();
+  if (kept == NULL)
+    return; /* out of memory: keep the longer history rather than lose it */
+  for (size_t i = 0; i < n; i++) {
+    if (i >= from && i < to)
+      continue;
+    if (json_array_append(kept, json_array_get(a->history, i)) != 0) {
+      json_decref(kept);
+      return;
+    }
   }
+  json_decref(a->history);
+  a->history = kept;
+  a->stored_bytes = size;
+  size_t k = to - from;
+  memmove(a->turns, a->turns + drop, (a->n_turns - drop) * sizeof(*a->turns));
+  a->n_turns -= drop;
+  for (size_t t = 0; t < a->n_turns; t++)
+    a->turns[t].start -= k;
 }
 
 static bool note_turn_start(ag_agent *a, size_t index) {
   if (a->n_turns == a->cap_turns) {
     size_t cap = a->cap_turns ? a->cap_turns * 2 : 16;
-    size_t *p = realloc(a->turn_starts, cap * sizeof(*p));
+    turn_span *p = realloc(a->turns, cap * sizeof(*p));
     if (p == NULL)
       return false;
-    a->turn_starts = p;
+    a->turns = p;
     a->cap_turns = cap;
   }
-  a->turn_starts[a->n_turns++] = index;
+  a->turns[a->n_turns].start = index;
+  a->turns[a->n_turns].bytes = 0;
+  a->n_turns++;
   return true;
 }
 
@@ -1339,6 +1380,7 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
 
   ag__ev_turn_start(&a->ev, user_message);
   size_t start = json_array_size(a->history);
+  size_t turns_before = a->n_turns;
   if (!note_turn_start(a, start)) {
     t.oom = true;
   } else if (!hist_append(a, message("user", user_message))) {
@@ -1363,6 +1405,8 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
     t.partial = NULL;
   }
 
+  if (a->n_turns > turns_before) /* this turn is stored */
+    measure_last_turn(a);
   cap_history(a);
   ag__ev_turn_end(&a->ev, out);
 

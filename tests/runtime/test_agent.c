@@ -1365,6 +1365,10 @@ Test(agent, history_cap_drops_oldest_turns) {
   cr_assert_eq((n - 1) % 2, 0, "whole turns only");
   cr_assert_str_eq(str(json_array_get(h, 1), "role"), "user");
   cr_assert_str_eq(str(json_array_get(h, n - 1), "content"), "answer 5");
+  /* No more than needed was dropped: a turn here is about 230 bytes, the
+   * system message and brackets about 45, so two turns fit in 700 and three
+   * do not. */
+  cr_assert_eq(n, 5, "expected two whole turns kept, got %zu messages", n);
   teardown();
 }
 
