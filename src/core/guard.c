@@ -34,7 +34,6 @@
  * other calls; counting per tool without the iteration window - it stops
  * edit/test/edit/test work (DESIGN.md "Breaker state").
  */
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,8 +81,7 @@ struct ag_guard {
   ag_config cfg;
   ag_guard_opts opts;
   ag__jcs *jcs;
-  EVP_MD *sha;
-  EVP_MD_CTX *md;
+  ag__sha256 *sha; /* error keys and result digests */
   size_t msg_cap;
 
   /* turn */
@@ -211,9 +209,7 @@ AG_EXTERN ag_err_t ag_guard_new(ag_guard **out, const ag_config *cfg,
                    err);
   if (rc != AG_OK)
     goto fail;
-  g->sha = EVP_MD_fetch(NULL, "SHA256", NULL);
-  g->md = EVP_MD_CTX_new();
-  if (g->sha == NULL || g->md == NULL) {
+  if (ag__sha256_new(&g->sha) != AG_OK) {
     rc =
         ag__set_error(err, AG_ECRYPTO, -1, "ag_guard_new: SHA-256 unavailable");
     goto fail;
@@ -240,8 +236,7 @@ AG_EXTERN void ag_guard_free(ag_guard *g) {
   if (g == NULL)
     return;
   ag__jcs_free(g->jcs);
-  EVP_MD_CTX_free(g->md);
-  EVP_MD_free(g->sha);
+  ag__sha256_free(g->sha);
   free(g->tools);
   ring_free(&g->history);
   ring_free(&g->unresolved);
@@ -355,10 +350,10 @@ static void digest_text(ag_guard *g, const char *name, const char *text,
   char buf[1024];
   size_t used = 0;
   bool pending_space = false, started = false;
-  EVP_DigestInit_ex2(g->md, g->sha, NULL);
-  EVP_DigestUpdate(g->md, name, strlen(name) + 1);
+  ag__sha256_init(g->sha);
+  ag__sha256_update(g->sha, name, strlen(name) + 1);
   if (!collapse) {
-    EVP_DigestUpdate(g->md, text, len);
+    ag__sha256_update(g->sha, text, len);
   } else {
     for (size_t i = 0; i < len; i++) {
       unsigned char c = (unsigned char)text[i];
@@ -368,7 +363,7 @@ static void digest_text(ag_guard *g, const char *name, const char *text,
         continue;
       }
       if (used + 2 > sizeof(buf)) {
-        EVP_DigestUpdate(g->md, buf, used);
+        ag__sha256_update(g->sha, buf, used);
         used = 0;
       }
       if (pending_space)
@@ -377,9 +372,10 @@ static void digest_text(ag_guard *g, const char *name, const char *text,
       started = true;
       buf[used++] = (char)c;
     }
-    EVP_DigestUpdate(g->md, buf, used);
+    ag__sha256_update(g->sha, buf, used);
   }
-  EVP_DigestFinal_ex(g->md, out, NULL);
+  if (!ag__sha256_final(g->sha, out))
+    memset(out, 0, AG_SIG_LEN); /* cannot happen with OpenSSL's SHA-256 */
 }
 
 AG_EXTERN bool ag_guard_is_error_text(const ag_guard *g, const char *text,

@@ -43,6 +43,21 @@ int ag__edit_distance(const char *a, size_t la, const char *b, size_t lb);
 int ag__suggest_limit(size_t input_len);
 
 /* ------------------------------------------------------------------------ */
+/* SHA-256 (src/core/sha256.c)                                              */
+/* ------------------------------------------------------------------------ */
+
+/* A reusable SHA-256 context: init/update/final never allocate. Not
+ * thread-safe: one per owner. */
+typedef struct ag__sha256 ag__sha256;
+
+ag_err_t ag__sha256_new(ag__sha256 **out); /* AG_ENOMEM, AG_ECRYPTO */
+void ag__sha256_free(ag__sha256 *s);
+void ag__sha256_init(ag__sha256 *s);
+void ag__sha256_update(ag__sha256 *s, const void *data, size_t len);
+/* false when the library reported a failure anywhere since init. */
+bool ag__sha256_final(ag__sha256 *s, uint8_t out[AG_SIG_LEN]);
+
+/* ------------------------------------------------------------------------ */
 /* JCS canonicalizer feeding SHA-256 (src/core/jcs.c)                       */
 /* ------------------------------------------------------------------------ */
 

@@ -37,16 +37,16 @@
  *     same double); anything else goes through strtod_l in a "C" locale
  *     made once per scratch, and the double is kept in the token.
  *  2. emit() walks the tape with an explicit stack and writes canonical bytes
- *     into a fixed 4 KiB buffer that is flushed to EVP_DigestUpdate (or to the
+ *     into a fixed 4 KiB buffer that is flushed to SHA-256 (or to the
  *     caller's sink) when full; long runs bypass the buffer. Doubles are
  *     printed the ECMAScript way: the shortest of 15, 16, 17 significant
  *     digits that reads back (all lengths for subnormals), laid out as
  *     Number.prototype.toString does.
  *
- * SHA-256: the digest is fetched once; each signature copies a context
- * initialised once (EVP_MD_CTX_copy_ex measured ~5% cheaper per small
- * signature than EVP_DigestInit_ex2), feeds name ":" and the canonical text
- * through the output buffer, and finalises.
+ * SHA-256: one ag__sha256 context (src/core/sha256.c: allocation-free,
+ * unlike OpenSSL 3.0's EVP re-initialisation) is re-initialised per
+ * signature, fed name ":" and the canonical text through the output buffer,
+ * and finalised.
  *
  * Errors are reported in source order: the first problem in the text wins
  * (a duplicate key found when its object closes is remembered and reported
@@ -78,7 +78,6 @@
 #include <xlocale.h>
 #endif
 
-#include <openssl/evp.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -160,14 +159,11 @@ struct ag__jcs {
   uint32_t dup_tok; /* pending duplicate key (the second one), or NONE */
 
   locale_t c_locale;
-  EVP_MD *md;
-  EVP_MD_CTX *ctx;
-  EVP_MD_CTX *tmpl; /* initialised once; copied per signature */
+  ag__sha256 *sha; /* NULL for scratch made only to canonicalize */
 
   ag__sink_fn sink; /* NULL: feed ctx */
   void *user;
-  bool stopped;       /* the sink asked to stop */
-  bool crypto_failed; /* EVP_DigestUpdate failed */
+  bool stopped; /* the sink asked to stop */
   size_t olen;
   char obuf[OBUF_SIZE + 32]; /* slack for fixed-size copies */
 };
@@ -1385,10 +1381,7 @@ static void deliver(ag__jcs *j, const void *data, size_t n) {
   if (j->stopped || n == 0)
     return;
   if (j->sink == NULL) {
-    if (EVP_DigestUpdate(j->ctx, data, n) != 1) {
-      j->crypto_failed = true;
-      j->stopped = true;
-    }
+    ag__sha256_update(j->sha, data, n);
   } else if (j->sink(j->user, data, n) != 0) {
     j->stopped = true;
   }
@@ -1682,11 +1675,7 @@ static ag_err_t jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
     return ag__set_error(err, AG_ENOMEM, -1, "jcs: out of memory");
   }
   if (digest) {
-    j->md = EVP_MD_fetch(NULL, "SHA256", NULL);
-    j->ctx = EVP_MD_CTX_new();
-    j->tmpl = EVP_MD_CTX_new();
-    if (j->md == NULL || j->ctx == NULL || j->tmpl == NULL ||
-        EVP_DigestInit_ex2(j->tmpl, j->md, NULL) != 1) {
+    if (ag__sha256_new(&j->sha) != AG_OK) {
       ag__jcs_free(j);
       return ag__set_error(err, AG_ECRYPTO, -1,
                            "jcs: cannot set up SHA-256 in OpenSSL");
@@ -1712,9 +1701,7 @@ void ag__jcs_free(ag__jcs *j) {
   free(j->arena);
   if (j->c_locale != (locale_t)0)
     freelocale(j->c_locale);
-  EVP_MD_CTX_free(j->ctx);
-  EVP_MD_CTX_free(j->tmpl);
-  EVP_MD_free(j->md);
+  ag__sha256_free(j->sha);
   free(j);
 }
 
@@ -1731,7 +1718,6 @@ static ag_err_t prepare(ag__jcs *j, const char *args, size_t args_len,
   j->len = args_len;
   j->olen = 0;
   j->stopped = false;
-  j->crypto_failed = false;
   if (args_len == 0) {
     *ntok = 0;
     return AG_OK;
@@ -1743,23 +1729,20 @@ ag_err_t ag__jcs_signature(ag__jcs *j, const char *name, size_t name_len,
                            const char *args, size_t args_len,
                            uint8_t sig[AG_SIG_LEN], ag_error_t *err) {
   size_t ntok;
-  if (j == NULL || j->ctx == NULL || (name == NULL && name_len > 0) ||
+  if (j == NULL || j->sha == NULL || (name == NULL && name_len > 0) ||
       sig == NULL)
     return ag__set_error(err, AG_EINVAL, -1, "signature: invalid argument");
   ag_err_t rc = prepare(j, args, args_len, &ntok, err);
   if (rc != AG_OK)
     return rc;
-  if (EVP_MD_CTX_copy_ex(j->ctx, j->tmpl) != 1)
-    return ag__set_error(err, AG_ECRYPTO, -1, "signature: SHA-256 failed");
+  ag__sha256_init(j->sha);
   j->sink = NULL;
   if (name_len > 0)
     put(j, name, name_len);
   put1(j, ':');
   emit(j, ntok);
   flush(j);
-  unsigned int n = 0;
-  if (j->crypto_failed || EVP_DigestFinal_ex(j->ctx, sig, &n) != 1 ||
-      n != AG_SIG_LEN)
+  if (!ag__sha256_final(j->sha, sig))
     return ag__set_error(err, AG_ECRYPTO, -1, "signature: SHA-256 failed");
   return AG_OK;
 }
