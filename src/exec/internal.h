@@ -53,6 +53,10 @@ ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
                             const char *tool, ag_error_t *err);
 void ag__schema_free(ag__schema *s);
 
+/* The JSON Schema name of a value's type: "object", "array", "string",
+ * "integer", "number", "boolean" or "null". */
+const char *ag__json_kind(const json_t *v);
+
 /* AG_OK or AG_EINVAL with "<json pointer>: <what>" ("/items/2/path: expected
  * string"); at the root the message is just "<what>". Thread-safe on a
  * compiled schema. */

@@ -389,26 +389,6 @@ AG_EXTERN const ag_tool_def *ag_registry_get(const ag_registry *r,
   return t == NULL ? NULL : &t->def;
 }
 
-static const char *kind_name(const json_t *v) {
-  switch (json_typeof(v)) {
-  case JSON_OBJECT:
-    return "object";
-  case JSON_ARRAY:
-    return "array";
-  case JSON_STRING:
-    return "string";
-  case JSON_INTEGER:
-    return "integer";
-  case JSON_REAL:
-    return "number";
-  case JSON_TRUE:
-  case JSON_FALSE:
-    return "boolean";
-  default:
-    return "null";
-  }
-}
-
 AG_EXTERN ag_err_t ag_registry_validate(const ag_registry *r, const char *name,
                                         const json_t *args, ag_error_t *err) {
   if (r == NULL || name == NULL)
@@ -427,7 +407,7 @@ AG_EXTERN ag_err_t ag_registry_validate(const ag_registry *r, const char *name,
     return ag__set_error(err, AG_EINVAL, -1, "expected object, got nothing");
   if (!json_is_object(args))
     return ag__set_error(err, AG_EINVAL, -1, "expected object, got %s",
-                         kind_name(args));
+                         ag__json_kind(args));
   return ag__schema_validate(t->schema, args, err);
 }
 

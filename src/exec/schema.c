@@ -372,7 +372,7 @@ static bool deeper_than(const json_t *v, int limit) {
   return false;
 }
 
-static const char *got_name(const json_t *v) {
+const char *ag__json_kind(const json_t *v) {
   switch (json_typeof(v)) {
   case JSON_OBJECT:
     return "object";
@@ -565,7 +565,7 @@ static ag_err_t kw_required(cctx *c, ag__schema *s, const json_t *v,
     const json_t *e = json_array_get(v, i);
     if (!json_is_string(e))
       return cfail(c, "must be an array of property names (item %zu is %s)", i,
-                   got_name(e));
+                   ag__json_kind(e));
     const char *name = json_string_value(e);
     size_t len = json_string_length(e);
     for (size_t j = 0; j < s->n_required; j++) {
@@ -1021,7 +1021,7 @@ static ag_err_t compile_node(cctx *c, ag__schema **out, const json_t *js,
   }
   if (!json_is_object(js))
     return cfail(c, "a schema must be an object or a boolean, not %s",
-                 got_name(js));
+                 ag__json_kind(js));
   const char *k;
   size_t kl;
   json_t *v;
@@ -1299,7 +1299,7 @@ static ag_err_t validate(vctx *v, const ag__schema *s, const json_t *x) {
     sbuf b;
     sb_init(&b, want, sizeof(want));
     types_text(&b, s->types);
-    return vfail(v, "expected %s, got %s", want, got_name(x));
+    return vfail(v, "expected %s, got %s", want, ag__json_kind(x));
   }
   if (s->const_value != NULL && !json_eq(x, s->const_value))
     return vfail(v, "must equal %s", s->const_text);
