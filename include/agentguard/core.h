@@ -46,7 +46,13 @@ typedef enum {
   AG_FAIL_ANY_FAILED
 } ag_failing_iteration;
 typedef enum { AG_TRIP_STOP = 0, AG_TRIP_ESCALATE } ag_on_trip;
-typedef enum { AG_FEEDBACK_COMPACT = 0, AG_FEEDBACK_FULL } ag_feedback;
+/* What the model is told of a failed call: the compact record, the full
+ * text, or only "Error: Function failed." (M.E.AI without detailed errors). */
+typedef enum {
+  AG_FEEDBACK_COMPACT = 0,
+  AG_FEEDBACK_FULL,
+  AG_FEEDBACK_GENERIC
+} ag_feedback;
 typedef enum {
   AG_BACKOFF_LINEAR = 0,
   AG_BACKOFF_EXPONENTIAL,
@@ -74,6 +80,12 @@ typedef struct ag_config {
     int cycle_limit;              /* 4: repetitions of a block */
     int cycle_max_length;         /* 4: longest block (2..16) */
     int64_t max_turn_duration_ms; /* 10: turn timeout */
+    int max_refused_replies;      /* 12: replies in a row that ran nothing */
+    int max_denied_calls;         /* 13: calls in a row denied at approval */
+    int content_loop_repeats;     /* 14: repetitions of a text chunk */
+    int max_empty_replies;        /* 15: empty replies in a row */
+    int repeated_result_limit;    /* 16: same call, same result, in a turn */
+    int repeated_failure_limit;   /* 16: same call, same error, in a turn */
     bool nudge_before_stop;
     bool final_request_without_tools;
     bool require_tool_call;
@@ -314,7 +326,12 @@ typedef enum {
   X(CONSECUTIVE_ERRORS, "consecutive_errors")                                  \
   X(TOTAL_ERROR_BUDGET, "total_error_budget")                                  \
   X(ERROR_PATTERN, "error_pattern")                                            \
-  X(TURN_TIMEOUT, "turn_timeout")
+  X(TURN_TIMEOUT, "turn_timeout")                                              \
+  X(REFUSED_REPLIES, "refused_replies")                                        \
+  X(DENIED_CALLS, "denied_calls")                                              \
+  X(CONTENT_LOOP, "content_loop")                                              \
+  X(EMPTY_REPLY, "empty_reply")                                                \
+  X(REPEATED_RESULTS, "repeated_results")
 
 typedef enum {
 #define AG__REASON_ENUM(id, name) AG_REASON_##id,
@@ -362,7 +379,9 @@ typedef enum {
   AG_OUTCOME_OK = 0, /* the tool answered (may still be an error by prefix) */
   AG_OUTCOME_ERROR,  /* the tool failed: error, timeout, crash, not found,
                         invalid arguments, no tool call (Forge) */
-  AG_OUTCOME_SKIPPED /* not run and not an error: denied or held back */
+  AG_OUTCOME_SKIPPED, /* not run and not an error: held back, or denied
+                         when the caller does not say which */
+  AG_OUTCOME_DENIED   /* not run: denied at approval (mechanism 13 counts) */
 } ag_outcome;
 
 /* One executed call's result. All pointers borrowed for the call. */
@@ -470,6 +489,38 @@ AG_EXTERN ag_action ag_guard_run_batch(ag_guard *g, const ag_call *calls,
                                        void *user, ag_call_check *checks,
                                        ag_result *results, ag_verdict *v,
                                        bool *ran);
+
+/*
+ * Records a model reply that ran nothing and is not a final answer: the
+ * harness refused it (no usable call, several calls where one is allowed),
+ * or it had no tool call under loop.require_tool_call. `text` (len bytes,
+ * may be NULL) is what the model is told; it joins the error context as an
+ * error of no tool. Counts mechanism 12 (refused_replies, N in a row; any
+ * reply where a call ran resets it) and nothing else: a refused reply is no
+ * tool's error and no failing iteration. Fills `v`; returns v->action
+ * (AG_ALLOW, or AG_STOP / AG_ESCALATE with refused_replies, or the turn
+ * timeout). A batch whose every call has arguments that are not JSON counts
+ * the same way inside ag_guard_record_results.
+ */
+AG_EXTERN ag_action ag_guard_record_refused(ag_guard *g, const char *text,
+                                            size_t len, int64_t now_ms,
+                                            ag_verdict *v);
+
+/* The note the model gets after a first empty reply (mechanism 15). */
+#define AG_EMPTY_REPLY_NOTE                                                    \
+  "Your last reply was empty: no text and no tool call. Continue the task: "   \
+  "call a tool, or give your final answer."
+
+/*
+ * Records a model reply with no text and no tool call (mechanism 15). With
+ * loop.max_empty_replies N > 0: returns AG_NUDGE (v->message is
+ * AG_EMPTY_REPLY_NOTE: add it to the conversation and ask again) until the
+ * Nth empty reply in a row, which returns AG_STOP with reason empty_reply.
+ * Any other reply (calls checked, a refused reply) resets the run. With N = 0
+ * returns AG_ALLOW: the empty reply is the final answer.
+ */
+AG_EXTERN ag_action ag_guard_record_empty(ag_guard *g, int64_t now_ms,
+                                          ag_verdict *v);
 
 /*
  * After an escalation the human chose "continue": resets only the counters of

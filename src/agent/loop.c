@@ -872,7 +872,7 @@ static int64_t run_cb(void *user, const ag_call *calls,
       cat = ok ? NULL : ag_category_name(ag_classify(text, len));
       break;
     case AG_EXEC_DENIED:
-      r->outcome = AG_OUTCOME_SKIPPED; /* a denial is not an error */
+      r->outcome = AG_OUTCOME_DENIED; /* not an error; mechanism 13 */
       r->category = er->category;
       ok = false;
       cat = ag_category_name(er->category);
@@ -896,6 +896,11 @@ static char *error_feedback(const ag_agent *a, const char *name,
   if (a->cfg.errors.feedback == AG_FEEDBACK_FULL) {
     *out_len = len;
     return dup_n(text, len);
+  }
+  if (a->cfg.errors.feedback == AG_FEEDBACK_GENERIC) {
+    static const char generic[] = "Error: Function failed.";
+    *out_len = sizeof(generic) - 1;
+    return dup_n(generic, *out_len);
   }
   char one[1];
   size_t max = (size_t)a->cfg.errors.max_error_chars;
@@ -1187,16 +1192,10 @@ done:
  * recoverable error. */
 static step no_tool_call(turn_ctx *t) {
   ag_agent *a = t->a;
-  ag_result r;
-  memset(&r, 0, sizeof(r));
-  r.name = "";
-  r.sig = NULL;
-  r.outcome = AG_OUTCOME_ERROR;
-  r.text = no_tool_call_text;
-  r.text_len = sizeof(no_tool_call_text) - 1;
-  r.category = AG_CAT_VALIDATION;
   ag_verdict v;
-  ag_action act = ag_guard_record_results(a->guard, &r, 1, ag_now_ms(), &v);
+  ag_action act =
+      ag_guard_record_refused(a->guard, no_tool_call_text,
+                              sizeof(no_tool_call_text) - 1, ag_now_ms(), &v);
   ag_cancel_reason why = fired(t);
   if (why != AG_CANCEL_NONE) {
     end_cancelled(t, why);

@@ -71,57 +71,15 @@ AG_EXTERN void ag_audit_opts_init(ag_audit_opts *opts) {
 
 /* Whether mechanism `r` can trip under `c`. */
 static bool mechanism_on(const ag_config *c, ag_reason r) {
-  switch (r) {
-  case AG_REASON_MAX_ITERATIONS:
-    return c->loop.max_iterations > 0;
-  case AG_REASON_MAX_CALLS_PER_TURN:
-    return c->loop.max_calls_per_turn > 0;
-  case AG_REASON_IDENTICAL_CALLS:
-    return c->loop.identical_call_limit > 0;
-  case AG_REASON_CYCLIC_CALLS:
-    return c->loop.cycle_limit > 1; /* 1 counts as off (docs/c-api.md) */
-  case AG_REASON_IDENTICAL_ERRORS:
-    return c->errors.max_identical_errors > 0;
-  case AG_REASON_TOOL_ERROR_BUDGET:
-    return c->errors.max_tool_errors > 0;
-  case AG_REASON_CONSECUTIVE_ERRORS:
-    return c->errors.max_consecutive_errors > 0;
-  case AG_REASON_TOTAL_ERROR_BUDGET:
-    return c->errors.max_total_errors > 0;
-  case AG_REASON_ERROR_PATTERN:
-    return c->errors.similar_error_limit > 0;
-  case AG_REASON_TURN_TIMEOUT:
-    return c->loop.max_turn_duration_ms > 0;
-  case AG_REASON_NONE:
-  case AG_REASON__COUNT:
-    break;
-  }
-  return false;
+  return ag__mechanism_on(c, r);
 }
 
 /* `c` with every mechanism but `keep` turned off. */
 static ag_config only(const ag_config *c, ag_reason keep) {
   ag_config o = *c;
-  if (keep != AG_REASON_MAX_ITERATIONS)
-    o.loop.max_iterations = 0;
-  if (keep != AG_REASON_MAX_CALLS_PER_TURN)
-    o.loop.max_calls_per_turn = 0;
-  if (keep != AG_REASON_IDENTICAL_CALLS)
-    o.loop.identical_call_limit = 0;
-  if (keep != AG_REASON_CYCLIC_CALLS)
-    o.loop.cycle_limit = 0;
-  if (keep != AG_REASON_IDENTICAL_ERRORS)
-    o.errors.max_identical_errors = 0;
-  if (keep != AG_REASON_TOOL_ERROR_BUDGET)
-    o.errors.max_tool_errors = 0;
-  if (keep != AG_REASON_CONSECUTIVE_ERRORS)
-    o.errors.max_consecutive_errors = 0;
-  if (keep != AG_REASON_TOTAL_ERROR_BUDGET)
-    o.errors.max_total_errors = 0;
-  if (keep != AG_REASON_ERROR_PATTERN)
-    o.errors.similar_error_limit = 0;
-  if (keep != AG_REASON_TURN_TIMEOUT)
-    o.loop.max_turn_duration_ms = 0;
+  for (int r = 1; r < AG_REASON__COUNT; r++)
+    if (r != (int)keep)
+      ag__mechanism_off(&o, (ag_reason)r);
   return o;
 }
 
@@ -288,26 +246,18 @@ static ag_err_t replay(ag_auditor *a, ag_guard *g, const ag_trajectory *t,
       if (act == AG_ALLOW && st->no_reply && !st->rejected) {
         /* The request got no reply: only the iteration counted. */
       } else if (act == AG_ALLOW && (st->rejected || st->n_calls == 0)) {
-        /* Nothing ran: a refused reply, or a reply without a tool call. */
-        ag_result r;
-        memset(&r, 0, sizeof(r));
-        r.name = "";
-        r.sig = NULL;
-        r.outcome = AG_OUTCOME_ERROR;
-        r.category = unjudged;
+        /* Nothing ran: a refused reply (mechanism 12, no tool's error), or
+         * a reply without a tool call, which is one only when a call is
+         * required (and else the run's final answer). */
         if (st->rejected) {
-          r.text = st->n_results > 0 && st->results[0].text != NULL
-                       ? st->results[0].text
-                       : "";
-          r.text_len = st->n_results > 0 && st->results[0].text != NULL
-                           ? st->results[0].text_len
-                           : 0;
-          act = ag_guard_record_results(g, &r, 1, t_done, &v);
+          bool has = st->n_results > 0 && st->results[0].text != NULL;
+          act = ag_guard_record_refused(g, has ? st->results[0].text : "",
+                                        has ? st->results[0].text_len : 0,
+                                        t_done, &v);
         } else if (require_call) {
-          r.text = NO_TOOL_CALL_TEXT;
-          r.text_len = sizeof(NO_TOOL_CALL_TEXT) - 1;
-          r.category = AG_CAT_VALIDATION;
-          act = ag_guard_record_results(g, &r, 1, t_done, &v);
+          act = ag_guard_record_refused(g, NO_TOOL_CALL_TEXT,
+                                        sizeof(NO_TOOL_CALL_TEXT) - 1, t_done,
+                                        &v);
         }
       } else if (act == AG_ALLOW) {
         ag_err_t rc = reserve(a, st->n_calls, err);

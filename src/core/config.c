@@ -72,7 +72,8 @@ typedef struct key_desc {
 static const char *const scope_names[] = {"call", "call_and_result", NULL};
 static const char *const failing_names[] = {"all_failed", "any_failed", NULL};
 static const char *const on_trip_names[] = {"stop", "escalate", NULL};
-static const char *const feedback_names[] = {"compact", "full", NULL};
+static const char *const feedback_names[] = {"compact", "full", "generic",
+                                             NULL};
 static const char *const backoff_names[] = {"linear", "exponential", "constant",
                                             NULL};
 static const char *const retry_on_names[] = {"transient", "all", "none", NULL};
@@ -102,6 +103,12 @@ static const key_desc keys[] = {
     KCOUNT(loop, cycle_limit, "0"),
     KINT(loop, cycle_max_length, 2, 16, "5"),
     KDUR(loop, max_turn_duration, "0"),
+    KCOUNT(loop, max_refused_replies, "0"),
+    KCOUNT(loop, max_denied_calls, "0"),
+    KINT(loop, content_loop_repeats, 0, 1000, "0"),
+    KCOUNT(loop, max_empty_replies, "0"),
+    KCOUNT(loop, repeated_result_limit, "0"),
+    KCOUNT(loop, repeated_failure_limit, "0"),
     KBOOL(loop, nudge_before_stop, "false"),
     KBOOL(loop, final_request_without_tools, "false"),
     KBOOL(loop, require_tool_call, "false"),
@@ -164,7 +171,9 @@ static const override none_set[] = {
 
 /* The seeds' mechanisms combined (DESIGN.md section 3, "default" column). */
 static const override default_set[] = {
-    {"loop.max_iterations", "40"},
+    /* A budget, not a loop signal: coding agents that succeed run 50-150
+     * steps (docs/detection.md). */
+    {"loop.max_iterations", "150"},
     {"loop.identical_call_limit", "5"},
     {"loop.cycle_limit", "5"},
     {"loop.max_turn_duration", "5m"},
@@ -173,6 +182,12 @@ static const override default_set[] = {
     {"errors.max_consecutive_errors", "3"},
     {"errors.feedback", "compact"},
     {"errors.error_context", "true"},
+    /* Mechanisms 12-16, chosen on real runs (docs/detection.md). */
+    {"loop.max_refused_replies", "10"},
+    {"loop.max_denied_calls", "3"},
+    {"loop.max_empty_replies", "2"},
+    {"loop.repeated_result_limit", "5"},
+    {"loop.repeated_failure_limit", "3"},
     {"retry.max_retries", "3"},
     {"retry.function_timeout", "30s"},
     {"network.max_retries", "3"},
@@ -227,6 +242,9 @@ static const override forge_set[] = {
     {"loop.require_tool_call", "true"},
     {"loop.loop_breaking_tools", "task_complete,ask_question"},
     {"errors.error_context", "true"},
+    /* Forge counts "no tool call" among its 5 identical errors; agentguard
+     * counts refused replies apart, with the same limit. */
+    {"loop.max_refused_replies", "5"},
     {NULL, NULL},
 };
 
@@ -256,6 +274,8 @@ static const override meai_set[] = {
     {"loop.final_request_without_tools", "true"},
     {"errors.max_consecutive_errors", "3"},
     {"errors.failing_iteration", "any_failed"},
+    {"loop.parallel", "false"},   /* AllowConcurrentInvocation = false */
+    {"errors.feedback", "generic"}, /* IncludeDetailedErrors = false */
     {NULL, NULL},
 };
 

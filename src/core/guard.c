@@ -44,6 +44,16 @@
 
 #define CYCLE_MAX 16
 #define UNRESOLVED_MAX 64
+/* Mechanism 16: call+result pairs remembered per turn, direct-mapped by
+ * digest (a pair evicted by a colliding one starts again at 1). */
+#define REPEAT_SLOTS 256
+#define REPEAT_KEY 16 /* bytes of the SHA-256 kept: collisions are moot */
+
+typedef struct repeat_slot {
+  uint8_t key[REPEAT_KEY];
+  int count;         /* 0: empty */
+  uint32_t novel_at; /* g->novel when the pair was last seen */
+} repeat_slot;
 
 typedef struct tool_state {
   bool used;
@@ -112,8 +122,19 @@ struct ag_guard {
   /* mechanism 9 */
   int pattern_run;
   ag_category pattern_cat;
+  /* mechanisms 12, 13, 15 */
+  int refused_run;
+  int denied_run;
+  int empty_run;
+  /* mechanism 16 */
+  repeat_slot repeat[REPEAT_SLOTS];
+  uint32_t novel; /* pairs seen for the first time in the turn */
+  /* mechanism 5's nudge: the next call with this signature is held back */
+  bool hold_armed;
+  uint8_t hold_sig[AG_SIG_LEN];
+  char hold_msg[AG_VERDICT_MSG_MAX];
 
-  bool nudged[AG_REASON__COUNT];
+  bool nudged; /* a loop mechanism (3, 4, 5, 16) has nudged in this turn */
   ag_reason last_trip;
   int trips;
 
@@ -136,6 +157,32 @@ AG_EXTERN const char *ag_reason_name(ag_reason reason) {
   if ((int)reason < 0 || reason >= AG_REASON__COUNT)
     return "unknown";
   return reason_names[reason];
+}
+
+bool ag__mechanism_on(const ag_config *c, ag_reason r) {
+  switch (r) {
+#define X(id, k1, k2)                                                          \
+  case AG_REASON_##id:                                                         \
+    return c->k1 > 0 || c->k2 > 0;
+    AG__MECHANISMS(X)
+#undef X
+  default:
+    return false;
+  }
+}
+
+void ag__mechanism_off(ag_config *c, ag_reason r) {
+  switch (r) {
+#define X(id, k1, k2)                                                          \
+  case AG_REASON_##id:                                                         \
+    c->k1 = 0;                                                                 \
+    c->k2 = 0;                                                                 \
+    break;
+    AG__MECHANISMS(X)
+#undef X
+  default:
+    break;
+  }
 }
 
 AG_EXTERN void ag_guard_opts_init(ag_guard_opts *opts) {
@@ -270,7 +317,11 @@ AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
   g->total_errors = 0;
   g->pattern_run = 0;
   g->pattern_cat = AG_CAT_UNKNOWN;
-  memset(g->nudged, 0, sizeof(g->nudged));
+  g->refused_run = g->denied_run = g->empty_run = 0;
+  memset(g->repeat, 0, sizeof(g->repeat));
+  g->novel = 0;
+  g->hold_armed = false;
+  g->nudged = false;
   g->last_trip = AG_REASON_NONE;
   g->trips = 0;
   g->history.count = g->history.head = 0;
@@ -344,36 +395,111 @@ static tool_state *tool_get(ag_guard *g, const char *name) {
   return t;
 }
 
-/* SHA-256 of `name` NUL `text` with whitespace runs collapsed. */
+/* SHA-256 of `name` NUL `text`, exactly. */
 static void digest_text(ag_guard *g, const char *name, const char *text,
-                        size_t len, bool collapse, uint8_t out[AG_SIG_LEN]) {
+                        size_t len, uint8_t out[AG_SIG_LEN]) {
+  ag__sha256_init(g->sha);
+  ag__sha256_update(g->sha, name, strlen(name) + 1);
+  ag__sha256_update(g->sha, text, len);
+  if (!ag__sha256_final(g->sha, out))
+    memset(out, 0, AG_SIG_LEN); /* cannot happen with OpenSSL's SHA-256 */
+}
+
+static bool is_digit(unsigned char c) {
+  return c >= '0' && c <= '9';
+}
+
+static bool is_hex(unsigned char c) {
+  return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f');
+}
+
+static bool is_alnum(unsigned char c) {
+  return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+}
+
+static bool is_space(unsigned char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' ||
+         c == '\v';
+}
+
+/* The end of a volatile token at text[i] (a number, a hex address or id, a
+ * temporary path), or i when there is none. */
+static size_t volatile_end(const char *text, size_t len, size_t i) {
+  const unsigned char *t = (const unsigned char *)text;
+  if (t[i] == '/' && len - i > 5 && memcmp(t + i, "/tmp/", 5) == 0) {
+    size_t j = i + 5;
+    while (j < len && !is_space(t[j]) && t[j] != '\'' && t[j] != '"' &&
+           t[j] != ':' && t[j] != ',' && t[j] != ')')
+      j++;
+    return j;
+  }
+  if (t[i] == '0' && i + 2 < len && (t[i + 1] | 0x20) == 'x' &&
+      is_hex(t[i + 2])) {
+    size_t j = i + 2;
+    while (j < len && is_hex(t[j]))
+      j++;
+    return j;
+  }
+  if (is_hex(t[i]) && (i == 0 || !is_alnum(t[i - 1]))) {
+    size_t j = i;
+    bool digit = false;
+    while (j < len && is_hex(t[j]))
+      digit |= is_digit(t[j++]);
+    if (j - i >= 8 && digit && (j == len || !is_alnum(t[j])))
+      return j; /* a hash, an address, a uuid part */
+  }
+  if (is_digit(t[i])) {
+    size_t j = i;
+    while (j < len &&
+           (is_digit(t[j]) || (t[j] == '.' && j + 1 < len && is_digit(t[j + 1]))))
+      j++;
+    return j;
+  }
+  return i;
+}
+
+/*
+ * SHA-256 of `name` NUL, `pre` (pre_len bytes; may be NULL) and `text`
+ * normalized: whitespace runs collapsed, and numbers, hex addresses, long hex
+ * ids and temporary paths each replaced by '#'. Two error messages that
+ * differ only in a line number, a process id, an address, a timestamp or a
+ * temporary file name are then the same error (mechanisms 5 and 16).
+ */
+static void digest_norm(ag_guard *g, const char *name, const uint8_t *pre,
+                        size_t pre_len, const char *text, size_t len,
+                        uint8_t out[AG_SIG_LEN]) {
   char buf[1024];
   size_t used = 0;
   bool pending_space = false, started = false;
   ag__sha256_init(g->sha);
   ag__sha256_update(g->sha, name, strlen(name) + 1);
-  if (!collapse) {
-    ag__sha256_update(g->sha, text, len);
-  } else {
-    for (size_t i = 0; i < len; i++) {
-      unsigned char c = (unsigned char)text[i];
-      if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' ||
-          c == '\v') {
-        pending_space = started;
-        continue;
-      }
-      if (used + 2 > sizeof(buf)) {
-        ag__sha256_update(g->sha, buf, used);
-        used = 0;
-      }
-      if (pending_space)
-        buf[used++] = ' ';
-      pending_space = false;
-      started = true;
-      buf[used++] = (char)c;
+  if (pre != NULL)
+    ag__sha256_update(g->sha, pre, pre_len);
+  for (size_t i = 0; i < len;) {
+    unsigned char c = (unsigned char)text[i];
+    if (is_space(c)) {
+      pending_space = started;
+      i++;
+      continue;
     }
-    ag__sha256_update(g->sha, buf, used);
+    if (used + 2 > sizeof(buf)) {
+      ag__sha256_update(g->sha, buf, used);
+      used = 0;
+    }
+    if (pending_space)
+      buf[used++] = ' ';
+    pending_space = false;
+    started = true;
+    size_t j = volatile_end(text, len, i);
+    if (j > i) {
+      buf[used++] = '#';
+      i = j;
+    } else {
+      buf[used++] = (char)c;
+      i++;
+    }
   }
+  ag__sha256_update(g->sha, buf, used);
   if (!ag__sha256_final(g->sha, out))
     memset(out, 0, AG_SIG_LEN); /* cannot happen with OpenSSL's SHA-256 */
 }
@@ -473,11 +599,13 @@ static int cycle_push(ag_guard *g, bool valid, const uint8_t *sig) {
   return 0;
 }
 
-/* A first trip of 3 or 4 with nudge_before_stop holds the call back. */
-static bool nudge_first(ag_guard *g, ag_reason r) {
-  if (!g->cfg.loop.nudge_before_stop || g->nudged[r])
+/* With nudge_before_stop, the first trip in a turn of any loop mechanism
+ * (3, 4, 5, 16) nudges; the next trip of any of them stops (Gemini CLI's two
+ * strikes, counted across the mechanisms). */
+static bool nudge_first(ag_guard *g) {
+  if (!g->cfg.loop.nudge_before_stop || g->nudged)
     return false;
-  g->nudged[r] = true;
+  g->nudged = true;
   return true;
 }
 
@@ -517,8 +645,13 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
   }
   if (past_deadline(g, now_ms, v))
     return v->action;
+  if (n > 0)
+    g->empty_run = 0;
 
   const ag_config *cfg = &g->cfg;
+  /* In call_and_result scope a repetition is judged on results too, so the
+   * cycle detector runs in record_results. */
+  const bool cycles_now = cfg->loop.identical_call_scope == AG_SCOPE_CALL;
   size_t checked =
       n < (size_t)g->opts.max_batch ? n : (size_t)g->opts.max_batch;
   for (size_t i = 0; i < checked; i++) {
@@ -539,6 +672,17 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
       goto trip;
     }
     g->calls_in_turn++;
+
+    /* 5's nudge: the call after an identical error's trip, if it is the
+     * same call again, is held back once. */
+    if (g->hold_armed && c->valid &&
+        memcmp(c->sig, g->hold_sig, AG_SIG_LEN) == 0) {
+      g->hold_armed = false;
+      c->action = AG_NUDGE;
+      c->reason = AG_REASON_IDENTICAL_ERRORS;
+      memcpy(c->message, g->hold_msg, sizeof(c->message));
+      continue;
+    }
 
     /* 3: identical-call breaker (scope "call") */
     tool_state *t = tool_get(g, name);
@@ -561,8 +705,9 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
                  "%s was called %d times in a row with the same arguments",
                  name, t->run);
         v->suggestion = identical_suggestion;
-        if (nudge_first(g, c->reason)) {
-          cycle_push(g, c->valid, c->sig); /* the detector keeps its count */
+        if (nudge_first(g)) {
+          if (cycles_now) /* the detector keeps its count */
+            cycle_push(g, c->valid, c->sig);
           goto nudge;
         }
         c->action = trip_action(g);
@@ -571,7 +716,7 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
     }
 
     /* 4: cycle detector */
-    int p = cycle_push(g, c->valid, c->sig);
+    int p = cycles_now ? cycle_push(g, c->valid, c->sig) : 0;
     if (p > 0 && cfg->loop.cycle_limit > 0) {
       c->reason = AG_REASON_CYCLIC_CALLS;
       snprintf(c->message, sizeof(c->message),
@@ -579,7 +724,7 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
                "row",
                p, name, cfg->loop.cycle_limit);
       v->suggestion = cycle_suggestion;
-      if (nudge_first(g, c->reason))
+      if (nudge_first(g))
         goto nudge;
       c->action = trip_action(g);
       goto trip;
@@ -695,6 +840,134 @@ static void note(trip_note *tn, int index, const char *tool, const char *fmt,
   va_end(ap);
 }
 
+/*
+ * Mechanism 16: counts one more (call, result) pair in the turn and returns
+ * the count. A failure counts every time the turn sees it, whatever happened
+ * in between (edit, then the same failing test, again and again). A success
+ * counts only while nothing new happened since its last occurrence: any pair
+ * seen for the first time in between (a poll whose status changed, a file
+ * that now reads differently) is progress and restarts the count at 1, so a
+ * `sleep` between polls of a moving job never adds up.
+ */
+static int repeat_count(ag_guard *g, const uint8_t key[AG_SIG_LEN],
+                        bool failure) {
+  unsigned slot = ((unsigned)key[0] | (unsigned)key[1] << 8) % REPEAT_SLOTS;
+  repeat_slot *r = &g->repeat[slot];
+  if (r->count > 0 && memcmp(r->key, key, REPEAT_KEY) == 0) {
+    if (failure || r->novel_at == g->novel)
+      r->count++;
+    else
+      r->count = 1;
+  } else {
+    memcpy(r->key, key, REPEAT_KEY);
+    r->count = 1;
+    g->novel++;
+  }
+  r->novel_at = g->novel;
+  return r->count;
+}
+
+/* SHA-256 of two digests, for a (call, result) pair. */
+static void pair_key(ag_guard *g, const uint8_t *a, const uint8_t *b,
+                     uint8_t out[AG_SIG_LEN]) {
+  ag__sha256_init(g->sha);
+  ag__sha256_update(g->sha, a, AG_SIG_LEN);
+  ag__sha256_update(g->sha, b, AG_SIG_LEN);
+  if (!ag__sha256_final(g->sha, out))
+    memset(out, 0, AG_SIG_LEN);
+}
+
+/* An error that is no tool's failure (a refused reply, arguments that are
+ * not JSON): kept for the error context and the escalation record only. */
+static void remember_error(ag_guard *g, const char *name, ag_category cat,
+                           const char *text, size_t len) {
+  tool_state *t = tool_get(g, name);
+  if (cat >= AG_CAT__COUNT)
+    cat = AG_CAT_VALIDATION;
+  ring_push(g, &g->history, name, cat, text, len);
+  ring_push(g, &g->unresolved, name, cat, text, len);
+  g->unresolved_total++;
+  t->unresolved++;
+}
+
+/* The loop mechanisms: a first trip nudges under loop.nudge_before_stop. */
+static bool is_loop_mechanism(ag_reason r) {
+  return r == AG_REASON_IDENTICAL_CALLS || r == AG_REASON_CYCLIC_CALLS ||
+         r == AG_REASON_IDENTICAL_ERRORS || r == AG_REASON_REPEATED_RESULTS;
+}
+
+static const char *trip_suggestion(ag_reason r) {
+  switch (r) {
+  case AG_REASON_IDENTICAL_CALLS:
+  case AG_REASON_REPEATED_RESULTS:
+    return identical_suggestion;
+  case AG_REASON_CYCLIC_CALLS:
+    return cycle_suggestion;
+  case AG_REASON_REFUSED_REPLIES:
+    return "Answer with exactly one well-formed tool call, or with the final "
+           "answer.";
+  case AG_REASON_DENIED_CALLS:
+    return "The user keeps refusing these calls: ask the user how to go on "
+           "instead of proposing more of them.";
+  default:
+    return "Stop retrying the failing approach: explain the problem to the "
+           "user or ask for help.";
+  }
+}
+
+/* Decides the verdict of record_results from the noted trips, in the order
+ * of DESIGN.md's table. */
+static ag_action decide(ag_guard *g, const trip_note *tn,
+                        const ag_result *results, size_t n, ag_verdict *v) {
+  static const ag_reason order[] = {
+      AG_REASON_IDENTICAL_CALLS,    AG_REASON_CYCLIC_CALLS,
+      AG_REASON_IDENTICAL_ERRORS,   AG_REASON_TOOL_ERROR_BUDGET,
+      AG_REASON_CONSECUTIVE_ERRORS, AG_REASON_TOTAL_ERROR_BUDGET,
+      AG_REASON_ERROR_PATTERN,      AG_REASON_REFUSED_REPLIES,
+      AG_REASON_DENIED_CALLS,       AG_REASON_REPEATED_RESULTS};
+  for (size_t k = 0; k < sizeof(order) / sizeof(order[0]); k++) {
+    ag_reason r = order[k];
+    if (!tn[r].tripped)
+      continue;
+    v->reason = r;
+    v->call_index = tn[r].index;
+    ag__scopy(v->tool, sizeof(v->tool), tn[r].tool);
+    if (r != AG_REASON_CONSECUTIVE_ERRORS)
+      v->warning[0] = '\0';
+    if (is_loop_mechanism(r) && nudge_first(g)) {
+      v->action = AG_NUDGE;
+      const ag_result *res = tn[r].index >= 0 && (size_t)tn[r].index < n
+                                 ? &results[tn[r].index]
+                                 : NULL;
+      if (r == AG_REASON_IDENTICAL_ERRORS && res != NULL && res->sig != NULL) {
+        /* goose's way: the next identical failing call is refused */
+        g->hold_armed = true;
+        memcpy(g->hold_sig, res->sig, AG_SIG_LEN);
+        snprintf(g->hold_msg, sizeof(g->hold_msg),
+                 "Potential loop detected: %.300s. This call was not run. %s",
+                 tn[r].message, identical_suggestion);
+        snprintf(v->message, sizeof(v->message),
+                 "Potential loop detected: %.300s. The same call will not be "
+                 "run again. %s",
+                 tn[r].message, identical_suggestion);
+      } else {
+        snprintf(v->message, sizeof(v->message),
+                 "Potential loop detected: %.300s. %s", tn[r].message,
+                 trip_suggestion(r));
+      }
+      return v->action;
+    }
+    v->action = trip_action(g);
+    ag__scopy(v->message, sizeof(v->message), tn[r].message);
+    v->suggestion = trip_suggestion(r);
+    g->last_trip = r;
+    g->trips++;
+    return v->action;
+  }
+  v->warning[0] = '\0';
+  return AG_ALLOW;
+}
+
 AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
                                             const ag_result *results, size_t n,
                                             int64_t now_ms, ag_verdict *v) {
@@ -705,8 +978,11 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
   trip_note tn[AG_REASON__COUNT];
   for (int r = 0; r < AG_REASON__COUNT; r++)
     tn[r].tripped = false;
-  int counted = 0, failed = 0;
+  int counted = 0, failed = 0, invalid = 0;
   char shown[96];
+  const bool by_result = cfg->loop.identical_call_scope == AG_SCOPE_CALL_AND_RESULT;
+  const bool repeats =
+      cfg->loop.repeated_result_limit > 0 || cfg->loop.repeated_failure_limit > 0;
 
   for (size_t i = 0; i < n; i++) {
     const ag_result *r = &results[i];
@@ -715,19 +991,43 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
     const char *name = r->name != NULL ? r->name : "";
     const char *text = r->text != NULL ? r->text : "";
     size_t len = r->text != NULL ? r->text_len : 0;
+
+    /* 13: denied calls in a row (any call that ran breaks the run) */
+    if (r->outcome == AG_OUTCOME_DENIED) {
+      g->denied_run++;
+      if (cfg->loop.max_denied_calls > 0 &&
+          g->denied_run >= cfg->loop.max_denied_calls)
+        note(&tn[AG_REASON_DENIED_CALLS], (int)i, name,
+             "%d tool calls in a row were denied at approval; last: %s",
+             g->denied_run, name);
+      continue;
+    }
+    g->denied_run = 0;
+
+    /* Arguments that are not JSON: nothing ran, so it is no tool's failure
+     * (mechanism 12 counts a reply where nothing ran). */
+    if (r->sig == NULL && r->outcome == AG_OUTCOME_ERROR) {
+      invalid++;
+      remember_error(g, name, r->category, text, len);
+      tool_state *t = tool_get(g, name);
+      t->has_sig = t->has_result = false;
+      t->run = 0;
+      continue;
+    }
+
     bool is_err =
         r->outcome == AG_OUTCOME_ERROR || ag_guard_is_error_text(g, text, len);
     tool_state *t = tool_get(g, name);
     counted++;
 
-    /* 3 in call_and_result scope: counts once the result is known */
-    if (cfg->loop.identical_call_scope == AG_SCOPE_CALL_AND_RESULT) {
+    /* 3 and 4 in call_and_result scope: count once the result is known */
+    if (by_result) {
       uint8_t rh[AG_SIG_LEN];
       if (r->sig == NULL) {
         t->has_sig = false;
         t->run = 0;
       } else {
-        digest_text(g, "", text, len, false, rh);
+        digest_text(g, "", text, len, rh);
         if (t->has_sig && t->has_result && t->run_iter >= g->iteration - 1 &&
             memcmp(t->sig, r->sig, AG_SIG_LEN) == 0 &&
             memcmp(t->result, rh, AG_SIG_LEN) == 0)
@@ -744,6 +1044,45 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
                "%s was called %d times in a row with the same arguments and "
                "got the same result",
                name, t->run);
+        uint8_t pk[AG_SIG_LEN];
+        pair_key(g, r->sig, rh, pk);
+        int p = cycle_push(g, true, pk);
+        if (p > 0 && cfg->loop.cycle_limit > 0)
+          note(&tn[AG_REASON_CYCLIC_CALLS], (int)i, name,
+               "A sequence of %d calls ending with %s repeated %d times in a "
+               "row with the same results",
+               p, name, cfg->loop.cycle_limit);
+      }
+    }
+
+    /* 16: the same call with the same result, anywhere in the turn; an
+     * error is compared normalized (numbers, addresses, temporary paths),
+     * a success exactly (changing numbers there are progress) */
+    if (repeats && r->sig != NULL) {
+      uint8_t pk[AG_SIG_LEN];
+      int lim;
+      if (is_err) {
+        digest_norm(g, "\x01", r->sig, AG_SIG_LEN, text, len, pk);
+        lim = cfg->loop.repeated_failure_limit;
+      } else {
+        digest_text(g, "\x02", text, len, pk);
+        pair_key(g, r->sig, pk, pk);
+        lim = cfg->loop.repeated_result_limit;
+      }
+      int cnt = repeat_count(g, pk, is_err);
+      if (lim > 0 && cnt >= lim) {
+        bool cut;
+        ag__collapse_ws(shown, sizeof(shown), text, len, 80, &cut);
+        if (is_err)
+          note(&tn[AG_REASON_REPEATED_RESULTS], (int)i, name,
+               "%s failed %d times in this turn with the same arguments and "
+               "the same error: %s%s",
+               name, cnt, shown, cut ? "..." : "");
+        else
+          note(&tn[AG_REASON_REPEATED_RESULTS], (int)i, name,
+               "%s was called %d times with the same arguments and got the "
+               "same result, with nothing new in between",
+               name, cnt);
       }
     }
 
@@ -767,9 +1106,9 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
     g->unresolved_total++;
     t->unresolved++;
 
-    /* 5: identical errors */
+    /* 5: identical errors (normalized) */
     uint8_t key[AG_SIG_LEN];
-    digest_text(g, name, text, len, true, key);
+    digest_norm(g, name, NULL, 0, text, len, key);
     if (g->ident_run > 0 && memcmp(key, g->ident_key, AG_SIG_LEN) == 0)
       g->ident_run++;
     else
@@ -813,6 +1152,18 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
            ag_category_name(cat), name, shown, ell);
   }
 
+  /* 12: a reply none of whose calls could run is a refused reply */
+  if (counted > 0) {
+    g->refused_run = 0;
+  } else if (invalid > 0) {
+    g->refused_run++;
+    if (cfg->loop.max_refused_replies > 0 &&
+        g->refused_run >= cfg->loop.max_refused_replies)
+      note(&tn[AG_REASON_REFUSED_REPLIES], -1, "",
+           "%d replies in a row ran nothing (arguments that are not JSON)",
+           g->refused_run);
+  }
+
   /* 7: failing iterations */
   if (counted > 0) {
     bool failing = cfg->errors.failing_iteration == AG_FAIL_ALL_FAILED
@@ -826,7 +1177,8 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
       c->index = -1;
       c->tool[0] = '\0';
       for (size_t i = n; i-- > 0;) {
-        if (results[i].outcome != AG_OUTCOME_SKIPPED) {
+        if (results[i].outcome != AG_OUTCOME_SKIPPED &&
+            results[i].outcome != AG_OUTCOME_DENIED) {
           ag__scopy(c->tool, sizeof(c->tool),
                     results[i].name != NULL ? results[i].name : "");
           break;
@@ -841,43 +1193,61 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
     }
   }
 
-  static const ag_reason order[] = {
-      AG_REASON_IDENTICAL_CALLS,    AG_REASON_IDENTICAL_ERRORS,
-      AG_REASON_TOOL_ERROR_BUDGET,  AG_REASON_CONSECUTIVE_ERRORS,
-      AG_REASON_TOTAL_ERROR_BUDGET, AG_REASON_ERROR_PATTERN};
-  for (size_t k = 0; k < sizeof(order) / sizeof(order[0]); k++) {
-    ag_reason r = order[k];
-    if (!tn[r].tripped)
-      continue;
-    if (r == AG_REASON_IDENTICAL_CALLS && nudge_first(g, r)) {
-      v->action = AG_NUDGE;
-      v->reason = r;
-      v->call_index = tn[r].index;
-      ag__scopy(v->tool, sizeof(v->tool), tn[r].tool);
-      snprintf(v->message, sizeof(v->message),
-               "Potential loop detected: %.300s. %s", tn[r].message,
-               identical_suggestion);
-      break;
-    }
+  if (decide(g, tn, results, n, v) != AG_ALLOW)
+    return v->action;
+  /* The deadline is checked last: results that arrived are still recorded. */
+  past_deadline(g, now_ms, v);
+  return v->action;
+}
+
+AG_EXTERN ag_action ag_guard_record_refused(ag_guard *g, const char *text,
+                                            size_t len, int64_t now_ms,
+                                            ag_verdict *v) {
+  verdict_reset(v);
+  const ag_config *cfg = &g->cfg;
+  g->empty_run = 0;
+  remember_error(g, "", AG_CAT_VALIDATION, text != NULL ? text : "",
+                 text != NULL ? len : 0);
+  g->refused_run++;
+  int lim = cfg->loop.max_refused_replies;
+  if (lim > 0 && g->refused_run >= lim) {
     v->action = trip_action(g);
-    v->reason = r;
-    v->call_index = tn[r].index;
-    ag__scopy(v->tool, sizeof(v->tool), tn[r].tool);
-    ag__scopy(v->message, sizeof(v->message), tn[r].message);
-    v->suggestion = r == AG_REASON_IDENTICAL_CALLS
-                        ? identical_suggestion
-                        : "Stop retrying the failing approach: explain the "
-                          "problem to the user or ask for help.";
-    if (r != AG_REASON_CONSECUTIVE_ERRORS)
-      v->warning[0] = '\0';
-    g->last_trip = r;
+    v->reason = AG_REASON_REFUSED_REPLIES;
+    snprintf(v->message, sizeof(v->message),
+             "%d replies in a row ran nothing (no usable tool call)",
+             g->refused_run);
+    v->suggestion = trip_suggestion(v->reason);
+    g->last_trip = v->reason;
     g->trips++;
     return v->action;
   }
-  v->warning[0] = '\0';
-  /* The deadline is checked last: results that arrived are still recorded. */
-  if (v->action == AG_ALLOW)
-    past_deadline(g, now_ms, v);
+  past_deadline(g, now_ms, v);
+  return v->action;
+}
+
+AG_EXTERN ag_action ag_guard_record_empty(ag_guard *g, int64_t now_ms,
+                                          ag_verdict *v) {
+  verdict_reset(v);
+  int lim = g->cfg.loop.max_empty_replies;
+  if (lim <= 0)
+    return AG_ALLOW;
+  g->empty_run++;
+  if (g->empty_run >= lim) {
+    v->action = AG_STOP;
+    v->reason = AG_REASON_EMPTY_REPLY;
+    snprintf(v->message, sizeof(v->message),
+             "The model sent %d empty replies in a row (no text, no tool call)",
+             g->empty_run);
+    v->suggestion = "Check the model server: it answers with nothing.";
+    g->last_trip = v->reason;
+    g->trips++;
+    return v->action;
+  }
+  if (past_deadline(g, now_ms, v))
+    return v->action;
+  v->action = AG_NUDGE;
+  v->reason = AG_REASON_EMPTY_REPLY;
+  ag__scopy(v->message, sizeof(v->message), AG_EMPTY_REPLY_NOTE);
   return v->action;
 }
 
@@ -953,10 +1323,25 @@ AG_EXTERN void ag_guard_resume(ag_guard *g, ag_reason reason) {
   case AG_REASON_ERROR_PATTERN:
     g->pattern_run = 0;
     break;
+  case AG_REASON_REFUSED_REPLIES:
+    g->refused_run = 0;
+    break;
+  case AG_REASON_DENIED_CALLS:
+    g->denied_run = 0;
+    break;
+  case AG_REASON_EMPTY_REPLY:
+    g->empty_run = 0;
+    break;
+  case AG_REASON_REPEATED_RESULTS:
+    memset(g->repeat, 0, sizeof(g->repeat));
+    break;
   default:
     break;
   }
-  g->nudged[reason < AG_REASON__COUNT ? reason : 0] = false;
+  if (is_loop_mechanism(reason)) {
+    g->nudged = false;
+    g->hold_armed = false;
+  }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1198,10 +1583,10 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
     snprintf(k, sizeof(k), "%d", p);
     json_object_set_new(runs, k, json_integer(g->cyc_run[p]));
   }
-  json_t *nudged = json_array();
-  for (int r = 0; nudged != NULL && r < AG_REASON__COUNT; r++)
-    if (g->nudged[r])
-      json_array_append_new(nudged, json_string(ag_reason_name((ag_reason)r)));
+  int repeated_max = 0;
+  for (int k = 0; k < REPEAT_SLOTS; k++)
+    if (g->repeat[k].count > repeated_max)
+      repeated_max = g->repeat[k].count;
   char ident_hex[65] = "";
   if (g->ident_run > 0)
     ag_sig_hex(g->ident_key, ident_hex);
@@ -1214,7 +1599,8 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
   }
   json_t *root = json_pack(
       "{s:s, s:i, s:i, s:I, s:I, s:i, s:i, s:o, s:{s:I, s:o, s:o}, "
-      "s:{s:i, s:s, s:i, s:i, s:i, s:s, s:o, s:i, s:o}, s:o, s:s, s:i}",
+      "s:{s:i, s:s, s:i, s:i, s:i, s:s, s:o, s:i, s:o}, s:o, s:s, s:i, "
+      "s:{s:i, s:i, s:i, s:i}}",
       "preset", g->cfg.preset, "turn", g->turn, "iteration", g->iteration,
       "turn_start_ms", (json_int_t)g->turn_start, "deadline_ms",
       (json_int_t)(g->deadline == INT64_MAX ? -1 : g->deadline),
@@ -1226,7 +1612,9 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
       g->total_errors, "pattern_run", g->pattern_run, "pattern_category",
       ag_category_name(g->pattern_cat), "history", history_json(g, false),
       "unresolved_total", g->unresolved_total, "unresolved", unres, "nudged",
-      nudged, "last_trip", ag_reason_name(g->last_trip), "trips", g->trips);
+      json_boolean(g->nudged), "last_trip", ag_reason_name(g->last_trip),
+      "trips", g->trips, "replies", "refused_run", g->refused_run, "denied_run",
+      g->denied_run, "empty_run", g->empty_run, "repeated_max", repeated_max);
   ag_err_t rc = dump_json(root, out, err, JSON_INDENT(2) | JSON_SORT_KEYS);
   return rc == AG_OK ? to_malloc(out, err) : rc;
 }

@@ -106,4 +106,41 @@ ag_err_t ag__jcs_write(ag__jcs *j, const char *args, size_t args_len,
 size_t ag__collapse_ws(char *dst, size_t cap, const char *msg, size_t len,
                        size_t max_chars, bool *cut);
 
+/* ------------------------------------------------------------------------ */
+/* The mechanism table                                                      */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Every mechanism of DESIGN.md section 3 with the config limits that turn it
+ * on (any > 0) or off (all 0): X(REASON, key1, key2), key2 repeating key1
+ * when a mechanism has one key. The guard's trip order, the audit's
+ * --all-stops and `only` (one mechanism alone) are written over this table,
+ * so adding a mechanism means a row here, its check in guard.c, its tests
+ * and its docs.
+ */
+#define AG__MECHANISMS(X)                                                      \
+  X(MAX_ITERATIONS, loop.max_iterations, loop.max_iterations)                  \
+  X(MAX_CALLS_PER_TURN, loop.max_calls_per_turn, loop.max_calls_per_turn)      \
+  X(IDENTICAL_CALLS, loop.identical_call_limit, loop.identical_call_limit)     \
+  X(CYCLIC_CALLS, loop.cycle_limit, loop.cycle_limit)                          \
+  X(IDENTICAL_ERRORS, errors.max_identical_errors,                             \
+    errors.max_identical_errors)                                               \
+  X(TOOL_ERROR_BUDGET, errors.max_tool_errors, errors.max_tool_errors)         \
+  X(CONSECUTIVE_ERRORS, errors.max_consecutive_errors,                         \
+    errors.max_consecutive_errors)                                             \
+  X(TOTAL_ERROR_BUDGET, errors.max_total_errors, errors.max_total_errors)      \
+  X(ERROR_PATTERN, errors.similar_error_limit, errors.similar_error_limit)      \
+  X(TURN_TIMEOUT, loop.max_turn_duration_ms, loop.max_turn_duration_ms)        \
+  X(REFUSED_REPLIES, loop.max_refused_replies, loop.max_refused_replies)       \
+  X(DENIED_CALLS, loop.max_denied_calls, loop.max_denied_calls)                \
+  X(CONTENT_LOOP, loop.content_loop_repeats, loop.content_loop_repeats)        \
+  X(EMPTY_REPLY, loop.max_empty_replies, loop.max_empty_replies)               \
+  X(REPEATED_RESULTS, loop.repeated_result_limit, loop.repeated_failure_limit)
+
+/* Whether mechanism `r` is on in `c`. */
+bool ag__mechanism_on(const ag_config *c, ag_reason r);
+
+/* Turns mechanism `r` off in `c`. */
+void ag__mechanism_off(ag_config *c, ag_reason r);
+
 #endif /* AG_CORE_INTERNAL_H */

@@ -577,7 +577,9 @@ static ag_err_t parse_neutral(builder *b, const json_t *root) {
                   "%zu of its %zu calls are rejected_by_harness: a rejected "
                   "reply ran nothing, so all or none must be",
                   n_rejected, nc);
-    rejected = rejected || (nc > 0 && n_rejected == nc);
+    /* No call and one result: the harness answered a reply it refused
+     * (mini-swe-agent's format errors), as rejected_by_harness says. */
+    rejected = rejected || (nc > 0 && n_rejected == nc) || (nc == 0 && nr == 1);
     s->rejected = rejected;
     if (!rejected && nr != nc)
       return fail(b, AG_EINVAL,
@@ -1231,10 +1233,15 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
 static ag_err_t finish(builder *b) {
   traj_full *f = b->f;
   ag_trajectory *t = &f->pub;
-  if (b->n_steps == 0)
-    return ag__set_error(b->err, AG_EINVAL, -1,
-                         "no steps: the recording holds no model reply to "
-                         "audit");
+  /* A run with no steps is a run that was not stopped (an agent that
+   * answered at once, or a recording cut before its first reply). */
+  if (b->n_steps == 0) {
+    t->turns = NULL;
+    t->n_turns = 0;
+    t->n_steps = 0;
+    t->timed = false;
+    return AG_OK;
+  }
   f->calls = b->calls;
   f->results = b->results;
   b->calls = NULL;

@@ -105,8 +105,14 @@ Test(config, unknown_preset) {
 
 Test(config, default_values) {
   ag_config c = preset("default");
-  cr_assert_eq(c.loop.max_iterations, 40);
+  cr_assert_eq(c.loop.max_iterations, 150);
   cr_assert_eq(c.loop.max_calls_per_turn, 0);
+  cr_assert_eq(c.loop.max_refused_replies, 10);
+  cr_assert_eq(c.loop.max_denied_calls, 3);
+  cr_assert_eq(c.loop.content_loop_repeats, 10);
+  cr_assert_eq(c.loop.max_empty_replies, 2);
+  cr_assert_eq(c.loop.repeated_result_limit, 5);
+  cr_assert_eq(c.loop.repeated_failure_limit, 3);
   cr_assert_eq(c.loop.identical_call_limit, 5);
   cr_assert_eq(c.loop.identical_call_scope, AG_SCOPE_CALL);
   cr_assert_eq(c.loop.cycle_limit, 5);
@@ -253,6 +259,13 @@ Test(config, seed_preset_values) {
   cr_assert_eq(e.errors.max_consecutive_errors, 3);
   cr_assert_eq(e.errors.failing_iteration, AG_FAIL_ANY_FAILED);
   cr_assert_eq(e.loop.identical_call_limit, 0);
+  /* M.E.AI: AllowConcurrentInvocation false, IncludeDetailedErrors false */
+  cr_assert_eq(e.loop.parallel, false);
+  cr_assert_eq(e.errors.feedback, AG_FEEDBACK_GENERIC);
+  cr_assert_eq(e.loop.max_refused_replies, 0);
+
+  ag_config fo = preset("forge");
+  cr_assert_eq(fo.loop.max_refused_replies, 5);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -344,6 +357,24 @@ Test(config, error_unknown_key) {
               "max_iterations?");
   parse_fails("{\"network\": {\"timeuot\": \"1s\"}}", AG_ECONFIG,
               "network.timeuot: unknown key; did you mean timeout?");
+  /* the keys of mechanisms 12-16 */
+  parse_fails("{\"loop\": {\"max_refused_replys\": 3}}", AG_ECONFIG,
+              "loop.max_refused_replys: unknown key; did you mean "
+              "max_refused_replies?");
+  parse_fails("{\"loop\": {\"max_denied_call\": 3}}", AG_ECONFIG,
+              "loop.max_denied_call: unknown key; did you mean "
+              "max_denied_calls?");
+  parse_fails("{\"loop\": {\"content_loop_repeat\": 3}}", AG_ECONFIG,
+              "loop.content_loop_repeat: unknown key; did you mean "
+              "content_loop_repeats?");
+  parse_fails("{\"loop\": {\"max_empty_replys\": 3}}", AG_ECONFIG,
+              "loop.max_empty_replys: unknown key; did you mean "
+              "max_empty_replies?");
+  parse_fails("{\"loop\": {\"repeated_failures_limit\": 3}}", AG_ECONFIG,
+              "loop.repeated_failures_limit: unknown key; did you mean "
+              "repeated_failure_limit?");
+  parse_fails("{\"errors\": {\"feedback\": \"generik\"}}", AG_ECONFIG,
+              NULL);
   /* far away, or ambiguous: no suggestion */
   parse_fails("{\"loop\": {\"xyz\": 1}}", AG_ECONFIG, "loop.xyz: unknown key");
   parse_fails("{\"loop\": {\"max\": 1}}", AG_ECONFIG, "loop.max: unknown key");
@@ -826,7 +857,7 @@ Test(config, to_json_shape) {
   json_t *root = json_loads(json, 0, NULL);
   cr_assert_not_null(root);
   cr_assert_eq(json_object_size(root), 5);
-  cr_assert_eq(json_object_size(json_object_get(root, "loop")), 13);
+  cr_assert_eq(json_object_size(json_object_get(root, "loop")), 19);
   cr_assert_eq(json_object_size(json_object_get(root, "errors")), 15);
   cr_assert_eq(json_object_size(json_object_get(root, "retry")), 7);
   cr_assert_eq(json_object_size(json_object_get(root, "network")), 4);
