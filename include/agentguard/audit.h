@@ -106,6 +106,12 @@ typedef struct ag_traj_step {
   int64_t t_request_ms;  /* the model request started */
   int64_t t_response_ms; /* the reply arrived (calls checked) */
   int64_t t_done_ms;     /* the last result arrived */
+  /* The reply's text, when the recording keeps it (event logs'
+   * model_response, chat assistant content, a neutral step's "text"), else
+   * NULL. A reply with text "" and no call is an empty reply (mechanism
+   * 15); the text is also what the content-loop detector (14) reads. */
+  const char *text;
+  size_t text_len;
 } ag_traj_step;
 
 /* One turn: a user message and the steps until the next one. Turns without

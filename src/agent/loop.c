@@ -1210,6 +1210,36 @@ static step no_tool_call(turn_ctx *t) {
   return after_errors(t, AG_RECOVER_NO_TOOL_CALL);
 }
 
+/* A reply with no text and no tool call (mechanism 15): under
+ * loop.max_empty_replies the model is asked again with a short note (in the
+ * next request only, like the error context), and the Nth empty reply in a
+ * row stops the turn. With the mechanism off it is the (empty) final
+ * answer. */
+static step empty_reply(turn_ctx *t) {
+  ag_agent *a = t->a;
+  ag_verdict v;
+  ag_action act = ag_guard_record_empty(a->guard, ag_now_ms(), &v);
+  switch (act) {
+  case AG_NUDGE:
+    ag__ev_nudge(&a->ev, ag_reason_name(v.reason), v.message);
+    ag__scopy(a->ectx, ECTX_CAP, v.message);
+    t->has_ectx = true;
+    return GO_ON;
+  case AG_STOP:
+  case AG_ESCALATE:
+    end_stopped(t, &v);
+    return END_TURN;
+  case AG_ALLOW:
+  default:
+    set_outcome(t->out, AG_TURN_COMPLETED, "final_answer",
+                "The model answered.");
+    t->out->final_text = dup0("");
+    if (t->out->final_text == NULL)
+      t->oom = true;
+    return END_TURN;
+  }
+}
+
 /* Appends the assistant message of `reply`; false on ENOMEM. */
 static bool append_assistant(turn_ctx *t, const ag_reply *reply,
                              const call_ids *ids) {
@@ -1326,6 +1356,9 @@ static void iterate(turn_ctx *t) {
     if (!ids_make(&ids, &reply, a->turn, t->iterations) ||
         !append_assistant(t, &reply, &ids)) {
       t->oom = true;
+    } else if (reply.n_calls == 0 &&
+               (reply.text == NULL || reply.text[0] == '\0')) {
+      s = empty_reply(t);
     } else if (reply.n_calls == 0) {
       if (!a->cfg.loop.require_tool_call) {
         set_outcome(t->out, AG_TURN_COMPLETED, "final_answer",

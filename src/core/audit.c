@@ -245,6 +245,10 @@ static ag_err_t replay(ag_auditor *a, ag_guard *g, const ag_trajectory *t,
       ag_action act = ag_guard_begin_iteration(g, t_req, &v);
       if (act == AG_ALLOW && st->no_reply && !st->rejected) {
         /* The request got no reply: only the iteration counted. */
+      } else if (act == AG_ALLOW && !st->rejected && st->n_calls == 0 &&
+                 st->text != NULL && st->text_len == 0) {
+        /* An empty reply: asked again with a note, or stopped. */
+        act = ag_guard_record_empty(g, t_done, &v);
       } else if (act == AG_ALLOW && (st->rejected || st->n_calls == 0)) {
         /* Nothing ran: a refused reply (mechanism 12, no tool's error), or
          * a reply without a tool call, which is one only when a call is

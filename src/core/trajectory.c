@@ -156,6 +156,9 @@ typedef struct bstep {
   bool rejected;
   bool has_response; /* events: a model_response was seen */
   bool no_reply;     /* events: a request that got no reply */
+  bool has_text;     /* the recording gives the reply's text */
+  const char *text;  /* the reply's text (jansson-owned), when has_text */
+  size_t text_len;
   int iteration;     /* events: the "iteration" it belongs to, else 0 */
   size_t origin;     /* the message / step / event that opened it */
   long origin_line;  /* its line in JSON Lines, else 0 */
@@ -541,6 +544,12 @@ static ag_err_t parse_neutral(builder *b, const json_t *root) {
     if ((rc = b_step(b, 0)) != AG_OK)
       return rc;
     bstep *s = cur_step(b);
+    const json_t *say = json_object_get(st, "text");
+    if (say != NULL) { /* the reply's text, when the recording keeps it */
+      if ((rc = b_text(b, say, "text", &s->text, &s->text_len)) != AG_OK)
+        return rc;
+      s->has_text = true;
+    }
     if ((rc = b_time(b, st, "t_ms", &s->t_req)) != AG_OK ||
         (rc = b_time(b, st, "t_done_ms", &s->t_done)) != AG_OK)
       return rc;
@@ -684,6 +693,14 @@ static ag_err_t chat_assistant(builder *b, const json_t *m) {
                 json_type_name(tcs));
   if ((rc = b_step(b, 0)) != AG_OK)
     return rc;
+  const json_t *content = json_object_get(m, "content");
+  if (json_is_string(content) || json_is_null(content)) {
+    bstep *st = cur_step(b);
+    if ((rc = b_text(b, content, "content", &st->text, &st->text_len)) !=
+        AG_OK)
+      return rc;
+    st->has_text = true;
+  }
   for (size_t k = 0; k < json_array_size(tcs); k++) {
     const json_t *tc = json_array_get(tcs, k);
     if (!json_is_object(tc))
@@ -945,6 +962,10 @@ static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
       bstep *s = cur_step(b);
       s->has_response = true;
       s->t_resp = t;
+      if ((rc = b_text(b, json_object_get(e, "text"), "text", &s->text,
+                       &s->text_len)) != AG_OK)
+        return rc;
+      s->has_text = true;
       if (s->t_req < 0)
         s->t_req = t;
       if (s->t_done < 0)
@@ -991,7 +1012,8 @@ static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
         /* A denied call (approval false came first) stays skipped: a
          * denial is not an error. Otherwise "ok" is what the loop decided,
          * error prefixes included, and "category" what it passed on. */
-        if (!(b->answered[ri] && r->outcome == AG_OUTCOME_SKIPPED)) {
+        if (!(b->answered[ri] && (r->outcome == AG_OUTCOME_SKIPPED ||
+                                  r->outcome == AG_OUTCOME_DENIED))) {
           r->outcome = json_is_true(ok) ? AG_OUTCOME_OK : AG_OUTCOME_ERROR;
           r->category = json_is_false(ok)
                             ? ag_category_from_name(json_string_value(
@@ -1005,7 +1027,8 @@ static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
       } else if (name[5] == 'b' ||
                  json_is_false(json_object_get(e, "approved"))) { /* not run */
         if (!b->answered[ri]) {
-          r->outcome = AG_OUTCOME_SKIPPED;
+          /* denied at approval (mechanism 13 counts it) or blocked */
+          r->outcome = name[5] == 'b' ? AG_OUTCOME_SKIPPED : AG_OUTCOME_DENIED;
           b->answered[ri] = true;
         }
       }
@@ -1260,6 +1283,8 @@ static ag_err_t finish(builder *b) {
     o->n_results = s->n_results;
     o->rejected = s->rejected;
     o->no_reply = s->no_reply;
+    o->text = s->has_text ? s->text : NULL;
+    o->text_len = s->has_text ? s->text_len : 0;
     o->t_request_ms = s->t_req;
     o->t_response_ms = s->t_resp >= 0 ? s->t_resp : s->t_req;
     o->t_done_ms = s->t_done >= 0 ? s->t_done : o->t_response_ms;
