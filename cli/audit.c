@@ -12,8 +12,15 @@
  * ag_auditor_run (include/agentguard/audit.h), the summary and the JSON are
  * the core's too, so an embedding program gets the same numbers.
  *
- * Inputs are handled one at a time: read, parse, audit, print, free. Memory
- * stays at one input's size whatever the number of files. A bad input
+ * Inputs are handled one at a time: read, parse, audit, print, free, so
+ * memory does not grow with the number of files. Within one input, jansson's
+ * tree is most of it: 3 to 4 times the input for real recordings, but up to
+ * about 80 times for a document of tiny values ("[{},{},...]", every "{}"
+ * an object with its own hash table). So jansson allocates through a
+ * counter here (json_set_alloc_funcs) and, while an input is parsed, may
+ * hold at most JSON_BUDGET_FACTOR times the input's size: past that the
+ * parse fails and the input is skipped as too large to parse. Figures in
+ * docs/audit.md (Memory). A bad input
  * (unreadable, too big, not JSON, unknown shape, a tool reply without its
  * call, ...) is reported with its reason and skipped; the others still run.
  *
@@ -30,6 +37,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +52,8 @@
 
 #define MAX_INPUT_BYTES ((size_t)64 << 20)
 #define MAX_CONFIG_BYTES ((size_t)1 << 20)
+#define JSON_BUDGET_FACTOR 8 /* jansson's memory per byte of input, at most */
+#define JSON_BUDGET_MIN ((size_t)16 << 20)
 
 static const char usage_text[] =
     "usage: agentguard audit [options] PATH...\n"
@@ -79,6 +89,37 @@ typedef struct opts {
   bool json;
   bool quiet;
 } opts;
+
+/* ---- jansson's memory ---------------------------------------------------- */
+
+/* Live bytes jansson holds (malloc_usable_size of what it allocated and has
+ * not freed), and the most it may hold above `json_base` while an input is
+ * parsed. A block jansson allocated but someone frees with free() (a
+ * json_dumps result) is never subtracted; counting from `json_base`, taken
+ * just before each parse, keeps such drift out of the budget. The audit is
+ * single-threaded, so plain variables do. */
+static size_t json_live, json_base, json_budget = SIZE_MAX;
+static bool json_over;
+
+static void *json_counted_malloc(size_t n) {
+  size_t used = json_live > json_base ? json_live - json_base : 0;
+  if (json_budget != SIZE_MAX && used + n > json_budget) {
+    json_over = true;
+    return NULL;
+  }
+  void *p = malloc(n);
+  if (p != NULL)
+    json_live += malloc_usable_size(p);
+  return p;
+}
+
+static void json_counted_free(void *p) {
+  if (p == NULL)
+    return;
+  size_t n = malloc_usable_size(p);
+  json_live = json_live >= n ? json_live - n : 0;
+  free(p);
+}
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -589,6 +630,9 @@ static int parse_args(int argc, char **argv, opts *o, inputs *in) {
 }
 
 int cli_audit(int argc, char **argv) {
+  /* Before any jansson value exists: everything jansson allocates from
+   * here on is counted (see the top of this file). */
+  json_set_alloc_funcs(json_counted_malloc, json_counted_free);
   opts o;
   memset(&o, 0, sizeof(o));
   inputs in;
@@ -650,8 +694,19 @@ int cli_audit(int argc, char **argv) {
       ag_traj_opts to;
       ag_traj_opts_init(&to);
       to.max_bytes = MAX_INPUT_BYTES;
+      size_t budget = len * JSON_BUDGET_FACTOR;
+      json_base = json_live;
+      json_budget = budget > JSON_BUDGET_MIN ? budget : JSON_BUDGET_MIN;
+      json_over = false;
       ok = ag_trajectory_parse(&t, buf, len, &to, &err) == AG_OK;
-      if (!ok)
+      json_budget = SIZE_MAX;
+      if (!ok && json_over)
+        snprintf(why, sizeof(why),
+                 "needs more than %zu MiB to parse (%d times its size: its "
+                 "JSON has very many small values); split it or audit a part",
+                 (budget > JSON_BUDGET_MIN ? budget : JSON_BUDGET_MIN) >> 20,
+                 JSON_BUDGET_FACTOR);
+      else if (!ok)
         snprintf(why, sizeof(why), "%s", err.msg);
     }
     free(buf);

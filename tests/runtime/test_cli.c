@@ -769,3 +769,29 @@ Test(cli, audit_names_and_tool_names_are_shown_safely) {
   cr_expect(strstr(r.out, "esc?[1m") != NULL, "%s", r.out);
   result_free(&r);
 }
+
+/* Issue 10, finding 5: a small file of tiny JSON values made jansson take
+ * about 80 times its size; now the tree is capped at 8 times the input (at
+ * least 16 MiB) and such an input is skipped with a clear reason. */
+Test(cli, audit_caps_the_memory_of_one_input) {
+  size_t n = 500000; /* 1.5 MB of "{}," in one call's arguments */
+  char *text = malloc(n * 3 + 200);
+  cr_assert_not_null(text);
+  size_t o = (size_t)sprintf(text, "{\"steps\":[{\"calls\":[{\"name\":\"a\","
+                                   "\"args\":[");
+  for (size_t i = 0; i < n; i++) {
+    memcpy(text + o, i ? ",{}" : "{}", i ? 3 : 2);
+    o += i ? 3 : 2;
+  }
+  strcpy(text + o, "]}],\"results\":[{\"ok\":true}]}]}");
+  put("tiny.json", text);
+  free(text);
+  put("fine.json", ONE_STEP);
+  result r = run(ARGS("audit", "--quiet", "tiny.json", "fine.json"));
+  cr_expect_eq(r.status, 1, "%s", r.err);
+  cr_expect(strstr(r.err, "tiny.json: skipped: needs more than 16 MiB to "
+                          "parse (8 times its size") != NULL,
+            "%s", r.err);
+  cr_expect(strstr(r.out, "1 run audited, 1 skipped") != NULL, "%s", r.out);
+  result_free(&r);
+}
