@@ -12,10 +12,22 @@
  * ag_auditor_run (include/agentguard/audit.h), the summary and the JSON are
  * the core's too, so an embedding program gets the same numbers.
  *
- * Inputs are handled one at a time: read, parse, audit, print, free. Memory
- * stays at one input's size whatever the number of files. A bad input
+ * Inputs are handled one at a time: read, parse, audit, print, free, so
+ * memory does not grow with the number of files. Within one input, jansson's
+ * tree is most of it: 3 to 4 times the input for real recordings, but up to
+ * about 80 times for a document of tiny values ("[{},{},...]", every "{}"
+ * an object with its own hash table). So jansson allocates through a
+ * counter here (json_set_alloc_funcs) and, while an input is parsed, may
+ * hold at most JSON_BUDGET_FACTOR times the input's size: past that the
+ * parse fails and the input is skipped as too large to parse. Figures in
+ * docs/audit.md (Memory). A bad input
  * (unreadable, too big, not JSON, unknown shape, a tool reply without its
  * call, ...) is reported with its reason and skipped; the others still run.
+ *
+ * Names and texts from the inputs (file names, tool names inside stop
+ * messages) are shown safely: in the table through cli_put_oneline (control
+ * characters become '?', as in the timeline), in --json with bytes that are
+ * not UTF-8 replaced by U+FFFD (jansson writes only valid UTF-8).
  *
  * Exit codes (audit's own, documented in docs/audit.md): 0 every input was
  * audited, whatever the guard found; 1 some inputs were skipped; 2 bad
@@ -25,6 +37,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +48,12 @@
 
 #include "agentguard/audit.h"
 #include "cli.h"
+#include "timeline.h"
 
 #define MAX_INPUT_BYTES ((size_t)64 << 20)
 #define MAX_CONFIG_BYTES ((size_t)1 << 20)
+#define JSON_BUDGET_FACTOR 8 /* jansson's memory per byte of input, at most */
+#define JSON_BUDGET_MIN ((size_t)16 << 20)
 
 static const char usage_text[] =
     "usage: agentguard audit [options] PATH...\n"
@@ -74,6 +90,37 @@ typedef struct opts {
   bool quiet;
 } opts;
 
+/* ---- jansson's memory ---------------------------------------------------- */
+
+/* Live bytes jansson holds (malloc_usable_size of what it allocated and has
+ * not freed), and the most it may hold above `json_base` while an input is
+ * parsed. A block jansson allocated but someone frees with free() (a
+ * json_dumps result) is never subtracted; counting from `json_base`, taken
+ * just before each parse, keeps such drift out of the budget. The audit is
+ * single-threaded, so plain variables do. */
+static size_t json_live, json_base, json_budget = SIZE_MAX;
+static bool json_over;
+
+static void *json_counted_malloc(size_t n) {
+  size_t used = json_live > json_base ? json_live - json_base : 0;
+  if (json_budget != SIZE_MAX && used + n > json_budget) {
+    json_over = true;
+    return NULL;
+  }
+  void *p = malloc(n);
+  if (p != NULL)
+    json_live += malloc_usable_size(p);
+  return p;
+}
+
+static void json_counted_free(void *p) {
+  if (p == NULL)
+    return;
+  size_t n = malloc_usable_size(p);
+  json_live = json_live >= n ? json_live - n : 0;
+  free(p);
+}
+
 /* ---- small helpers ------------------------------------------------------ */
 
 static double now_s(void) {
@@ -105,6 +152,67 @@ static bool ends_with(const char *s, const char *suffix) {
       return false;
   }
   return true;
+}
+
+/* Length of the valid UTF-8 sequence that starts s[0..n) (1 to 4 bytes), or
+ * 0 when it is not one: jansson's rules (no overlong forms, no surrogates,
+ * nothing above U+10FFFF). */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+  unsigned c = s[0], cp, min;
+  size_t k;
+  if (c < 0x80)
+    return 1;
+  if (c >= 0xC2 && c <= 0xDF) {
+    k = 2;
+    cp = c & 0x1F;
+    min = 0x80;
+  } else if ((c & 0xF0) == 0xE0) {
+    k = 3;
+    cp = c & 0x0F;
+    min = 0x800;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    k = 4;
+    cp = c & 0x07;
+    min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (n < k)
+    return 0;
+  for (size_t i = 1; i < k; i++) {
+    if ((s[i] & 0xC0) != 0x80)
+      return 0;
+    cp = (cp << 6) | (s[i] & 0x3Fu);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+    return 0;
+  return k;
+}
+
+/* A copy of `s` (caller frees) where every byte that is not part of valid
+ * UTF-8 is U+FFFD, so that jansson keeps the text (it drops invalid UTF-8). */
+static char *utf8_clean(const char *s) {
+  size_t n = strlen(s);
+  char *out = malloc(n * 3 + 1);
+  if (out == NULL) {
+    fprintf(stderr, "agentguard audit: out of memory\n");
+    exit(AG_EXIT_FAILURE);
+  }
+  size_t o = 0;
+  for (size_t i = 0; i < n;) {
+    size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+    if (k == 0) {
+      memcpy(out + o, "\xEF\xBF\xBD", 3);
+      o += 3;
+      i++;
+    } else {
+      memcpy(out + o, s + i, k);
+      o += k;
+      i += k;
+    }
+  }
+  out[o] = '\0';
+  return out;
 }
 
 /* The name shown for an input: its base name without the extension. */
@@ -267,7 +375,8 @@ static int add_folder(inputs *in, const char *dir) {
     inputs_add(in, p);
   }
   closedir(d);
-  qsort(in->paths + first, in->n - first, sizeof(*in->paths), cmp_str);
+  if (in->n > first) /* paths is NULL while nothing was added */
+    qsort(in->paths + first, in->n - first, sizeof(*in->paths), cmp_str);
   return 0;
 }
 
@@ -343,20 +452,19 @@ static int load_config(const opts *o, ag_config *cfg) {
 #define LABEL_MAX 72
 #define MSG_W 64
 
-/* Prints at most `w` bytes of `s`, cut on a UTF-8 boundary, with "…" when
- * cut; newlines become spaces. */
-static void put_cut(const char *s, size_t w) {
+/* Prints `s` on one line, control characters as '?' (cli_put_oneline),
+ * cut to about `w` bytes; then pads with spaces to `pad` bytes. */
+static void put_safe(const char *s, size_t w, size_t pad) {
   size_t n = strlen(s);
-  bool cut = n > w;
-  if (cut) {
-    n = w > 3 ? w - 3 : w;
-    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
-      n--;
-  }
-  for (size_t i = 0; i < n; i++)
-    putchar(s[i] == '\n' || s[i] == '\t' ? ' ' : s[i]);
-  if (cut)
+  size_t keep = n > w ? ag_utf8_truncate(s, n, w > 3 ? w - 3 : w) : n;
+  cli_put_oneline(stdout, s, keep, keep);
+  size_t shown = keep;
+  if (keep < n) {
     fputs("...", stdout);
+    shown += 3;
+  }
+  for (; shown < pad; shown++)
+    putchar(' ');
 }
 
 static void print_header(int w) {
@@ -366,9 +474,8 @@ static void print_header(int w) {
 
 static void print_row(int w, const char *label, const ag_trajectory *t,
                       const ag_audit_finding *f) {
-  char lab[LABEL_MAX + 1];
-  snprintf(lab, sizeof(lab), "%s", label);
-  printf("%-*s %-10s %5d ", w, lab, ag_run_outcome_name(t->outcome), f->steps);
+  put_safe(label, LABEL_MAX, (size_t)w);
+  printf(" %-10s %5d ", ag_run_outcome_name(t->outcome), f->steps);
   if (!f->stop.stopped) {
     printf("%5s %4s %-18s %5s\n", "-", "-", "-", "-");
   } else {
@@ -377,7 +484,7 @@ static void print_row(int w, const char *label, const ag_trajectory *t,
              f->stop.action == AG_ESCALATE ? "*" : "");
     printf("%5d %4d %-18s %5d  ", f->stop.step, f->stop.turn, reason,
            f->stop.steps_after);
-    put_cut(f->stop.message, MSG_W);
+    put_safe(f->stop.message, MSG_W, 0);
     putchar('\n');
   }
   if (f->all_stops) {
@@ -450,9 +557,12 @@ static void print_summary(const opts *o, const ag_config *cfg,
     printf("  resolved runs cut short: none\n");
   } else {
     printf("  resolved runs cut short (%zu):\n", n_cs);
-    for (size_t i = 0; i < n_cs; i++)
-      printf("    %s at step %d of %d (%s)\n", cs[i].label, cs[i].step,
-             cs[i].steps, ag_reason_name(cs[i].reason));
+    for (size_t i = 0; i < n_cs; i++) {
+      fputs("    ", stdout);
+      put_safe(cs[i].label, LABEL_MAX, 0);
+      printf(" at step %d of %d (%s)\n", cs[i].step, cs[i].steps,
+             ag_reason_name(cs[i].reason));
+    }
   }
 }
 
@@ -520,6 +630,9 @@ static int parse_args(int argc, char **argv, opts *o, inputs *in) {
 }
 
 int cli_audit(int argc, char **argv) {
+  /* Before any jansson value exists: everything jansson allocates from
+   * here on is counted (see the top of this file). */
+  json_set_alloc_funcs(json_counted_malloc, json_counted_free);
   opts o;
   memset(&o, 0, sizeof(o));
   inputs in;
@@ -581,8 +694,19 @@ int cli_audit(int argc, char **argv) {
       ag_traj_opts to;
       ag_traj_opts_init(&to);
       to.max_bytes = MAX_INPUT_BYTES;
+      size_t budget = len * JSON_BUDGET_FACTOR;
+      json_base = json_live;
+      json_budget = budget > JSON_BUDGET_MIN ? budget : JSON_BUDGET_MIN;
+      json_over = false;
       ok = ag_trajectory_parse(&t, buf, len, &to, &err) == AG_OK;
-      if (!ok)
+      json_budget = SIZE_MAX;
+      if (!ok && json_over)
+        snprintf(why, sizeof(why),
+                 "needs more than %zu MiB to parse (%d times its size: its "
+                 "JSON has very many small values); split it or audit a part",
+                 (budget > JSON_BUDGET_MIN ? budget : JSON_BUDGET_MIN) >> 20,
+                 JSON_BUDGET_FACTOR);
+      else if (!ok)
         snprintf(why, sizeof(why), "%s", err.msg);
     }
     free(buf);
@@ -593,12 +717,19 @@ int cli_audit(int argc, char **argv) {
     }
     if (!ok) {
       ag_audit_summary_add_skipped(&sum);
-      fprintf(stderr, "agentguard audit: %s: skipped: %s\n", path, why);
+      fputs("agentguard audit: ", stderr);
+      cli_put_oneline(stderr, path, strlen(path), strlen(path));
+      fputs(": skipped: ", stderr);
+      cli_put_oneline(stderr, why, strlen(why), strlen(why));
+      fputc('\n', stderr);
       if (o.json) {
+        char *file = utf8_clean(path), *error = utf8_clean(why);
         json_t *j = json_object();
         json_object_set_new(j, "type", json_string("skipped"));
-        json_object_set_new(j, "file", json_string(path));
-        json_object_set_new(j, "error", json_string(why));
+        json_object_set_new(j, "file", json_string(file));
+        json_object_set_new(j, "error", json_string(error));
+        free(file);
+        free(error);
         char *line = json_dumps(j, JSON_COMPACT);
         if (line != NULL)
           puts(line);
@@ -621,10 +752,11 @@ int cli_audit(int argc, char **argv) {
       }
     }
     if (o.json) {
-      char *line = NULL;
-      if (ag_audit_finding_json(path, preset, t, &f, &line, &err) == AG_OK)
+      char *line = NULL, *file = utf8_clean(path);
+      if (ag_audit_finding_json(file, preset, t, &f, &line, &err) == AG_OK)
         puts(line);
       ag_free(line);
+      free(file);
     } else if (!o.quiet) {
       if (!header)
         print_header(width);

@@ -1,6 +1,14 @@
 /*
  * cli/main.c - the agentguard program: dispatches to its commands.
+ *
+ * Output is never lost silently: after any command, standard output is
+ * flushed and closed here, and a write that failed at any point (a full
+ * disk, a closed pipe, /dev/full) is reported as "cannot write" with exit
+ * code 1, whatever the command itself returned (except 2: nothing ran).
+ * Commands that write files of their own (simulate --events) check those
+ * themselves.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +42,26 @@ static void usage(FILE *f) {
              "ran). See docs/cli.md.\n");
 }
 
+/* Flushes and closes stdout; on any write error so far, says so and turns
+ * the exit code into 1 (2 stays: it means nothing ran). */
+static int finish(const char *cmd, int rc) {
+  errno = 0;
+  int e = 0;
+  if (fflush(stdout) != 0)
+    e = errno;
+  bool failed = e != 0 || ferror(stdout);
+  if (fclose(stdout) != 0 && !failed) {
+    failed = true;
+    e = errno;
+  }
+  if (!failed)
+    return rc;
+  fprintf(stderr, "agentguard%s%s: cannot write to standard output: %s\n",
+          cmd != NULL ? " " : "", cmd != NULL ? cmd : "",
+          e != 0 ? strerror(e) : "an earlier write failed");
+  return rc == AG_EXIT_USAGE ? rc : AG_EXIT_FAILURE;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
@@ -43,15 +71,15 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
       strcmp(cmd, "help") == 0) {
     usage(stdout);
-    return AG_EXIT_OK;
+    return finish(NULL, AG_EXIT_OK);
   }
   if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
     printf("agentguard %s\n", ag_version());
-    return AG_EXIT_OK;
+    return finish(NULL, AG_EXIT_OK);
   }
   for (size_t i = 0; i < N_COMMANDS; i++)
     if (strcmp(cmd, commands[i].name) == 0)
-      return commands[i].run(argc - 1, argv + 1);
+      return finish(cmd, commands[i].run(argc - 1, argv + 1));
   fprintf(stderr, "agentguard: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return AG_EXIT_USAGE;

@@ -33,6 +33,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -394,6 +395,39 @@ static int parse_args(int argc, char **argv, sim_args *a) {
   return -1;
 }
 
+/* stat() of a path, or of stdin / stdout for "-". */
+static bool stat_of(const char *path, int std_fd, struct stat *st) {
+  if (strcmp(path, "-") == 0)
+    return fstat(std_fd, st) == 0 && S_ISREG(st->st_mode);
+  return stat(path, st) == 0;
+}
+
+/* Refuses (exit 2, before anything is read or written) an --events file
+ * that is one of the inputs, under any name: the same device and inode once
+ * symbolic links are followed. An events file that does not exist yet
+ * cannot be an input. Returns -1 when all is well. */
+static int refuse_output_over_input(const sim_args *a) {
+  struct stat out;
+  if (a->events == NULL || !stat_of(a->events, STDOUT_FILENO, &out))
+    return -1;
+  const char *const inputs[] = {a->file, a->config};
+  const char *const what[] = {"the scenario", "the --config file"};
+  for (size_t i = 0; i < 2; i++) {
+    struct stat in;
+    if (inputs[i] == NULL || !stat_of(inputs[i], STDIN_FILENO, &in))
+      continue;
+    if (in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+      fprintf(stderr,
+              "agentguard simulate: --events %s is also an input (%s %s); "
+              "writing events there would overwrite it\n",
+              strcmp(a->events, "-") == 0 ? "- (stdout)" : a->events, what[i],
+              inputs[i]);
+      return AG_EXIT_USAGE;
+    }
+  }
+  return -1;
+}
+
 static bool want_color(void) {
   const char *term = getenv("TERM");
   return isatty(STDERR_FILENO) && getenv("NO_COLOR") == NULL &&
@@ -403,6 +437,9 @@ static bool want_color(void) {
 int cli_simulate(int argc, char **argv) {
   sim_args a;
   int rc = parse_args(argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  rc = refuse_output_over_input(&a);
   if (rc >= 0)
     return rc;
 

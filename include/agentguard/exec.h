@@ -168,10 +168,11 @@ AG_EXTERN void ag_registry_free(ag_registry *r);
  * Adds a tool (copied). Exactly one of fn and argv must be set. The schema is
  * parsed and checked now: supported keywords are type, properties, required,
  * additionalProperties, enum, const, items, minItems, maxItems, minimum,
- * maximum, minLength, maxLength, pattern (POSIX extended regex; \d \w \s
- * are translated), and the annotations description, title, default,
- * examples, $schema, $id, $comment; anything else is AG_ECONFIG naming the
- * keyword and its path, as is parameters text that is not JSON (with line
+ * maximum, minLength, maxLength, pattern (PCRE2 with ECMA-262-like options,
+ * at most 1000 bytes; a match that reaches PCRE2's match limit is a
+ * validation error, docs/tools.md), and the annotations description, title,
+ * default, examples, $schema, $id, $comment; anything else is AG_ECONFIG naming
+ * the keyword and its path, as is parameters text that is not JSON (with line
  * and column). Problems with the definition itself (name not
  * [A-Za-z0-9_-]{1,64}, both or neither of fn and argv, a duplicate name,
  * out-of-range numbers) are AG_EINVAL; more than 1024 tools is AG_ETOOBIG.

@@ -24,7 +24,11 @@
  * first value, as JSON Lines, each line parsed on its own so that errors
  * name the line. Numbers are read as doubles (JSON_DECODE_INT_AS_REAL):
  * an integer too large for jansson's int then parses, and the guard's
- * signatures treat 5 and 5.0 alike anyway.
+ * signatures treat 5 and 5.0 alike anyway. A number beyond a double's range
+ * (1e999) cannot be read by jansson, whatever the flags: it is an error that
+ * names its line and column. A key given twice in one object is an error
+ * too (JSON_REJECT_DUPLICATES), never "the last one wins", which would let
+ * `"ok":true,"ok":false` flip a result unnoticed.
  *
  * Pure: no I/O, no clock, no globals. Rejected: a hand-written in-place
  * parser (DESIGN.md: nothing hand-written that the dependencies already do;
@@ -42,7 +46,8 @@
 #include "agentguard/audit.h"
 #include "internal.h"
 
-#define JFLAGS (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL)
+#define JFLAGS                                                                 \
+  (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES)
 
 /* ------------------------------------------------------------------------ */
 /* Names and options                                                        */
@@ -188,6 +193,8 @@ typedef struct builder {
   size_t n_turns, cap_turns;
   bool new_turn;      /* a user message arrived: the next step opens a turn */
   int64_t new_turn_t; /* when it arrived, or -1 */
+  bool turn_ended;    /* events: turn_end came, turn_start did not yet */
+  int64_t last_t;     /* events: the latest t_ms so far, or -1 */
   /* where we are, for messages: "message 7", "line 12", "step 3" */
   const char *unit;
   size_t unit_no;
@@ -940,8 +947,25 @@ static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
     int64_t t;
     if ((rc = b_time(b, e, "t_ms", &t)) != AG_OK)
       return rc;
+    /* The loop writes t_ms under one lock from one monotonic clock, so it
+     * never decreases; and nothing of a turn follows its turn_end. */
+    if (t >= 0 && b->last_t > t)
+      return fail(b, AG_EINVAL,
+                  "\"t_ms\" goes back in time (%lld after %lld); events must "
+                  "be in the order they were written",
+                  (long long)t, (long long)b->last_t);
+    if (t >= 0)
+      b->last_t = t;
+    if (b->turn_ended && strcmp(name, "turn_start") != 0 &&
+        (strncmp(name, "tool_", 5) == 0 || strncmp(name, "model_", 6) == 0 ||
+         strcmp(name, "approval") == 0 || strcmp(name, "turn_end") == 0))
+      return fail(b, AG_EINVAL,
+                  "%.40s after turn_end; a turn's events end with its "
+                  "turn_end, and the next turn begins with turn_start",
+                  name);
 
     if (strcmp(name, "turn_start") == 0) {
+      b->turn_ended = false;
       ev_close(b);
       /* A new user message: the next step opens a new turn. */
       b->new_turn = true;
@@ -1035,6 +1059,7 @@ static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
     } else if (strcmp(name, "turn_end") == 0) {
       if ((rc = ev_turn_end(b, e, t)) != AG_OK)
         return rc;
+      b->turn_ended = true;
     }
     /* model retries, attempts, nudges, warnings, escalations, error
      * context and unknown events carry nothing the replay needs */
@@ -1053,10 +1078,21 @@ static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
 
 static ag_err_t json_fail(ag_error_t *err, const json_error_t *je,
                           long line_base, long pos_base, const char *what) {
+  /* jansson says "real number overflow near '1e999'": say what is wrong
+   * with the recording in its terms (docs/audit.md, Inputs). */
+  char text[JSON_ERROR_TEXT_LENGTH + 64];
+  const char *near = strstr(je->text, " near ");
+  if (json_error_code(je) == json_error_numeric_overflow)
+    snprintf(text, sizeof(text),
+             "number out of range (beyond +-1.8e308)%s; a JSON number in a "
+             "recording must fit a double",
+             near != NULL ? near : "");
+  else
+    snprintf(text, sizeof(text), "%s", je->text);
   ag__set_error(err, AG_EJSON, pos_base + (long)je->position,
                 "invalid JSON%s%s at line %ld, column %d: %s",
                 what[0] ? " " : "", what, line_base + (long)je->line,
-                je->column, je->text);
+                je->column, text);
   if (err != NULL) {
     err->line = (int)(line_base + je->line);
     err->column = je->column;
@@ -1350,6 +1386,7 @@ AG_EXTERN ag_err_t ag_trajectory_parse(ag_trajectory **out, const char *buf,
   b.err = err;
   b.f = f;
   b.new_turn_t = -1;
+  b.last_t = -1;
   ag_err_t rc = detect_and_parse(&b, buf, len);
   if (rc == AG_OK && o.format != AG_TRAJ_AUTO && f->pub.format != o.format)
     rc = ag__set_error(err, AG_EINVAL, -1, "not a %s input: it reads as %s",

@@ -47,7 +47,8 @@ typedef struct ag__schema ag__schema;
  * Compiles a JSON Schema (subset listed in exec.h ag_registry_add) from
  * `schema` (borrowed). Unsupported keywords and malformed values are
  * AG_ECONFIG: "tools.<tool>.parameters/properties/path: unsupported keyword
- * \"format\"". `regex` patterns are POSIX extended (regcomp REG_EXTENDED).
+ * \"format\"". `pattern`s are compiled with PCRE2 (ECMA-like options, match
+ * limits: the note in schema.c).
  */
 ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
                             const char *tool, ag_error_t *err);

@@ -13,25 +13,38 @@
  * borrowed.
  *
  * Threading. Compilation happens once, on one thread. Validation only reads
- * the tree: no caches, no static buffers, no allocation of its own (glibc's
- * regexec allocates internally, which is thread-safe). The JSON pointer of a
+ * the tree: no caches, no static buffers, no allocation except a pattern's
+ * match data (see Regexes). The JSON pointer of a
  * failure is kept as a stack of (key | index) references in the validator's
  * frame and only rendered into err->msg on failure, so success costs nothing
  * for it. Recursion follows the compiled tree, whose depth is capped at
  * MAX_DEPTH (enum/const values too), so a deep argument document cannot make
  * the validator recurse deeper than the schema does.
  *
- * Regexes. `pattern` is compiled with regcomp(REG_EXTENDED | REG_NOSUB) under
- * a private C.UTF-8 locale (uselocale, thread-local) so that "." and bracket
- * expressions match code points, like maxLength counts them, whatever locale
- * the host program set; if C.UTF-8 does not exist, bytes in the "C" locale.
- * JSON Schema patterns are written in ECMA-262 syntax, where "\d" is a digit;
- * glibc's POSIX engine silently reads "\d" as a plain "d". So the few ECMA
- * escapes that POSIX lacks are rewritten before regcomp (\d \D, and \d \w \s
- * and escaped punctuation inside [...]) and any other letter escape is a
- * registration error instead of a silent mismatch. PCRE2 was rejected: it
- * is a new dependency where the design names POSIX regex, and it backtracks,
- * so a careless pattern could take exponential time on a model's input.
+ * Regexes. `pattern` is compiled with PCRE2 (8-bit, UTF mode) when the tool
+ * is registered, with the options closest to ECMA-262, the syntax JSON
+ * Schema names: PCRE2_ALT_BSUX and PCRE2_EXTRA_ALT_BSUX (\uHHHH, \u{H...},
+ * \xHH as in JavaScript), PCRE2_DOLLAR_ENDONLY ("$" only at the very end),
+ * PCRE2_MATCH_UNSET_BACKREF (a reference to an unset group matches the empty
+ * string), PCRE2_ALLOW_EMPTY_CLASS ("[]" matches nothing, "[^]" anything),
+ * newlines CR and LF (so "." matches neither), no PCRE2_UCP (\d \w \b are
+ * ASCII as in ECMA). docs/tools.md lists what still differs.
+ *
+ * Bounds: a pattern is at most MAX_PATTERN bytes and nests at most
+ * MAX_PARENS parentheses, and PCRE2's compiled form is capped by its link
+ * size (64 KiB with Debian's build), so compiling costs microseconds and
+ * kilobytes whatever the pattern. A model's argument can still make a
+ * backtracking match exponential (`^(a|a?)+\1$`), so every match runs with
+ * a match limit, a depth limit and a heap limit (the MATCH_* constants): a
+ * match that reaches one stops within milliseconds and is a validation
+ * error ("too costly to match"), never a stuck loop. A match cannot watch a
+ * cancellation token; the limits bound it far below any turn deadline
+ * instead. The JIT is used when PCRE2 has it; a JIT match that runs out of
+ * its 32 KiB stack is run again by the interpreter, under the same limits.
+ *
+ * Validation allocates one PCRE2 match data block per pattern match (PCRE2
+ * keeps its backtracking frames there); the compiled code and its match
+ * context are only read, which PCRE2 allows from any number of threads.
  *
  * Order of checks (what "the first violation" means): type, const, enum, then
  * the type's own keywords: minLength, maxLength, pattern; minimum, maximum;
@@ -39,19 +52,27 @@
  * first (a misspelt name is the most useful thing to report), then required
  * names in listed order, then property values in the arguments' order.
  */
-#include <locale.h>
-#include <regex.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include "internal.h"
 
 #define MAX_DEPTH 64        /* schema nesting levels; the root is level 1 */
 #define MAX_SHOWN 64        /* bytes of a key or name quoted in a message */
 #define MAX_VALUES_TEXT 200 /* bytes of enum/const values in a message */
-#define MAX_PATTERN 4096    /* bytes of one pattern */
+#define MAX_PATTERN 1000    /* bytes of one pattern */
+#define MAX_PARENS 64       /* nested parentheses in one pattern */
+/* Per match: at most about 5 ms of backtracking on a 2020s server core
+ * (docs/tools.md has the figures), and far more steps than a pattern that
+ * does not backtrack exponentially needs on any argument. */
+#define MATCH_LIMIT 200000u
+#define MATCH_DEPTH 100000u
+#define MATCH_HEAP_KIB 8192u
 
 enum {
   T_OBJECT = 1u << 0,
@@ -87,9 +108,10 @@ typedef struct prop {
 } prop;
 
 typedef struct pattern {
-  regex_t re;
-  locale_t loc;
-  char *text; /* as written in the schema, for messages */
+  pcre2_code *code;
+  pcre2_match_context *mctx; /* the limits; only read while matching */
+  bool jit;                  /* the JIT compiled it */
+  char *text;                /* as written in the schema, for messages */
 } pattern;
 
 struct ag__schema {
@@ -711,158 +733,11 @@ static ag_err_t kw_const(cctx *c, ag__schema *s, const json_t *v, int depth) {
   return s->const_text == NULL ? cnomem(c) : AG_OK;
 }
 
-/* Whether c is ASCII punctuation (escaped, it stands for itself in ECMA). */
-static bool is_punct(unsigned char ch) {
-  return ch > 0x20 && ch < 0x7F && !(ch >= '0' && ch <= '9') &&
-         !(ch >= 'A' && ch <= 'Z') && !(ch >= 'a' && ch <= 'z');
-}
-
-static const char *control_escape(char ch) {
-  switch (ch) {
-  case 'n':
-    return "\n";
-  case 't':
-    return "\t";
-  case 'r':
-    return "\r";
-  case 'f':
-    return "\f";
-  case 'v':
-    return "\v";
-  default:
-    return NULL;
-  }
-}
-
-/*
- * Rewrites ECMA escapes that POSIX ERE lacks (see the note at the top) from
- * src[0..n) into `out`. Returns NULL or a description of what cannot be
- * rewritten. `inner` is scratch as large as `out`.
- */
-static const char *translate_pattern(const char *src, size_t n, sbuf *out,
-                                     sbuf *inner, char *why, size_t why_cap) {
-  size_t i = 0;
-  while (i < n) {
-    char ch = src[i];
-    if (ch == '\\') {
-      if (i + 1 >= n)
-        return "ends with a lone backslash";
-      char e = src[i + 1];
-      const char *ctl = control_escape(e);
-      if (e == 'd')
-        sb_puts(out, "[0-9]");
-      else if (e == 'D')
-        sb_puts(out, "[^0-9]");
-      else if (ctl != NULL)
-        sb_puts(out, ctl);
-      else if ((unsigned char)e >= 0x80) /* an identity escape of a letter */
-        sb_putc(out, e);
-      else if ((e != '\0' && strchr("wWsSbB123456789", e) != NULL) ||
-               is_punct((unsigned char)e)) {
-        sb_putc(out, '\\');
-        sb_putc(out, e);
-      } else {
-        snprintf(why, why_cap, "the escape \\%c is not supported", e);
-        return why;
-      }
-      i += 2;
-      continue;
-    }
-    if (ch != '[') {
-      sb_putc(out, ch);
-      i++;
-      continue;
-    }
-    /* A bracket expression: POSIX takes a backslash inside it literally, so
-     * ECMA escapes are resolved here, and "]", "-" and "^" given escaped are
-     * moved to where POSIX reads them literally. */
-    size_t j = i + 1;
-    bool neg = false, rbr = false, dash = false, caret = false;
-    if (j < n && src[j] == '^') {
-      neg = true;
-      j++;
-    }
-    if (j < n && src[j] == ']') {
-      rbr = true;
-      j++;
-    }
-    sb_init(inner, inner->p, inner->cap);
-    for (;;) {
-      if (j >= n)
-        return "has an unterminated [";
-      char b = src[j];
-      if (b == ']')
-        break;
-      if (b == '[' && j + 1 < n &&
-          (src[j + 1] == ':' || src[j + 1] == '.' || src[j + 1] == '=')) {
-        char term = src[j + 1];
-        size_t k = j + 2;
-        while (k + 1 < n && !(src[k] == term && src[k + 1] == ']'))
-          k++;
-        if (k + 1 >= n)
-          return "has an unterminated [: :], [. .] or [= =]";
-        sb_putn(inner, src + j, k + 2 - j);
-        j = k + 2;
-        continue;
-      }
-      if (b != '\\') {
-        sb_putc(inner, b);
-        j++;
-        continue;
-      }
-      if (j + 1 >= n)
-        return "has an unterminated [";
-      char e = src[j + 1];
-      const char *ctl = control_escape(e);
-      if (e == 'd')
-        sb_puts(inner, "0-9");
-      else if (e == 'w')
-        sb_puts(inner, "[:alnum:]_");
-      else if (e == 's')
-        sb_puts(inner, "[:space:]");
-      else if (ctl != NULL)
-        sb_puts(inner, ctl);
-      else if (e == ']')
-        rbr = true;
-      else if (e == '-')
-        dash = true;
-      else if (e == '^')
-        caret = true;
-      else if (e == '[' && j + 2 < n &&
-               (src[j + 2] == ':' || src[j + 2] == '.' || src[j + 2] == '='))
-        return "has \\[ followed by :, . or = inside [...]; reorder the set";
-      else if (is_punct((unsigned char)e) || (unsigned char)e >= 0x80)
-        sb_putc(inner, e);
-      else {
-        snprintf(why, why_cap, "the escape \\%c is not supported inside [...]",
-                 e);
-        return why;
-      }
-      j += 2;
-    }
-    if (inner->cut)
-      return "is too long after rewriting";
-    if (caret && !neg && !rbr && inner->len == 0) {
-      /* "^" would come first and negate: put "-" before it, or, alone, use
-       * it escaped outside any bracket. */
-      sb_puts(out, dash ? "[-^]" : "\\^");
-    } else {
-      sb_putc(out, '[');
-      if (neg)
-        sb_putc(out, '^');
-      if (rbr)
-        sb_putc(out, ']');
-      sb_putn(out, inner->p, inner->len);
-      if (caret)
-        sb_putc(out, '^');
-      if (dash)
-        sb_putc(out, '-');
-      sb_putc(out, ']');
-    }
-    i = j + 1;
-  }
-  return NULL;
-}
+/* The options closest to ECMA-262 (see the note at the top). */
+#define PATTERN_OPTIONS                                                        \
+  (PCRE2_UTF | PCRE2_ALT_BSUX | PCRE2_DOLLAR_ENDONLY |                         \
+   PCRE2_MATCH_UNSET_BACKREF | PCRE2_ALLOW_EMPTY_CLASS |                       \
+   PCRE2_NEVER_BACKSLASH_C)
 
 static ag_err_t kw_pattern(cctx *c, ag__schema *s, const json_t *v, int depth) {
   (void)depth;
@@ -873,7 +748,8 @@ static ag_err_t kw_pattern(cctx *c, ag__schema *s, const json_t *v, int depth) {
   if (strlen(src) != n)
     return cfail(c, "must not contain a NUL character");
   if (n > MAX_PATTERN)
-    return cfail(c, "is longer than %d bytes", MAX_PATTERN);
+    return cfail(c, "is %zu bytes long; a pattern may have at most %d", n,
+                 MAX_PATTERN);
   s->pattern = calloc(1, sizeof(*s->pattern));
   if (s->pattern == NULL)
     return cnomem(c);
@@ -881,46 +757,35 @@ static ag_err_t kw_pattern(cctx *c, ag__schema *s, const json_t *v, int depth) {
   p->text = strdup(src);
   if (p->text == NULL)
     return cnomem(c);
-  /* The worst rewrite ("\\w" inside [...]) grows 5-fold, plus brackets. */
-  size_t cap = n * 6 + 16;
-  char *posix = malloc(cap), *scratch = malloc(cap);
-  if (posix == NULL || scratch == NULL) {
-    free(posix);
-    free(scratch);
+  pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
+  if (cc == NULL)
     return cnomem(c);
-  }
-  sbuf out, inner;
-  sb_init(&out, posix, cap);
-  sb_init(&inner, scratch, cap);
-  char why[96];
-  const char *bad = translate_pattern(src, n, &out, &inner, why, sizeof(why));
-  free(scratch);
-  if (bad == NULL && out.cut)
-    bad = "is too long after rewriting"; /* cannot happen: cap is enough */
-  if (bad != NULL) {
-    free(posix);
-    return cfail(c, "invalid regular expression \"%s\": %s", src, bad);
-  }
-  p->loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
-  if (p->loc == (locale_t)0)
-    p->loc = newlocale(LC_CTYPE_MASK, "C", (locale_t)0);
-  if (p->loc == (locale_t)0) {
-    free(posix);
-    return cnomem(c);
-  }
-  locale_t old = uselocale(p->loc);
-  int rc = regcomp(&p->re, posix, REG_EXTENDED | REG_NOSUB);
-  uselocale(old);
-  free(posix);
-  if (rc != 0) {
-    char msg[128];
-    regerror(rc, &p->re, msg, sizeof(msg));
-    freelocale(p->loc);
-    p->loc = (locale_t)0;
-    if (rc == REG_ESPACE)
+  pcre2_set_max_pattern_length(cc, MAX_PATTERN);
+  pcre2_set_parens_nest_limit(cc, MAX_PARENS);
+  pcre2_set_newline(cc, PCRE2_NEWLINE_ANYCRLF);
+  pcre2_set_compile_extra_options(cc, PCRE2_EXTRA_ALT_BSUX);
+  int code;
+  PCRE2_SIZE off;
+  p->code = pcre2_compile((PCRE2_SPTR)src, n, PATTERN_OPTIONS, &code, &off, cc);
+  pcre2_compile_context_free(cc);
+  if (p->code == NULL) {
+    if (code == PCRE2_ERROR_NOMEMORY)
       return cnomem(c);
-    return cfail(c, "invalid regular expression \"%s\": %s", src, msg);
+    PCRE2_UCHAR why[160];
+    if (pcre2_get_error_message(code, why, sizeof(why)) < 0)
+      snprintf((char *)why, sizeof(why), "PCRE2 error %d", code);
+    return cfail(c, "invalid regular expression \"%s\": %s at offset %zu", src,
+                 (const char *)why, (size_t)off);
   }
+  /* Without the JIT (not built, or no executable memory) the interpreter
+   * matches, under the same limits. */
+  p->jit = pcre2_jit_compile(p->code, PCRE2_JIT_COMPLETE) == 0;
+  p->mctx = pcre2_match_context_create(NULL);
+  if (p->mctx == NULL)
+    return cnomem(c);
+  pcre2_set_match_limit(p->mctx, MATCH_LIMIT);
+  pcre2_set_depth_limit(p->mctx, MATCH_DEPTH);
+  pcre2_set_heap_limit(p->mctx, MATCH_HEAP_KIB);
   return AG_OK;
 }
 
@@ -1078,10 +943,8 @@ void ag__schema_free(ag__schema *s) {
   json_decref(s->const_value);
   free(s->const_text);
   if (s->pattern != NULL) {
-    if (s->pattern->loc != (locale_t)0) {
-      regfree(&s->pattern->re);
-      freelocale(s->pattern->loc);
-    }
+    pcre2_match_context_free(s->pattern->mctx);
+    pcre2_code_free(s->pattern->code);
     free(s->pattern->text);
     free(s->pattern);
   }
@@ -1222,6 +1085,39 @@ static size_t code_points(const char *s, size_t n) {
 
 static ag_err_t validate(vctx *v, const ag__schema *s, const json_t *x);
 
+/* Matches a string against a pattern under the limits (see the note at the
+ * top): AG_OK, or AG_EINVAL naming the pattern and why. */
+static ag_err_t match_pattern(vctx *v, const pattern *p, const json_t *x) {
+  pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+  if (md == NULL)
+    return ag__set_error(v->err, AG_ENOMEM, -1, "out of memory");
+  PCRE2_SPTR subj = (PCRE2_SPTR)json_string_value(x);
+  PCRE2_SIZE len = json_string_length(x);
+  int rc = pcre2_match(p->code, subj, len, 0, p->jit ? 0 : PCRE2_NO_JIT, md,
+                       p->mctx);
+  if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+    rc = pcre2_match(p->code, subj, len, 0, PCRE2_NO_JIT, md, p->mctx);
+  pcre2_match_data_free(md);
+  if (rc >= 0)
+    return AG_OK;
+  if (rc == PCRE2_ERROR_NOMATCH)
+    return vfail(v, "must match pattern \"%s\"", p->text);
+  if (rc == PCRE2_ERROR_NOMEMORY)
+    return ag__set_error(v->err, AG_ENOMEM, -1, "out of memory");
+  if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+      rc == PCRE2_ERROR_HEAPLIMIT || rc == PCRE2_ERROR_JIT_STACKLIMIT)
+    return vfail(v,
+                 "pattern \"%s\" is too costly to match against this value "
+                 "(the regular expression's match limit was reached); send a "
+                 "shorter or simpler value",
+                 p->text);
+  PCRE2_UCHAR why[160];
+  if (pcre2_get_error_message(rc, why, sizeof(why)) < 0)
+    snprintf((char *)why, sizeof(why), "PCRE2 error %d", rc);
+  return vfail(v, "cannot match pattern \"%s\": %s", p->text,
+               (const char *)why);
+}
+
 static ag_err_t descend(vctx *v, const ag__schema *s, const json_t *x,
                         const char *key, size_t len, size_t index) {
   /* The compiled tree is at most MAX_DEPTH deep, so depth < MAX_DEPTH. */
@@ -1321,13 +1217,8 @@ static ag_err_t validate(vctx *v, const ag__schema *s, const json_t *x) {
         return vfail(v, "must be at most %zu character%s", s->max_len,
                      s->max_len == 1 ? "" : "s");
     }
-    if (s->pattern != NULL) {
-      locale_t old = uselocale(s->pattern->loc);
-      int rc = regexec(&s->pattern->re, json_string_value(x), 0, NULL, 0);
-      uselocale(old);
-      if (rc != 0)
-        return vfail(v, "must match pattern \"%s\"", s->pattern->text);
-    }
+    if (s->pattern != NULL)
+      return match_pattern(v, s->pattern, x);
     return AG_OK;
   }
   case JSON_INTEGER:

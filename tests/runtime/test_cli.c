@@ -101,7 +101,8 @@ static void no_sanitizer_report(const result *r) {
  * Runs the program with `args` (NULL-terminated, without the program name),
  * in DIR. When interrupt_ms >= 0, sends SIGINT after that many ms.
  */
-static result run_sig(const char *const *args, int interrupt_ms) {
+static result run_full(const char *const *args, int interrupt_ms,
+                       const char *stdout_to) {
   char out_path[128], err_path[128];
   snprintf(out_path, sizeof out_path, "%s/.stdout", dir);
   snprintf(err_path, sizeof err_path, "%s/.stderr", dir);
@@ -115,7 +116,9 @@ static result run_sig(const char *const *args, int interrupt_ms) {
   pid_t pid = fork();
   cr_assert(pid >= 0);
   if (pid == 0) {
-    int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int o = stdout_to != NULL
+                ? open(stdout_to, O_WRONLY)
+                : open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     int in = open("/dev/null", O_RDONLY);
     if (o < 0 || e < 0 || in < 0 || chdir(dir) != 0)
@@ -138,10 +141,14 @@ static result run_sig(const char *const *args, int interrupt_ms) {
   }
   result r;
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  r.out = slurp(out_path);
+  r.out = stdout_to != NULL ? strdup("") : slurp(out_path);
   r.err = slurp(err_path);
   no_sanitizer_report(&r);
   return r;
+}
+
+static result run_sig(const char *const *args, int interrupt_ms) {
+  return run_full(args, interrupt_ms, NULL);
 }
 
 static result run(const char *const *args) {
@@ -634,5 +641,157 @@ Test(cli, presets_and_check_config) {
 
   r = run(ARGS("check-config"));
   cr_expect_eq(r.status, 2);
+  result_free(&r);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Issue 10: output never lost silently, inputs never overwritten           */
+/* ------------------------------------------------------------------------ */
+
+#define ONE_STEP                                                               \
+  "{\"steps\":[{\"calls\":[{\"name\":\"a\",\"args\":{}}],\"results\":[{"       \
+  "\"ok\":true,\"text\":\"x\"}]}]}"
+
+/* Runs with stdout on /dev/full: exit 1 and "cannot write" on stderr. */
+static void full_fails(const char *const *args) {
+  result r = run_full(args, -1, "/dev/full");
+  cr_expect_eq(r.status, 1, "%s %s: exit %d, stderr: %s", args[0],
+               args[1] ? args[1] : "", r.status, r.err);
+  cr_expect(strstr(r.err, "cannot write") != NULL, "%s: stderr: %s", args[0],
+            r.err);
+  result_free(&r);
+}
+
+Test(cli, writes_to_a_full_disk_fail) {
+  const char *t = put("t.json", ONE_STEP);
+  full_fails(ARGS("audit", t));
+  full_fails(ARGS("audit", "--json", t));
+  full_fails(ARGS("audit", "--quiet", t));
+  full_fails(ARGS("presets"));
+  full_fails(ARGS("presets", "hpd"));
+  full_fails(ARGS("presets", "--help"));
+  full_fails(ARGS("check-config", put("c.json", "{\"preset\": \"hpd\"}")));
+  full_fails(ARGS("--help"));
+  const char *s = put("s.json", "{" OK_TURN "}");
+  full_fails(ARGS("simulate", "-q", "--events", "-", s));
+}
+
+Test(cli, simulate_never_writes_over_an_input) {
+  static const char scenario[] = "{" OK_TURN "}";
+  const char *s = put("s.json", scenario);
+  const char *c = put("c.json", "{\"preset\": \"hpd\"}");
+  const char *const *cases[] = {
+      ARGS("simulate", "s.json", "--events", "s.json"),
+      ARGS("simulate", s, "--events", "./s.json"),
+      ARGS("simulate", "--events=s.json", s),
+      ARGS("simulate", s, "--config", c, "--events", "c.json"),
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    result r = run(cases[i]);
+    cr_expect_eq(r.status, 2, "case %zu: exit %d, stderr: %s", i, r.status,
+                 r.err);
+    cr_expect(strstr(r.err, "is also an input") != NULL, "case %zu: %s", i,
+              r.err);
+    result_free(&r);
+  }
+  /* a hard link is the same file under another name */
+  char link_path[256];
+  snprintf(link_path, sizeof link_path, "%s/h.json", dir);
+  cr_assert_eq(link(s, link_path), 0);
+  result r = run(ARGS("simulate", s, "--events", "h.json"));
+  cr_expect_eq(r.status, 2, "hard link: exit %d, stderr: %s", r.status, r.err);
+  result_free(&r);
+  char *now = slurp(s);
+  cr_expect_str_eq(now, scenario, "the scenario was changed");
+  free(now);
+  now = slurp(c);
+  cr_expect_str_eq(now, "{\"preset\": \"hpd\"}", "the config was changed");
+  free(now);
+  /* a new file is fine */
+  r = run(ARGS("simulate", "-q", s, "--events", "ev.jsonl"));
+  cr_expect_eq(r.status, 0, "%s", r.err);
+  result_free(&r);
+}
+
+Test(cli, audit_of_an_empty_folder) {
+  char empty[256];
+  snprintf(empty, sizeof empty, "%s/empty", dir);
+  cr_assert_eq(mkdir(empty, 0700), 0);
+  result r = run(ARGS("audit", "empty"));
+  cr_expect_eq(r.status, 2, "%s", r.err);
+  cr_expect(strstr(r.err, "no *.json") != NULL, "%s", r.err);
+  result_free(&r);
+}
+
+Test(cli, audit_names_and_tool_names_are_shown_safely) {
+  /* a file name that is not UTF-8 keeps its "file" in --json */
+  put("bad\xff.json", ONE_STEP);
+  put("worse\xfe.json", "{\"steps\": ");
+  result r = run(ARGS("audit", "--json", "bad\xff.json", "worse\xfe.json"));
+  cr_expect_eq(r.status, 1, "%s", r.err);
+  char *line = r.out;
+  int files = 0;
+  while (line != NULL && *line != '\0') {
+    char *nl = strchr(line, '\n');
+    json_error_t je;
+    json_t *j = json_loadb(
+        line, nl != NULL ? (size_t)(nl - line) : strlen(line), 0, &je);
+    cr_assert_not_null(j, "not JSON: %s (%s)", line, je.text);
+    const char *type = json_string_value(json_object_get(j, "type"));
+    const char *file = json_string_value(json_object_get(j, "file"));
+    if (type != NULL && strcmp(type, "summary") != 0) {
+      cr_expect_not_null(file, "no \"file\" in %.200s", line);
+      if (file != NULL) {
+        cr_expect(strstr(file, "\xEF\xBF\xBD.json") != NULL, "%s", file);
+        files++;
+      }
+    }
+    json_decref(j);
+    line = nl != NULL ? nl + 1 : NULL;
+  }
+  cr_expect_eq(files, 2, "%s", r.out);
+  result_free(&r);
+
+  /* terminal escapes in a tool name and a file name are not printed raw */
+  char traj[2048] = "{\"steps\":[";
+  for (int i = 0; i < 6; i++) {
+    if (i > 0)
+      strcat(traj, ",");
+    strcat(traj, "{\"calls\":[{\"name\":\"ev\\u001b[2Jil\",\"args\":{}}],"
+                 "\"results\":[{\"ok\":true,\"text\":\"x\"}]}");
+  }
+  strcat(traj, "],\"outcome\":\"resolved\"}");
+  put("esc\x1b[1m.json", traj);
+  r = run(ARGS("audit", "--preset", "hpd", "esc\x1b[1m.json"));
+  cr_expect_eq(r.status, 0, "%s", r.err);
+  cr_expect(strchr(r.out, '\x1b') == NULL, "raw escape in: %s", r.out);
+  cr_expect(strstr(r.out, "ev?[2Jil") != NULL, "%s", r.out);
+  cr_expect(strstr(r.out, "esc?[1m") != NULL, "%s", r.out);
+  result_free(&r);
+}
+
+/* Issue 10, finding 5: a small file of tiny JSON values made jansson take
+ * about 80 times its size; now the tree is capped at 8 times the input (at
+ * least 16 MiB) and such an input is skipped with a clear reason. */
+Test(cli, audit_caps_the_memory_of_one_input) {
+  size_t n = 500000; /* 1.5 MB of "{}," in one call's arguments */
+  char *text = malloc(n * 3 + 200);
+  cr_assert_not_null(text);
+  size_t o = (size_t)sprintf(text, "{\"steps\":[{\"calls\":[{\"name\":\"a\","
+                                   "\"args\":[");
+  for (size_t i = 0; i < n; i++) {
+    memcpy(text + o, i ? ",{}" : "{}", i ? 3 : 2);
+    o += i ? 3 : 2;
+  }
+  strcpy(text + o, "]}],\"results\":[{\"ok\":true}]}]}");
+  put("tiny.json", text);
+  free(text);
+  put("fine.json", ONE_STEP);
+  result r = run(ARGS("audit", "--quiet", "tiny.json", "fine.json"));
+  cr_expect_eq(r.status, 1, "%s", r.err);
+  cr_expect(strstr(r.err, "tiny.json: skipped: needs more than 16 MiB to "
+                          "parse (8 times its size") != NULL,
+            "%s", r.err);
+  cr_expect(strstr(r.out, "1 run audited, 1 skipped") != NULL, "%s", r.out);
   result_free(&r);
 }

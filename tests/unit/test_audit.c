@@ -1051,6 +1051,81 @@ Test(bad_inputs, caps) {
   ag_trajectory_free(NULL);
 }
 
+/* Issue 10, finding 8: a tool_call after turn_end built a step outside any
+ * turn's events, and time could run backwards. */
+Test(bad_inputs, events_out_of_order) {
+  const char *msg = parse_fail(
+      "{\"event\":\"turn_start\",\"turn\":1,\"iteration\":0,\"t_ms\":0}\n"
+      "{\"event\":\"model_request\",\"turn\":1,\"iteration\":1,\"t_ms\":1}\n"
+      "{\"event\":\"turn_end\",\"turn\":1,\"iteration\":1,\"t_ms\":2,"
+      "\"status\":\"completed\",\"reason\":\"final_answer\"}\n"
+      "{\"event\":\"tool_call\",\"turn\":1,\"iteration\":1,\"t_ms\":3,"
+      "\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"{}\"}\n",
+      AG_EINVAL);
+  cr_assert(strstr(msg, "line 4 (event 4): tool_call after turn_end") != NULL,
+            "%s", msg);
+  msg = parse_fail(
+      "{\"event\":\"turn_start\",\"turn\":1,\"iteration\":0,\"t_ms\":0}\n"
+      "{\"event\":\"model_request\",\"turn\":1,\"iteration\":1,\"t_ms\":50}\n"
+      "{\"event\":\"model_response\",\"turn\":1,\"iteration\":1,\"t_ms\":20,"
+      "\"text\":\"x\"}\n",
+      AG_EINVAL);
+  cr_assert(strstr(msg, "line 3 (event 3): \"t_ms\" goes back in time (20 "
+                        "after 50)") != NULL,
+            "%s", msg);
+  /* a new turn after turn_end is fine, and so are equal times */
+  ag_trajectory *t = parse_ok(
+      "{\"event\":\"turn_start\",\"turn\":1,\"iteration\":0,\"t_ms\":0}\n"
+      "{\"event\":\"model_request\",\"turn\":1,\"iteration\":1,\"t_ms\":0}\n"
+      "{\"event\":\"model_response\",\"turn\":1,\"iteration\":1,\"t_ms\":1,"
+      "\"text\":\"x\"}\n"
+      "{\"event\":\"turn_end\",\"turn\":1,\"iteration\":1,\"t_ms\":1}\n"
+      "{\"event\":\"turn_start\",\"turn\":2,\"iteration\":0,\"t_ms\":2}\n"
+      "{\"event\":\"model_request\",\"turn\":2,\"iteration\":1,\"t_ms\":2}\n"
+      "{\"event\":\"model_response\",\"turn\":2,\"iteration\":1,\"t_ms\":3,"
+      "\"text\":\"y\"}\n"
+      "{\"event\":\"turn_end\",\"turn\":2,\"iteration\":1,\"t_ms\":3}\n");
+  cr_assert_eq(t->n_turns, 2);
+  ag_trajectory_free(t);
+}
+
+/* Issue 10, finding 8: the last of two "ok" keys won, flipping a result. */
+Test(bad_inputs, duplicate_keys_are_rejected) {
+  const char *msg =
+      parse_fail("{\"steps\":[{\"calls\":[{\"name\":\"a\",\"args\":{}}],\n"
+                 "\"results\":[{\"ok\":true,\"ok\":false,\"text\":\"x\"}]}]}",
+                 AG_EJSON);
+  cr_assert(strstr(msg, "line 2, column 26: duplicate object key near "
+                        "'\"ok\"'") != NULL,
+            "%s", msg);
+  /* in JSON Lines, the line is the file's */
+  msg = parse_fail("{\"role\":\"user\",\"content\":\"x\"}\n"
+                   "{\"role\":\"assistant\",\"content\":\"a\","
+                   "\"content\":\"b\"}\n",
+                   AG_EJSON);
+  cr_assert(strstr(msg, "line 2, column") != NULL, "%s", msg);
+  cr_assert(strstr(msg, "duplicate object key near '\"content\"'") != NULL,
+            "%s", msg);
+}
+
+/* Issue 10, finding 9: a number beyond a double's range is a clear error at
+ * its place (jansson cannot read it; docs/audit.md says so). */
+Test(bad_inputs, number_out_of_range) {
+  const char *msg = parse_fail(
+      "{\"steps\":[{\"calls\":[{\"name\":\"a\",\"args\":{\"n\":1e999}}],"
+      "\"results\":[{\"ok\":true}]}]}",
+      AG_EJSON);
+  cr_assert(strstr(msg, "line 1, column 49: number out of range (beyond "
+                        "+-1.8e308) near '1e999'") != NULL,
+            "%s", msg);
+  /* within range, however written, it is accepted */
+  ag_trajectory *t =
+      parse_ok("{\"steps\":[{\"calls\":[{\"name\":\"a\",\"args\":{\"n\":1e308,"
+               "\"m\":-1.5E-320,\"k\":123456789012345678901234567890}}],"
+               "\"results\":[{\"ok\":true}]}]}");
+  ag_trajectory_free(t);
+}
+
 Test(bad_inputs, hand_built_runs_are_checked) {
   ag_traj_call call = {"a", "{}", 2};
   ag_traj_step step;
