@@ -38,11 +38,20 @@ typedef struct ag_tool_call {
   size_t arguments_len;
 } ag_tool_call;
 
+/* Token usage of one request, as the provider reports it. */
+typedef struct ag_usage {
+  int64_t prompt_tokens;     /* input tokens, cached ones included */
+  int64_t completion_tokens; /* output tokens */
+  int64_t cached_tokens;     /* of prompt_tokens, read from a cache */
+} ag_usage;
+
 /* A model reply. Release with ag_reply_clear. */
 typedef struct ag_reply {
   char *text; /* assistant text, or NULL */
   ag_tool_call *calls;
   size_t n_calls;
+  bool has_usage; /* the provider reported usage */
+  ag_usage usage; /* when has_usage (token budget, mechanism 11) */
 } ag_reply;
 
 /* Frees everything the reply owns and zeroes it. */
