@@ -52,6 +52,8 @@ typedef struct ag_turn_outcome {
   char *final_text;   /* the answer or partial answer (caller-owns), or NULL */
   int iterations;     /* model requests in the turn, the final one included */
   int tool_calls;     /* calls executed (denied, held and blocked excluded) */
+  int64_t tokens;     /* prompt + completion tokens the provider reported in
+                         the turn (0 when it reports none) */
 } ag_turn_outcome;
 
 AG_EXTERN void ag_turn_outcome_clear(ag_turn_outcome *o);

@@ -112,6 +112,11 @@ typedef struct ag_traj_step {
    * 15); the text is also what the content-loop detector (14) reads. */
   const char *text;
   size_t text_len;
+  /* Prompt + completion tokens of the reply when the recording gives its
+   * usage (event logs' model_response "usage", a neutral step's or a chat
+   * message's "usage"), else -1. The replay adds them to the turn's tokens
+   * (mechanism 11). */
+  int64_t tokens;
 } ag_traj_step;
 
 /* One turn: a user message and the steps until the next one. Turns without

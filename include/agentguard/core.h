@@ -86,6 +86,7 @@ typedef struct ag_config {
     int max_empty_replies;        /* 15: empty replies in a row */
     int repeated_result_limit;    /* 16: same call, same result, in a turn */
     int repeated_failure_limit;   /* 16: same call, same error, in a turn */
+    int max_tokens_per_turn;      /* 11: token budget of a turn */
     bool nudge_before_stop;
     bool final_request_without_tools;
     bool require_tool_call;
@@ -331,7 +332,8 @@ typedef enum {
   X(DENIED_CALLS, "denied_calls")                                              \
   X(CONTENT_LOOP, "content_loop")                                              \
   X(EMPTY_REPLY, "empty_reply")                                                \
-  X(REPEATED_RESULTS, "repeated_results")
+  X(REPEATED_RESULTS, "repeated_results")                                      \
+  X(TOKEN_BUDGET, "token_budget")
 
 typedef enum {
 #define AG__REASON_ENUM(id, name) AG_REASON_##id,
@@ -423,7 +425,8 @@ AG_EXTERN int64_t ag_guard_deadline(const ag_guard *g);
 
 /*
  * Call before each model request. Counts the iteration unless a mechanism
- * trips: max_iterations (the request would be number N+1) or turn_timeout.
+ * trips: max_iterations (the request would be number N+1), token_budget (the
+ * turn's tokens exceed loop.max_tokens_per_turn) or turn_timeout.
  * Fills `v`; returns v->action. A verdict of AG_STOP with max_iterations
  * does not count the iteration; with loop.final_request_without_tools the
  * caller may then make one last request without tools.
@@ -489,6 +492,17 @@ AG_EXTERN ag_action ag_guard_run_batch(ag_guard *g, const ag_call *calls,
                                        void *user, ag_call_check *checks,
                                        ag_result *results, ag_verdict *v,
                                        bool *ran);
+
+/*
+ * Adds `tokens` (a reply's prompt + completion tokens, as the provider
+ * reports them; negative counts as 0) to the turn's total. Mechanism 11:
+ * the next ag_guard_begin_iteration stops the turn (token_budget) once the
+ * total exceeds loop.max_tokens_per_turn. Never trips by itself.
+ */
+AG_EXTERN void ag_guard_record_tokens(ag_guard *g, int64_t tokens);
+
+/* The tokens recorded in the current turn. */
+AG_EXTERN int64_t ag_guard_tokens(const ag_guard *g);
 
 /*
  * Records a model reply that ran nothing and is not a final answer: the

@@ -219,6 +219,13 @@ void ag__ev_model_response(ag__events *ev, const ag_reply *r) {
     json_array_append_new(calls, o);
   }
   json_object_set_new(f, "tool_calls", calls);
+  if (r->has_usage)
+    json_object_set_new(
+        f, "usage",
+        json_pack("{s:I, s:I, s:I}", "prompt_tokens",
+                  (json_int_t)r->usage.prompt_tokens, "completion_tokens",
+                  (json_int_t)r->usage.completion_tokens, "cached_tokens",
+                  (json_int_t)r->usage.cached_tokens));
   ag__ev_emit(ev, "model_response", f);
 }
 
@@ -386,6 +393,7 @@ void ag__ev_turn_end(ag__events *ev, const ag_turn_outcome *o) {
     json_object_set_new(f, "message", text0(o->message));
     json_object_set_new(f, "iterations", json_integer(o->iterations));
     json_object_set_new(f, "tool_calls", json_integer(o->tool_calls));
+    json_object_set_new(f, "tokens", json_integer((json_int_t)o->tokens));
     json_object_set_new(f, "final_text", text0(o->final_text));
   }
   ag__ev_emit(ev, "turn_end", f);

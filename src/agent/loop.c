@@ -1240,6 +1240,15 @@ static step empty_reply(turn_ctx *t) {
   }
 }
 
+/* The reply's token usage joins the turn's count (mechanism 11). */
+static void note_usage(turn_ctx *t, const ag_reply *reply) {
+  if (!reply->has_usage)
+    return;
+  ag_guard_record_tokens(t->a->guard, reply->usage.prompt_tokens +
+                                          reply->usage.completion_tokens);
+  t->out->tokens = ag_guard_tokens(t->a->guard);
+}
+
 /* Appends the assistant message of `reply`; false on ENOMEM. */
 static bool append_assistant(turn_ctx *t, const ag_reply *reply,
                              const call_ids *ids) {
@@ -1277,6 +1286,7 @@ static void wrap_up(turn_ctx *t, const ag_verdict *v) {
                 v->message, why);
     return;
   }
+  note_usage(t, &reply);
   ag__ev_model_response(&a->ev, &reply);
   call_ids ids;
   if (!ids_make(&ids, &reply, a->turn, t->iterations) ||
@@ -1348,6 +1358,7 @@ static void iterate(turn_ctx *t) {
         t->oom = true;
       return;
     }
+    note_usage(t, &reply);
     ag__ev_model_response(&a->ev, &reply);
     remember_text(t, reply.text);
 

@@ -243,6 +243,8 @@ static ag_err_t replay(ag_auditor *a, ag_guard *g, const ag_trajectory *t,
       }
       ag_verdict v;
       ag_action act = ag_guard_begin_iteration(g, t_req, &v);
+      if (act == AG_ALLOW && st->tokens > 0) /* the reply's usage */
+        ag_guard_record_tokens(g, st->tokens);
       if (act == AG_ALLOW && st->no_reply && !st->rejected) {
         /* The request got no reply: only the iteration counted. */
       } else if (act == AG_ALLOW && !st->rejected && st->n_calls == 0 &&

@@ -109,6 +109,7 @@ static const key_desc keys[] = {
     KCOUNT(loop, max_empty_replies, "0"),
     KCOUNT(loop, repeated_result_limit, "0"),
     KCOUNT(loop, repeated_failure_limit, "0"),
+    KINT(loop, max_tokens_per_turn, 0, 2000000000, "0"),
     KBOOL(loop, nudge_before_stop, "false"),
     KBOOL(loop, final_request_without_tools, "false"),
     KBOOL(loop, require_tool_call, "false"),

@@ -122,6 +122,8 @@ struct ag_guard {
   /* mechanism 9 */
   int pattern_run;
   ag_category pattern_cat;
+  /* mechanism 11 */
+  int64_t tokens;
   /* mechanisms 12, 13, 15 */
   int refused_run;
   int denied_run;
@@ -318,6 +320,7 @@ AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
   g->pattern_run = 0;
   g->pattern_cat = AG_CAT_UNKNOWN;
   g->refused_run = g->denied_run = g->empty_run = 0;
+  g->tokens = 0;
   memset(g->repeat, 0, sizeof(g->repeat));
   g->novel = 0;
   g->hold_armed = false;
@@ -544,6 +547,19 @@ AG_EXTERN ag_action ag_guard_begin_iteration(ag_guard *g, int64_t now_ms,
   verdict_reset(v);
   if (past_deadline(g, now_ms, v))
     return v->action;
+  int budget = g->cfg.loop.max_tokens_per_turn;
+  if (budget > 0 && g->tokens > budget) {
+    v->action = AG_STOP;
+    v->reason = AG_REASON_TOKEN_BUDGET;
+    snprintf(v->message, sizeof(v->message),
+             "The turn used %lld tokens, over its budget of %d "
+             "(loop.max_tokens_per_turn)",
+             (long long)g->tokens, budget);
+    v->suggestion = "Answer with what is known so far, or split the task.";
+    g->last_trip = v->reason;
+    g->trips++;
+    return v->action;
+  }
   int max = g->cfg.loop.max_iterations;
   if (max > 0 && g->iteration >= max) {
     v->action = AG_STOP;
@@ -1200,6 +1216,15 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
   return v->action;
 }
 
+AG_EXTERN void ag_guard_record_tokens(ag_guard *g, int64_t tokens) {
+  if (tokens > 0)
+    g->tokens = tokens > INT64_MAX - g->tokens ? INT64_MAX : g->tokens + tokens;
+}
+
+AG_EXTERN int64_t ag_guard_tokens(const ag_guard *g) {
+  return g->tokens;
+}
+
 AG_EXTERN ag_action ag_guard_record_refused(ag_guard *g, const char *text,
                                             size_t len, int64_t now_ms,
                                             ag_verdict *v) {
@@ -1334,6 +1359,9 @@ AG_EXTERN void ag_guard_resume(ag_guard *g, ag_reason reason) {
     break;
   case AG_REASON_REPEATED_RESULTS:
     memset(g->repeat, 0, sizeof(g->repeat));
+    break;
+  case AG_REASON_TOKEN_BUDGET:
+    g->tokens = 0;
     break;
   default:
     break;
@@ -1600,7 +1628,7 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
   json_t *root = json_pack(
       "{s:s, s:i, s:i, s:I, s:I, s:i, s:i, s:o, s:{s:I, s:o, s:o}, "
       "s:{s:i, s:s, s:i, s:i, s:i, s:s, s:o, s:i, s:o}, s:o, s:s, s:i, "
-      "s:{s:i, s:i, s:i, s:i}}",
+      "s:{s:i, s:i, s:i, s:i}, s:I}",
       "preset", g->cfg.preset, "turn", g->turn, "iteration", g->iteration,
       "turn_start_ms", (json_int_t)g->turn_start, "deadline_ms",
       (json_int_t)(g->deadline == INT64_MAX ? -1 : g->deadline),
@@ -1614,7 +1642,8 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
       "unresolved_total", g->unresolved_total, "unresolved", unres, "nudged",
       json_boolean(g->nudged), "last_trip", ag_reason_name(g->last_trip),
       "trips", g->trips, "replies", "refused_run", g->refused_run, "denied_run",
-      g->denied_run, "empty_run", g->empty_run, "repeated_max", repeated_max);
+      g->denied_run, "empty_run", g->empty_run, "repeated_max", repeated_max,
+      "tokens", (json_int_t)g->tokens);
   ag_err_t rc = dump_json(root, out, err, JSON_INDENT(2) | JSON_SORT_KEYS);
   return rc == AG_OK ? to_malloc(out, err) : rc;
 }

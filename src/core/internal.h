@@ -135,7 +135,8 @@ size_t ag__collapse_ws(char *dst, size_t cap, const char *msg, size_t len,
   X(DENIED_CALLS, loop.max_denied_calls, loop.max_denied_calls)                \
   X(CONTENT_LOOP, loop.content_loop_repeats, loop.content_loop_repeats)        \
   X(EMPTY_REPLY, loop.max_empty_replies, loop.max_empty_replies)               \
-  X(REPEATED_RESULTS, loop.repeated_result_limit, loop.repeated_failure_limit)
+  X(REPEATED_RESULTS, loop.repeated_result_limit, loop.repeated_failure_limit) \
+  X(TOKEN_BUDGET, loop.max_tokens_per_turn, loop.max_tokens_per_turn)
 
 /* Whether mechanism `r` is on in `c`. */
 bool ag__mechanism_on(const ag_config *c, ag_reason r);

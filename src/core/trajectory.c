@@ -162,6 +162,7 @@ typedef struct bstep {
   bool has_response; /* events: a model_response was seen */
   bool no_reply;     /* events: a request that got no reply */
   bool has_text;     /* the recording gives the reply's text */
+  int64_t tokens;    /* the reply's usage, or -1 */
   const char *text;  /* the reply's text (jansson-owned), when has_text */
   size_t text_len;
   int iteration;     /* events: the "iteration" it belongs to, else 0 */
@@ -312,6 +313,7 @@ static ag_err_t b_step(builder *b, int iteration) {
   s->origin = b->unit_no;
   s->origin_line = b->line;
   s->t_req = s->t_resp = s->t_done = -1;
+  s->tokens = -1;
   b->turns[b->n_turns - 1].n_steps++;
   return AG_OK;
 }
@@ -412,6 +414,39 @@ static ag_err_t b_args(builder *b, const json_t *v, const char **out,
 
 /* A text that may be a string, null/missing (""), or an array of content
  * parts ({"type":"text","text":…} or plain strings), joined by newlines. */
+/* The "usage" of a reply in `obj`, if any: OpenAI's prompt_tokens +
+ * completion_tokens, or Anthropic's input_tokens + output_tokens; -1 when
+ * absent. */
+static ag_err_t b_usage(builder *b, const json_t *obj, int64_t *tokens) {
+  const json_t *u = json_object_get(obj, "usage");
+  if (u == NULL || json_is_null(u))
+    return AG_OK;
+  if (!json_is_object(u))
+    return fail(b, AG_EINVAL, "\"usage\" must be an object, got %s",
+                json_type_name(u));
+  static const char *const names[] = {"prompt_tokens", "completion_tokens",
+                                      "input_tokens", "output_tokens"};
+  int64_t sum = 0;
+  bool any = false;
+  for (size_t k = 0; k < 4; k++) {
+    const json_t *v = json_object_get(u, names[k]);
+    if (v == NULL || json_is_null(v))
+      continue;
+    /* numbers are read as doubles (JFLAGS) */
+    double d = json_number_value(v);
+    if (!json_is_number(v) || d < 0 || d != (double)(int64_t)d)
+      return fail(b, AG_EINVAL, "usage.%s must be a whole number >= 0",
+                  names[k]);
+    if (d > 1e15)
+      return fail(b, AG_EINVAL, "usage.%s is out of range", names[k]);
+    sum += (int64_t)d;
+    any = true;
+  }
+  if (any)
+    *tokens = sum;
+  return AG_OK;
+}
+
 static ag_err_t b_text(builder *b, const json_t *v, const char *what,
                        const char **out, size_t *len) {
   *out = "";
@@ -551,6 +586,8 @@ static ag_err_t parse_neutral(builder *b, const json_t *root) {
     if ((rc = b_step(b, 0)) != AG_OK)
       return rc;
     bstep *s = cur_step(b);
+    if ((rc = b_usage(b, st, &s->tokens)) != AG_OK)
+      return rc;
     const json_t *say = json_object_get(st, "text");
     if (say != NULL) { /* the reply's text, when the recording keeps it */
       if ((rc = b_text(b, say, "text", &s->text, &s->text_len)) != AG_OK)
@@ -699,6 +736,8 @@ static ag_err_t chat_assistant(builder *b, const json_t *m) {
     return fail(b, AG_EINVAL, "\"tool_calls\" must be an array, got %s",
                 json_type_name(tcs));
   if ((rc = b_step(b, 0)) != AG_OK)
+    return rc;
+  if ((rc = b_usage(b, m, &cur_step(b)->tokens)) != AG_OK)
     return rc;
   const json_t *content = json_object_get(m, "content");
   if (json_is_string(content) || json_is_null(content)) {
@@ -899,17 +938,22 @@ static ag_err_t ev_turn_end(builder *b, const json_t *e, int64_t t) {
   const char *reason = json_string_value(json_object_get(e, "reason"));
   int iterations = ev_int(e, "iterations");
   if (status == NULL || reason == NULL || strcmp(status, "stopped") != 0 ||
-      strcmp(reason, "max_iterations") != 0 || b->n_turns == 0 || b->new_turn ||
-      iterations < 1)
+      b->n_turns == 0 || b->new_turn || iterations < 1)
     return AG_OK;
   const bturn *turn = &b->turns[b->n_turns - 1];
   if ((size_t)iterations != turn->n_steps)
     return AG_OK;
-  bool refused_missing;
+  /* The token budget (mechanism 11) refuses the next request the same way,
+   * and never makes a wrap-up request. */
+  bool refused_missing = strcmp(reason, "token_budget") == 0;
+  if (!refused_missing && strcmp(reason, "max_iterations") != 0)
+    return AG_OK;
   const char *msg = json_string_value(json_object_get(e, "message"));
   const char *num = msg != NULL ? strstr(msg, "maximum of ") : NULL;
   long cap = num != NULL ? strtol(num + 11, NULL, 10) : -1;
-  if (cap > 0) {
+  if (refused_missing) {
+    /* token_budget */
+  } else if (cap > 0) {
     refused_missing = cap == iterations;
   } else {
     const bstep *last = cur_step(b);
@@ -987,7 +1031,8 @@ static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
       s->has_response = true;
       s->t_resp = t;
       if ((rc = b_text(b, json_object_get(e, "text"), "text", &s->text,
-                       &s->text_len)) != AG_OK)
+                       &s->text_len)) != AG_OK ||
+          (rc = b_usage(b, e, &s->tokens)) != AG_OK)
         return rc;
       s->has_text = true;
       if (s->t_req < 0)
@@ -1319,6 +1364,7 @@ static ag_err_t finish(builder *b) {
     o->n_results = s->n_results;
     o->rejected = s->rejected;
     o->no_reply = s->no_reply;
+    o->tokens = s->tokens;
     o->text = s->has_text ? s->text : NULL;
     o->text_len = s->has_text ? s->text_len : 0;
     o->t_request_ms = s->t_req;

@@ -60,6 +60,8 @@ typedef struct sreply {
   int64_t retry_after_ms; /* -1: none */
   char *message;          /* NULL: the status's reason phrase */
   int64_t delay_ms;       /* 0: answer at once */
+  bool has_usage;         /* "usage": the reply reports tokens */
+  ag_usage usage;
 } sreply;
 
 typedef struct sturn {
@@ -311,11 +313,11 @@ static ag_err_t load_error(sreply *r, const json_t *j, const char *path,
 static ag_err_t load_reply(sreply *r, const json_t *j, const char *path,
                            ag_error_t *err) {
   static const char *const keys[] = {"text", "tool_calls", "provider_error",
-                                     "delay_ms"};
+                                     "delay_ms", "usage"};
   r->retry_after_ms = -1;
   if (!json_is_object(j))
     return ag__set_error(err, AG_ECONFIG, -1, "%s: expected an object", path);
-  ag_err_t rc = check_keys(j, path, keys, 4, err);
+  ag_err_t rc = check_keys(j, path, keys, 5, err);
   if (rc != AG_OK)
     return rc;
 
@@ -337,8 +339,29 @@ static ag_err_t load_reply(sreply *r, const json_t *j, const char *path,
     return ag__set_error(err, AG_ECONFIG, -1,
                          "%s.delay_ms: expected an integer >= 0", path);
   r->delay_ms = delay != NULL ? (int64_t)json_integer_value(delay) : 0;
-
   char sub[PATH_MAX_LEN];
+  const json_t *usage = json_object_get(j, "usage");
+  if (usage != NULL) {
+    static const char *const ukeys[] = {"prompt_tokens", "completion_tokens",
+                                        "cached_tokens"};
+    sub_path(sub, path, "usage", SIZE_MAX);
+    if (!json_is_object(usage))
+      return ag__set_error(err, AG_ECONFIG, -1, "%s: expected an object",
+                           sub);
+    if ((rc = check_keys(usage, sub, ukeys, 3, err)) != AG_OK)
+      return rc;
+    int64_t *dst[] = {&r->usage.prompt_tokens, &r->usage.completion_tokens,
+                      &r->usage.cached_tokens};
+    for (size_t k = 0; k < 3; k++) {
+      const json_t *v = json_object_get(usage, ukeys[k]);
+      if (v != NULL && !is_nonneg_int(v))
+        return ag__set_error(err, AG_ECONFIG, -1,
+                             "%s.%s: expected an integer >= 0", sub, ukeys[k]);
+      *dst[k] = v != NULL ? (int64_t)json_integer_value(v) : 0;
+    }
+    r->has_usage = true;
+  }
+
   if (perr != NULL) {
     sub_path(sub, path, "provider_error", SIZE_MAX);
     return load_error(r, perr, sub, err);
@@ -512,6 +535,8 @@ static ag_err_t answer(const sreply *r, ag_delta_fn on_delta, void *delta_user,
     if (out->text == NULL)
       return AG_ENOMEM;
   }
+  out->has_usage = r->has_usage;
+  out->usage = r->usage;
   for (size_t i = 0; i < r->n_calls; i++) {
     const scall *c = &r->calls[i];
     ag_err_t rc = ag_reply_add_call(out, c->id, c->name, c->args, c->args_len);

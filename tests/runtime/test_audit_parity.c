@@ -100,6 +100,9 @@ static stop_point live_stop(const char *log) {
         const char *num = msg != NULL ? strstr(msg, "maximum of ") : NULL;
         if (strcmp(reason, "max_iterations") == 0 && num != NULL)
           p.step = atoi(num + 11) + 1;
+        /* The token budget refuses request I+1 the same way. */
+        if (strcmp(reason, "token_budget") == 0)
+          p.step++;
       } else if (escalation_seen && p.turn == turn && p.reason[0] == '\0' &&
                  strcmp(status, "escalated") == 0) {
         snprintf(p.reason, sizeof(p.reason), "%s", reason);

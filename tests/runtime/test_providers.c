@@ -171,7 +171,7 @@ Test(scripted_shape, replies) {
                      "mean tool_calls?");
   expect_reply_error("{'x':1}",
                      "turns[0].model[0].x: unknown key (known: text, "
-                     "tool_calls, provider_error, delay_ms)");
+                     "tool_calls, provider_error, delay_ms, usage)");
   expect_reply_error("{}", "turns[0].model[0]: a reply needs \"text\", "
                            "\"tool_calls\" or \"provider_error\"");
   expect_reply_error("{'delay_ms':5}",
