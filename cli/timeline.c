@@ -201,6 +201,10 @@ static void model_response(cli_timeline *t, const json_t *ev) {
   } else if (text == NULL || text[0] == '\0') {
     fputs(": (empty reply)", t->out);
   }
+  json_t *usage = json_object_get(ev, "usage");
+  if (json_is_object(usage))
+    fprintf(t->out, "  [%lld+%lld tokens]", get_int(usage, "prompt_tokens", 0),
+            get_int(usage, "completion_tokens", 0));
   fputc('\n', t->out);
 }
 
@@ -448,6 +452,9 @@ static void turn_end(cli_timeline *t, const json_t *ev) {
     fprintf(t->out, " · %lld iteration%s", it, it == 1 ? "" : "s");
   if (calls >= 0)
     fprintf(t->out, " · %lld tool call%s", calls, calls == 1 ? "" : "s");
+  long long tokens = get_int(ev, "tokens", 0);
+  if (tokens > 0)
+    fprintf(t->out, " · %lld tokens", tokens);
   fputc('\n', t->out);
   if (msg != NULL && msg[0] != '\0') {
     lead(t, NULL, 2);
