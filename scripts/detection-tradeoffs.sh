@@ -23,7 +23,7 @@ row() { # label, JSON config
 D='"preset": "default"'
 echo "| configuration | resolved runs stopped | unresolved steps saved | annotated loops caught | false alarms |"
 echo "|---|---|---|---|---|"
-row "before (agentguard 0.1 default: cap 40, refused replies as errors)" "{$D, \"loop\": {\"max_iterations\": 40, \"max_refused_replies\": 0, \"max_denied_calls\": 0, \"max_empty_replies\": 0, \"repeated_result_limit\": 0, \"repeated_failure_limit\": 0}}"
+row "old default: cap 40, mechanisms 12-16 off" "{$D, \"loop\": {\"max_iterations\": 40, \"max_refused_replies\": 0, \"max_denied_calls\": 0, \"max_empty_replies\": 0, \"repeated_result_limit\": 0, \"repeated_failure_limit\": 0}}"
 row "seeds' mechanisms only (3, 4, 5, 7), cap 150" "{$D, \"loop\": {\"max_refused_replies\": 0, \"repeated_result_limit\": 0, \"repeated_failure_limit\": 0}}"
 row "**default** (all of the below)" "{$D}"
 row "default, cap 40 (M.E.AI's)" "{$D, \"loop\": {\"max_iterations\": 40}}"
