@@ -883,6 +883,64 @@ static int repeat_count(ag_guard *g, const uint8_t key[AG_SIG_LEN],
   return r->count;
 }
 
+static uint64_t rotl64(uint64_t x, int r) {
+  return (x << r) | (x >> (64 - r));
+}
+
+static uint64_t fmix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ull;
+  k ^= k >> 33;
+  return k;
+}
+
+/*
+ * A (call, result) key for a success (mechanism 16): two 64-bit lanes of a
+ * multiply-rotate hash (MurmurHash3's mixing) over `text`, seeded with the
+ * call's signature, into key[0..16). Successes are every call's common case,
+ * so this avoids a SHA-256 per result (about 100 ns); collisions are not a
+ * security matter here, at worst one repeat is miscounted.
+ */
+static void fast_key(const uint8_t *sig, const char *text, size_t len,
+                     uint8_t key[AG_SIG_LEN]) {
+  uint64_t h1, h2;
+  memcpy(&h1, sig, 8);
+  memcpy(&h2, sig + 8, 8);
+  const unsigned char *p = (const unsigned char *)text;
+  size_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    uint64_t k1, k2;
+    memcpy(&k1, p + i, 8);
+    memcpy(&k2, p + i + 8, 8);
+    h1 ^= rotl64(k1 * 0x87c37b91114253d5ull, 31) * 0x4cf5ad432745937full;
+    h1 = rotl64(h1, 27) + h2;
+    h1 = h1 * 5 + 0x52dce729;
+    h2 ^= rotl64(k2 * 0x4cf5ad432745937full, 33) * 0x87c37b91114253d5ull;
+    h2 = rotl64(h2, 31) + h1;
+    h2 = h2 * 5 + 0x38495ab5;
+  }
+  uint64_t t1 = 0, t2 = 0;
+  size_t rest = len - i;
+  memcpy(&t1, p + i, rest < 8 ? rest : 8);
+  if (rest > 8)
+    memcpy(&t2, p + i + 8, rest - 8);
+  h1 ^= rotl64(t1 * 0x87c37b91114253d5ull, 31) * 0x4cf5ad432745937full;
+  h2 ^= rotl64(t2 * 0x4cf5ad432745937full, 33) * 0x87c37b91114253d5ull;
+  h1 ^= (uint64_t)len;
+  h2 ^= (uint64_t)len;
+  h1 += h2;
+  h2 += h1;
+  h1 = fmix64(h1);
+  h2 = fmix64(h2);
+  h1 += h2;
+  h2 += h1;
+  memcpy(key, &h1, 8);
+  memcpy(key + 8, &h2, 8);
+  memset(key + 16, 0, AG_SIG_LEN - 16);
+}
+
 /* SHA-256 of two digests, for a (call, result) pair. */
 static void pair_key(ag_guard *g, const uint8_t *a, const uint8_t *b,
                      uint8_t out[AG_SIG_LEN]) {
@@ -1081,8 +1139,9 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
         digest_norm(g, "\x01", r->sig, AG_SIG_LEN, text, len, pk);
         lim = cfg->loop.repeated_failure_limit;
       } else {
-        digest_text(g, "\x02", text, len, pk);
-        pair_key(g, r->sig, pk, pk);
+        /* every successful result is hashed: a fast 128-bit hash seeded
+         * with the signature (a collision only miscounts a repeat) */
+        fast_key(r->sig, text, len, pk);
         lim = cfg->loop.repeated_result_limit;
       }
       int cnt = repeat_count(g, pk, is_err);
