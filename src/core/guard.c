@@ -44,15 +44,19 @@
 
 #define CYCLE_MAX 16
 #define UNRESOLVED_MAX 64
-/* Mechanism 16: call+result pairs remembered per turn, direct-mapped by
- * digest (a pair evicted by a colliding one starts again at 1). */
-#define REPEAT_SLOTS 256
-#define REPEAT_KEY 16 /* bytes of the SHA-256 kept: collisions are moot */
+/* Mechanism 16: call+result pairs remembered per turn in an open-addressed
+ * table; a pair is looked for in REPEAT_PROBE slots from its hash, and when
+ * none is free the least recently seen of them is forgotten (a turn with
+ * hundreds of distinct pairs forgets the oldest first). */
+#define REPEAT_SLOTS 512
+#define REPEAT_PROBE 8
+#define REPEAT_KEY 16 /* bytes of the key kept: collisions are moot */
 
 typedef struct repeat_slot {
   uint8_t key[REPEAT_KEY];
   int count;         /* 0: empty */
   uint32_t novel_at; /* g->novel when the pair was last seen */
+  uint32_t seen;     /* g->repeat_clock when it was last seen */
 } repeat_slot;
 
 typedef struct tool_state {
@@ -130,7 +134,8 @@ struct ag_guard {
   int empty_run;
   /* mechanism 16 */
   repeat_slot repeat[REPEAT_SLOTS];
-  uint32_t novel; /* pairs seen for the first time in the turn */
+  uint32_t novel;        /* pairs seen for the first time in the turn */
+  uint32_t repeat_clock; /* pairs recorded in the turn */
   /* mechanism 5's nudge: the next call with this signature is held back */
   bool hold_armed;
   uint8_t hold_sig[AG_SIG_LEN];
@@ -323,6 +328,7 @@ AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
   g->tokens = 0;
   memset(g->repeat, 0, sizeof(g->repeat));
   g->novel = 0;
+  g->repeat_clock = 0;
   g->hold_armed = false;
   g->nudged = false;
   g->last_trip = AG_REASON_NONE;
@@ -867,19 +873,33 @@ static void note(trip_note *tn, int index, const char *tool, const char *fmt,
  */
 static int repeat_count(ag_guard *g, const uint8_t key[AG_SIG_LEN],
                         bool failure) {
-  unsigned slot = ((unsigned)key[0] | (unsigned)key[1] << 8) % REPEAT_SLOTS;
-  repeat_slot *r = &g->repeat[slot];
-  if (r->count > 0 && memcmp(r->key, key, REPEAT_KEY) == 0) {
+  uint32_t h;
+  memcpy(&h, key, sizeof(h));
+  repeat_slot *r = NULL, *victim = NULL;
+  for (unsigned k = 0; k < REPEAT_PROBE; k++) {
+    repeat_slot *c = &g->repeat[(h + k) % REPEAT_SLOTS];
+    if (c->count > 0 && memcmp(c->key, key, REPEAT_KEY) == 0) {
+      r = c;
+      break;
+    }
+    if (victim == NULL || (victim->count > 0 &&
+                           (c->count == 0 || c->seen < victim->seen)))
+      victim = c;
+  }
+  g->repeat_clock++;
+  if (r != NULL) {
     if (failure || r->novel_at == g->novel)
       r->count++;
     else
       r->count = 1;
   } else {
+    r = victim;
     memcpy(r->key, key, REPEAT_KEY);
     r->count = 1;
     g->novel++;
   }
   r->novel_at = g->novel;
+  r->seen = g->repeat_clock;
   return r->count;
 }
 

@@ -475,3 +475,23 @@ Test(table, every_reason_has_a_distinct_name) {
   cr_assert_str_eq(ag_reason_name(AG_REASON_REPEATED_RESULTS),
                    "repeated_results");
 }
+
+Test(repeated, a_failure_is_remembered_across_a_hundred_other_pairs) {
+  /* the table is bounded (512 pairs) but forgets the least recently seen
+   * first: a failure repeated between 100 distinct successes still counts */
+  ag_guard *g = make_json("{\"preset\": \"none\", \"loop\": "
+                          "{\"repeated_failure_limit\": 3}}");
+  ag_verdict v;
+  ag_action a = AG_ALLOW;
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < 100; i++) {
+      char args[32];
+      snprintf(args, sizeof(args), "{\"r\": %d, \"i\": %d}", round, i);
+      cr_assert_eq(call(g, "read", args, "text", OK, &v, NULL), AG_ALLOW);
+    }
+    a = call(g, "test", "{}", "FAILED", ERR, &v, NULL);
+  }
+  cr_assert_eq(a, AG_STOP);
+  cr_assert_eq(v.reason, AG_REASON_REPEATED_RESULTS);
+  ag_guard_free(g);
+}
