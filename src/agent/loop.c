@@ -96,6 +96,13 @@ struct ag_agent {
   size_t n_turns, cap_turns;
   size_t stored_bytes; /* the history's compact JSON size */
   int turn;
+  /* The turn in progress, bounded too (docs/agent.md "History cap"): its
+   * messages' size as they are appended, where its current iteration
+   * starts, and the first of its messages not yet compacted. */
+  bool in_turn;
+  size_t turn_bytes;
+  size_t iter_start;
+  size_t compact_from;
 
   char *ectx; /* ECTX_CAP bytes: the pending error context */
 
@@ -346,13 +353,14 @@ static void measure_last_turn(ag_agent *a) {
   a->stored_bytes += bytes;
 }
 
-/* Drops the oldest complete turns while the history (compact JSON) is larger
- * than the cap; never the system message, never the turn that just ended.
- * The kept messages move to a new array in one pass. */
-static void cap_history(ag_agent *a) {
+/* Drops the oldest complete turns while the history (compact JSON, plus
+ * `extra` bytes of the turn in progress) is larger than the cap; never the
+ * system message, never the last turn. The kept messages move to a new
+ * array in one pass. */
+static void cap_history(ag_agent *a, size_t extra) {
   size_t drop = 0;
   size_t size = a->stored_bytes;
-  while (size > a->max_history_bytes && a->n_turns - drop > 1)
+  while (size + extra > a->max_history_bytes && a->n_turns - drop > 1)
     size -= a->turns[drop++].bytes;
   if (drop == 0)
     return;
@@ -377,6 +385,84 @@ static void cap_history(ag_agent *a) {
   a->n_turns -= drop;
   for (size_t t = 0; t < a->n_turns; t++)
     a->turns[t].start -= k;
+  if (a->in_turn) {
+    a->iter_start -= k;
+    a->compact_from -= k;
+  }
+}
+
+/* What a compacted message keeps instead of its content, and a compacted
+ * call instead of its arguments (still a JSON object). */
+#define COMPACTED_NOTE                                                         \
+  "[%zu bytes dropped from this message to keep the conversation under its " \
+  "size cap]"
+#define COMPACTED_ARGS "{\"dropped\":\"%zu bytes of arguments (size cap)\"}"
+#define COMPACT_MIN 256 /* shorter texts are kept: the note is not smaller */
+
+static bool is_tool_message(const json_t *m) {
+  const char *role = json_string_value(json_object_get(m, "role"));
+  return role != NULL && strcmp(role, "tool") == 0;
+}
+
+static bool over_cap(const ag_agent *a) {
+  return a->stored_bytes + a->turn_bytes > a->max_history_bytes;
+}
+
+/* Replaces the long texts of message `m` (content, call arguments) with
+ * notes; adjusts turn_bytes. */
+static void compact_message(ag_agent *a, json_t *m) {
+  size_t before = json_size(m);
+  char note[160];
+  json_t *c = json_object_get(m, "content");
+  if (json_is_string(c) && json_string_length(c) > COMPACT_MIN) {
+    snprintf(note, sizeof(note), COMPACTED_NOTE, json_string_length(c));
+    json_object_set_new(m, "content", json_string(note));
+  }
+  size_t i;
+  json_t *call;
+  json_array_foreach(json_object_get(m, "tool_calls"), i, call) {
+    json_t *fn = json_object_get(call, "function");
+    json_t *args = json_object_get(fn, "arguments");
+    if (json_is_string(args) && json_string_length(args) > COMPACT_MIN) {
+      snprintf(note, sizeof(note), COMPACTED_ARGS, json_string_length(args));
+      json_object_set_new(fn, "arguments", json_string(note));
+    }
+  }
+  size_t after = json_size(m);
+  if (before > after)
+    a->turn_bytes -= before - after < a->turn_bytes ? before - after
+                                                     : a->turn_bytes;
+}
+
+/*
+ * The turn in progress made the history larger than the cap. In order, until
+ * it fits: drop the oldest complete turns; replace the long texts of this
+ * turn's oldest messages (tool results, assistant texts and call arguments)
+ * with short notes; drop this turn's oldest iterations whole (an assistant
+ * message with the tool messages that answer it). The user message and the
+ * current iteration are never touched, and no call is ever left without its
+ * tool message, so the history stays valid for the API.
+ */
+static void bound_turn(ag_agent *a) {
+  cap_history(a, a->turn_bytes);
+  size_t i = a->compact_from;
+  while (over_cap(a) && i < a->iter_start)
+    compact_message(a, json_array_get(a->history, i++));
+  a->compact_from = i;
+  size_t first = a->turns[a->n_turns - 1].start + 1;
+  while (over_cap(a) && first < a->iter_start) {
+    size_t end = first + 1;
+    while (end < a->iter_start && is_tool_message(json_array_get(a->history, end)))
+      end++;
+    for (size_t k = first; k < end; k++) {
+      size_t size = json_size(json_array_get(a->history, first)) + 1;
+      a->turn_bytes -= size < a->turn_bytes ? size : a->turn_bytes;
+      json_array_remove(a->history, first);
+    }
+    a->iter_start -= end - first;
+    a->compact_from =
+        a->compact_from > end ? a->compact_from - (end - first) : first;
+  }
 }
 
 static bool note_turn_start(ag_agent *a, size_t index) {
@@ -394,17 +480,30 @@ static bool note_turn_start(ag_agent *a, size_t index) {
   return true;
 }
 
-/* Appends `m` (steals; NULL is a failure) to the history. */
+/* Appends `m` (steals; NULL is a failure) to the history; during a turn,
+ * keeps the history within its cap. */
 static bool hist_append(ag_agent *a, json_t *m) {
   if (m == NULL)
     return false;
-  return json_array_append_new(a->history, m) == 0;
+  size_t size = a->in_turn ? json_size(m) + 1 : 0;
+  if (json_array_append_new(a->history, m) != 0)
+    return false;
+  a->turn_bytes += size;
+  if (a->in_turn && a->stored_bytes + a->turn_bytes > a->max_history_bytes)
+    bound_turn(a);
+  return true;
 }
 
 /* Removes history entries past `len` (undoing a partial append). */
 static void hist_truncate(ag_agent *a, size_t len) {
-  while (json_array_size(a->history) > len)
-    json_array_remove(a->history, json_array_size(a->history) - 1);
+  while (json_array_size(a->history) > len) {
+    size_t last = json_array_size(a->history) - 1;
+    if (a->in_turn) {
+      size_t size = json_size(json_array_get(a->history, last)) + 1;
+      a->turn_bytes -= size < a->turn_bytes ? size : a->turn_bytes;
+    }
+    json_array_remove(a->history, last);
+  }
 }
 
 /* The call ids of a reply: the model's, or generated "call_<t>_<i>_<k>". */
@@ -1252,6 +1351,7 @@ static void note_usage(turn_ctx *t, const ag_reply *reply) {
 /* Appends the assistant message of `reply`; false on ENOMEM. */
 static bool append_assistant(turn_ctx *t, const ag_reply *reply,
                              const call_ids *ids) {
+  t->a->iter_start = json_array_size(t->a->history); /* kept whole */
   return hist_append(t->a, assistant_message(reply, ids));
 }
 
@@ -1423,13 +1523,16 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
 
   ag__ev_turn_start(&a->ev, user_message);
   size_t start = json_array_size(a->history);
-  size_t turns_before = a->n_turns;
+  bool stored = false; /* the turn's user message is in the history */
+  a->in_turn = true;
+  a->turn_bytes = 0;
+  a->iter_start = a->compact_from = start + 1; /* the user message stays */
   if (!note_turn_start(a, start)) {
     t.oom = true;
   } else if (!hist_append(a, message("user", user_message))) {
     a->n_turns--;
     t.oom = true;
-  } else if (!turn_tools(&t)) {
+  } else if ((stored = true, !turn_tools(&t))) {
     t.oom = true;
   } else {
     iterate(&t);
@@ -1448,9 +1551,10 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
     t.partial = NULL;
   }
 
-  if (a->n_turns > turns_before) /* this turn is stored */
+  a->in_turn = false;
+  if (stored) /* measured once, whatever the in-turn cap dropped */
     measure_last_turn(a);
-  cap_history(a);
+  cap_history(a, 0);
   ag__ev_turn_end(&a->ev, out);
 
   free(t.partial);

@@ -1392,6 +1392,40 @@ Test(agent, history_cap_keeps_the_current_turn) {
   teardown();
 }
 
+Test(agent, history_cap_bounds_a_long_turn) {
+  /* a model that loops for 300 iterations with 2 KB arguments and results:
+   * the turn itself stays under the cap (issue: 770 MB after 30 s) */
+  ag_config cfg = preset("none");
+  cfg.loop.max_iterations = 300;
+  cfg.loop.final_request_without_tools = false;
+  setup_opts so = {.max_history_bytes = 32768};
+  char big[2100];
+  memset(big, 'q', 2048);
+  big[2048] = '\0';
+  char *script = malloc(4096);
+  snprintf(script, 4096,
+           "[{\"model\": [{\"tool_calls\": [{\"name\": \"echo\", "
+           "\"arguments\": {\"s\": \"%s\"}}]}], \"repeat_last\": true}]",
+           big);
+  setup_with(&cfg, script, so);
+  free(script);
+  ag_turn_outcome o = run("loop");
+  ASSERT_OUTCOME(o, AG_TURN_STOPPED, "max_iterations");
+  cr_assert_eq(o.iterations, 300);
+  ag_turn_outcome_clear(&o);
+  char *d = json_dumps(history(), JSON_COMPACT);
+  /* the cap, plus at most the iteration in progress (about 4.3 KB) */
+  cr_assert_leq(strlen(d), 32768 + 8192, "history is %zu bytes", strlen(d));
+  free(d);
+  assert_history_well_formed();
+  const json_t *h = history();
+  cr_assert_str_eq(str(json_array_get(h, 1), "role"), "user");
+  cr_assert_str_eq(str(json_array_get(h, 1), "content"), "loop");
+  /* the last iteration is whole */
+  cr_assert(strstr(last_content("tool"), "qqqqqqqq") != NULL);
+  teardown();
+}
+
 /* ------------------------------------------------------------------------ */
 /* Sessions                                                                 */
 /* ------------------------------------------------------------------------ */
