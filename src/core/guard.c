@@ -551,6 +551,7 @@ static ag_action trip_action(const ag_guard *g) {
 AG_EXTERN ag_action ag_guard_begin_iteration(ag_guard *g, int64_t now_ms,
                                              ag_verdict *v) {
   verdict_reset(v);
+  ag__jcs_trim(g->jcs); /* a large call's scratch goes back */
   if (past_deadline(g, now_ms, v))
     return v->action;
   int budget = g->cfg.loop.max_tokens_per_turn;

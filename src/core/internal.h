@@ -69,11 +69,16 @@ bool ag__sha256_final(ag__sha256 *s, uint8_t out[AG_SIG_LEN]);
 typedef struct ag__jcs ag__jcs;
 
 /* max_bytes <= UINT32_MAX-1, max_tokens and max_depth >= 1 (else AG_EINVAL);
- * AG_ENOMEM, AG_ECRYPTO. Reserves about 44 x max_tokens + max_bytes bytes,
- * mostly untouched until used. */
+ * AG_ENOMEM, AG_ECRYPTO. Starts with about 12 KiB of scratch and grows with
+ * the arguments it meets, up to about 44 x max_tokens + max_bytes bytes;
+ * growth is the only allocation of a signature (AG_ENOMEM when it fails). */
 ag_err_t ag__jcs_new(ag__jcs **out, size_t max_bytes, size_t max_tokens,
                      int max_depth, ag_error_t *err);
 void ag__jcs_free(ag__jcs *j);
+
+/* Returns scratch grown past its retained size (a large call's) to the
+ * system; the guard calls it at each iteration. */
+void ag__jcs_trim(ag__jcs *j);
 
 /*
  * sig = SHA-256(name ":" JCS(args)). On invalid arguments returns the code

@@ -139,11 +139,25 @@ typedef struct frame {
 #define OBUF_SIZE 4096
 #define NONE UINT32_MAX
 
+/*
+ * Scratch grows with the arguments it meets, up to the limits, and shrinks
+ * back (ag__jcs_trim): a fresh scratch holds JCS_INITIAL_TOKENS tokens and
+ * JCS_INITIAL_ARENA bytes of arena (about 12 KiB in all); capacity up to the
+ * RETAIN sizes is kept, so ordinary calls allocate nothing once warm, and a
+ * larger call's memory is returned at the next trim.
+ */
+#define JCS_INITIAL_TOKENS 256
+#define JCS_INITIAL_ARENA 2048
+#define JCS_RETAIN_TOKENS 1024
+#define JCS_RETAIN_ARENA 8192
+
 struct ag__jcs {
   size_t max_bytes;
   size_t max_tokens;
-  size_t max_keys; /* keys can be at most half of the tokens */
   int max_depth;
+  size_t cap_tokens; /* tape entries allocated (<= max_tokens) */
+  size_t cap_keys;   /* keys can be at most half of the tokens, plus one */
+  size_t cap_arena;  /* arena bytes allocated */
 
   tok *tape;
   kent *keys;      /* key stack of the open objects */
@@ -1153,11 +1167,65 @@ static ag_err_t parse_number(ag__jcs *j, size_t start, size_t *endp, tok *t,
     }                                                                          \
   } while (0)
 
+/* Sizes the token arrays for `cap` tokens (allocation: only when a call has
+ * more values than any since the last trim). */
+static ag_err_t size_tokens(ag__jcs *j, size_t cap) {
+  size_t keys = cap / 2 + 1;
+  tok *t = realloc(j->tape, cap * sizeof(tok));
+  if (t != NULL)
+    j->tape = t;
+  kent *k = realloc(j->keys, keys * sizeof(kent));
+  if (k != NULL)
+    j->keys = k;
+  uint32_t *o = realloc(j->order, keys * sizeof(uint32_t));
+  if (o != NULL)
+    j->order = o;
+  kent *a = realloc(j->aux, keys * sizeof(kent));
+  if (a != NULL)
+    j->aux = a;
+  if (t == NULL || k == NULL || o == NULL || a == NULL)
+    return AG_ENOMEM; /* the arrays keep at least their old capacity */
+  j->cap_tokens = cap;
+  j->cap_keys = keys;
+  return AG_OK;
+}
+
+/* The tape is full at token `nt` (< max_tokens): doubles it. */
+static ag_err_t grow_tokens(ag__jcs *j, size_t nt, ag_error_t *err) {
+  size_t cap = j->cap_tokens * 2 > nt + 1 ? j->cap_tokens * 2 : nt + 1;
+  if (cap > j->max_tokens)
+    cap = j->max_tokens;
+  if (size_tokens(j, cap) != AG_OK)
+    return ag__set_error(err, AG_ENOMEM, -1, "arguments: out of memory");
+  return AG_OK;
+}
+
+/* Sizes the arena for `cap` bytes; its content does not outlive a call. */
+static ag_err_t size_arena(ag__jcs *j, size_t cap) {
+  uint8_t *a = calloc(1, cap); /* key_prefix may read past a key */
+  if (a == NULL)
+    return AG_ENOMEM;
+  free(j->arena);
+  j->arena = a;
+  j->cap_arena = cap;
+  return AG_OK;
+}
+
+void ag__jcs_trim(ag__jcs *j) {
+  if (j->cap_tokens > JCS_RETAIN_TOKENS) {
+    size_t cap = JCS_INITIAL_TOKENS < j->max_tokens ? JCS_INITIAL_TOKENS
+                                                    : j->max_tokens;
+    (void)size_tokens(j, cap); /* a shrink that fails keeps the memory */
+  }
+  if (j->cap_arena > JCS_RETAIN_ARENA)
+    (void)size_arena(j, JCS_INITIAL_ARENA);
+}
+
 static ag_err_t tokenize(ag__jcs *j, size_t *ntok, ag_error_t *err) {
   const uint8_t *s = j->src;
   const size_t len = j->len;
   const size_t max_tokens = j->max_tokens;
-  tok *const tape = j->tape;
+  tok *tape = j->tape;
   size_t p = 0, nt = 0, nkeys = 0, norder = 0, depth = 0;
   frame *f = NULL;
   tok *ct;           /* the container being closed */
@@ -1175,9 +1243,14 @@ value:
     FAIL(AG_EJSON, len,
          "arguments: unexpected end of input at byte %zu (expected a value)",
          len);
-  if (nt >= max_tokens)
-    FAIL(AG_ETOOBIG, p, "arguments: more than %zu values at byte %zu",
-         max_tokens, p);
+  if (nt >= j->cap_tokens) {
+    if (nt >= max_tokens)
+      FAIL(AG_ETOOBIG, p, "arguments: more than %zu values at byte %zu",
+           max_tokens, p);
+    if ((rc = grow_tokens(j, nt, err)) != AG_OK)
+      return rc;
+    tape = j->tape;
+  }
   {
     tok *t = &tape[nt];
     uint8_t c = s[p];
@@ -1278,9 +1351,14 @@ key: /* p is at the expected '"' of a key (whitespace skipped) */
          "arguments: unexpected character %s at byte %zu (expected a "
          "string key)",
          show_byte(s[p], cb), p);
-  if (nt >= max_tokens)
-    FAIL(AG_ETOOBIG, p, "arguments: more than %zu values at byte %zu",
-         max_tokens, p);
+  if (nt >= j->cap_tokens) {
+    if (nt >= max_tokens)
+      FAIL(AG_ETOOBIG, p, "arguments: more than %zu values at byte %zu",
+           max_tokens, p);
+    if ((rc = grow_tokens(j, nt, err)) != AG_OK)
+      return rc;
+    tape = j->tape;
+  }
   {
     tok *t = &tape[nt];
     size_t end = find_special(s, len, p + 1);
@@ -1297,7 +1375,7 @@ key: /* p is at the expected '"' of a key (whitespace skipped) */
     if (found & S_ESC) {
       decode_key(j, t, p + 1, end);
       kb = j->arena + t->w[1];
-      limit = j->arena + j->max_bytes + 1;
+      limit = j->arena + j->cap_arena;
     }
     j->keys[nkeys].prefix = key_prefix(kb, t->w[0], limit);
     j->keys[nkeys++].tok = (uint32_t)nt++;
@@ -1659,17 +1737,15 @@ static ag_err_t jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
     return ag__set_error(err, AG_ENOMEM, -1, "jcs: out of memory");
   j->max_bytes = max_bytes;
   j->max_tokens = max_tokens;
-  j->max_keys = max_tokens / 2 + 1;
   j->max_depth = max_depth;
-  j->tape = malloc(max_tokens * sizeof(tok));
-  j->keys = malloc(j->max_keys * sizeof(kent));
-  j->order = malloc(j->max_keys * sizeof(uint32_t));
-  j->aux = malloc(j->max_keys * sizeof(kent));
+  size_t arena = max_bytes + 1 < JCS_INITIAL_ARENA ? max_bytes + 1
+                                                   : JCS_INITIAL_ARENA;
   j->stack = malloc((size_t)max_depth * sizeof(frame));
-  j->arena = calloc(1, max_bytes + 1); /* key_prefix may read past a key */
   j->c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
-  if (j->tape == NULL || j->keys == NULL || j->order == NULL ||
-      j->aux == NULL || j->stack == NULL || j->arena == NULL ||
+  if (size_tokens(j, max_tokens < JCS_INITIAL_TOKENS ? max_tokens
+                                                      : JCS_INITIAL_TOKENS) !=
+          AG_OK ||
+      size_arena(j, arena) != AG_OK || j->stack == NULL ||
       j->c_locale == (locale_t)0) {
     ag__jcs_free(j);
     return ag__set_error(err, AG_ENOMEM, -1, "jcs: out of memory");
@@ -1714,6 +1790,9 @@ static ag_err_t prepare(ag__jcs *j, const char *args, size_t args_len,
     return ag__set_error(err, AG_ETOOBIG, (long)j->max_bytes,
                          "arguments: %zu bytes exceed the limit of %zu",
                          args_len, j->max_bytes);
+  /* Decoded keys and a number's text never take more than the input. */
+  if (args_len + 1 > j->cap_arena && size_arena(j, args_len + 1) != AG_OK)
+    return ag__set_error(err, AG_ENOMEM, -1, "arguments: out of memory");
   j->src = (const uint8_t *)args;
   j->len = args_len;
   j->olen = 0;
