@@ -108,6 +108,7 @@ typedef struct ag_config {
     int max_error_chars; /* 1..65536 */
     bool error_context;
     int max_errors_in_context; /* 1..64 */
+    bool normalize_errors;     /* 5, 16: numbers, addresses, temp paths */
     bool normalize_provider_errors;
     bool include_provider_details;
   } errors;

@@ -1193,7 +1193,18 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
       case AG_EXEC_NOT_FOUND:
         not_found = true;
         any_error = true;
-        texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
+        if (a->cfg.errors.feedback == AG_FEEDBACK_GENERIC) {
+          /* M.E.AI's own text for a function it does not have */
+          char nf[AG_TOOL_NAME_MAX + 64];
+          int l = snprintf(nf, sizeof(nf),
+                           "Error: Requested function \"%.*s\" not found.",
+                           AG_TOOL_NAME_MAX, name);
+          lens[i] = l < 0 ? 0 : (size_t)l < sizeof(nf) ? (size_t)l : sizeof(nf) - 1;
+          texts[i] = dup_n(nf, lens[i]);
+        } else {
+          texts[i] =
+              error_feedback(a, name, er->category, text, len, &lens[i]);
+        }
         break;
       case AG_EXEC_INVALID:
         invalid = true;

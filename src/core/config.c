@@ -124,12 +124,13 @@ static const key_desc keys[] = {
     KCOUNT(errors, max_total_errors, "0"),
     KCOUNT(errors, similar_error_limit, "0"),
     KINT(errors, error_history, 1, 256, "10"),
-    KLIST(errors, error_prefixes, "Error:"),
+    KLIST(errors, error_prefixes, ""),
     KENUM(errors, on_trip, on_trip_names, "stop"),
     KENUM(errors, feedback, feedback_names, "full"),
     KINT(errors, max_error_chars, 1, 65536, "200"),
     KBOOL(errors, error_context, "false"),
     KINT(errors, max_errors_in_context, 1, 64, "3"),
+    KBOOL(errors, normalize_errors, "false"),
     KBOOL(errors, normalize_provider_errors, "true"),
     KBOOL(errors, include_provider_details, "false"),
 
@@ -183,6 +184,8 @@ static const override default_set[] = {
     {"errors.max_consecutive_errors", "3"},
     {"errors.feedback", "compact"},
     {"errors.error_context", "true"},
+    {"errors.error_prefixes", "Error:"},
+    {"errors.normalize_errors", "true"},
     /* Mechanisms 12-16, chosen on real runs (docs/detection.md). */
     {"loop.max_refused_replies", "10"},
     {"loop.max_denied_calls", "3"},
@@ -199,6 +202,7 @@ static const override default_set[] = {
 /* Seeds 000 and 001. HPD's single MaxRetries is both the retry count and the
  * consecutive-error limit; agentguard has one key for each and sets both. */
 static const override hpd_set[] = {
+    {"errors.error_prefixes", "Error:"}, /* 000: a Result starting "Error:" */
     {"loop.identical_call_limit", "5"},
     {"errors.max_consecutive_errors", "3"},
     {"errors.failing_iteration", "all_failed"},
@@ -243,6 +247,7 @@ static const override forge_set[] = {
     {"loop.require_tool_call", "true"},
     {"loop.loop_breaking_tools", "task_complete,ask_question"},
     {"errors.error_context", "true"},
+    {"errors.max_errors_in_context", "1"}, /* the previous iteration's error */
     /* Forge counts "no tool call" among its 5 identical errors; agentguard
      * counts refused replies apart, with the same limit. */
     {"loop.max_refused_replies", "5"},
@@ -262,7 +267,8 @@ static const override monadic_set[] = {
     {"errors.similar_error_limit", "3"},
     {"errors.error_history", "10"},
     {"loop.max_calls_per_turn", "20"},
-    {"network.max_retries", "3"},
+    /* Monadic's network_error_handler.rb: DEFAULT_MAX_RETRIES = 5 */
+    {"network.max_retries", "5"},
     {"network.delay", "1s"},
     {"network.max_delay", "30s"},
     {"network.timeout", "120s"},

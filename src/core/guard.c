@@ -468,15 +468,17 @@ static size_t volatile_end(const char *text, size_t len, size_t i) {
 }
 
 /*
- * SHA-256 of `name` NUL, `pre` (pre_len bytes; may be NULL) and `text`
- * normalized: whitespace runs collapsed, and numbers, hex addresses, long hex
- * ids and temporary paths each replaced by '#'. Two error messages that
- * differ only in a line number, a process id, an address, a timestamp or a
- * temporary file name are then the same error (mechanisms 5 and 16).
+ * SHA-256 of `name` NUL, `pre` (pre_len bytes; may be NULL) and `text` with
+ * whitespace runs collapsed and, with errors.normalize_errors, numbers, hex
+ * addresses, long hex ids and temporary paths each replaced by '#'. Two
+ * error messages that differ only in a line number, a process id, an
+ * address, a timestamp or a temporary file name are then the same error
+ * (mechanisms 5 and 16).
  */
 static void digest_norm(ag_guard *g, const char *name, const uint8_t *pre,
                         size_t pre_len, const char *text, size_t len,
                         uint8_t out[AG_SIG_LEN]) {
+  const bool volatiles = g->cfg.errors.normalize_errors;
   char buf[1024];
   size_t used = 0;
   bool pending_space = false, started = false;
@@ -499,7 +501,7 @@ static void digest_norm(ag_guard *g, const char *name, const uint8_t *pre,
       buf[used++] = ' ';
     pending_space = false;
     started = true;
-    size_t j = volatile_end(text, len, i);
+    size_t j = volatiles ? volatile_end(text, len, i) : i;
     if (j > i) {
       buf[used++] = '#';
       i = j;

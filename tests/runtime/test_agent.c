@@ -1392,6 +1392,34 @@ Test(agent, history_cap_keeps_the_current_turn) {
   teardown();
 }
 
+Test(agent, meai_tells_the_model_only_that_a_function_failed) {
+  ag_config cfg = preset("meai");
+  cr_assert_eq(cfg.errors.feedback, AG_FEEDBACK_GENERIC);
+  setup(&cfg, "[{\"model\": ["
+              "{\"tool_calls\": [{\"name\": \"fail\", \"arguments\": "
+              "{\"path\": \"/secret/x\"}}]},"
+              "{\"tool_calls\": [{\"name\": \"nope\", \"arguments\": {}}]},"
+              "{\"text\": \"done\"}]}]");
+  ag_turn_outcome o = run("go");
+  ASSERT_OUTCOME(o, AG_TURN_COMPLETED, "final_answer");
+  ag_turn_outcome_clear(&o);
+  const json_t *h = history();
+  size_t tools = 0;
+  for (size_t i = 0; i < json_array_size(h); i++) {
+    const json_t *m = json_array_get(h, i);
+    if (strcmp(str(m, "role"), "tool") != 0)
+      continue;
+    tools++;
+    if (tools == 1)
+      cr_assert_str_eq(str(m, "content"), "Error: Function failed.");
+    else
+      cr_assert_str_eq(str(m, "content"),
+                       "Error: Requested function \"nope\" not found.");
+  }
+  cr_assert_eq(tools, 2);
+  teardown();
+}
+
 Test(agent, history_cap_bounds_a_long_turn) {
   /* a model that loops for 300 iterations with 2 KB arguments and results:
    * the turn itself stays under the cap (issue: 770 MB after 30 s) */

@@ -759,7 +759,7 @@ Test(formats, events_blocked_nudged_and_denied_calls_did_not_run) {
   cr_assert_eq(t->n_steps, 2);
   const ag_traj_step *s = &t->turns[0].steps[0];
   cr_assert_eq(s->n_calls, 3);
-  cr_assert_eq(s->results[0].outcome, AG_OUTCOME_SKIPPED, "denied");
+  cr_assert_eq(s->results[0].outcome, AG_OUTCOME_DENIED, "denied");
   cr_assert_eq(s->results[1].outcome, AG_OUTCOME_SKIPPED, "held back");
   cr_assert_eq(s->results[2].outcome, AG_OUTCOME_OK);
   cr_assert_eq(t->turns[0].steps[1].results[0].outcome, AG_OUTCOME_SKIPPED,

@@ -172,8 +172,9 @@ Test(config, none_values) {
   cr_assert_eq(c.errors.error_history, 10);
   cr_assert_eq(c.errors.feedback, AG_FEEDBACK_FULL);
   cr_assert_eq(c.errors.error_context, false);
-  cr_assert_eq(c.errors.error_prefixes.count, 1);
-  cr_assert_str_eq(c.errors.error_prefixes.items[0], "Error:");
+  /* "Error:" is seed 000's rule: hpd's and default's, not every seed's */
+  cr_assert_eq(c.errors.error_prefixes.count, 0);
+  cr_assert_eq(c.errors.normalize_errors, false);
   cr_assert_eq(c.errors.normalize_provider_errors, true);
   cr_assert_eq(c.retry.max_retries, 0);
   cr_assert_eq(c.retry.function_timeout_ms, 0);
@@ -247,7 +248,7 @@ Test(config, seed_preset_values) {
   cr_assert_eq(m.errors.similar_error_limit, 3);
   cr_assert_eq(m.errors.error_history, 10);
   cr_assert_eq(m.loop.max_calls_per_turn, 20);
-  cr_assert_eq(m.network.max_retries, 3);
+  cr_assert_eq(m.network.max_retries, 5);
   cr_assert_eq(m.network.delay_ms, 1000);
   cr_assert_eq(m.network.max_delay_ms, 30000);
   cr_assert_eq(m.network.timeout_ms, 120000);
@@ -857,8 +858,8 @@ Test(config, to_json_shape) {
   json_t *root = json_loads(json, 0, NULL);
   cr_assert_not_null(root);
   cr_assert_eq(json_object_size(root), 5);
-  cr_assert_eq(json_object_size(json_object_get(root, "loop")), 19);
-  cr_assert_eq(json_object_size(json_object_get(root, "errors")), 15);
+  cr_assert_eq(json_object_size(json_object_get(root, "loop")), 20);
+  cr_assert_eq(json_object_size(json_object_get(root, "errors")), 16);
   cr_assert_eq(json_object_size(json_object_get(root, "retry")), 7);
   cr_assert_eq(json_object_size(json_object_get(root, "network")), 4);
   json_decref(root);
