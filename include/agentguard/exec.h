@@ -211,7 +211,9 @@ typedef struct ag_attempt {
   ag_tool_status outcome; /* ok, error, timeout, cancelled */
   int64_t duration_ms;
   int64_t retry_in_ms; /* delay before the next attempt, or -1: no retry */
-  const char *message; /* error text (borrowed for the callback), or "" */
+  const char *message; /* error text (borrowed for the callback), or "";
+                          NUL-terminated, but may hold NUL bytes itself */
+  size_t message_len;  /* bytes of message: read it with this length */
 } ag_attempt;
 
 /* Called after every attempt, from the thread that ran it; must be

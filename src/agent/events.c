@@ -295,8 +295,12 @@ void ag__ev_tool_attempt(ag__events *ev, const char *call_id,
     json_object_set_new(f, "attempt", json_integer(at->attempt));
     json_object_set_new(f, "outcome",
                         json_string(tool_status_name(at->outcome)));
+    /* With its length: a tool's stderr may hold NUL bytes, and this text
+     * must read the same as the tool_result's. */
     json_object_set_new(f, "message",
-                        text0(at->message != NULL ? at->message : ""));
+                        at->message != NULL
+                            ? ag__json_text(at->message, at->message_len)
+                            : json_string(""));
     json_object_set_new(f, "retry_in_ms",
                         at->retry_in_ms >= 0 ? json_integer(at->retry_in_ms)
                                              : json_null());

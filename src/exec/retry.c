@@ -230,7 +230,8 @@ static bool retryable(const ag__tool *tool, const ag_config *cfg,
 
 static void report(ag_attempt_fn cb, void *user, int call_index,
                    const char *name, int attempt, ag_tool_status outcome,
-                   int64_t duration, int64_t retry_in, const char *message) {
+                   int64_t duration, int64_t retry_in, const char *message,
+                   size_t message_len) {
   if (cb == NULL)
     return;
   ag_attempt a;
@@ -241,6 +242,7 @@ static void report(ag_attempt_fn cb, void *user, int call_index,
   a.duration_ms = duration;
   a.retry_in_ms = retry_in;
   a.message = message != NULL ? message : "";
+  a.message_len = message != NULL ? message_len : 0;
   cb(user, &a);
 }
 
@@ -365,12 +367,13 @@ ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
 
     if (last.status == AG_TOOL_OK) {
       report(on_attempt, attempt_user, call_index, name, made, AG_TOOL_OK, dur,
-             -1, "");
+             -1, "", 0);
       break;
     }
     if (last.status == AG_TOOL_CANCELLED) {
+      const char *ct = cancel_text(last.cancel);
       report(on_attempt, attempt_user, call_index, name, made,
-             AG_TOOL_CANCELLED, dur, -1, cancel_text(last.cancel));
+             AG_TOOL_CANCELLED, dur, -1, ct, strlen(ct));
       break;
     }
 
@@ -413,7 +416,7 @@ ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
                  retryable(tool, cfg, last.status, o.transient, mtext, mlen);
     int64_t delay = again ? ag__retry_delay(cfg, made - 1, rng) : -1;
     report(on_attempt, attempt_user, call_index, name, made, last.status, dur,
-           delay, mtext);
+           delay, mtext, mlen);
     if (!again)
       break;
     ag_cancel_reason w = ag_cancel_wait(turn, delay);
