@@ -72,6 +72,15 @@ AG_EXTERN void ag_cancel_free(ag_cancel *c);
 AG_EXTERN void ag_cancel_cancel(ag_cancel *c, ag_cancel_reason reason);
 
 /*
+ * Cancels `c` like ag_cancel_cancel(c, AG_CANCEL_USER) and also asks every
+ * subprocess tool running under `c` (or under a token linked to it) to be
+ * killed now: SIGKILL to all of its processes, without waiting out the
+ * tool's SIGTERM grace period (within about 20 ms). For a second Ctrl-C.
+ * Safe from any thread and from a signal handler.
+ */
+AG_EXTERN void ag_cancel_force(ag_cancel *c);
+
+/*
  * Whether `c` is cancelled: by itself, by an ancestor, or by a deadline in
  * the chain that has passed (`now_ms`; pass ag_now_ms()). Returns the reason
  * of whichever fired first, or AG_CANCEL_NONE. Once non-NONE, always the same.

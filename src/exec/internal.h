@@ -19,6 +19,12 @@
 
 #include "../core/internal.h"
 
+/* ---- cancel.c ----------------------------------------------------------- */
+
+/* Whether ag_cancel_force was called on `c` or an ancestor. Async-signal-safe
+ * (atomic loads). */
+bool ag__cancel_forced(ag_cancel *c);
+
 /* ---- output.c ----------------------------------------------------------- */
 
 /* A bounded buffer: at most `cap` bytes are kept (plus a NUL); the rest is
@@ -103,6 +109,16 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
                                   size_t input_len, ag_cancel *cancel,
                                   ag_output *out, ag_output *err,
                                   ag__proc_info *info);
+
+/* The same with the tool's environment: envp (borrowed, NULL-terminated
+ * "NAME=value" strings) replaces the process's environment; NULL inherits
+ * it (ag__subprocess_run). argv[0] is looked up in the process's PATH. */
+ag_tool_status ag__subprocess_run_env(const char *const *argv,
+                                      const ag_rlimits *limits,
+                                      char *const *envp, int64_t kill_grace_ms,
+                                      const char *input, size_t input_len,
+                                      ag_cancel *cancel, ag_output *out,
+                                      ag_output *err, ag__proc_info *info);
 
 /* ---- retry.c ------------------------------------------------------------ */
 
