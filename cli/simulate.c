@@ -17,12 +17,17 @@
  * still leaves complete lines), the timeline (cli/timeline.c) and the
  * --check event patterns - need no lock of their own.
  *
- * Signals: SIGINT and SIGTERM cancel the caller's token
- * (ag_cancel_cancel is async-signal-safe); the turn ends "cancelled" with
- * its turn_end event written, later turns are not started, and the exit
- * code is 4. SA_RESETHAND makes a second Ctrl-C kill the program the usual
- * way. SIGPIPE is ignored while running so a closed events pipe is a write
- * error we report, not a silent death.
+ * Signals: SIGINT, SIGTERM and SIGHUP cancel the caller's token
+ * (ag_cancel_cancel is async-signal-safe): running tools get SIGTERM and,
+ * after their grace period, SIGKILL; the turn ends "cancelled" with its
+ * turn_end event written, later turns are not started, and the exit code
+ * is 4. A second signal forces (ag_cancel_force): every tool process is
+ * killed at once, without the grace, and the turn still ends with its
+ * turn_end; it also restores the default dispositions, so a third signal
+ * ends the program the usual way - and even then, as after a SIGKILL, each
+ * tool's supervisor sees the program gone and kills the tool's processes
+ * (docs/security.md). SIGPIPE is ignored while running so a closed events
+ * pipe is a write error we report, not a silent death.
  *
  * Rejected: writing the timeline from ag_turn_outcome after each turn (the
  * story of the iterations is only in the events), and letting --check
@@ -95,27 +100,53 @@ static int usage_error(const char *fmt, const char *arg) {
 /* ------------------------------------------------------------------------ */
 
 static ag_cancel *volatile g_caller;
+static volatile sig_atomic_t g_signals;
 
+static void default_dispositions(void) {
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGINT, &dfl, NULL);
+  sigaction(SIGTERM, &dfl, NULL);
+  sigaction(SIGHUP, &dfl, NULL);
+}
+
+/* Only async-signal-safe calls: ag_cancel_cancel / ag_cancel_force are an
+ * atomic CAS and a write(2); sigaction is on POSIX's list. */
 static void on_signal(int sig) {
   (void)sig;
   ag_cancel *c = g_caller;
-  if (c != NULL)
+  g_signals = g_signals + 1;
+  if (c == NULL)
+    return;
+  if (g_signals == 1) {
     ag_cancel_cancel(c, AG_CANCEL_USER);
+  } else {
+    ag_cancel_force(c);
+    default_dispositions(); /* a third signal ends the program at once */
+  }
 }
 
 typedef struct saved_signals {
-  struct sigaction intr, term, pipe;
+  struct sigaction intr, term, hup, pipe;
 } saved_signals;
 
 static void install_signals(ag_cancel *caller, saved_signals *old) {
   g_caller = caller;
+  g_signals = 0;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;
+  /* One handler at a time: a burst of signals counts in order. */
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGTERM);
+  sigaddset(&sa.sa_mask, SIGHUP);
+  sa.sa_flags = 0;
   sigaction(SIGINT, &sa, &old->intr);
   sigaction(SIGTERM, &sa, &old->term);
+  sigaction(SIGHUP, &sa, &old->hup);
   struct sigaction ign;
   memset(&ign, 0, sizeof ign);
   ign.sa_handler = SIG_IGN;
@@ -126,6 +157,7 @@ static void install_signals(ag_cancel *caller, saved_signals *old) {
 static void restore_signals(const saved_signals *old) {
   sigaction(SIGINT, &old->intr, NULL);
   sigaction(SIGTERM, &old->term, NULL);
+  sigaction(SIGHUP, &old->hup, NULL);
   sigaction(SIGPIPE, &old->pipe, NULL);
   g_caller = NULL;
 }

@@ -19,6 +19,8 @@
  * the child is built with the same sanitizers as the test.
  */
 #include <criterion/criterion.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -97,11 +99,9 @@ static void no_sanitizer_report(const result *r) {
     }
 }
 
-/*
- * Runs the program with `args` (NULL-terminated, without the program name),
- * in DIR. When interrupt_ms >= 0, sends SIGINT after that many ms.
- */
-static result run_sig(const char *const *args, int interrupt_ms) {
+/* Starts the program with `args` (NULL-terminated, without the program
+ * name) in DIR, stdout and stderr to files; collect() waits for it. */
+static pid_t spawn_prog(const char *const *args) {
   char out_path[128], err_path[128];
   snprintf(out_path, sizeof out_path, "%s/.stdout", dir);
   snprintf(err_path, sizeof err_path, "%s/.stderr", dir);
@@ -124,15 +124,18 @@ static result run_sig(const char *const *args, int interrupt_ms) {
     dup2(o, 1);
     dup2(e, 2);
     signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
     execv(BIN, (char *const *)argv);
     _exit(127);
   }
-  if (interrupt_ms >= 0) {
-    struct timespec ts = {interrupt_ms / 1000,
-                          (long)(interrupt_ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-    kill(pid, SIGINT);
-  }
+  return pid;
+}
+
+static result collect(pid_t pid) {
+  char out_path[128], err_path[128];
+  snprintf(out_path, sizeof out_path, "%s/.stdout", dir);
+  snprintf(err_path, sizeof err_path, "%s/.stderr", dir);
   int st;
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }
@@ -142,6 +145,21 @@ static result run_sig(const char *const *args, int interrupt_ms) {
   r.err = slurp(err_path);
   no_sanitizer_report(&r);
   return r;
+}
+
+/*
+ * Runs the program with `args` (NULL-terminated, without the program name),
+ * in DIR. When interrupt_ms >= 0, sends SIGINT after that many ms.
+ */
+static result run_sig(const char *const *args, int interrupt_ms) {
+  pid_t pid = spawn_prog(args);
+  if (interrupt_ms >= 0) {
+    struct timespec ts = {interrupt_ms / 1000,
+                          (long)(interrupt_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGINT);
+  }
+  return collect(pid);
 }
 
 static result run(const char *const *args) {
@@ -560,6 +578,171 @@ Test(cli, sigint_cancels_the_turn) {
                    "cancelled");
   json_decref(last);
   free(text);
+  result_free(&r);
+}
+
+/* ---- signals and what they leave behind (issue 10, finding 1) ---------- */
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static long long now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Processes, not zombies, that have `arg` as one of their arguments. */
+static int procs_with_arg(const char *arg) {
+  DIR *d = opendir("/proc");
+  cr_assert_not_null(d);
+  int found = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!isdigit((unsigned char)e->d_name[0]))
+      continue;
+    char path[300], buf[4096];
+    snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+      continue;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    bool hit = false;
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+      if (strcmp(buf + i, arg) == 0)
+        hit = true;
+    if (!hit)
+      continue;
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    f = fopen(path, "r");
+    if (f == NULL)
+      continue;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *rp = strrchr(buf, ')');
+    if (rp != NULL && rp[1] == ' ' && rp[2] != 'Z')
+      found++;
+  }
+  closedir(d);
+  return found;
+}
+
+/*
+ * A scenario whose one tool ignores SIGTERM, SIGHUP and SIGINT, keeps a job
+ * in its process group (sleep u2) and starts one that leaves the group and
+ * the session (setsid sleep u1), then writes DIR/started. Returns its path.
+ */
+static const char *stubborn_scenario(char *u1, char *u2, size_t cap) {
+  static int n;
+  snprintf(u1, cap, "1010.%06d%d", (int)(getpid() % 1000000), n++);
+  snprintf(u2, cap, "1010.%06d%d", (int)(getpid() % 1000000), n++);
+  char text[1024];
+  snprintf(text, sizeof text,
+           "{\"preset\": \"none\", \"tools\": {\"stubborn\": {\"command\": "
+           "[\"sh\", \"-c\", \"trap '' TERM HUP INT; (setsid sleep %s "
+           "</dev/null >/dev/null 2>&1 &); sleep %s & echo $$ > started; "
+           "wait\"]}}, \"turns\": [{\"user\": \"x\", \"model\": "
+           "[{\"tool_calls\": [{\"name\": \"stubborn\", \"arguments\": {}}]}, "
+           "{\"text\": \"done\"}]}]}",
+           u1, u2);
+  char started[128];
+  snprintf(started, sizeof started, "%s/started", dir);
+  unlink(started);
+  return put("s.json", text);
+}
+
+static void wait_started(const char *u1, const char *u2) {
+  char started[128];
+  snprintf(started, sizeof started, "%s/started", dir);
+  struct stat st;
+  for (int i = 0; i < 1000; i++) {
+    if (stat(started, &st) == 0 && st.st_size > 0 && procs_with_arg(u1) == 1 &&
+        procs_with_arg(u2) == 1)
+      return;
+    sleep_ms(10);
+  }
+  cr_assert_fail("the tool did not start");
+}
+
+/* The event log ends with turn_end, status cancelled. */
+static void expect_cancelled_turn_end(void) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/ev.jsonl", dir);
+  char *text = slurp(path);
+  size_t lines;
+  json_t *last = check_jsonl(text, &lines);
+  cr_expect_str_eq(json_string_value(json_object_get(last, "event")),
+                   "turn_end", "the last event");
+  cr_expect_str_eq(json_string_value(json_object_get(last, "status")),
+                   "cancelled");
+  json_decref(last);
+  free(text);
+}
+
+Test(cli, sighup_cancels_like_sigterm_and_leaves_nothing) {
+  char u1[32], u2[32];
+  const char *s = stubborn_scenario(u1, u2, sizeof u1);
+  pid_t pid = spawn_prog(ARGS("simulate", "--events", "ev.jsonl", s));
+  wait_started(u1, u2);
+  kill(pid, SIGHUP);
+  result r = collect(pid);
+  cr_expect_eq(r.status, 4, "exit %d\n%s", r.status, r.err);
+  expect_cancelled_turn_end();
+  /* The program returned only after every process of the tool was reaped. */
+  cr_expect_eq(procs_with_arg(u2), 0, "the tool's job 'sleep %s' is left", u2);
+  cr_expect_eq(procs_with_arg(u1), 0, "'setsid sleep %s' is left", u1);
+  result_free(&r);
+}
+
+Test(cli, second_signal_kills_the_tools_and_still_writes_turn_end) {
+  const int sigs[][2] = {{SIGINT, SIGINT}, {SIGTERM, SIGHUP}};
+  for (size_t k = 0; k < 2; k++) {
+    char u1[32], u2[32];
+    const char *s = stubborn_scenario(u1, u2, sizeof u1);
+    pid_t pid = spawn_prog(ARGS("simulate", "--events", "ev.jsonl", s));
+    wait_started(u1, u2);
+    kill(pid, sigs[k][0]);
+    sleep_ms(20);
+    long long t0 = now_ms();
+    kill(pid, sigs[k][1]);
+    result r = collect(pid);
+    long long took = now_ms() - t0;
+    cr_expect_eq(r.status, 4, "signals %d, %d: exit %d\n%s", sigs[k][0],
+                 sigs[k][1], r.status, r.err);
+    expect_cancelled_turn_end();
+    cr_expect_eq(procs_with_arg(u2), 0, "'sleep %s' is left", u2);
+    cr_expect_eq(procs_with_arg(u1), 0, "'setsid sleep %s' is left", u1);
+    cr_log_info("second signal to exit: %lld ms", took);
+    result_free(&r);
+  }
+}
+
+Test(cli, sigkill_of_agentguard_leaves_no_tool_running) {
+  char u1[32], u2[32];
+  const char *s = stubborn_scenario(u1, u2, sizeof u1);
+  pid_t pid = spawn_prog(ARGS("simulate", "--events", "ev.jsonl", s));
+  wait_started(u1, u2);
+  long long t0 = now_ms();
+  kill(pid, SIGKILL);
+  result r = collect(pid);
+  cr_expect_eq(r.status, 128 + SIGKILL);
+  long long gone = -1;
+  while (now_ms() - t0 < 5000) {
+    if (procs_with_arg(u1) == 0 && procs_with_arg(u2) == 0) {
+      gone = now_ms() - t0;
+      break;
+    }
+    sleep_ms(1);
+  }
+  cr_expect_geq(gone, 0, "the tool outlived a SIGKILL of agentguard by 5 s");
+  cr_log_info("SIGKILL of agentguard: the tool's processes gone after %lld ms",
+              gone);
   result_free(&r);
 }
 
