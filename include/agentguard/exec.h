@@ -162,6 +162,16 @@ typedef struct ag_tool_def {
   size_t max_output;     /* captured bytes per stream; 0: 1 MiB */
   int64_t kill_grace_ms; /* SIGTERM then SIGKILL after this; 0: 500 ms */
   ag_rlimits limits;
+  /* The environment of a subprocess tool. By default it gets only PATH,
+   * HOME, LANG, TERM and TMPDIR from agentguard's environment (those that
+   * are set), never the rest: API keys stay out of tools. `env` adds to
+   * that (NULL-terminated, at most 256 entries, copied): "NAME" passes
+   * NAME from agentguard's environment when it is set there, "NAME=value"
+   * sets it; a later entry for the same name wins. NAME is
+   * [A-Za-z_][A-Za-z0-9_]*. `inherit_env` passes the whole environment
+   * instead (then `env` still adds and overrides). */
+  const char *const *env;
+  bool inherit_env;
 } ag_tool_def;
 
 /* Fills `d` with the defaults (idempotent, timeout and retries from the

@@ -75,6 +75,7 @@ ag_err_t ag__schema_validate(const ag__schema *s, const json_t *value,
 typedef struct ag__tool {
   ag_tool_def def;    /* strings and argv point into this struct's copies */
   char **argv_copy;   /* NULL-terminated, or NULL for native tools */
+  char **env_copy;    /* NULL-terminated, or NULL: no extra variables */
   ag__schema *schema; /* NULL: any object */
   json_t *parameters; /* parsed schema (own reference), or NULL */
 } ag__tool;
@@ -109,6 +110,24 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
                                   size_t input_len, ag_cancel *cancel,
                                   ag_output *out, ag_output *err,
                                   ag__proc_info *info);
+
+/* Most entries a tool's env list may have, and the longest name. */
+#define AG__ENV_MAX 256
+#define AG__ENV_NAME_MAX 128
+
+/* Whether `entry` is "NAME" or "NAME=value" with a valid NAME; *name_len
+ * gets NAME's length. */
+bool ag__env_entry_valid(const char *entry, size_t *name_len);
+
+/*
+ * Builds a tool's environment (docs/security.md): PATH, HOME, LANG, TERM,
+ * TMPDIR from the process's environment, or all of it when `inherit`; then
+ * `extra` (may be NULL; "NAME" passes the process's NAME when set,
+ * "NAME=value" sets it; later wins). *out gets one allocation (free() it):
+ * a NULL-terminated "NAME=value" array and its strings. Reads environ
+ * (getenv's thread-safety: no concurrent setenv). AG_OK or AG_ENOMEM.
+ */
+ag_err_t ag__env_build(const char *const *extra, bool inherit, char ***out);
 
 /* The same with the tool's environment: envp (borrowed, NULL-terminated
  * "NAME=value" strings) replaces the process's environment; NULL inherits

@@ -303,6 +303,14 @@ ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
     return AG_ENOMEM;
   }
 
+  /* The tool's environment, built once per call (docs/security.md). */
+  char **envp = NULL;
+  if (subprocess && ag__env_build(def->env, def->inherit_env, &envp) != AG_OK) {
+    ag__output_free(&o);
+    ag__output_free(&e);
+    return AG_ENOMEM;
+  }
+
   ag_err_t rc = AG_OK;
   attempt_result last = {AG_TOOL_OK, AG_CANCEL_NONE};
   /* The last failed attempt's message: in o or e, or in synth. */
@@ -349,9 +357,9 @@ ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
       ag__output_reset(&e);
       ag__proc_info info;
       memset(&info, 0, sizeof(info));
-      st =
-          ag__subprocess_run((const char *const *)tool->argv_copy, &def->limits,
-                             grace, args, args_len, tok, &o, &e, &info);
+      st = ag__subprocess_run_env((const char *const *)tool->argv_copy,
+                                  &def->limits, envp, grace, args, args_len,
+                                  tok, &o, &e, &info);
     } else if (def->fn != NULL) {
       st = def->fn(def->user, parsed, tok, &o);
     } else {
@@ -468,6 +476,7 @@ ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
     }
   }
   out->duration_ms = ag_now_ms() - t0;
+  free(envp);
   ag__output_free(&o);
   ag__output_free(&e);
   if (rc != AG_OK) {

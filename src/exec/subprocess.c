@@ -720,6 +720,123 @@ static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
   _exit(0);
 }
 
+/* ---- the tool's environment --------------------------------------------- */
+
+extern char **environ;
+
+/* What every tool gets from agentguard's environment, when set. */
+static const char *const base_env[] = {"PATH", "HOME", "LANG", "TERM",
+                                       "TMPDIR"};
+#define N_BASE_ENV (sizeof(base_env) / sizeof(base_env[0]))
+
+bool ag__env_entry_valid(const char *entry, size_t *name_len) {
+  if (entry == NULL)
+    return false;
+  size_t i = 0;
+  for (; entry[i] != '\0' && entry[i] != '='; i++) {
+    char ch = entry[i];
+    bool ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+              ch == '_' || (i > 0 && ch >= '0' && ch <= '9');
+    if (!ok || i >= AG__ENV_NAME_MAX)
+      return false;
+  }
+  if (name_len != NULL)
+    *name_len = i;
+  return i > 0;
+}
+
+typedef struct env_item {
+  const char *name; /* not NUL-terminated at name_len */
+  size_t name_len;
+  const char *value; /* NUL-terminated */
+} env_item;
+
+/* Sets name=value in items (replacing an earlier entry of that name). */
+static void env_put(env_item *items, size_t *n, const char *name,
+                    size_t name_len, const char *value) {
+  for (size_t i = 0; i < *n; i++) {
+    if (items[i].name_len == name_len &&
+        memcmp(items[i].name, name, name_len) == 0) {
+      items[i].value = value;
+      return;
+    }
+  }
+  items[*n].name = name;
+  items[*n].name_len = name_len;
+  items[*n].value = value;
+  (*n)++;
+}
+
+/* The process's value of name[0..len), or NULL. */
+static const char *env_lookup(const char *name, size_t len) {
+  for (char **e = environ; e != NULL && *e != NULL; e++) {
+    if (strncmp(*e, name, len) == 0 && (*e)[len] == '=')
+      return *e + len + 1;
+  }
+  return NULL;
+}
+
+ag_err_t ag__env_build(const char *const *extra, bool inherit, char ***out) {
+  *out = NULL;
+  size_t n_inherit = 0, n_extra = 0;
+  if (inherit)
+    for (char **e = environ; e != NULL && *e != NULL; e++)
+      n_inherit++;
+  if (extra != NULL)
+    while (extra[n_extra] != NULL)
+      n_extra++;
+  size_t cap = (inherit ? n_inherit : N_BASE_ENV) + n_extra;
+  env_item *items = malloc((cap > 0 ? cap : 1) * sizeof(*items));
+  if (items == NULL)
+    return AG_ENOMEM;
+  size_t n = 0;
+  if (inherit) {
+    for (char **e = environ; e != NULL && *e != NULL; e++) {
+      const char *eq = strchr(*e, '=');
+      if (eq != NULL && eq > *e)
+        env_put(items, &n, *e, (size_t)(eq - *e), eq + 1);
+    }
+  } else {
+    for (size_t i = 0; i < N_BASE_ENV; i++) {
+      size_t len = strlen(base_env[i]);
+      const char *v = env_lookup(base_env[i], len);
+      if (v != NULL)
+        env_put(items, &n, base_env[i], len, v);
+    }
+  }
+  for (size_t i = 0; i < n_extra; i++) {
+    size_t len;
+    if (!ag__env_entry_valid(extra[i], &len))
+      continue; /* the registry refused these already */
+    const char *v =
+        extra[i][len] == '=' ? extra[i] + len + 1 : env_lookup(extra[i], len);
+    if (v != NULL)
+      env_put(items, &n, extra[i], len, v);
+  }
+  size_t bytes = (n + 1) * sizeof(char *);
+  for (size_t i = 0; i < n; i++)
+    bytes += items[i].name_len + 1 + strlen(items[i].value) + 1;
+  char **envp = malloc(bytes);
+  if (envp == NULL) {
+    free(items);
+    return AG_ENOMEM;
+  }
+  char *p = (char *)(envp + n + 1);
+  for (size_t i = 0; i < n; i++) {
+    envp[i] = p;
+    memcpy(p, items[i].name, items[i].name_len);
+    p += items[i].name_len;
+    *p++ = '=';
+    size_t vl = strlen(items[i].value);
+    memcpy(p, items[i].value, vl + 1);
+    p += vl + 1;
+  }
+  envp[n] = NULL;
+  free(items);
+  *out = envp;
+  return AG_OK;
+}
+
 /* ---- the parent --------------------------------------------------------- */
 
 typedef struct child {
