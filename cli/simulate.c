@@ -50,6 +50,7 @@ typedef struct sim {
   bool events_failed;
   int events_errno;
   cli_timeline *timeline;
+  json_t *turn_end; /* the last turn_end event (own reference), or NULL */
   /* --check patterns of the current turn */
   const json_t *patterns;
   bool *matched;
@@ -239,6 +240,11 @@ static void on_event(void *user, const json_t *ev) {
   }
   if (S->timeline != NULL)
     cli_timeline_event(S->timeline, ev);
+  if (strcmp(json_string_value(json_object_get(ev, "event")), "turn_end") ==
+      0) {
+    json_decref(S->turn_end);
+    S->turn_end = json_incref((json_t *)ev); /* never changed once emitted */
+  }
   for (size_t i = 0; i < S->n_patterns; i++)
     if (!S->matched[i] && match(json_array_get(S->patterns, i), ev, false))
       S->matched[i] = true;
@@ -532,6 +538,8 @@ int cli_simulate(int argc, char **argv) {
     }
     ag_turn_outcome o;
     memset(&o, 0, sizeof o);
+    json_decref(S.turn_end);
+    S.turn_end = NULL;
     e = ag_agent_run_turn(agent, turn->user, caller, &o, &err);
     if (e != AG_OK) {
       fprintf(stderr, "agentguard simulate: turn %zu: %s\n", i + 1,
@@ -542,7 +550,7 @@ int cli_simulate(int argc, char **argv) {
       break;
     }
     if (!show_timeline && !a.quiet)
-      cli_outcome_line(stderr, i + 1, &o);
+      cli_outcome_line(stderr, i + 1, &o, S.turn_end);
     if (checking) {
       mismatches += check_turn(a.file, i + 1, x, &o, &S);
       checked++;
@@ -581,6 +589,7 @@ out_agent:
   ag_provider_free(provider);
   ag_cancel_free(caller);
   cli_timeline_free(S.timeline);
+  json_decref(S.turn_end);
 out_events:
   if (S.events != NULL && S.events != stdout) {
     if (fclose(S.events) != 0 && !S.events_failed) {

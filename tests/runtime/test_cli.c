@@ -253,6 +253,32 @@ Test(cli, tool_definitions) {
           "invalid tool name");
 }
 
+Test(cli, tool_env_is_checked) {
+  refused(
+      "{\"tools\": {\"t\": {\"command\": [\"env\"], \"envs\": []}}, " OK_TURN
+      "}",
+      "tools.t.envs: unknown key; did you mean env?");
+  refused("{\"tools\": {\"t\": {\"command\": [\"env\"], \"env\": 3}}, " OK_TURN
+          "}",
+          "tools.t.env: expected an array of variable names or an object");
+  refused("{\"tools\": {\"t\": {\"command\": [\"env\"], \"env\": "
+          "[\"A=B\"]}}, " OK_TURN "}",
+          "tools.t.env[0]: \"A=B\" is not a variable name");
+  refused(
+      "{\"tools\": {\"t\": {\"command\": [\"env\"], \"env\": [true]}}, " OK_TURN
+      "}",
+      "tools.t.env[0]: expected a variable name, got boolean");
+  refused("{\"tools\": {\"t\": {\"command\": [\"env\"], \"env\": {\"1X\": "
+          "\"v\"}}}, " OK_TURN "}",
+          "tools.t.env: \"1X\" is not a variable name");
+  refused("{\"tools\": {\"t\": {\"command\": [\"env\"], \"env\": {\"X\": "
+          "1}}}, " OK_TURN "}",
+          "tools.t.env.X: expected a string value, got");
+  refused("{\"tools\": {\"t\": {\"responses\": [{\"ok\": \"a\"}], \"env\": "
+          "[\"X\"]}}, " OK_TURN "}",
+          "tools.t.env: only a \"command\" tool has an environment");
+}
+
 Test(cli, tool_schema_errors_come_from_the_registry) {
   refused("{\"tools\": {\"t\": {\"parameters\": {\"type\": \"object\", "
           "\"properties\": {\"p\": {\"type\": \"strng\"}}}, \"responses\": "
@@ -743,6 +769,88 @@ Test(cli, sigkill_of_agentguard_leaves_no_tool_running) {
   cr_expect_geq(gone, 0, "the tool outlived a SIGKILL of agentguard by 5 s");
   cr_log_info("SIGKILL of agentguard: the tool's processes gone after %lld ms",
               gone);
+  result_free(&r);
+}
+
+/* ---- secrets (issue 10, finding 14) ------------------------------------ */
+
+#define SECRET_KEY "sk-test-0123456789abcdefghijklmnopqrstuv"
+
+Test(cli, tools_get_a_minimal_environment) {
+  cr_assert_eq(setenv("OPENAI_API_KEY", SECRET_KEY, 1), 0);
+  cr_assert_eq(setenv("AG_TEST_PLAIN", "plain-value", 1), 0);
+  const char *s = put(
+      "s.json",
+      "{\"preset\": \"none\", \"tools\": {\"envdump\": {\"command\": "
+      "[\"env\"]}, \"named\": {\"command\": [\"env\"], \"env\": "
+      "[\"AG_TEST_PLAIN\"]}, \"set\": {\"command\": [\"env\"], \"env\": "
+      "{\"GREETING\": \"hello\"}}}, \"turns\": [{\"user\": \"x\", \"model\": "
+      "[{\"tool_calls\": [{\"name\": \"envdump\", \"arguments\": {}}, "
+      "{\"name\": \"named\", \"arguments\": {}}, {\"name\": \"set\", "
+      "\"arguments\": {}}]}, {\"text\": \"done\"}]}]}");
+  result r = run(ARGS("simulate", "-q", "--events", "ev.jsonl", s));
+  cr_expect_eq(r.status, 0, "exit %d\n%s", r.status, r.err);
+  char path[128];
+  snprintf(path, sizeof path, "%s/ev.jsonl", dir);
+  char *text = slurp(path);
+  json_error_t je;
+  const char *line = text;
+  int results = 0;
+  while (line != NULL && *line != '\0') {
+    json_t *ev = json_loadb(line, strcspn(line, "\n"), 0, &je);
+    cr_assert_not_null(ev);
+    if (strcmp(json_string_value(json_object_get(ev, "event")),
+               "tool_result") == 0) {
+      const char *name = json_string_value(json_object_get(ev, "name"));
+      const char *out = json_string_value(json_object_get(ev, "text"));
+      results++;
+      cr_expect(strstr(out, "PATH=") != NULL, "%s: no PATH:\n%s", name, out);
+      cr_expect(strstr(out, "OPENAI_API_KEY") == NULL,
+                "%s got OPENAI_API_KEY:\n%s", name, out);
+      bool named = strcmp(name, "named") == 0;
+      cr_expect_eq(strstr(out, "AG_TEST_PLAIN=plain-value") != NULL, named,
+                   "%s: AG_TEST_PLAIN %s:\n%s", name,
+                   named ? "missing" : "passed", out);
+      bool set = strcmp(name, "set") == 0;
+      cr_expect_eq(strstr(out, "GREETING=hello") != NULL, set,
+                   "%s: GREETING:\n%s", name, out);
+    }
+    json_decref(ev);
+    line = strchr(line, '\n');
+    if (line != NULL)
+      line++;
+  }
+  cr_expect_eq(results, 3);
+  free(text);
+  result_free(&r);
+}
+
+Test(cli, a_key_a_tool_echoes_never_reaches_events_or_the_terminal) {
+  cr_assert_eq(setenv("OPENAI_API_KEY", SECRET_KEY, 1), 0);
+  /* The tool is given the key on purpose and prints it on stdout and, as
+   * its error, on stderr; the model repeats it in its answer. */
+  const char *s = put(
+      "s.json",
+      "{\"preset\": \"none\", \"tools\": {\"leak\": {\"command\": [\"sh\", "
+      "\"-c\", \"echo key=$OPENAI_API_KEY; echo Authorization: Bearer "
+      "$OPENAI_API_KEY >&2; exit 1\"], \"env\": [\"OPENAI_API_KEY\"]}, "
+      "\"ok\": {\"command\": [\"sh\", \"-c\", \"echo $OPENAI_API_KEY\"], "
+      "\"env\": [\"OPENAI_API_KEY\"]}}, \"turns\": [{\"user\": \"x\", "
+      "\"model\": [{\"tool_calls\": [{\"name\": \"leak\", \"arguments\": {}}, "
+      "{\"name\": \"ok\", \"arguments\": {}}]}, {\"text\": \"the key "
+      "is " SECRET_KEY "\"}]}]}");
+  result r = run(ARGS("simulate", "--events", "ev.jsonl", s));
+  cr_expect_eq(r.status, 0, "exit %d\n%s", r.status, r.err);
+  char path[128];
+  snprintf(path, sizeof path, "%s/ev.jsonl", dir);
+  char *text = slurp(path);
+  cr_expect(strstr(text, "0123456789abcdefghij") == NULL,
+            "the key is in the events:\n%s", text);
+  cr_expect(strstr(text, "[REDACTED]") != NULL, "%s", text);
+  cr_expect(strstr(r.err, "0123456789abcdefghij") == NULL,
+            "the key is on stderr:\n%s", r.err);
+  cr_expect(strstr(r.err, "the key is [REDACTED]") != NULL, "%s", r.err);
+  free(text);
   result_free(&r);
 }
 
