@@ -1,64 +1,84 @@
 /*
- * src/exec/subprocess.c - runs a subprocess tool: fork/exec in its own
- * process group, stdin fed from memory, stdout and stderr captured into
- * bounded buffers, the attempt's cancel token watched, the whole group
- * terminated on cancel, the child always reaped.
+ * src/exec/subprocess.c - runs a subprocess tool: a per-call supervisor
+ * process that forks the tool into its own process group and outlives it,
+ * stdin fed from memory, stdout and stderr captured into bounded buffers,
+ * the attempt's cancel token watched, and nothing of the tool left running
+ * afterwards - not its group, not what left the group, not even when the
+ * process running agentguard is SIGKILLed (docs/security.md#processes).
+ *
+ * Processes. runner (the calling thread) -> supervisor (a fork, no exec)
+ * -> tool (fork + exec). The supervisor is a child subreaper
+ * (PR_SET_CHILD_SUBREAPER): every process the tool starts and abandons -
+ * a background job, a double fork, a setsid daemon - is re-parented to it,
+ * not to init, so it can be found (/proc/self/task/<tid>/children, or a
+ * /proc scan) and killed. It kills the whole tree, reaps it and reports the
+ * tool's wait status when (1) the tool exits, (2) the runner sends CMD_KILL
+ * (the grace after SIGTERM ran out, or ag_cancel_force), (3) the lifeline
+ * reaches EOF or its parent-death signal (SIGHUP) comes: the runner's
+ * process is gone, however it died. The lifeline is a socketpair whose
+ * runner end exists only in the runner's process (close-on-exec; the
+ * supervisor closes every descriptor it does not need), so EOF is the
+ * kernel's word that the runner died. The tool has PR_SET_PDEATHSIG =
+ * SIGKILL on the supervisor (checked against getppid() for the race with
+ * an early death), so a killed supervisor takes the tool with it.
+ * Rejected: PR_SET_CHILD_SUBREAPER on the application's own process (a
+ * library must not make the application the parent of every orphan of
+ * every thread, nor reap for it); cgroups (need a writable cgroup v2
+ * delegation, which a library cannot count on; docs/security.md says what
+ * that leaves); PR_SET_PDEATHSIG alone (it reaches only the direct child).
  *
  * Spawning (spawn_child). Four pipes, all pipe2(O_CLOEXEC): stdin, stdout,
- * stderr and an "exec status" pipe. The calling thread blocks every signal
- * around fork() so no handler of the application can run in the child before
- * the child has reset it. Between fork and exec the child makes only
- * async-signal-safe calls (sigaction, setpgid, fcntl, dup2, close_range,
- * getrlimit/setrlimit - plain syscalls in glibc though not on POSIX's list -
- * and execvp, whose PATH search in glibc uses the stack, not malloc):
- * it starts its own process group, resets every signal disposition to the
- * default and unblocks the mask, moves the pipe ends onto 0/1/2, marks every
- * other inherited descriptor close-on-exec (a tool gets exactly stdin,
- * stdout and stderr, like Python's close_fds=True: a descriptor some other
- * part of the application opened without O_CLOEXEC never reaches a tool),
- * applies the rlimits and execs. A failure on that path writes {stage,
- * errno} (8 bytes, atomic on a pipe) to the status pipe and _exit(127)s. The
- * parent also calls setpgid(pid, pid) so the group exists whichever side
- * runs first.
+ * stderr and a status pipe, and the lifeline socketpair. The calling thread
+ * blocks every signal around fork() so no handler of the application can
+ * run in the supervisor or the tool; the supervisor keeps them all blocked
+ * and reads SIGCHLD and SIGHUP from a signalfd (it is single-threaded, and
+ * its signal state is its own), so a terminal's Ctrl-C never reaches it:
+ * the runner decides. The supervisor and the tool make only
+ * async-signal-safe calls (raw syscalls on stack buffers, no malloc) - they
+ * are forks of a possibly multi-threaded process. The tool, between fork
+ * and exec: starts its own process group, resets every signal disposition
+ * to the default and unblocks the mask, moves the pipe ends onto 0/1/2,
+ * marks every other inherited descriptor close-on-exec (a tool gets exactly
+ * stdin, stdout and stderr, like Python's close_fds=True), applies the
+ * rlimits and execs (execvpe with the environment ag__env_build made
+ * before the fork, or execvp; glibc's PATH search uses the stack). A
+ * failure on that path writes {stage, errno} (8 bytes, atomic on a pipe)
+ * to the status pipe and _exit(127)s; the supervisor writes {MSG_PID, pid}
+ * and, at the end, {MSG_EXIT, wait status}.
  *
- * The status pipe is never read with a blocking read. libuv blocks until
- * EOF, which comes at exec; but a fork() by another thread of the
- * application between our pipe2() and close() holds the write end until
- * *its* child execs, forever if it never does. Here the status pipe is read
- * once, non-blocking, after the child has been reaped: by then the child
- * has either exec'd (no bytes) or written its 8 bytes and exited.
+ * The status pipe is never read with a blocking read: a fork() by another
+ * thread of the application between our pipe2() and close() can hold the
+ * write end for as long as its child lives. It is read once, non-blocking,
+ * after the supervisor has been reaped: by then everything is in it.
  *
- * The loop (ag__subprocess_run). One poll() over: our stdin write end
+ * The loop (ag__subprocess_run_env). One poll() over: our stdin write end
  * (POLLOUT while input is left), stdout and stderr read ends, a pidfd of the
- * child (readable when it exits), and the cancel chain's eventfds until the
- * token fires. The poll timeout is the earliest of: the chain's deadline,
- * the SIGKILL time, the orphan grace; after each wake-up ag_cancel_check()
- * decides. All our pipe ends are non-blocking, so input is written in
- * whatever pieces the pipe takes, interleaved with reading: a child that
- * writes a lot before reading its stdin cannot deadlock us. Each stream is
- * read in bounded rounds so one chatty stream cannot starve the other, the
- * stdin writer or the cancel check.
+ * supervisor (readable when it exits), and the cancel chain's eventfds
+ * until the token fires. The poll timeout is the earliest of: the chain's
+ * deadline, the SIGKILL time (and every FORCE_POLL_MS during the grace, to
+ * see ag_cancel_force), the orphan grace; after each wake-up
+ * ag_cancel_check() decides. All our pipe ends are non-blocking, so input
+ * is written in whatever pieces the pipe takes, interleaved with reading: a
+ * child that writes a lot before reading its stdin cannot deadlock us. Each
+ * stream is read in bounded rounds so one chatty stream cannot starve the
+ * other, the stdin writer or the cancel check.
  *
  * Exit detection without SIGCHLD. A library must not install a SIGCHLD
  * handler (the application may own it), and signalfd needs SIGCHLD blocked
  * in every thread. A pidfd (pidfd_open, Linux 5.3) is a pollable, per-child,
  * close-on-exec descriptor: exit wakes the same poll() that watches the
  * pipes, at no cost. Where pidfd_open is missing (ENOSYS, seccomp) the loop
- * falls back to waitid(WNOHANG) at an interval of 1 ms doubling to 16 ms.
- * Either way the child is observed exiting without being reaped (pidfd, or
- * waitid's WNOWAIT): a zombie keeps its pid, so its process group id cannot
- * be reused while we may still send kill(-pgid); we reap last.
+ * falls back to waitid(WNOHANG | WNOWAIT) at an interval of 1 ms doubling to
+ * 16 ms. The supervisor, for its part, sees the tool exit through waitid
+ * with WNOWAIT, so the tool's pid - and with it its process group id -
+ * cannot be reused before the group has been killed.
  *
- * Termination. On cancel: kill(-pgid, SIGTERM), stdin closed, pipes still
- * drained; at cancel time + kill_grace_ms, kill(-pgid, SIGKILL). When the
- * direct child has exited but the pipes are still open (grandchildren
- * holding them; the tool's own exit, or after SIGTERM), we wait at most
- * ORPHAN_GRACE_MS more, then SIGKILL the group, read what is already in the
- * pipes and stop. After a normal exit with the pipes closed the group is not
- * signalled: a background process that let go of our pipes is the tool's
- * business. Once the child is dead and reaped nothing in the group can keep
- * us: a process that left the group and kept the pipes is abandoned after
- * the grace.
+ * Termination. On cancel: CMD_TERM (the supervisor sends SIGTERM to the
+ * tool's group), stdin closed, pipes still drained; at cancel time +
+ * kill_grace_ms, or at once after ag_cancel_force, CMD_KILL (SIGKILL to the
+ * whole tree). When the supervisor has exited the tree is dead; pipes still
+ * open then are held by something that escaped the tree entirely: we wait
+ * ORPHAN_GRACE_MS more, read what is already in the pipes and stop.
  *
  * Output caps. Each stream keeps at most cap - MARK_RESERVE bytes (the whole
  * cap when the cap is tiny); the rest is read and discarded, never stored.
@@ -96,15 +116,18 @@
  * large parent and reports exec errors itself, and SETSIGDEF, SETSIGMASK
  * and SETPGROUP cover the signal and group steps, but it cannot set rlimits
  * in the child (setting them in the parent around the spawn would race with
- * every other thread). Also rejected: a SIGCHLD handler or signalfd (the
- * application owns process-wide signal state); a blocking waitpid once the
- * pipes close (a child that closed stdout and kept running would make us
- * deaf to the cancel token).
+ * every other thread), and the supervisor must be a fork anyway. Also rejected:
+ * a SIGCHLD handler or signalfd (the application owns process-wide signal
+ * state); a blocking waitpid once the pipes close (a child that closed stdout
+ * and kept running would make us deaf to the cancel token).
  *
  * Limits of a library: if the application ignores SIGCHLD (or sets
- * SA_NOCLDWAIT) the kernel reaps the child itself and its exit status is
- * lost (reported as an error); an application thread calling waitpid(-1)
- * can steal the status the same way.
+ * SA_NOCLDWAIT) the kernel reaps the supervisor itself; its status report
+ * is still in the pipe (the supervisor resets SIGCHLD for its own
+ * children), but our final waitpid() then blocks until every child of the
+ * application has exited: ignoring SIGCHLD is not supported. An
+ * application thread calling waitpid(-1) can reap a supervisor too; the
+ * report still arrives.
  */
 #define _GNU_SOURCE /* pipe2, close_range flags, sigdescr_np, NSIG */
 
