@@ -93,10 +93,15 @@ typedef struct ag__proc_info {
 } ag__proc_info;
 
 /*
- * Runs argv (argv[0] searched in PATH) in its own process group with
- * `input` on stdin, capturing stdout into `out` and stderr into `err` (each
- * bounded by its cap), watching `cancel` (and its deadlines). On cancel:
- * SIGTERM to the group, SIGKILL after kill_grace_ms, always reaped.
+ * Runs argv (argv[0] searched in PATH) in its own process group, under a
+ * per-call supervisor process, with `input` on stdin, capturing stdout into
+ * `out` and stderr into `err` (each bounded by its cap), watching `cancel`
+ * (and its deadlines). On cancel: SIGTERM to the group, SIGKILL to every
+ * process of the tool after kill_grace_ms (at once when the token chain
+ * was forced, ag_cancel_force). When the tool exits, whatever it left
+ * running - in its group or not - is killed; the call returns only when
+ * every process of the tool is reaped, and if the calling process dies the
+ * supervisor kills them (docs/security.md).
  * Returns AG_TOOL_OK for exit 0; AG_TOOL_ERROR for a non-zero exit, a
  * signal or an exec failure (and writes a readable message into `err` when
  * stderr was empty: "exited with status 3", "killed by signal 11

@@ -656,12 +656,15 @@ static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
   if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
     sup_write_msg(status_fd, STAGE_SUPERVISOR, errno), _exit(127);
   /* An application that ignores SIGCHLD would have our children reaped
-   * behind our back. */
+   * behind our back, and one run under nohup would discard our
+   * parent-death signal: both back to the default (they stay blocked and
+   * are read from the signalfd). */
   struct sigaction dfl;
   memset(&dfl, 0, sizeof(dfl));
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
   sigaction(SIGCHLD, &dfl, NULL);
+  sigaction(SIGHUP, &dfl, NULL);
 
   int keep[5] = {stdio[0], stdio[1], stdio[2], status_fd, life_fd};
   for (int i = 1; i < 5; i++) /* insertion sort: five numbers */
