@@ -193,9 +193,9 @@ AG_EXTERN void ag_registry_free(ag_registry *r);
  * keyword and its path, as is parameters text that is not JSON (with line
  * and column). Problems with the definition itself (name not
  * [A-Za-z0-9_-]{1,64}, both or neither of fn and argv, a duplicate name,
- * out-of-range numbers, an env entry
- * that is not NAME or NAME=value, env on a native tool) are AG_EINVAL; more
- * than 1024 tools is AG_ETOOBIG. docs/tools.md has every rule and message.
+ * out-of-range numbers, an env entry that is not NAME or NAME=value, env
+ * on a native tool) are AG_EINVAL; more than 1024 tools is AG_ETOOBIG.
+ * docs/tools.md has every rule and message.
  */
 AG_EXTERN ag_err_t ag_registry_add(ag_registry *r, const ag_tool_def *def,
                                    ag_error_t *err);
