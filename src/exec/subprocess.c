@@ -634,6 +634,31 @@ static void sup_kill_tree(pid_t tool, bool *tool_reaped, int *tool_status) {
 }
 
 /*
+ * fork() from the supervisor. glibc's fork() runs the application's
+ * pthread_atfork handlers, which may take locks another thread of the
+ * original process held when the supervisor was forked: they would never
+ * be released here. _Fork (glibc 2.34, async-signal-safe) runs none.
+ * Sanitizer builds keep fork(): their runtimes must see every fork.
+ */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SUP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SUP_SANITIZED 1
+#endif
+#endif
+
+static pid_t sup_fork(void) {
+#if defined(__GLIBC__) &&                                                      \
+    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34)) &&            \
+    !defined(SUP_SANITIZED)
+  return _Fork();
+#else
+  return fork();
+#endif
+}
+
+/*
  * The supervisor: a small process per call, forked by the runner, which
  * forks the tool and outlives it. It is the tool's child subreaper, so
  * whatever the tool leaves behind - background jobs, double forks, setsid
@@ -653,8 +678,10 @@ static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
   prctl(PR_SET_PDEATHSIG, SIGHUP, 0, 0, 0);
   if (getppid() != runner)
     _exit(127); /* the runner is already gone: start nothing */
-  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
-    sup_write_msg(status_fd, STAGE_SUPERVISOR, errno), _exit(127);
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+    sup_write_msg(status_fd, STAGE_SUPERVISOR, errno);
+    _exit(127);
+  }
   /* An application that ignores SIGCHLD would have our children reaped
    * behind our back, and one run under nohup would discard our
    * parent-death signal: both back to the default (they stay blocked and
@@ -680,19 +707,23 @@ static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
   sigaddset(&watch, SIGCHLD);
   sigaddset(&watch, SIGHUP);
   int sfd = signalfd(-1, &watch, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (sfd < 0)
-    sup_write_msg(status_fd, STAGE_SUPERVISOR, errno), _exit(127);
+  if (sfd < 0) {
+    sup_write_msg(status_fd, STAGE_SUPERVISOR, errno);
+    _exit(127);
+  }
 
   pid_t self = getpid();
-  pid_t tool = fork();
+  pid_t tool = sup_fork();
   if (tool == 0) {
     close(sfd);
     close(life_fd);
     child_run(argv, limits, envp, stdio, status_fd, self);
     _exit(127); /* not reached */
   }
-  if (tool < 0)
-    sup_write_msg(status_fd, STAGE_SUPERVISOR, errno), _exit(127);
+  if (tool < 0) {
+    sup_write_msg(status_fd, STAGE_SUPERVISOR, errno);
+    _exit(127);
+  }
   setpgid(tool, tool); /* also here, so the group exists before a kill */
   sup_write_msg(status_fd, MSG_PID, (int)tool);
   for (int i = 0; i < 3; i++)
