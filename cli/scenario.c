@@ -480,8 +480,9 @@ static ag_tool_status scripted_tool(void *user, const json_t *args,
 /* ------------------------------------------------------------------------ */
 
 static const char *const k_tool_keys[] = {
-    "description", "parameters", "requires_approval", "idempotent",
-    "command",     "responses",  "by_args",           NULL};
+    "description", "parameters", "requires_approval",
+    "idempotent",  "command",    "responses",
+    "by_args",     "env",        NULL};
 static const char *const k_response_keys[] = {"ok", "error", "hang", "delay_ms",
                                               NULL};
 static const char *const k_byargs_keys[] = {"args", "responses", NULL};
@@ -546,6 +547,103 @@ static int load_list(loader *L, const json_t *arr, const char *path,
   return 0;
 }
 
+/* Whether `name` is a variable name a tool's "env" may carry. */
+static bool env_name_ok(const char *name) {
+  size_t i = 0;
+  for (; name[i] != '\0'; i++) {
+    char ch = name[i];
+    bool ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+              ch == '_' || (i > 0 && ch >= '0' && ch <= '9');
+    if (!ok || i >= 128)
+      return false;
+  }
+  return i > 0;
+}
+
+static void free_env(char **env) {
+  for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+    free(env[i]);
+  free(env);
+}
+
+/*
+ * A command tool's "env": ["NAME", ...] (passed from agentguard's
+ * environment) or {"NAME": "value", ...} (set). *out gets a NULL-terminated
+ * list of "NAME" / "NAME=value" (free_env), NULL when absent.
+ */
+static int load_env(loader *L, const json_t *v, const char *path, char ***out) {
+  *out = NULL;
+  if (v == NULL)
+    return 0;
+  if (!json_is_array(v) && !json_is_object(v))
+    return fail(L,
+                "%s.env: expected an array of variable names or an object "
+                "{\"NAME\": \"value\"}, got %s",
+                path, cli_json_type(v));
+  size_t n = json_is_array(v) ? json_array_size(v) : json_object_size(v);
+  if (n > 256)
+    return fail(L, "%s.env: at most 256 variables, got %zu", path, n);
+  char **env = calloc(n + 1, sizeof *env);
+  if (env == NULL)
+    return fail_nomem(L);
+  char nm[64];
+  if (json_is_array(v)) {
+    for (size_t i = 0; i < n; i++) {
+      json_t *e = json_array_get(v, i);
+      if (!json_is_string(e)) {
+        free_env(env);
+        return fail(L, "%s.env[%zu]: expected a variable name, got %s", path, i,
+                    cli_json_type(e));
+      }
+      if (!env_name_ok(json_string_value(e))) {
+        free_env(env);
+        return fail(L,
+                    "%s.env[%zu]: \"%s\" is not a variable name (letters, "
+                    "digits and _, not starting with a digit)",
+                    path, i, show(json_string_value(e), nm, sizeof nm));
+      }
+      if ((env[i] = strdup(json_string_value(e))) == NULL) {
+        free_env(env);
+        return fail_nomem(L);
+      }
+    }
+  } else {
+    const char *key;
+    json_t *e;
+    size_t i = 0;
+    json_object_foreach((json_t *)v, key, e) {
+      if (!env_name_ok(key)) {
+        free_env(env);
+        return fail(L,
+                    "%s.env: \"%s\" is not a variable name (letters, digits "
+                    "and _, not starting with a digit)",
+                    path, show(key, nm, sizeof nm));
+      }
+      if (!json_is_string(e)) {
+        free_env(env);
+        return fail(L, "%s.env.%s: expected a string value, got %s", path, key,
+                    cli_json_type(e));
+      }
+      size_t kl = strlen(key), vl = json_string_length(e);
+      if (memchr(json_string_value(e), '\0', vl) != NULL) {
+        free_env(env);
+        return fail(L, "%s.env.%s: the value holds a NUL byte", path, key);
+      }
+      char *kv = malloc(kl + vl + 2);
+      if (kv == NULL) {
+        free_env(env);
+        return fail_nomem(L);
+      }
+      memcpy(kv, key, kl);
+      kv[kl] = '=';
+      memcpy(kv + kl + 1, json_string_value(e), vl + 1);
+      env[i++] = kv;
+    }
+  }
+  *out = env;
+  return 0;
+}
+
 static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
   char nm[64], path[128];
   snprintf(path, sizeof path, "tools.%s", show(name, nm, sizeof nm));
@@ -584,8 +682,15 @@ static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
                 "and/or \"by_args\" (scripted answers)",
                 path);
 
+  if (cmd == NULL && json_object_get(v, "env") != NULL)
+    return fail(L,
+                "%s.env: only a \"command\" tool has an environment (a "
+                "scripted tool runs nothing)",
+                path);
+
   char *params = NULL;
   const char **argv = NULL;
+  char **env = NULL;
   json_t *schema = json_object_get(v, "parameters");
   if (schema != NULL) {
     if (!json_is_object(schema))
@@ -625,6 +730,12 @@ static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
       argv[i] = json_string_value(a);
     }
     def.argv = argv;
+    if ((rc = load_env(L, json_object_get(v, "env"), path, &env)) != 0) {
+      free(params);
+      free(argv);
+      return rc;
+    }
+    def.env = (const char *const *)env;
   } else {
     t->scripted = true;
     if (resp != NULL) {
@@ -709,6 +820,7 @@ static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
   ag_err_t e = ag_registry_add(L->s->registry, &def, &err);
   free(params);
   free(argv);
+  free_env(env);
   if (e == AG_ENOMEM)
     return fail_nomem(L);
   if (e != AG_OK)

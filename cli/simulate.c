@@ -17,12 +17,17 @@
  * still leaves complete lines), the timeline (cli/timeline.c) and the
  * --check event patterns - need no lock of their own.
  *
- * Signals: SIGINT and SIGTERM cancel the caller's token
- * (ag_cancel_cancel is async-signal-safe); the turn ends "cancelled" with
- * its turn_end event written, later turns are not started, and the exit
- * code is 4. SA_RESETHAND makes a second Ctrl-C kill the program the usual
- * way. SIGPIPE is ignored while running so a closed events pipe is a write
- * error we report, not a silent death.
+ * Signals: SIGINT, SIGTERM and SIGHUP cancel the caller's token
+ * (ag_cancel_cancel is async-signal-safe): running tools get SIGTERM and,
+ * after their grace period, SIGKILL; the turn ends "cancelled" with its
+ * turn_end event written, later turns are not started, and the exit code
+ * is 4. A second signal forces (ag_cancel_force): every tool process is
+ * killed at once, without the grace, and the turn still ends with its
+ * turn_end; it also restores the default dispositions, so a third signal
+ * ends the program the usual way - and even then, as after a SIGKILL, each
+ * tool's supervisor sees the program gone and kills the tool's processes
+ * (docs/security.md). SIGPIPE is ignored while running so a closed events
+ * pipe is a write error we report, not a silent death.
  *
  * Rejected: writing the timeline from ag_turn_outcome after each turn (the
  * story of the iterations is only in the events), and letting --check
@@ -46,6 +51,7 @@ typedef struct sim {
   bool events_failed;
   int events_errno;
   cli_timeline *timeline;
+  json_t *turn_end; /* the last turn_end event (own reference), or NULL */
   /* --check patterns of the current turn */
   const json_t *patterns;
   bool *matched;
@@ -96,27 +102,53 @@ static int usage_error(const char *fmt, const char *arg) {
 /* ------------------------------------------------------------------------ */
 
 static ag_cancel *volatile g_caller;
+static volatile sig_atomic_t g_signals;
 
+static void default_dispositions(void) {
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGINT, &dfl, NULL);
+  sigaction(SIGTERM, &dfl, NULL);
+  sigaction(SIGHUP, &dfl, NULL);
+}
+
+/* Only async-signal-safe calls: ag_cancel_cancel / ag_cancel_force are an
+ * atomic CAS and a write(2); sigaction is on POSIX's list. */
 static void on_signal(int sig) {
   (void)sig;
   ag_cancel *c = g_caller;
-  if (c != NULL)
+  g_signals = g_signals + 1;
+  if (c == NULL)
+    return;
+  if (g_signals == 1) {
     ag_cancel_cancel(c, AG_CANCEL_USER);
+  } else {
+    ag_cancel_force(c);
+    default_dispositions(); /* a third signal ends the program at once */
+  }
 }
 
 typedef struct saved_signals {
-  struct sigaction intr, term, pipe;
+  struct sigaction intr, term, hup, pipe;
 } saved_signals;
 
 static void install_signals(ag_cancel *caller, saved_signals *old) {
   g_caller = caller;
+  g_signals = 0;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;
+  /* One handler at a time: a burst of signals counts in order. */
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGTERM);
+  sigaddset(&sa.sa_mask, SIGHUP);
+  sa.sa_flags = 0;
   sigaction(SIGINT, &sa, &old->intr);
   sigaction(SIGTERM, &sa, &old->term);
+  sigaction(SIGHUP, &sa, &old->hup);
   struct sigaction ign;
   memset(&ign, 0, sizeof ign);
   ign.sa_handler = SIG_IGN;
@@ -127,6 +159,7 @@ static void install_signals(ag_cancel *caller, saved_signals *old) {
 static void restore_signals(const saved_signals *old) {
   sigaction(SIGINT, &old->intr, NULL);
   sigaction(SIGTERM, &old->term, NULL);
+  sigaction(SIGHUP, &old->hup, NULL);
   sigaction(SIGPIPE, &old->pipe, NULL);
   g_caller = NULL;
 }
@@ -208,6 +241,11 @@ static void on_event(void *user, const json_t *ev) {
   }
   if (S->timeline != NULL)
     cli_timeline_event(S->timeline, ev);
+  if (strcmp(json_string_value(json_object_get(ev, "event")), "turn_end") ==
+      0) {
+    json_decref(S->turn_end);
+    S->turn_end = json_incref((json_t *)ev); /* never changed once emitted */
+  }
   for (size_t i = 0; i < S->n_patterns; i++)
     if (!S->matched[i] && match(json_array_get(S->patterns, i), ev, false))
       S->matched[i] = true;
@@ -537,6 +575,8 @@ int cli_simulate(int argc, char **argv) {
     }
     ag_turn_outcome o;
     memset(&o, 0, sizeof o);
+    json_decref(S.turn_end);
+    S.turn_end = NULL;
     e = ag_agent_run_turn(agent, turn->user, caller, &o, &err);
     if (e != AG_OK) {
       fprintf(stderr, "agentguard simulate: turn %zu: %s\n", i + 1,
@@ -547,7 +587,7 @@ int cli_simulate(int argc, char **argv) {
       break;
     }
     if (!show_timeline && !a.quiet)
-      cli_outcome_line(stderr, i + 1, &o);
+      cli_outcome_line(stderr, i + 1, &o, S.turn_end);
     if (checking) {
       mismatches += check_turn(a.file, i + 1, x, &o, &S);
       checked++;
@@ -586,6 +626,7 @@ out_agent:
   ag_provider_free(provider);
   ag_cancel_free(caller);
   cli_timeline_free(S.timeline);
+  json_decref(S.turn_end);
 out_events:
   if (S.events != NULL && S.events != stdout) {
     if (fclose(S.events) != 0 && !S.events_failed) {

@@ -568,19 +568,30 @@ void cli_timeline_header(cli_timeline *t, const char *file, const char *preset,
   fflush(t->out);
 }
 
-void cli_outcome_line(FILE *out, size_t turn, const ag_turn_outcome *o) {
+void cli_outcome_line(FILE *out, size_t turn, const ag_turn_outcome *o,
+                      const json_t *turn_end) {
+  /* The texts come from the turn_end event when there is one: events are
+   * redacted (docs/security.md#secrets), the outcome is not. */
+  const char *message = o->message;
+  const char *final_text = o->final_text;
+  if (turn_end != NULL) {
+    const json_t *m = json_object_get(turn_end, "message");
+    const json_t *f = json_object_get(turn_end, "final_text");
+    message = json_is_string(m) ? json_string_value(m) : "";
+    final_text = json_is_string(f) ? json_string_value(f) : NULL;
+  }
   fprintf(out, "turn %zu: %s (%s) after %d iteration%s, %d tool call%s", turn,
           ag_turn_status_name(o->status), o->reason, o->iterations,
           o->iterations == 1 ? "" : "s", o->tool_calls,
           o->tool_calls == 1 ? "" : "s");
-  if (o->message[0] != '\0') {
+  if (message[0] != '\0') {
     fputs(": ", out);
-    put_str(out, o->message, 2 * W_MSG);
+    put_str(out, message, 2 * W_MSG);
   }
   fputc('\n', out);
-  if (o->final_text != NULL && o->final_text[0] != '\0') {
+  if (final_text != NULL && final_text[0] != '\0') {
     fputs("  final text: \"", out);
-    put_str(out, o->final_text, 2 * W_MSG);
+    put_str(out, final_text, 2 * W_MSG);
     fputs("\"\n", out);
   }
   fflush(out);

@@ -36,8 +36,11 @@ void cli_timeline_header(cli_timeline *t, const char *file, const char *preset,
  * The one-line outcome of a turn (1-based `turn`) for runs without a
  * timeline: "turn 1: stopped (identical_calls) after 5 iterations, 4 tool
  * calls: MESSAGE", and the final text on a second line when there is one.
+ * MESSAGE and the final text are taken from `turn_end` (the turn's turn_end
+ * event, whose texts are redacted) when it is not NULL.
  */
-void cli_outcome_line(FILE *out, size_t turn, const ag_turn_outcome *o);
+void cli_outcome_line(FILE *out, size_t turn, const ag_turn_outcome *o,
+                      const json_t *turn_end);
 
 /*
  * Writes `s` (`len` bytes) on one line: newlines and tabs become spaces,

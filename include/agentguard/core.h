@@ -210,7 +210,8 @@ AG_EXTERN void ag_format_duration(int64_t ms, char *buf, size_t cap);
   X(RESOURCE, "resource", 0)                                                   \
   X(FILE_IO, "file_io", 0)                                                     \
   X(FONT, "font", 0)                                                           \
-  X(PLOTTING, "plotting", 0)
+  X(PLOTTING, "plotting", 0)                                                   \
+  X(CRASH, "crash", 0)
 
 typedef enum {
 #define AG__CAT_ENUM(id, name, transient) AG_CAT_##id,
@@ -223,6 +224,8 @@ typedef enum {
 AG_EXTERN const char *ag_category_name(ag_category cat);
 /* Parses a name back; returns AG_CAT__COUNT when unknown. */
 AG_EXTERN ag_category ag_category_from_name(const char *name);
+/* Values are only ever appended (before AG_CAT__COUNT), so the numbers of
+ * existing categories never change. */
 /* True for timeout, rate_limit, network and busy. */
 AG_EXTERN bool ag_category_transient(ag_category cat);
 /* A one-sentence suggestion for the model; a static string. */

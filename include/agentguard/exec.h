@@ -72,6 +72,15 @@ AG_EXTERN void ag_cancel_free(ag_cancel *c);
 AG_EXTERN void ag_cancel_cancel(ag_cancel *c, ag_cancel_reason reason);
 
 /*
+ * Cancels `c` like ag_cancel_cancel(c, AG_CANCEL_USER) and also asks every
+ * subprocess tool running under `c` (or under a token linked to it) to be
+ * killed now: SIGKILL to all of its processes, without waiting out the
+ * tool's SIGTERM grace period (within about 20 ms). For a second Ctrl-C.
+ * Safe from any thread and from a signal handler.
+ */
+AG_EXTERN void ag_cancel_force(ag_cancel *c);
+
+/*
  * Whether `c` is cancelled: by itself, by an ancestor, or by a deadline in
  * the chain that has passed (`now_ms`; pass ag_now_ms()). Returns the reason
  * of whichever fired first, or AG_CANCEL_NONE. Once non-NONE, always the same.
@@ -153,6 +162,16 @@ typedef struct ag_tool_def {
   size_t max_output;     /* captured bytes per stream; 0: 1 MiB */
   int64_t kill_grace_ms; /* SIGTERM then SIGKILL after this; 0: 500 ms */
   ag_rlimits limits;
+  /* The environment of a subprocess tool. By default it gets only PATH,
+   * HOME, LANG, TERM and TMPDIR from agentguard's environment (those that
+   * are set), never the rest: API keys stay out of tools. `env` adds to
+   * that (NULL-terminated, at most 256 entries, copied): "NAME" passes
+   * NAME from agentguard's environment when it is set there, "NAME=value"
+   * sets it; a later entry for the same name wins. NAME is
+   * [A-Za-z_][A-Za-z0-9_]*. `inherit_env` passes the whole environment
+   * instead (then `env` still adds and overrides). */
+  const char *const *env;
+  bool inherit_env;
 } ag_tool_def;
 
 /* Fills `d` with the defaults (idempotent, timeout and retries from the
@@ -175,7 +194,8 @@ AG_EXTERN void ag_registry_free(ag_registry *r);
  * the keyword and its path, as is parameters text that is not JSON (with line
  * and column). Problems with the definition itself (name not
  * [A-Za-z0-9_-]{1,64}, both or neither of fn and argv, a duplicate name,
- * out-of-range numbers) are AG_EINVAL; more than 1024 tools is AG_ETOOBIG.
+ * out-of-range numbers, an env entry that is not NAME or NAME=value, env
+ * on a native tool) are AG_EINVAL; more than 1024 tools is AG_ETOOBIG.
  * docs/tools.md has every rule and message.
  */
 AG_EXTERN ag_err_t ag_registry_add(ag_registry *r, const ag_tool_def *def,
@@ -212,7 +232,9 @@ typedef struct ag_attempt {
   ag_tool_status outcome; /* ok, error, timeout, cancelled */
   int64_t duration_ms;
   int64_t retry_in_ms; /* delay before the next attempt, or -1: no retry */
-  const char *message; /* error text (borrowed for the callback), or "" */
+  const char *message; /* error text (borrowed for the callback), or "";
+                          NUL-terminated, but may hold NUL bytes itself */
+  size_t message_len;  /* bytes of message: read it with this length */
 } ag_attempt;
 
 /* Called after every attempt, from the thread that ran it; must be

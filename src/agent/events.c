@@ -17,6 +17,11 @@
  * which replaces invalid bytes with U+FFFD. The same helper builds the
  * history's messages in loop.c.
  *
+ * Secrets. Every text of every event is passed through ag__redact
+ * (docs/security.md#secrets) with the values of the secret-named
+ * environment variables as they were when the agent was created, copied
+ * here; a text with nothing to hide costs one scan and no copy.
+ *
  * Rejected: formatting JSON Lines here (the sink is the caller's: the CLI
  * writes lines, an embedding application may keep objects); a queue drained
  * by the loop thread (tool_attempt events would arrive late, after the
@@ -27,10 +32,43 @@
 
 #include "internal.h"
 
+extern char **environ;
+
+/* Most bytes of secret values kept for redaction. */
+#define SECRET_BYTES_MAX (256 * 1024)
+
+/* Copies the secret values of the environment into ev (bounded). */
+static ag_err_t snapshot_secrets(ag__events *ev) {
+  ag__secret found[AG__SECRETS_MAX];
+  size_t n = ag__secrets_from_env(environ, found, AG__SECRETS_MAX);
+  size_t bytes = 0, keep = 0;
+  while (keep < n && found[keep].len <= SECRET_BYTES_MAX - bytes)
+    bytes += found[keep++].len;
+  if (keep == 0)
+    return AG_OK;
+  ev->secret_buf = malloc(bytes);
+  if (ev->secret_buf == NULL)
+    return AG_ENOMEM;
+  char *p = ev->secret_buf;
+  for (size_t i = 0; i < keep; i++) {
+    memcpy(p, found[i].s, found[i].len);
+    ev->secrets[i].s = p;
+    ev->secrets[i].len = found[i].len;
+    p += found[i].len;
+  }
+  ev->n_secrets = keep;
+  return AG_OK;
+}
+
 ag_err_t ag__ev_init(ag__events *ev, ag_event_fn fn, void *user) {
   memset(ev, 0, sizeof(*ev));
-  if (pthread_mutex_init(&ev->mu, NULL) != 0)
+  if (snapshot_secrets(ev) != AG_OK)
     return AG_ENOMEM;
+  if (pthread_mutex_init(&ev->mu, NULL) != 0) {
+    free(ev->secret_buf);
+    ev->secret_buf = NULL;
+    return AG_ENOMEM;
+  }
   ev->fn = fn;
   ev->user = user;
   ev->t0 = ag_now_ms();
@@ -39,6 +77,9 @@ ag_err_t ag__ev_init(ag__events *ev, ag_event_fn fn, void *user) {
 
 void ag__ev_destroy(ag__events *ev) {
   pthread_mutex_destroy(&ev->mu);
+  free(ev->secret_buf);
+  ev->secret_buf = NULL;
+  ev->n_secrets = 0;
 }
 
 bool ag__ev_on(const ag__events *ev) {
@@ -129,8 +170,25 @@ json_t *ag__json_text(const char *text, size_t len) {
   return j;
 }
 
-static json_t *text0(const char *s) {
-  return ag__json_text(s, s != NULL ? strlen(s) : 0);
+/* An event's text: credentials redacted (src/core/redact.c), then made
+ * valid UTF-8. */
+static json_t *rtext(const ag__events *ev, const char *s, size_t len) {
+  if (s == NULL)
+    return json_null();
+  if (!ag__redact_needed(s, len, ev->secrets, ev->n_secrets))
+    return ag__json_text(s, len);
+  size_t cap = ag__redact_bound(len);
+  char *buf = malloc(cap);
+  if (buf == NULL)
+    return NULL;
+  size_t n = ag__redact(s, len, ev->secrets, ev->n_secrets, buf, cap);
+  json_t *j = ag__json_text(buf, n < cap ? n : cap - 1);
+  free(buf);
+  return j;
+}
+
+static json_t *text0(const ag__events *ev, const char *s) {
+  return rtext(ev, s, s != NULL ? strlen(s) : 0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -170,7 +228,7 @@ void ag__ev_turn_start(ag__events *ev, const char *user) {
     return;
   json_t *f = json_object();
   if (f != NULL)
-    json_object_set_new(f, "user", text0(user));
+    json_object_set_new(f, "user", text0(ev, user));
   ag__ev_emit(ev, "turn_start", f);
 }
 
@@ -188,7 +246,7 @@ void ag__ev_provider_retry(ag__events *ev, int attempt, int status,
   if (f != NULL) {
     json_object_set_new(f, "attempt", json_integer(attempt));
     json_object_set_new(f, "status", json_integer(status));
-    json_object_set_new(f, "message", text0(message));
+    json_object_set_new(f, "message", text0(ev, message));
     json_object_set_new(f, "delay_ms", json_integer(delay_ms));
   }
   ag__ev_emit(ev, "provider_retry", f);
@@ -204,18 +262,17 @@ void ag__ev_model_response(ag__events *ev, const ag_reply *r) {
     json_decref(calls);
     return;
   }
-  json_object_set_new(f, "text", text0(r->text));
+  json_object_set_new(f, "text", text0(ev, r->text));
   for (size_t i = 0; i < r->n_calls; i++) {
     const ag_tool_call *c = &r->calls[i];
     json_t *o = json_object();
     if (o == NULL)
       continue;
-    json_object_set_new(o, "id", text0(c->id));
-    json_object_set_new(o, "name", text0(c->name != NULL ? c->name : ""));
-    json_object_set_new(
-        o, "arguments",
-        ag__json_text(c->arguments != NULL ? c->arguments : "",
-                      c->arguments != NULL ? c->arguments_len : 0));
+    json_object_set_new(o, "id", text0(ev, c->id));
+    json_object_set_new(o, "name", text0(ev, c->name != NULL ? c->name : ""));
+    json_object_set_new(o, "arguments",
+                        rtext(ev, c->arguments != NULL ? c->arguments : "",
+                              c->arguments != NULL ? c->arguments_len : 0));
     json_array_append_new(calls, o);
   }
   json_object_set_new(f, "tool_calls", calls);
@@ -235,11 +292,11 @@ void ag__ev_tool_call(ag__events *ev, const char *call_id, const char *name,
     return;
   json_t *f = json_object();
   if (f != NULL) {
-    json_object_set_new(f, "call_id", text0(call_id));
-    json_object_set_new(f, "name", text0(name));
+    json_object_set_new(f, "call_id", text0(ev, call_id));
+    json_object_set_new(f, "name", text0(ev, name));
     json_object_set_new(
         f, "arguments",
-        ag__json_text(args != NULL ? args : "", args != NULL ? args_len : 0));
+        rtext(ev, args != NULL ? args : "", args != NULL ? args_len : 0));
     if (sig != NULL) {
       char hex[65];
       ag_sig_hex(sig, hex);
@@ -257,8 +314,8 @@ void ag__ev_approval(ag__events *ev, const char *call_id, const char *name,
     return;
   json_t *f = json_object();
   if (f != NULL) {
-    json_object_set_new(f, "call_id", text0(call_id));
-    json_object_set_new(f, "name", text0(name));
+    json_object_set_new(f, "call_id", text0(ev, call_id));
+    json_object_set_new(f, "name", text0(ev, name));
     json_object_set_new(f, "approved", json_boolean(approved));
   }
   ag__ev_emit(ev, "approval", f);
@@ -270,9 +327,9 @@ void ag__ev_tool_blocked(ag__events *ev, const char *call_id, const char *name,
     return;
   json_t *f = json_object();
   if (f != NULL) {
-    json_object_set_new(f, "call_id", text0(call_id));
-    json_object_set_new(f, "name", text0(name));
-    json_object_set_new(f, "reason", text0(reason));
+    json_object_set_new(f, "call_id", text0(ev, call_id));
+    json_object_set_new(f, "name", text0(ev, name));
+    json_object_set_new(f, "reason", text0(ev, reason));
   }
   ag__ev_emit(ev, "tool_blocked", f);
 }
@@ -297,13 +354,17 @@ void ag__ev_tool_attempt(ag__events *ev, const char *call_id,
     return;
   json_t *f = json_object();
   if (f != NULL) {
-    json_object_set_new(f, "call_id", text0(call_id));
-    json_object_set_new(f, "name", text0(at->name));
+    json_object_set_new(f, "call_id", text0(ev, call_id));
+    json_object_set_new(f, "name", text0(ev, at->name));
     json_object_set_new(f, "attempt", json_integer(at->attempt));
     json_object_set_new(f, "outcome",
                         json_string(tool_status_name(at->outcome)));
+    /* With its length: a tool's stderr may hold NUL bytes, and this text
+     * must read the same as the tool_result's. */
     json_object_set_new(f, "message",
-                        text0(at->message != NULL ? at->message : ""));
+                        at->message != NULL
+                            ? rtext(ev, at->message, at->message_len)
+                            : json_string(""));
     json_object_set_new(f, "retry_in_ms",
                         at->retry_in_ms >= 0 ? json_integer(at->retry_in_ms)
                                              : json_null());
@@ -318,15 +379,15 @@ void ag__ev_tool_result(ag__events *ev, const char *call_id, const char *name,
     return;
   json_t *f = json_object();
   if (f != NULL) {
-    json_object_set_new(f, "call_id", text0(call_id));
-    json_object_set_new(f, "name", text0(name));
+    json_object_set_new(f, "call_id", text0(ev, call_id));
+    json_object_set_new(f, "name", text0(ev, name));
     json_object_set_new(f, "ok", json_boolean(ok));
     json_object_set_new(f, "attempts", json_integer(attempts));
     json_object_set_new(f, "category",
                         category != NULL ? json_string(category) : json_null());
     json_object_set_new(
         f, "text",
-        ag__json_text(text != NULL ? text : "", text != NULL ? text_len : 0));
+        rtext(ev, text != NULL ? text : "", text != NULL ? text_len : 0));
   }
   ag__ev_emit(ev, "tool_result", f);
 }
@@ -336,7 +397,7 @@ void ag__ev_error_context(ag__events *ev, const char *text) {
     return;
   json_t *f = json_object();
   if (f != NULL)
-    json_object_set_new(f, "text", text0(text));
+    json_object_set_new(f, "text", text0(ev, text));
   ag__ev_emit(ev, "error_context", f);
 }
 
@@ -345,8 +406,8 @@ void ag__ev_nudge(ag__events *ev, const char *reason, const char *text) {
     return;
   json_t *f = json_object();
   if (f != NULL) {
-    json_object_set_new(f, "reason", text0(reason));
-    json_object_set_new(f, "text", text0(text));
+    json_object_set_new(f, "reason", text0(ev, reason));
+    json_object_set_new(f, "text", text0(ev, text));
   }
   ag__ev_emit(ev, "nudge", f);
 }
@@ -356,7 +417,7 @@ void ag__ev_warning(ag__events *ev, const char *message) {
     return;
   json_t *f = json_object();
   if (f != NULL)
-    json_object_set_new(f, "message", text0(message));
+    json_object_set_new(f, "message", text0(ev, message));
   ag__ev_emit(ev, "warning", f);
 }
 
@@ -365,7 +426,19 @@ void ag__ev_escalation(ag__events *ev, const char *record) {
     return;
   json_t *f = json_object();
   if (f != NULL) {
-    json_t *rec = record != NULL ? json_loads(record, 0, NULL) : NULL;
+    /* Redacted as text first: "[REDACTED]" is valid inside a JSON
+     * string. */
+    json_t *rec = NULL;
+    if (record != NULL) {
+      size_t rl = strlen(record);
+      size_t cap = ag__redact_bound(rl);
+      char *red = malloc(cap);
+      if (red != NULL) {
+        ag__redact(record, rl, ev->secrets, ev->n_secrets, red, cap);
+        rec = json_loads(red, 0, NULL);
+        free(red);
+      }
+    }
     json_object_set_new(f, "record", rec != NULL ? rec : json_null());
   }
   ag__ev_emit(ev, "escalation", f);
@@ -376,8 +449,9 @@ void ag__ev_human(ag__events *ev, const char *action, const char *message) {
     return;
   json_t *f = json_object();
   if (f != NULL) {
-    json_object_set_new(f, "action", text0(action));
-    json_object_set_new(f, "message", text0(message != NULL ? message : ""));
+    json_object_set_new(f, "action", text0(ev, action));
+    json_object_set_new(f, "message",
+                        text0(ev, message != NULL ? message : ""));
   }
   ag__ev_emit(ev, "human", f);
 }
@@ -389,12 +463,12 @@ void ag__ev_turn_end(ag__events *ev, const ag_turn_outcome *o) {
   if (f != NULL) {
     json_object_set_new(f, "status",
                         json_string(ag_turn_status_name(o->status)));
-    json_object_set_new(f, "reason", text0(o->reason));
-    json_object_set_new(f, "message", text0(o->message));
+    json_object_set_new(f, "reason", text0(ev, o->reason));
+    json_object_set_new(f, "message", text0(ev, o->message));
     json_object_set_new(f, "iterations", json_integer(o->iterations));
     json_object_set_new(f, "tool_calls", json_integer(o->tool_calls));
     json_object_set_new(f, "tokens", json_integer((json_int_t)o->tokens));
-    json_object_set_new(f, "final_text", text0(o->final_text));
+    json_object_set_new(f, "final_text", text0(ev, o->final_text));
   }
   ag__ev_emit(ev, "turn_end", f);
 }

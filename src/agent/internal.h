@@ -32,8 +32,15 @@ typedef struct ag__events {
   int64_t t0; /* ag_now_ms() at creation: events carry t_ms = now - t0 */
   int turn;
   int iteration;
+  /* Values of secret-named environment variables when the agent was
+   * created (copies in secret_buf): every event text is redacted with them
+   * (src/core/redact.c). Read-only after ag__ev_init. */
+  ag__secret secrets[AG__SECRETS_MAX];
+  size_t n_secrets;
+  char *secret_buf;
 } ag__events;
 
+/* Also snapshots the secrets of the process's environment (AG_ENOMEM). */
 ag_err_t ag__ev_init(ag__events *ev, ag_event_fn fn, void *user);
 void ag__ev_destroy(ag__events *ev);
 /* True when events are wanted (a callback is set). */

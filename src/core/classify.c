@@ -124,6 +124,9 @@ static const char *const cat_suggestions[AG_CAT__COUNT] = {
                     "or avoid characters the font lacks",
     [AG_CAT_PLOTTING] = "Check the plot data and arguments, and save figures "
                         "to a file with a non-interactive backend such as Agg",
+    [AG_CAT_CRASH] = "The tool crashed (killed by a signal): check its input "
+                     "or report a bug in the tool; do not retry the same "
+                     "call unchanged",
 };
 
 static bool cat_valid(ag_category cat) {
@@ -194,6 +197,23 @@ static const rule rules[] = {
     P(TIMEOUT, "timed out and has been killed"),
     P(FILE_IO, "file '*' already exists"),
     P(FILE_IO, "file \"*\" already exists"),
+    /* A process killed by a signal (the subprocess runner's "killed by
+     * signal N (Description)", a shell's report, a runtime's abort). SIGKILL
+     * nobody asked for is most often the OOM killer, and SIGXCPU / SIGXFSZ
+     * are limits: those stay resource. */
+    P(RESOURCE, "killed by signal 9 ("),
+    P(RESOURCE, "killed by signal 24 ("),
+    P(RESOURCE, "killed by signal 25 ("),
+    P(CRASH, "killed by signal"),
+    P(CRASH, "segmentation fault"),
+    P(CRASH, "core dumped"),
+    P(CRASH, "stack smashing detected"),
+    P(CRASH, "double free or corruption"),
+    P(CRASH, "free(): invalid"),
+    P(CRASH, "fatal python error"),
+    P(CRASH, "illegal instruction"),
+    P(CRASH, "floating point exception"),
+    P(CRASH, "addresssanitizer"),
 
     /* font */
     P(FONT, "findfont"),
@@ -522,6 +542,12 @@ static const rule rules[] = {
     W(RESOURCE, "oomkilled"),
     W(RESOURCE, "oom"),
     W(RESOURCE, "bad_alloc"),
+    W(CRASH, "sigsegv"),
+    W(CRASH, "sigabrt"),
+    W(CRASH, "sigbus"),
+    W(CRASH, "sigill"),
+    W(CRASH, "sigfpe"),
+    W(CRASH, "segfault"),
     W(BUSY, "eagain"),
     W(BUSY, "ewouldblock"),
     W(BUSY, "ebusy"),

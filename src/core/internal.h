@@ -149,4 +149,47 @@ bool ag__mechanism_on(const ag_config *c, ag_reason r);
 /* Turns mechanism `r` off in `c`. */
 void ag__mechanism_off(ag_config *c, ag_reason r);
 
+/* ------------------------------------------------------------------------ */
+/* Redaction of credentials (src/core/redact.c)                             */
+/* ------------------------------------------------------------------------ */
+
+/* A secret value to hide: `len` bytes at `s` (borrowed). */
+typedef struct ag__secret {
+  const char *s;
+  size_t len;
+} ag__secret;
+
+#define AG__SECRET_MIN 8 /* shorter secret values are not redacted */
+#define AG__SECRETS_MAX 64
+
+/* Whether an environment variable's name (len bytes) marks its value as a
+ * secret: it ends in _KEY, _TOKEN, _SECRET or _PASSWORD, any case. */
+bool ag__secret_name(const char *name, size_t len);
+
+/* Puts into out[0..cap) the values (borrowed from envp) of the variables in
+ * envp (NULL-terminated "NAME=value", e.g. environ; may be NULL) whose names
+ * mark secrets and which are at least AG__SECRET_MIN bytes; returns how
+ * many. Reads nothing but envp. */
+size_t ag__secrets_from_env(char *const *envp, ag__secret *out, size_t cap);
+
+/* The output size (NUL included) that ag__redact never needs to exceed for
+ * an input of `len` bytes. */
+size_t ag__redact_bound(size_t len);
+
+/* Whether in[0..len) holds anything ag__redact would replace. */
+bool ag__redact_needed(const char *in, size_t len, const ag__secret *secrets,
+                       size_t n);
+
+/*
+ * Copies in[0..len) (any bytes) to out[0..cap) with every credential
+ * replaced by "[REDACTED]": the secrets[0..n) values (and a prefix of at
+ * least AG__SECRET_MIN bytes of one that ends the text), "Bearer <token>"
+ * (the word kept) and "sk-..." keys; docs/security.md lists the rules.
+ * Like snprintf: returns the length of the whole result, writes at most
+ * cap - 1 bytes and a NUL (when cap > 0). With cap >= ag__redact_bound(len)
+ * nothing is cut. Pure, no allocation, thread-safe.
+ */
+size_t ag__redact(const char *in, size_t len, const ag__secret *secrets,
+                  size_t n, char *out, size_t cap);
+
 #endif /* AG_CORE_INTERNAL_H */

@@ -32,8 +32,14 @@
  * applies the same rule: cancelling a token whose deadline already passed
  * latches the deadline, because that happened first.
  *
+ * Forcing. ag_cancel_force() (a second Ctrl-C) also sets `forced`, an
+ * atomic flag of its own: subprocess runs that are in their SIGTERM grace
+ * period look at it along the chain (ag__cancel_forced) at a short interval
+ * and kill their tools at once instead of waiting the grace out.
+ *
  * Threading. Every function may be called from any thread on the same token
- * at once, except ag_cancel_free. ag_cancel_cancel() is async-signal-safe:
+ * at once, except ag_cancel_free. ag_cancel_cancel() and ag_cancel_force()
+ * are async-signal-safe:
  * clock_gettime(2), atomic loads, one CAS and write(2) (errno is saved and
  * restored). The atomics need 64-bit lock-free CAS, asserted at compile
  * time; every platform agentguard targets (x86-64, AArch64) has it.
@@ -61,8 +67,8 @@
 
 #include "internal.h"
 
-#if ATOMIC_LLONG_LOCK_FREE != 2
-#error "ag_cancel needs lock-free 64-bit atomics (async-signal-safe cancel)"
+#if ATOMIC_LLONG_LOCK_FREE != 2 || ATOMIC_INT_LOCK_FREE != 2
+#error "ag_cancel needs lock-free atomics (async-signal-safe cancel)"
 #endif
 
 #define REASON_BITS 3
@@ -78,6 +84,7 @@
 struct ag_cancel {
   atomic_ullong state; /* 0, or (time << REASON_BITS) | reason */
   int fd;
+  atomic_int forced; /* ag_cancel_force: kill subprocesses without grace */
   ag_cancel *parent;
   int64_t deadline;
   ag_cancel_reason deadline_reason;
@@ -206,6 +213,7 @@ AG_EXTERN ag_err_t ag_cancel_new(ag_cancel **out, ag_cancel *parent,
     return code;
   }
   atomic_init(&c->state, 0);
+  atomic_init(&c->forced, 0);
   c->fd = fd;
   c->parent = parent;
   c->deadline = deadline_ms;
@@ -238,6 +246,22 @@ AG_EXTERN void ag_cancel_cancel(ag_cancel *c, ag_cancel_reason reason) {
     latch(c, earlier, at); /* already cancelled by something earlier */
   else
     latch(c, reason, now);
+}
+
+AG_EXTERN void ag_cancel_force(ag_cancel *c) {
+  if (c == NULL)
+    return;
+  /* The flag first, so whoever wakes up on the cancel sees it. */
+  atomic_store_explicit(&c->forced, 1, memory_order_release);
+  ag_cancel_cancel(c, AG_CANCEL_USER);
+}
+
+bool ag__cancel_forced(ag_cancel *c) {
+  for (ag_cancel *t = c; t != NULL; t = t->parent) {
+    if (atomic_load_explicit(&t->forced, memory_order_acquire) != 0)
+      return true;
+  }
+  return false;
 }
 
 AG_EXTERN ag_cancel_reason ag_cancel_check(ag_cancel *c, int64_t now_ms) {

@@ -19,6 +19,12 @@
 
 #include "../core/internal.h"
 
+/* ---- cancel.c ----------------------------------------------------------- */
+
+/* Whether ag_cancel_force was called on `c` or an ancestor. Async-signal-safe
+ * (atomic loads). */
+bool ag__cancel_forced(ag_cancel *c);
+
 /* ---- output.c ----------------------------------------------------------- */
 
 /* A bounded buffer: at most `cap` bytes are kept (plus a NUL); the rest is
@@ -70,6 +76,7 @@ ag_err_t ag__schema_validate(const ag__schema *s, const json_t *value,
 typedef struct ag__tool {
   ag_tool_def def;    /* strings and argv point into this struct's copies */
   char **argv_copy;   /* NULL-terminated, or NULL for native tools */
+  char **env_copy;    /* NULL-terminated, or NULL: no extra variables */
   ag__schema *schema; /* NULL: any object */
   json_t *parameters; /* parsed schema (own reference), or NULL */
 } ag__tool;
@@ -87,10 +94,15 @@ typedef struct ag__proc_info {
 } ag__proc_info;
 
 /*
- * Runs argv (argv[0] searched in PATH) in its own process group with
- * `input` on stdin, capturing stdout into `out` and stderr into `err` (each
- * bounded by its cap), watching `cancel` (and its deadlines). On cancel:
- * SIGTERM to the group, SIGKILL after kill_grace_ms, always reaped.
+ * Runs argv (argv[0] searched in PATH) in its own process group, under a
+ * per-call supervisor process, with `input` on stdin, capturing stdout into
+ * `out` and stderr into `err` (each bounded by its cap), watching `cancel`
+ * (and its deadlines). On cancel: SIGTERM to the group, SIGKILL to every
+ * process of the tool after kill_grace_ms (at once when the token chain
+ * was forced, ag_cancel_force). When the tool exits, whatever it left
+ * running - in its group or not - is killed; the call returns only when
+ * every process of the tool is reaped, and if the calling process dies the
+ * supervisor kills them (docs/security.md).
  * Returns AG_TOOL_OK for exit 0; AG_TOOL_ERROR for a non-zero exit, a
  * signal or an exec failure (and writes a readable message into `err` when
  * stderr was empty: "exited with status 3", "killed by signal 11
@@ -104,6 +116,34 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
                                   size_t input_len, ag_cancel *cancel,
                                   ag_output *out, ag_output *err,
                                   ag__proc_info *info);
+
+/* Most entries a tool's env list may have, and the longest name. */
+#define AG__ENV_MAX 256
+#define AG__ENV_NAME_MAX 128
+
+/* Whether `entry` is "NAME" or "NAME=value" with a valid NAME; *name_len
+ * gets NAME's length. */
+bool ag__env_entry_valid(const char *entry, size_t *name_len);
+
+/*
+ * Builds a tool's environment (docs/security.md): PATH, HOME, LANG, TERM,
+ * TMPDIR from the process's environment, or all of it when `inherit`; then
+ * `extra` (may be NULL; "NAME" passes the process's NAME when set,
+ * "NAME=value" sets it; later wins). *out gets one allocation (free() it):
+ * a NULL-terminated "NAME=value" array and its strings. Reads environ
+ * (getenv's thread-safety: no concurrent setenv). AG_OK or AG_ENOMEM.
+ */
+ag_err_t ag__env_build(const char *const *extra, bool inherit, char ***out);
+
+/* The same with the tool's environment: envp (borrowed, NULL-terminated
+ * "NAME=value" strings) replaces the process's environment; NULL inherits
+ * it (ag__subprocess_run). argv[0] is looked up in the process's PATH. */
+ag_tool_status ag__subprocess_run_env(const char *const *argv,
+                                      const ag_rlimits *limits,
+                                      char *const *envp, int64_t kill_grace_ms,
+                                      const char *input, size_t input_len,
+                                      ag_cancel *cancel, ag_output *out,
+                                      ag_output *err, ag__proc_info *info);
 
 /* ---- retry.c ------------------------------------------------------------ */
 

@@ -110,6 +110,11 @@ static void entry_free(entry *e) {
       free(*a);
     free(e->tool.argv_copy);
   }
+  if (e->tool.env_copy != NULL) {
+    for (char **a = e->tool.env_copy; *a != NULL; a++)
+      free(*a);
+    free(e->tool.env_copy);
+  }
   free(e->name);
   free(e->description);
   free(e->parameters);
@@ -275,6 +280,26 @@ static ag_err_t check_def(const ag_registry *r, const ag_tool_def *def,
       def->limits.open_files < 0)
     return ag__set_error(err, AG_EINVAL, -1,
                          "tools.%s: limits must be >= 0 (0: not set)", n);
+  if ((def->env != NULL || def->inherit_env) && !has_argv)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "tools.%s: env and inherit_env are for subprocess "
+                         "tools (argv)",
+                         n);
+  for (size_t i = 0; def->env != NULL && def->env[i] != NULL; i++) {
+    if (i >= AG__ENV_MAX)
+      return ag__set_error(err, AG_EINVAL, -1,
+                           "tools.%s: env: more than %d variables", n,
+                           AG__ENV_MAX);
+    if (!ag__env_entry_valid(def->env[i], NULL)) {
+      char q[MAX_NAME + 8];
+      quote_name(q, sizeof(q), def->env[i]);
+      return ag__set_error(err, AG_EINVAL, -1,
+                           "tools.%s: env[%zu]: %s is not NAME or NAME=value "
+                           "(NAME: letters, digits and _, not starting with "
+                           "a digit, at most %d)",
+                           n, i, q, AG__ENV_NAME_MAX);
+    }
+  }
   return AG_OK;
 }
 
@@ -310,6 +335,23 @@ static ag_err_t load_schema(entry *e, const char *text, ag_error_t *err) {
   return ag__schema_compile(&e->tool.schema, e->tool.parameters, e->name, err);
 }
 
+/* A NULL-terminated copy of list into *dst (NULL-terminated at every step,
+ * so entry_free can always release it). */
+static ag_err_t copy_list(char ***dst, const char *const *list) {
+  size_t n = 0;
+  while (list[n] != NULL)
+    n++;
+  *dst = calloc(n + 1, sizeof(char *));
+  if (*dst == NULL)
+    return AG_ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    (*dst)[i] = dup_str(list[i]);
+    if ((*dst)[i] == NULL)
+      return AG_ENOMEM;
+  }
+  return AG_OK;
+}
+
 static ag_err_t copy_argv(entry *e, const char *const *argv) {
   size_t n = 0;
   while (argv[n] != NULL)
@@ -342,7 +384,8 @@ AG_EXTERN ag_err_t ag_registry_add(ag_registry *r, const ag_tool_def *def,
   e->parameters = dup_str(def->parameters);
   if (e->name == NULL || (def->description != NULL && !e->description) ||
       (def->parameters != NULL && !e->parameters) ||
-      (def->argv != NULL && copy_argv(e, def->argv) != AG_OK)) {
+      (def->argv != NULL && copy_argv(e, def->argv) != AG_OK) ||
+      (def->env != NULL && copy_list(&e->tool.env_copy, def->env) != AG_OK)) {
     entry_free(e);
     return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
   }
@@ -352,6 +395,7 @@ AG_EXTERN ag_err_t ag_registry_add(ag_registry *r, const ag_tool_def *def,
   e->tool.def.description = e->description;
   e->tool.def.parameters = e->parameters;
   e->tool.def.argv = (const char *const *)e->tool.argv_copy;
+  e->tool.def.env = (const char *const *)e->tool.env_copy;
   rc = load_schema(e, e->parameters, err);
   if (rc == AG_OK && reserve(r) != AG_OK)
     rc = ag__set_error(err, AG_ENOMEM, -1, "out of memory");

@@ -230,7 +230,8 @@ static bool retryable(const ag__tool *tool, const ag_config *cfg,
 
 static void report(ag_attempt_fn cb, void *user, int call_index,
                    const char *name, int attempt, ag_tool_status outcome,
-                   int64_t duration, int64_t retry_in, const char *message) {
+                   int64_t duration, int64_t retry_in, const char *message,
+                   size_t message_len) {
   if (cb == NULL)
     return;
   ag_attempt a;
@@ -241,6 +242,7 @@ static void report(ag_attempt_fn cb, void *user, int call_index,
   a.duration_ms = duration;
   a.retry_in_ms = retry_in;
   a.message = message != NULL ? message : "";
+  a.message_len = message != NULL ? message_len : 0;
   cb(user, &a);
 }
 
@@ -301,6 +303,14 @@ ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
     return AG_ENOMEM;
   }
 
+  /* The tool's environment, built once per call (docs/security.md). */
+  char **envp = NULL;
+  if (subprocess && ag__env_build(def->env, def->inherit_env, &envp) != AG_OK) {
+    ag__output_free(&o);
+    ag__output_free(&e);
+    return AG_ENOMEM;
+  }
+
   ag_err_t rc = AG_OK;
   attempt_result last = {AG_TOOL_OK, AG_CANCEL_NONE};
   /* The last failed attempt's message: in o or e, or in synth. */
@@ -347,9 +357,9 @@ ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
       ag__output_reset(&e);
       ag__proc_info info;
       memset(&info, 0, sizeof(info));
-      st =
-          ag__subprocess_run((const char *const *)tool->argv_copy, &def->limits,
-                             grace, args, args_len, tok, &o, &e, &info);
+      st = ag__subprocess_run_env((const char *const *)tool->argv_copy,
+                                  &def->limits, envp, grace, args, args_len,
+                                  tok, &o, &e, &info);
     } else if (def->fn != NULL) {
       st = def->fn(def->user, parsed, tok, &o);
     } else {
@@ -365,12 +375,13 @@ ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
 
     if (last.status == AG_TOOL_OK) {
       report(on_attempt, attempt_user, call_index, name, made, AG_TOOL_OK, dur,
-             -1, "");
+             -1, "", 0);
       break;
     }
     if (last.status == AG_TOOL_CANCELLED) {
+      const char *ct = cancel_text(last.cancel);
       report(on_attempt, attempt_user, call_index, name, made,
-             AG_TOOL_CANCELLED, dur, -1, cancel_text(last.cancel));
+             AG_TOOL_CANCELLED, dur, -1, ct, strlen(ct));
       break;
     }
 
@@ -413,7 +424,7 @@ ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
                  retryable(tool, cfg, last.status, o.transient, mtext, mlen);
     int64_t delay = again ? ag__retry_delay(cfg, made - 1, rng) : -1;
     report(on_attempt, attempt_user, call_index, name, made, last.status, dur,
-           delay, mtext);
+           delay, mtext, mlen);
     if (!again)
       break;
     ag_cancel_reason w = ag_cancel_wait(turn, delay);
@@ -465,6 +476,7 @@ ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
     }
   }
   out->duration_ms = ag_now_ms() - t0;
+  free(envp);
   ag__output_free(&o);
   ag__output_free(&e);
   if (rc != AG_OK) {

@@ -1,64 +1,84 @@
 /*
- * src/exec/subprocess.c - runs a subprocess tool: fork/exec in its own
- * process group, stdin fed from memory, stdout and stderr captured into
- * bounded buffers, the attempt's cancel token watched, the whole group
- * terminated on cancel, the child always reaped.
+ * src/exec/subprocess.c - runs a subprocess tool: a per-call supervisor
+ * process that forks the tool into its own process group and outlives it,
+ * stdin fed from memory, stdout and stderr captured into bounded buffers,
+ * the attempt's cancel token watched, and nothing of the tool left running
+ * afterwards - not its group, not what left the group, not even when the
+ * process running agentguard is SIGKILLed (docs/security.md#processes).
+ *
+ * Processes. runner (the calling thread) -> supervisor (a fork, no exec)
+ * -> tool (fork + exec). The supervisor is a child subreaper
+ * (PR_SET_CHILD_SUBREAPER): every process the tool starts and abandons -
+ * a background job, a double fork, a setsid daemon - is re-parented to it,
+ * not to init, so it can be found (/proc/self/task/<tid>/children, or a
+ * /proc scan) and killed. It kills the whole tree, reaps it and reports the
+ * tool's wait status when (1) the tool exits, (2) the runner sends CMD_KILL
+ * (the grace after SIGTERM ran out, or ag_cancel_force), (3) the lifeline
+ * reaches EOF or its parent-death signal (SIGHUP) comes: the runner's
+ * process is gone, however it died. The lifeline is a socketpair whose
+ * runner end exists only in the runner's process (close-on-exec; the
+ * supervisor closes every descriptor it does not need), so EOF is the
+ * kernel's word that the runner died. The tool has PR_SET_PDEATHSIG =
+ * SIGKILL on the supervisor (checked against getppid() for the race with
+ * an early death), so a killed supervisor takes the tool with it.
+ * Rejected: PR_SET_CHILD_SUBREAPER on the application's own process (a
+ * library must not make the application the parent of every orphan of
+ * every thread, nor reap for it); cgroups (need a writable cgroup v2
+ * delegation, which a library cannot count on; docs/security.md says what
+ * that leaves); PR_SET_PDEATHSIG alone (it reaches only the direct child).
  *
  * Spawning (spawn_child). Four pipes, all pipe2(O_CLOEXEC): stdin, stdout,
- * stderr and an "exec status" pipe. The calling thread blocks every signal
- * around fork() so no handler of the application can run in the child before
- * the child has reset it. Between fork and exec the child makes only
- * async-signal-safe calls (sigaction, setpgid, fcntl, dup2, close_range,
- * getrlimit/setrlimit - plain syscalls in glibc though not on POSIX's list -
- * and execvp, whose PATH search in glibc uses the stack, not malloc):
- * it starts its own process group, resets every signal disposition to the
- * default and unblocks the mask, moves the pipe ends onto 0/1/2, marks every
- * other inherited descriptor close-on-exec (a tool gets exactly stdin,
- * stdout and stderr, like Python's close_fds=True: a descriptor some other
- * part of the application opened without O_CLOEXEC never reaches a tool),
- * applies the rlimits and execs. A failure on that path writes {stage,
- * errno} (8 bytes, atomic on a pipe) to the status pipe and _exit(127)s. The
- * parent also calls setpgid(pid, pid) so the group exists whichever side
- * runs first.
+ * stderr and a status pipe, and the lifeline socketpair. The calling thread
+ * blocks every signal around fork() so no handler of the application can
+ * run in the supervisor or the tool; the supervisor keeps them all blocked
+ * and reads SIGCHLD and SIGHUP from a signalfd (it is single-threaded, and
+ * its signal state is its own), so a terminal's Ctrl-C never reaches it:
+ * the runner decides. The supervisor and the tool make only
+ * async-signal-safe calls (raw syscalls on stack buffers, no malloc) - they
+ * are forks of a possibly multi-threaded process. The tool, between fork
+ * and exec: starts its own process group, resets every signal disposition
+ * to the default and unblocks the mask, moves the pipe ends onto 0/1/2,
+ * marks every other inherited descriptor close-on-exec (a tool gets exactly
+ * stdin, stdout and stderr, like Python's close_fds=True), applies the
+ * rlimits and execs (execvpe with the environment ag__env_build made
+ * before the fork, or execvp; glibc's PATH search uses the stack). A
+ * failure on that path writes {stage, errno} (8 bytes, atomic on a pipe)
+ * to the status pipe and _exit(127)s; the supervisor writes {MSG_PID, pid}
+ * and, at the end, {MSG_EXIT, wait status}.
  *
- * The status pipe is never read with a blocking read. libuv blocks until
- * EOF, which comes at exec; but a fork() by another thread of the
- * application between our pipe2() and close() holds the write end until
- * *its* child execs, forever if it never does. Here the status pipe is read
- * once, non-blocking, after the child has been reaped: by then the child
- * has either exec'd (no bytes) or written its 8 bytes and exited.
+ * The status pipe is never read with a blocking read: a fork() by another
+ * thread of the application between our pipe2() and close() can hold the
+ * write end for as long as its child lives. It is read once, non-blocking,
+ * after the supervisor has been reaped: by then everything is in it.
  *
- * The loop (ag__subprocess_run). One poll() over: our stdin write end
+ * The loop (ag__subprocess_run_env). One poll() over: our stdin write end
  * (POLLOUT while input is left), stdout and stderr read ends, a pidfd of the
- * child (readable when it exits), and the cancel chain's eventfds until the
- * token fires. The poll timeout is the earliest of: the chain's deadline,
- * the SIGKILL time, the orphan grace; after each wake-up ag_cancel_check()
- * decides. All our pipe ends are non-blocking, so input is written in
- * whatever pieces the pipe takes, interleaved with reading: a child that
- * writes a lot before reading its stdin cannot deadlock us. Each stream is
- * read in bounded rounds so one chatty stream cannot starve the other, the
- * stdin writer or the cancel check.
+ * supervisor (readable when it exits), and the cancel chain's eventfds
+ * until the token fires. The poll timeout is the earliest of: the chain's
+ * deadline, the SIGKILL time (and every FORCE_POLL_MS during the grace, to
+ * see ag_cancel_force), the orphan grace; after each wake-up
+ * ag_cancel_check() decides. All our pipe ends are non-blocking, so input
+ * is written in whatever pieces the pipe takes, interleaved with reading: a
+ * child that writes a lot before reading its stdin cannot deadlock us. Each
+ * stream is read in bounded rounds so one chatty stream cannot starve the
+ * other, the stdin writer or the cancel check.
  *
  * Exit detection without SIGCHLD. A library must not install a SIGCHLD
  * handler (the application may own it), and signalfd needs SIGCHLD blocked
  * in every thread. A pidfd (pidfd_open, Linux 5.3) is a pollable, per-child,
  * close-on-exec descriptor: exit wakes the same poll() that watches the
  * pipes, at no cost. Where pidfd_open is missing (ENOSYS, seccomp) the loop
- * falls back to waitid(WNOHANG) at an interval of 1 ms doubling to 16 ms.
- * Either way the child is observed exiting without being reaped (pidfd, or
- * waitid's WNOWAIT): a zombie keeps its pid, so its process group id cannot
- * be reused while we may still send kill(-pgid); we reap last.
+ * falls back to waitid(WNOHANG | WNOWAIT) at an interval of 1 ms doubling to
+ * 16 ms. The supervisor, for its part, sees the tool exit through waitid
+ * with WNOWAIT, so the tool's pid - and with it its process group id -
+ * cannot be reused before the group has been killed.
  *
- * Termination. On cancel: kill(-pgid, SIGTERM), stdin closed, pipes still
- * drained; at cancel time + kill_grace_ms, kill(-pgid, SIGKILL). When the
- * direct child has exited but the pipes are still open (grandchildren
- * holding them; the tool's own exit, or after SIGTERM), we wait at most
- * ORPHAN_GRACE_MS more, then SIGKILL the group, read what is already in the
- * pipes and stop. After a normal exit with the pipes closed the group is not
- * signalled: a background process that let go of our pipes is the tool's
- * business. Once the child is dead and reaped nothing in the group can keep
- * us: a process that left the group and kept the pipes is abandoned after
- * the grace.
+ * Termination. On cancel: CMD_TERM (the supervisor sends SIGTERM to the
+ * tool's group), stdin closed, pipes still drained; at cancel time +
+ * kill_grace_ms, or at once after ag_cancel_force, CMD_KILL (SIGKILL to the
+ * whole tree). When the supervisor has exited the tree is dead; pipes still
+ * open then are held by something that escaped the tree entirely: we wait
+ * ORPHAN_GRACE_MS more, read what is already in the pipes and stop.
  *
  * Output caps. Each stream keeps at most cap - MARK_RESERVE bytes (the whole
  * cap when the cap is tiny); the rest is read and discarded, never stored.
@@ -96,15 +116,18 @@
  * large parent and reports exec errors itself, and SETSIGDEF, SETSIGMASK
  * and SETPGROUP cover the signal and group steps, but it cannot set rlimits
  * in the child (setting them in the parent around the spawn would race with
- * every other thread). Also rejected: a SIGCHLD handler or signalfd (the
- * application owns process-wide signal state); a blocking waitpid once the
- * pipes close (a child that closed stdout and kept running would make us
- * deaf to the cancel token).
+ * every other thread), and the supervisor must be a fork anyway. Also rejected:
+ * a SIGCHLD handler or signalfd (the application owns process-wide signal
+ * state); a blocking waitpid once the pipes close (a child that closed stdout
+ * and kept running would make us deaf to the cancel token).
  *
  * Limits of a library: if the application ignores SIGCHLD (or sets
- * SA_NOCLDWAIT) the kernel reaps the child itself and its exit status is
- * lost (reported as an error); an application thread calling waitpid(-1)
- * can steal the status the same way.
+ * SA_NOCLDWAIT) the kernel reaps the supervisor itself; its status report
+ * is still in the pipe (the supervisor resets SIGCHLD for its own
+ * children), but our final waitpid() then blocks until every child of the
+ * application has exited: ignoring SIGCHLD is not supported. An
+ * application thread calling waitpid(-1) can reap a supervisor too; the
+ * report still arrives.
  */
 #define _GNU_SOURCE /* pipe2, close_range flags, sigdescr_np, NSIG */
 
@@ -116,7 +139,10 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -130,17 +156,36 @@
 #endif
 
 enum {
-  READ_CHUNK = 16384,       /* bytes per read(); a stack buffer */
-  READS_PER_WAKE = 16,      /* read() calls per stream per wake-up */
-  WRITE_CHUNK = 65536,      /* bytes per write() to stdin */
-  ORPHAN_GRACE_MS = 50,     /* pipes open after the child exited */
-  MARK_RESERVE = 64,        /* room kept for the truncation mark */
-  CANCEL_FDS = 16,          /* eventfds of the cancel chain we poll */
-  FALLBACK_MAX_WAIT_MS = 16 /* no pidfd: longest sleep between waitid */
+  READ_CHUNK = 16384,        /* bytes per read(); a stack buffer */
+  READS_PER_WAKE = 16,       /* read() calls per stream per wake-up */
+  WRITE_CHUNK = 65536,       /* bytes per write() to stdin */
+  ORPHAN_GRACE_MS = 50,      /* pipes open after the child exited */
+  MARK_RESERVE = 64,         /* room kept for the truncation mark */
+  CANCEL_FDS = 16,           /* eventfds of the cancel chain we poll */
+  FALLBACK_MAX_WAIT_MS = 16, /* no pidfd: longest sleep between waitid */
+  FORCE_POLL_MS = 20,        /* in the grace: how often to look for a force */
+  STATUS_MSGS = 4            /* 8-byte messages read from the status pipe */
 };
 
-/* Where the child failed before exec; sent through the status pipe. */
-enum { STAGE_PGID = 1, STAGE_STDIO, STAGE_RLIMIT, STAGE_EXEC };
+/*
+ * Messages on the status pipe, {kind, value} as two ints (8 bytes, atomic on
+ * a pipe). The tool writes a stage and errno when it fails before exec; the
+ * supervisor writes SUP_FAILED when it cannot start the tool, MSG_PID once
+ * the tool is forked and MSG_EXIT with the tool's wait status at the end.
+ */
+enum {
+  STAGE_PGID = 1,
+  STAGE_STDIO,
+  STAGE_RLIMIT,
+  STAGE_EXEC,
+  STAGE_SUPERVISOR
+};
+enum { MSG_PID = 16, MSG_EXIT = 17 };
+
+/* Commands on the lifeline, from the runner to the supervisor. EOF (the
+ * runner's process died) means CMD_KILL. */
+#define CMD_TERM 'T' /* SIGTERM to the tool's process group */
+#define CMD_KILL 'K' /* SIGKILL to every process of the tool, then exit */
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -320,7 +365,13 @@ static void child_cloexec_rest(void) {
 }
 
 static void child_run(const char *const *argv, const ag_rlimits *limits,
-                      int stdio[3], int status_fd) {
+                      char *const *envp, int stdio[3], int status_fd,
+                      pid_t supervisor) {
+  /* Die with the supervisor, whatever kills it; if it is already gone the
+   * signal was missed, so look. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (getppid() != supervisor)
+    _exit(127);
   if (setpgid(0, 0) != 0)
     child_fail(status_fd, STAGE_PGID, errno);
 
@@ -371,15 +422,483 @@ static void child_run(const char *const *argv, const ag_rlimits *limits,
   sigemptyset(&none);
   pthread_sigmask(SIG_SETMASK, &none, NULL);
 
-  execvp(argv[0], (char *const *)argv);
+  if (envp != NULL)
+    execvpe(argv[0], (char *const *)argv, envp);
+  else
+    execvp(argv[0], (char *const *)argv);
   child_fail(status_fd, STAGE_EXEC, errno);
+}
+
+/* ---- the supervisor, between the runner and the tool -------------------- */
+
+/*
+ * Everything here runs in a forked copy of a possibly multi-threaded
+ * process, so it makes only async-signal-safe calls: raw syscalls on stack
+ * buffers, no malloc, no stdio.
+ */
+
+static void sup_write_msg(int fd, int kind, int value) {
+  int msg[2] = {kind, value};
+  ssize_t r;
+  do
+    r = write(fd, msg, sizeof(msg));
+  while (r < 0 && errno == EINTR);
+}
+
+/* Closes every descriptor but the `n` in keep[] (ascending). */
+static void sup_close_others(const int *keep, int n) {
+  int lo = 0;
+  for (int i = 0; i <= n; i++) {
+    int hi = i < n ? keep[i] - 1 : INT_MAX;
+    if (hi >= lo) {
+#ifdef SYS_close_range
+      if (syscall(SYS_close_range, (unsigned)lo, (unsigned)hi, 0U) == 0) {
+        lo = i < n ? keep[i] + 1 : lo;
+        continue;
+      }
+#endif
+      struct rlimit rl;
+      int max = 65536;
+      if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+          rl.rlim_cur < (rlim_t)max)
+        max = (int)rl.rlim_cur;
+      for (int fd = lo; fd <= hi && fd < max; fd++)
+        close(fd);
+    }
+    if (i < n)
+      lo = keep[i] + 1;
+  }
+}
+
+static int sup_open(const char *path, int flags) {
+  int fd;
+  do
+    fd = open(path, flags | O_CLOEXEC);
+  while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+/* Writes the decimal digits of v (> 0) at p; returns the end. */
+static char *sup_utoa(char *p, unsigned long v) {
+  char tmp[24];
+  int n = 0;
+  do {
+    tmp[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  while (n > 0)
+    *p++ = tmp[--n];
+  return p;
+}
+
+/*
+ * SIGKILLs every child of this process listed in /proc/self/task/<tid>/
+ * children (the tool, and every orphan of its tree re-parented to us as
+ * the subreaper). Returns how many were signalled, or -1 when the list
+ * cannot be read (no /proc, or a kernel without CONFIG_PROC_CHILDREN); then
+ * sup_kill_by_scan is tried.
+ */
+static int sup_kill_children(void) {
+  char path[64] = "/proc/self/task/";
+  char *p = sup_utoa(path + strlen(path), (unsigned long)getpid());
+  memcpy(p, "/children", sizeof("/children"));
+  int fd = sup_open(path, O_RDONLY);
+  if (fd < 0)
+    return -1;
+  char buf[512];
+  unsigned long pid = 0;
+  bool in_num = false;
+  int n = 0;
+  for (;;) {
+    ssize_t r = read(fd, buf, sizeof(buf));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0) {
+      close(fd);
+      return n > 0 ? n : -1;
+    }
+    for (ssize_t i = 0; i <= r; i++) {
+      bool digit = i < r && buf[i] >= '0' && buf[i] <= '9';
+      if (digit) {
+        pid = pid * 10 + (unsigned long)(buf[i] - '0');
+        in_num = true;
+      } else if (in_num && (i < r || r == 0)) {
+        kill((pid_t)pid, SIGKILL);
+        n++;
+        pid = 0;
+        in_num = false;
+      }
+    }
+    if (r == 0)
+      break;
+  }
+  close(fd);
+  return n;
+}
+
+/* The same over every /proc/<pid>/stat whose parent is us. Returns how many
+ * were signalled, or -1 without /proc. */
+static int sup_kill_by_scan(void) {
+  int dfd = sup_open("/proc", O_RDONLY | O_DIRECTORY);
+  if (dfd < 0)
+    return -1;
+  pid_t self = getpid();
+  char ents[4096];
+  int n = 0;
+  for (;;) {
+    long got = syscall(SYS_getdents64, dfd, ents, sizeof(ents));
+    if (got <= 0)
+      break;
+    for (long off = 0; off < got;) {
+      /* struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name */
+      unsigned short reclen;
+      memcpy(&reclen, ents + off + 16, sizeof(reclen));
+      const char *name = ents + off + 19;
+      off += reclen;
+      if (name[0] < '1' || name[0] > '9')
+        continue;
+      char path[64] = "/proc/";
+      size_t k = strlen(path);
+      for (size_t j = 0; name[j] != '\0' && k < 40; j++)
+        path[k++] = name[j];
+      memcpy(path + k, "/stat", sizeof("/stat"));
+      int fd = sup_open(path, O_RDONLY);
+      if (fd < 0)
+        continue;
+      char st[512];
+      ssize_t r;
+      do
+        r = read(fd, st, sizeof(st) - 1);
+      while (r < 0 && errno == EINTR);
+      close(fd);
+      if (r <= 0)
+        continue;
+      st[r] = '\0';
+      /* "pid (comm) S ppid ...": comm may hold anything, so the last ')'. */
+      char *rp = NULL;
+      for (ssize_t j = 0; j < r; j++)
+        if (st[j] == ')')
+          rp = st + j;
+      if (rp == NULL || rp[1] != ' ' || rp[2] == '\0' || rp[3] != ' ')
+        continue;
+      unsigned long ppid = 0;
+      for (const char *q = rp + 4; *q >= '0' && *q <= '9'; q++)
+        ppid = ppid * 10 + (unsigned long)(*q - '0');
+      if (ppid == (unsigned long)self) {
+        unsigned long pid = 0;
+        for (const char *q = name; *q >= '0' && *q <= '9'; q++)
+          pid = pid * 10 + (unsigned long)(*q - '0');
+        kill((pid_t)pid, SIGKILL);
+        n++;
+      }
+    }
+  }
+  close(dfd);
+  return n;
+}
+
+/*
+ * Kills the tool's whole tree and reaps it: SIGKILL to the tool's group
+ * (while the tool is unreaped its pid keeps the group id from being
+ * reused), then rounds of SIGKILL to every child we have - orphans that
+ * left the group, even with setsid, were re-parented to us - and a
+ * blocking reap, until no child is left. Killing a process hands its own
+ * children to us, so the rounds go down the tree. *tool_status gets the
+ * tool's wait status when it is reaped here.
+ */
+static void sup_kill_tree(pid_t tool, bool *tool_reaped, int *tool_status) {
+  bool enumerable = true;
+  for (;;) {
+    if (!*tool_reaped)
+      kill(-tool, SIGKILL);
+    if (enumerable) {
+      int k = sup_kill_children();
+      if (k < 0)
+        k = sup_kill_by_scan();
+      enumerable = k >= 0;
+    }
+    int ws = 0;
+    pid_t w;
+    /* Without a way to list our children a blocking wait could wait for a
+     * re-parented process nobody killed: only reap what is dead. */
+    do
+      w = waitpid(-1, &ws, enumerable || !*tool_reaped ? 0 : WNOHANG);
+    while (w < 0 && errno == EINTR);
+    if (w == tool) {
+      *tool_reaped = true;
+      *tool_status = ws;
+    }
+    if (w < 0 || (w == 0 && !enumerable))
+      return; /* ECHILD: nothing left */
+  }
+}
+
+/*
+ * fork() from the supervisor. glibc's fork() runs the application's
+ * pthread_atfork handlers, which may take locks another thread of the
+ * original process held when the supervisor was forked: they would never
+ * be released here. _Fork (glibc 2.34, async-signal-safe) runs none.
+ * Sanitizer builds keep fork(): their runtimes must see every fork.
+ */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SUP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SUP_SANITIZED 1
+#endif
+#endif
+
+static pid_t sup_fork(void) {
+#if defined(__GLIBC__) &&                                                      \
+    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34)) &&            \
+    !defined(SUP_SANITIZED)
+  return _Fork();
+#else
+  return fork();
+#endif
+}
+
+/*
+ * The supervisor: a small process per call, forked by the runner, which
+ * forks the tool and outlives it. It is the tool's child subreaper, so
+ * whatever the tool leaves behind - background jobs, double forks, setsid
+ * daemons - is re-parented to it and killed with the tool. It watches:
+ *   - the lifeline, a socket whose other end only the runner holds: CMD_TERM
+ *     and CMD_KILL, and EOF when the runner's process dies however it dies
+ *     (SIGKILL included), which kills the tree;
+ *   - a signalfd for SIGCHLD (the tool exited: kill what is left of its
+ *     tree, reap everything, report the tool's status, exit) and SIGHUP,
+ *     which is also its parent-death signal (then getppid() changed).
+ * Every signal stays blocked (the runner's thread blocked them around fork),
+ * so a Ctrl-C on the terminal does not reach it; the runner decides.
+ */
+static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
+                           char *const *envp, int stdio[3], int status_fd,
+                           int life_fd, pid_t runner) {
+  prctl(PR_SET_PDEATHSIG, SIGHUP, 0, 0, 0);
+  if (getppid() != runner)
+    _exit(127); /* the runner is already gone: start nothing */
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+    sup_write_msg(status_fd, STAGE_SUPERVISOR, errno);
+    _exit(127);
+  }
+  /* An application that ignores SIGCHLD would have our children reaped
+   * behind our back, and one run under nohup would discard our
+   * parent-death signal: both back to the default (they stay blocked and
+   * are read from the signalfd). */
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGCHLD, &dfl, NULL);
+  sigaction(SIGHUP, &dfl, NULL);
+
+  int keep[5] = {stdio[0], stdio[1], stdio[2], status_fd, life_fd};
+  for (int i = 1; i < 5; i++) /* insertion sort: five numbers */
+    for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
+      int t = keep[j];
+      keep[j] = keep[j - 1];
+      keep[j - 1] = t;
+    }
+  sup_close_others(keep, 5);
+
+  sigset_t watch;
+  sigemptyset(&watch);
+  sigaddset(&watch, SIGCHLD);
+  sigaddset(&watch, SIGHUP);
+  int sfd = signalfd(-1, &watch, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sfd < 0) {
+    sup_write_msg(status_fd, STAGE_SUPERVISOR, errno);
+    _exit(127);
+  }
+
+  pid_t self = getpid();
+  pid_t tool = sup_fork();
+  if (tool == 0) {
+    close(sfd);
+    close(life_fd);
+    child_run(argv, limits, envp, stdio, status_fd, self);
+    _exit(127); /* not reached */
+  }
+  if (tool < 0) {
+    sup_write_msg(status_fd, STAGE_SUPERVISOR, errno);
+    _exit(127);
+  }
+  setpgid(tool, tool); /* also here, so the group exists before a kill */
+  sup_write_msg(status_fd, MSG_PID, (int)tool);
+  for (int i = 0; i < 3; i++)
+    close(stdio[i]);
+
+  bool reaped = false, done = false;
+  int status = 0;
+  while (!done) {
+    struct pollfd pfd[2] = {{life_fd, POLLIN, 0}, {sfd, POLLIN, 0}};
+    int r = poll(pfd, life_fd >= 0 ? 2 : 1, -1);
+    if (r < 0 && errno != EINTR && errno != EAGAIN)
+      break; /* cannot watch any more: kill and go */
+    if (life_fd >= 0 && pfd[0].revents != 0) {
+      char cmd[64];
+      ssize_t n = read(life_fd, cmd, sizeof(cmd));
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+        break; /* the runner is gone */
+      for (ssize_t i = 0; i < n; i++) {
+        if (cmd[i] == CMD_TERM && !reaped)
+          kill(-tool, SIGTERM);
+        else if (cmd[i] == CMD_KILL)
+          done = true;
+      }
+    }
+    if (pfd[1].revents != 0) {
+      struct signalfd_siginfo si;
+      while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+        if (si.ssi_signo == SIGHUP && getppid() != runner)
+          done = true; /* parent-death signal */
+      }
+    }
+    /* Did the tool exit? Looked at without reaping, so its group id stays
+     * ours until the group is killed. */
+    siginfo_t wi;
+    memset(&wi, 0, sizeof(wi));
+    if (waitid(P_PID, (id_t)tool, &wi, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        wi.si_pid == tool)
+      done = true;
+    /* Reap re-parented orphans that died on their own. */
+    for (;;) {
+      memset(&wi, 0, sizeof(wi));
+      if (waitid(P_ALL, 0, &wi, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+          wi.si_pid == 0 || wi.si_pid == tool)
+        break;
+      waitpid(wi.si_pid, NULL, 0);
+    }
+  }
+  sup_kill_tree(tool, &reaped, &status);
+  if (reaped)
+    sup_write_msg(status_fd, MSG_EXIT, status);
+  _exit(0);
+}
+
+/* ---- the tool's environment --------------------------------------------- */
+
+extern char **environ;
+
+/* What every tool gets from agentguard's environment, when set. */
+static const char *const base_env[] = {"PATH", "HOME", "LANG", "TERM",
+                                       "TMPDIR"};
+#define N_BASE_ENV (sizeof(base_env) / sizeof(base_env[0]))
+
+bool ag__env_entry_valid(const char *entry, size_t *name_len) {
+  if (entry == NULL)
+    return false;
+  size_t i = 0;
+  for (; entry[i] != '\0' && entry[i] != '='; i++) {
+    char ch = entry[i];
+    bool ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+              ch == '_' || (i > 0 && ch >= '0' && ch <= '9');
+    if (!ok || i >= AG__ENV_NAME_MAX)
+      return false;
+  }
+  if (name_len != NULL)
+    *name_len = i;
+  return i > 0;
+}
+
+typedef struct env_item {
+  const char *name; /* not NUL-terminated at name_len */
+  size_t name_len;
+  const char *value; /* NUL-terminated */
+} env_item;
+
+/* Sets name=value in items (replacing an earlier entry of that name). */
+static void env_put(env_item *items, size_t *n, const char *name,
+                    size_t name_len, const char *value) {
+  for (size_t i = 0; i < *n; i++) {
+    if (items[i].name_len == name_len &&
+        memcmp(items[i].name, name, name_len) == 0) {
+      items[i].value = value;
+      return;
+    }
+  }
+  items[*n].name = name;
+  items[*n].name_len = name_len;
+  items[*n].value = value;
+  (*n)++;
+}
+
+/* The process's value of name[0..len), or NULL. */
+static const char *env_lookup(const char *name, size_t len) {
+  for (char **e = environ; e != NULL && *e != NULL; e++) {
+    if (strncmp(*e, name, len) == 0 && (*e)[len] == '=')
+      return *e + len + 1;
+  }
+  return NULL;
+}
+
+ag_err_t ag__env_build(const char *const *extra, bool inherit, char ***out) {
+  *out = NULL;
+  size_t n_inherit = 0, n_extra = 0;
+  if (inherit)
+    for (char **e = environ; e != NULL && *e != NULL; e++)
+      n_inherit++;
+  if (extra != NULL)
+    while (extra[n_extra] != NULL)
+      n_extra++;
+  size_t cap = (inherit ? n_inherit : N_BASE_ENV) + n_extra;
+  env_item *items = malloc((cap > 0 ? cap : 1) * sizeof(*items));
+  if (items == NULL)
+    return AG_ENOMEM;
+  size_t n = 0;
+  if (inherit) {
+    for (char **e = environ; e != NULL && *e != NULL; e++) {
+      const char *eq = strchr(*e, '=');
+      if (eq != NULL && eq > *e)
+        env_put(items, &n, *e, (size_t)(eq - *e), eq + 1);
+    }
+  } else {
+    for (size_t i = 0; i < N_BASE_ENV; i++) {
+      size_t len = strlen(base_env[i]);
+      const char *v = env_lookup(base_env[i], len);
+      if (v != NULL)
+        env_put(items, &n, base_env[i], len, v);
+    }
+  }
+  for (size_t i = 0; i < n_extra; i++) {
+    size_t len;
+    if (!ag__env_entry_valid(extra[i], &len))
+      continue; /* the registry refused these already */
+    const char *v =
+        extra[i][len] == '=' ? extra[i] + len + 1 : env_lookup(extra[i], len);
+    if (v != NULL)
+      env_put(items, &n, extra[i], len, v);
+  }
+  size_t bytes = (n + 1) * sizeof(char *);
+  for (size_t i = 0; i < n; i++)
+    bytes += items[i].name_len + 1 + strlen(items[i].value) + 1;
+  char **envp = malloc(bytes);
+  if (envp == NULL) {
+    free(items);
+    return AG_ENOMEM;
+  }
+  char *p = (char *)(envp + n + 1);
+  for (size_t i = 0; i < n; i++) {
+    envp[i] = p;
+    memcpy(p, items[i].name, items[i].name_len);
+    p += items[i].name_len;
+    *p++ = '=';
+    size_t vl = strlen(items[i].value);
+    memcpy(p, items[i].value, vl + 1);
+    p += vl + 1;
+  }
+  envp[n] = NULL;
+  free(items);
+  *out = envp;
+  return AG_OK;
 }
 
 /* ---- the parent --------------------------------------------------------- */
 
 typedef struct child {
-  pid_t pid;
-  int in_fd, out_fd, err_fd, status_fd, pidfd;
+  pid_t pid; /* the supervisor */
+  int in_fd, out_fd, err_fd, status_fd, life_fd, pidfd;
 } child;
 
 static int make_pipe(int p[2]) {
@@ -390,37 +909,43 @@ static int make_pipe(int p[2]) {
   return r;
 }
 
-/* Forks and execs. Returns 0, or an errno value with nothing left open. */
+/* Forks the supervisor, which forks and execs the tool. Returns 0, or an
+ * errno value with nothing left open. */
 static int spawn_child(const char *const *argv, const ag_rlimits *limits,
-                       child *c) {
-  int p[4][2] = {{-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}};
+                       char *const *envp, child *c) {
+  int p[5][2] = {{-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}};
   int e = 0;
   for (int i = 0; i < 4 && e == 0; i++) {
     if (make_pipe(p[i]) != 0)
       e = errno;
   }
+  /* The lifeline is a socket so that a command sent after the supervisor
+   * died is EPIPE without SIGPIPE (send with MSG_NOSIGNAL). */
+  if (e == 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p[4]) != 0)
+    e = errno;
   /* Our ends; the child's ends stay blocking. */
   for (int i = 0; i < 3 && e == 0; i++) {
     if (set_nonblock(i == 0 ? p[0][1] : p[i][0]) != 0)
       e = errno;
   }
-  if (e == 0 && set_nonblock(p[3][0]) != 0)
+  if (e == 0 && (set_nonblock(p[3][0]) != 0 || set_nonblock(p[4][1]) != 0))
     e = errno;
   if (e != 0) {
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
       close_fd(&p[i][0]);
       close_fd(&p[i][1]);
     }
     return e;
   }
 
+  pid_t runner = getpid();
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   pid_t pid = fork();
   if (pid == 0) {
     int stdio[3] = {p[0][0], p[1][1], p[2][1]};
-    child_run(argv, limits, stdio, p[3][1]);
+    supervisor_run(argv, limits, envp, stdio, p[3][1], p[4][0], runner);
     _exit(127); /* not reached */
   }
   e = pid < 0 ? errno : 0;
@@ -430,22 +955,22 @@ static int spawn_child(const char *const *argv, const ag_rlimits *limits,
   close_fd(&p[1][1]);
   close_fd(&p[2][1]);
   close_fd(&p[3][1]);
+  close_fd(&p[4][0]);
   if (pid < 0) {
     close_fd(&p[0][1]);
     close_fd(&p[1][0]);
     close_fd(&p[2][0]);
     close_fd(&p[3][0]);
+    close_fd(&p[4][1]);
     return e;
   }
-  /* Also here, so the group exists before we might signal it; EACCES once
-   * the child has exec'd means it already did this itself. */
-  setpgid(pid, pid);
 
   c->pid = pid;
   c->in_fd = p[0][1];
   c->out_fd = p[1][0];
   c->err_fd = p[2][0];
   c->status_fd = p[3][0];
+  c->life_fd = p[4][1];
   c->pidfd = -1;
 #ifdef SYS_pidfd_open
   long pfd = syscall(SYS_pidfd_open, (long)pid, 0L); /* always O_CLOEXEC */
@@ -455,10 +980,14 @@ static int spawn_child(const char *const *argv, const ag_rlimits *limits,
   return 0;
 }
 
-/* Sends sig to the child's group (to the child alone if it has none yet). */
-static void signal_group(pid_t pid, int sig) {
-  if (kill(-pid, sig) != 0 && errno == ESRCH)
-    kill(pid, sig);
+/* Sends a command to the supervisor; a dead supervisor needs none. */
+static void send_cmd(child *c, char cmd) {
+  if (c->life_fd < 0)
+    return;
+  ssize_t r;
+  do
+    r = send(c->life_fd, &cmd, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (r < 0 && errno == EINTR);
 }
 
 /* Without a pidfd: whether the child has exited, without reaping it. */
@@ -575,6 +1104,8 @@ static const char *stage_text(int stage) {
     return "cannot set up stdin/stdout/stderr for";
   case STAGE_RLIMIT:
     return "cannot apply the resource limits to";
+  case STAGE_SUPERVISOR:
+    return "cannot start the supervisor of";
   default:
     return "cannot run";
   }
@@ -594,6 +1125,16 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
                                   size_t input_len, ag_cancel *cancel,
                                   ag_output *out, ag_output *err,
                                   ag__proc_info *info) {
+  return ag__subprocess_run_env(argv, limits, NULL, kill_grace_ms, input,
+                                input_len, cancel, out, err, info);
+}
+
+ag_tool_status ag__subprocess_run_env(const char *const *argv,
+                                      const ag_rlimits *limits,
+                                      char *const *envp, int64_t kill_grace_ms,
+                                      const char *input, size_t input_len,
+                                      ag_cancel *cancel, ag_output *out,
+                                      ag_output *err, ag__proc_info *info) {
   ag__proc_info local_info;
   if (info == NULL)
     info = &local_info;
@@ -623,7 +1164,7 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
     sigpipe_block(&sp);
 
   child c;
-  int e = spawn_child(argv, limits, &c);
+  int e = spawn_child(argv, limits, envp, &c);
   if (e != 0) {
     sigpipe_restore(&sp);
     info->exec_failed = true;
@@ -640,6 +1181,8 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
   if (in_left == 0)
     close_fd(&c.in_fd);
 
+  /* `exited`: the supervisor exited, i.e. the tool exited and every process
+   * of its tree is dead and reaped (or the supervisor was killed). */
   bool exited = false, sent_kill = false;
   int64_t exit_at = 0, kill_at = INT64_MAX;
   int64_t fallback_wait = 1;
@@ -653,24 +1196,25 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
     if (reason == AG_CANCEL_NONE && cancel != NULL) {
       reason = ag_cancel_check(cancel, now);
       if (reason != AG_CANCEL_NONE) {
-        signal_group(c.pid, SIGTERM);
+        send_cmd(&c, CMD_TERM);
         info->killed = true;
         kill_at = add_ms(now, kill_grace_ms);
         close_fd(&c.in_fd); /* the input no longer matters */
       }
     }
+    if (reason != AG_CANCEL_NONE && !sent_kill && ag__cancel_forced(cancel))
+      kill_at = now; /* a second Ctrl-C: no grace */
     if (!exited && c.pidfd < 0 && exited_nowait(c.pid)) {
       exited = true;
       exit_at = now;
     }
-    if (!sent_kill && (now >= kill_at ||
-                       (exited && now >= add_ms(exit_at, ORPHAN_GRACE_MS)))) {
-      signal_group(c.pid, SIGKILL);
+    if (!sent_kill && !exited && now >= kill_at) {
+      send_cmd(&c, CMD_KILL);
       sent_kill = true;
     }
-    if (sent_kill && exited) {
-      /* Whatever still holds the pipes is not coming back: take what is
-       * buffered and stop. */
+    if (exited && now >= add_ms(exit_at, ORPHAN_GRACE_MS)) {
+      /* Every process of the tree is gone; whatever still holds the pipes
+       * escaped it (see docs/security.md). Take what is buffered and stop. */
       stream_read(&so, buf, READS_PER_WAKE);
       stream_read(&se, buf, READS_PER_WAKE);
       close_fd(&c.out_fd);
@@ -710,10 +1254,11 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
       wake = deadline;
       if (ncfds == CANCEL_FDS) /* a longer chain than we watch */
         wake = min64(wake, add_ms(now, 50));
-    } else if (!sent_kill) {
-      wake = kill_at;
+    } else if (!sent_kill && !exited) {
+      /* In the grace: until SIGKILL, looking for a force meanwhile. */
+      wake = min64(kill_at, add_ms(now, FORCE_POLL_MS));
     }
-    if (exited && !sent_kill)
+    if (exited)
       wake = min64(wake, add_ms(exit_at, ORPHAN_GRACE_MS));
     if (!exited && c.pidfd < 0) {
       wake = min64(wake, add_ms(now, fallback_wait));
@@ -727,8 +1272,9 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN)
         continue;
-      /* ENOMEM: we cannot watch the child any more; end it. */
-      signal_group(c.pid, SIGKILL);
+      /* ENOMEM: we cannot watch the tool any more; end it. Closing the
+       * lifeline makes the supervisor kill the tree and exit. */
+      send_cmd(&c, CMD_KILL);
       sent_kill = true;
       exited = true;
       close_fd(&c.out_fd);
@@ -771,20 +1317,42 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
   close_fd(&c.in_fd);
   sigpipe_restore(&sp);
 
-  int wstatus = 0;
+  /* Closing the lifeline is the last word: a supervisor still running
+   * (only after poll failed) kills the tree and exits. */
+  close_fd(&c.life_fd);
+  int sup_status = 0;
   pid_t w;
   do
-    w = waitpid(c.pid, &wstatus, 0);
+    w = waitpid(c.pid, &sup_status, 0);
   while (w < 0 && errno == EINTR);
-  bool have_status = w == c.pid;
   close_fd(&c.pidfd);
 
-  int msg[2] = {0, 0};
+  int msg[STATUS_MSGS][2];
   ssize_t got;
   do
     got = read(c.status_fd, msg, sizeof(msg));
   while (got < 0 && errno == EINTR);
   close_fd(&c.status_fd);
+
+  bool have_status = false;
+  int wstatus = 0, stage = 0, stage_errno = 0;
+  pid_t tool = 0;
+  for (ssize_t k = 0; got > 0 && k < got / (ssize_t)sizeof(msg[0]); k++) {
+    if (msg[k][0] == MSG_EXIT) {
+      have_status = true;
+      wstatus = msg[k][1];
+    } else if (msg[k][0] == MSG_PID) {
+      tool = (pid_t)msg[k][1];
+    } else if (stage == 0) {
+      stage = msg[k][0];
+      stage_errno = msg[k][1];
+    }
+  }
+  if (!have_status && tool > 0) {
+    /* The supervisor died without a word: someone killed it. The tool died
+     * with it (its parent-death signal); its group may not have. */
+    kill(-tool, SIGKILL);
+  }
 
   stream_finish(&so);
   stream_finish(&se);
@@ -793,23 +1361,31 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
     info->exit_code = WEXITSTATUS(wstatus);
   else if (have_status && WIFSIGNALED(wstatus))
     info->term_signal = WTERMSIG(wstatus);
-  if (got == (ssize_t)sizeof(msg)) {
+  if (stage != 0) {
     info->exec_failed = true;
-    info->exec_errno = msg[1];
+    info->exec_errno = stage_errno;
   }
 
   if (reason != AG_CANCEL_NONE)
     return cancel_status(reason);
   if (info->exec_failed) {
-    write_failure(err, stage_text(msg[0]), argv[0], msg[1]);
+    write_failure(err, stage_text(stage), argv[0], stage_errno);
     return AG_TOOL_ERROR;
   }
   if (!have_status) {
-    if (err != NULL && err->len == 0)
-      ag_output_printf(err,
-                       "exit status of '%s' unavailable (was the child "
-                       "reaped elsewhere? SIGCHLD ignored?)",
-                       argv[0]);
+    if (err != NULL && err->len == 0) {
+      if (w == c.pid && WIFSIGNALED(sup_status))
+        ag_output_printf(err,
+                         "the supervisor of '%s' was killed by signal %d "
+                         "(%s); the tool was killed with it",
+                         argv[0], WTERMSIG(sup_status),
+                         signal_text(WTERMSIG(sup_status)));
+      else
+        ag_output_printf(err,
+                         "exit status of '%s' unavailable (was the child "
+                         "reaped elsewhere? SIGCHLD ignored?)",
+                         argv[0]);
+    }
     return AG_TOOL_ERROR;
   }
   if (info->exit_code == 0)

@@ -161,10 +161,33 @@ static void terminate(char *buf, size_t cap) {
   buf[cap - 1] = '\0';
 }
 
+extern char **environ;
+
+/* Rewrites buf (a NUL-terminated string in cap bytes) with its credentials
+ * redacted (src/core/redact.c); a result longer than cap is cut. */
+static void redact_field(char *buf, size_t cap, const ag__secret *sec,
+                         size_t n) {
+  size_t len = strlen(buf);
+  if (!ag__redact_needed(buf, len, sec, n))
+    return;
+  char tmp[sizeof(((ag_provider_error *)0)->details)];
+  if (len >= sizeof(tmp))
+    len = sizeof(tmp) - 1;
+  memcpy(tmp, buf, len);
+  ag__redact(tmp, len, sec, n, buf, cap);
+}
+
 static void sanitize_perr(const ag_provider *p, ag_provider_error *perr) {
   terminate(perr->service, sizeof(perr->service));
   terminate(perr->message, sizeof(perr->message));
   terminate(perr->details, sizeof(perr->details));
+  /* A provider's error may quote the request's Authorization header or
+   * the key itself: never pass one on (docs/security.md#secrets). */
+  ag__secret sec[AG__SECRETS_MAX];
+  size_t n = ag__secrets_from_env(environ, sec, AG__SECRETS_MAX);
+  redact_field(perr->service, sizeof(perr->service), sec, n);
+  redact_field(perr->message, sizeof(perr->message), sec, n);
+  redact_field(perr->details, sizeof(perr->details), sec, n);
   if (perr->retry_after_ms < -1)
     perr->retry_after_ms = -1;
   if (perr->service[0] == '\0')

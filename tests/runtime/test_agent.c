@@ -223,6 +223,17 @@ static ag_tool_status bytes_tool(void *user, const json_t *args,
   return AG_TOOL_OK;
 }
 
+/* An error whose text holds a NUL byte. */
+static ag_tool_status nul_error_tool(void *user, const json_t *args,
+                                     ag_cancel *cancel, ag_output *out) {
+  (void)user;
+  (void)args;
+  (void)cancel;
+  count_run();
+  ag_output_write(out, "before\0after", 12);
+  return AG_TOOL_ERROR;
+}
+
 static void add_tool(ag_registry *reg, const char *name, ag_tool_fn fn,
                      bool approval) {
   ag_tool_def d;
@@ -334,6 +345,7 @@ static void setup_with(const ag_config *cfg, const char *turns, setup_opts so) {
     add_tool(H.reg, "echo", echo_tool, false);
     add_tool(H.reg, "fail", fail_tool, false);
     add_tool(H.reg, "hang", hang_tool, false);
+    add_tool(H.reg, "nul_error", nul_error_tool, false);
     add_tool(H.reg, "poll", poll_tool, false);
     add_tool(H.reg, "same", same_tool, false);
     add_tool(H.reg, "task_complete", complete_tool, false);
@@ -1309,6 +1321,32 @@ Test(agent, every_event_has_common_fields_and_turn_end_is_last) {
   ASSERT_OUTCOME(o, AG_TURN_FAILED, "model_error");
   ag_turn_outcome_clear(&o);
   assert_events_well_formed(3);
+  teardown();
+}
+
+/* Issue 10, finding 11: the attempt's message was cut at the first NUL
+ * while the result kept the whole text. */
+Test(agent, tool_attempt_message_keeps_nul_bytes_like_tool_result) {
+  ag_config cfg = preset("default");
+  setup(&cfg, "[{\"model\": [{\"tool_calls\": [{\"name\": \"nul_error\", "
+              "\"arguments\": {}}]}, {\"text\": \"ok\"}]}]");
+  ag_turn_outcome o = run("x");
+  ASSERT_OUTCOME(o, AG_TURN_COMPLETED, "final_answer");
+  ag_turn_outcome_clear(&o);
+  json_t *att = events_named("tool_attempt");
+  json_t *res = events_named("tool_result");
+  cr_assert_eq(json_array_size(att), 1);
+  cr_assert_eq(json_array_size(res), 1);
+  json_t *msg = json_object_get(json_array_get(att, 0), "message");
+  json_t *text = json_object_get(json_array_get(res, 0), "text");
+  cr_assert_eq(json_string_length(text), 12, "tool_result.text is %zu bytes",
+               json_string_length(text));
+  cr_expect_eq(json_string_length(msg), 12,
+               "tool_attempt.message is %zu bytes, tool_result.text %zu",
+               json_string_length(msg), json_string_length(text));
+  cr_expect(json_equal(msg, text), "message and text differ");
+  json_decref(att);
+  json_decref(res);
   teardown();
 }
 

@@ -19,6 +19,8 @@
  * the child is built with the same sanitizers as the test.
  */
 #include <criterion/criterion.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -97,12 +99,10 @@ static void no_sanitizer_report(const result *r) {
     }
 }
 
-/*
- * Runs the program with `args` (NULL-terminated, without the program name),
- * in DIR. When interrupt_ms >= 0, sends SIGINT after that many ms.
- */
-static result run_full(const char *const *args, int interrupt_ms,
-                       const char *stdout_to) {
+/* Starts the program with `args` (NULL-terminated, without the program
+ * name) in DIR, stdout to `stdout_to` (NULL: a file) and stderr to a file;
+ * collect_to() waits for it. */
+static pid_t spawn_to(const char *const *args, const char *stdout_to) {
   char out_path[128], err_path[128];
   snprintf(out_path, sizeof out_path, "%s/.stdout", dir);
   snprintf(err_path, sizeof err_path, "%s/.stderr", dir);
@@ -127,15 +127,18 @@ static result run_full(const char *const *args, int interrupt_ms,
     dup2(o, 1);
     dup2(e, 2);
     signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
     execv(BIN, (char *const *)argv);
     _exit(127);
   }
-  if (interrupt_ms >= 0) {
-    struct timespec ts = {interrupt_ms / 1000,
-                          (long)(interrupt_ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-    kill(pid, SIGINT);
-  }
+  return pid;
+}
+
+static result collect_to(pid_t pid, const char *stdout_to) {
+  char out_path[128], err_path[128];
+  snprintf(out_path, sizeof out_path, "%s/.stdout", dir);
+  snprintf(err_path, sizeof err_path, "%s/.stderr", dir);
   int st;
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }
@@ -145,6 +148,31 @@ static result run_full(const char *const *args, int interrupt_ms,
   r.err = slurp(err_path);
   no_sanitizer_report(&r);
   return r;
+}
+
+static pid_t spawn_prog(const char *const *args) {
+  return spawn_to(args, NULL);
+}
+
+static result collect(pid_t pid) {
+  return collect_to(pid, NULL);
+}
+
+/*
+ * Runs the program with `args` (NULL-terminated, without the program name),
+ * in DIR, stdout to `stdout_to` (NULL: captured). When interrupt_ms >= 0,
+ * sends SIGINT after that many ms.
+ */
+static result run_full(const char *const *args, int interrupt_ms,
+                       const char *stdout_to) {
+  pid_t pid = spawn_to(args, stdout_to);
+  if (interrupt_ms >= 0) {
+    struct timespec ts = {interrupt_ms / 1000,
+                          (long)(interrupt_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGINT);
+  }
+  return collect_to(pid, stdout_to);
 }
 
 static result run_sig(const char *const *args, int interrupt_ms) {
@@ -240,6 +268,32 @@ Test(cli, tool_definitions) {
   refused("{\"tools\": {\"read file\": {\"responses\": [{\"ok\": "
           "\"x\"}]}}, " OK_TURN "}",
           "invalid tool name");
+}
+
+Test(cli, tool_env_is_checked) {
+  refused(
+      "{\"tools\": {\"t\": {\"command\": [\"env\"], \"envs\": []}}, " OK_TURN
+      "}",
+      "tools.t.envs: unknown key; did you mean env?");
+  refused("{\"tools\": {\"t\": {\"command\": [\"env\"], \"env\": 3}}, " OK_TURN
+          "}",
+          "tools.t.env: expected an array of variable names or an object");
+  refused("{\"tools\": {\"t\": {\"command\": [\"env\"], \"env\": "
+          "[\"A=B\"]}}, " OK_TURN "}",
+          "tools.t.env[0]: \"A=B\" is not a variable name");
+  refused(
+      "{\"tools\": {\"t\": {\"command\": [\"env\"], \"env\": [true]}}, " OK_TURN
+      "}",
+      "tools.t.env[0]: expected a variable name, got boolean");
+  refused("{\"tools\": {\"t\": {\"command\": [\"env\"], \"env\": {\"1X\": "
+          "\"v\"}}}, " OK_TURN "}",
+          "tools.t.env: \"1X\" is not a variable name");
+  refused("{\"tools\": {\"t\": {\"command\": [\"env\"], \"env\": {\"X\": "
+          "1}}}, " OK_TURN "}",
+          "tools.t.env.X: expected a string value, got");
+  refused("{\"tools\": {\"t\": {\"responses\": [{\"ok\": \"a\"}], \"env\": "
+          "[\"X\"]}}, " OK_TURN "}",
+          "tools.t.env: only a \"command\" tool has an environment");
 }
 
 Test(cli, tool_schema_errors_come_from_the_registry) {
@@ -566,6 +620,253 @@ Test(cli, sigint_cancels_the_turn) {
   cr_expect_str_eq(json_string_value(json_object_get(last, "status")),
                    "cancelled");
   json_decref(last);
+  free(text);
+  result_free(&r);
+}
+
+/* ---- signals and what they leave behind (issue 10, finding 1) ---------- */
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static long long now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Processes, not zombies, that have `arg` as one of their arguments. */
+static int procs_with_arg(const char *arg) {
+  DIR *d = opendir("/proc");
+  cr_assert_not_null(d);
+  int found = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!isdigit((unsigned char)e->d_name[0]))
+      continue;
+    char path[300], buf[4096];
+    snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+      continue;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    bool hit = false;
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+      if (strcmp(buf + i, arg) == 0)
+        hit = true;
+    if (!hit)
+      continue;
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    f = fopen(path, "r");
+    if (f == NULL)
+      continue;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *rp = strrchr(buf, ')');
+    if (rp != NULL && rp[1] == ' ' && rp[2] != 'Z')
+      found++;
+  }
+  closedir(d);
+  return found;
+}
+
+/*
+ * A scenario whose one tool ignores SIGTERM, SIGHUP and SIGINT, keeps a job
+ * in its process group (sleep u2) and starts one that leaves the group and
+ * the session (setsid sleep u1), then writes DIR/started. Returns its path.
+ */
+static const char *stubborn_scenario(char *u1, char *u2, size_t cap) {
+  static int n;
+  snprintf(u1, cap, "1010.%06d%d", (int)(getpid() % 1000000), n++);
+  snprintf(u2, cap, "1010.%06d%d", (int)(getpid() % 1000000), n++);
+  char text[1024];
+  snprintf(text, sizeof text,
+           "{\"preset\": \"none\", \"tools\": {\"stubborn\": {\"command\": "
+           "[\"sh\", \"-c\", \"trap '' TERM HUP INT; (setsid sleep %s "
+           "</dev/null >/dev/null 2>&1 &); sleep %s & echo $$ > started; "
+           "wait\"]}}, \"turns\": [{\"user\": \"x\", \"model\": "
+           "[{\"tool_calls\": [{\"name\": \"stubborn\", \"arguments\": {}}]}, "
+           "{\"text\": \"done\"}]}]}",
+           u1, u2);
+  char started[128];
+  snprintf(started, sizeof started, "%s/started", dir);
+  unlink(started);
+  return put("s.json", text);
+}
+
+static void wait_started(const char *u1, const char *u2) {
+  char started[128];
+  snprintf(started, sizeof started, "%s/started", dir);
+  struct stat st;
+  for (int i = 0; i < 1000; i++) {
+    if (stat(started, &st) == 0 && st.st_size > 0 && procs_with_arg(u1) == 1 &&
+        procs_with_arg(u2) == 1)
+      return;
+    sleep_ms(10);
+  }
+  cr_assert_fail("the tool did not start");
+}
+
+/* The event log ends with turn_end, status cancelled. */
+static void expect_cancelled_turn_end(void) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/ev.jsonl", dir);
+  char *text = slurp(path);
+  size_t lines;
+  json_t *last = check_jsonl(text, &lines);
+  cr_expect_str_eq(json_string_value(json_object_get(last, "event")),
+                   "turn_end", "the last event");
+  cr_expect_str_eq(json_string_value(json_object_get(last, "status")),
+                   "cancelled");
+  json_decref(last);
+  free(text);
+}
+
+Test(cli, sighup_cancels_like_sigterm_and_leaves_nothing) {
+  char u1[32], u2[32];
+  const char *s = stubborn_scenario(u1, u2, sizeof u1);
+  pid_t pid = spawn_prog(ARGS("simulate", "--events", "ev.jsonl", s));
+  wait_started(u1, u2);
+  kill(pid, SIGHUP);
+  result r = collect(pid);
+  cr_expect_eq(r.status, 4, "exit %d\n%s", r.status, r.err);
+  expect_cancelled_turn_end();
+  /* The program returned only after every process of the tool was reaped. */
+  cr_expect_eq(procs_with_arg(u2), 0, "the tool's job 'sleep %s' is left", u2);
+  cr_expect_eq(procs_with_arg(u1), 0, "'setsid sleep %s' is left", u1);
+  result_free(&r);
+}
+
+Test(cli, second_signal_kills_the_tools_and_still_writes_turn_end) {
+  const int sigs[][2] = {{SIGINT, SIGINT}, {SIGTERM, SIGHUP}};
+  for (size_t k = 0; k < 2; k++) {
+    char u1[32], u2[32];
+    const char *s = stubborn_scenario(u1, u2, sizeof u1);
+    pid_t pid = spawn_prog(ARGS("simulate", "--events", "ev.jsonl", s));
+    wait_started(u1, u2);
+    kill(pid, sigs[k][0]);
+    sleep_ms(20);
+    long long t0 = now_ms();
+    kill(pid, sigs[k][1]);
+    result r = collect(pid);
+    long long took = now_ms() - t0;
+    cr_expect_eq(r.status, 4, "signals %d, %d: exit %d\n%s", sigs[k][0],
+                 sigs[k][1], r.status, r.err);
+    expect_cancelled_turn_end();
+    cr_expect_eq(procs_with_arg(u2), 0, "'sleep %s' is left", u2);
+    cr_expect_eq(procs_with_arg(u1), 0, "'setsid sleep %s' is left", u1);
+    cr_log_info("second signal to exit: %lld ms", took);
+    result_free(&r);
+  }
+}
+
+Test(cli, sigkill_of_agentguard_leaves_no_tool_running) {
+  char u1[32], u2[32];
+  const char *s = stubborn_scenario(u1, u2, sizeof u1);
+  pid_t pid = spawn_prog(ARGS("simulate", "--events", "ev.jsonl", s));
+  wait_started(u1, u2);
+  long long t0 = now_ms();
+  kill(pid, SIGKILL);
+  result r = collect(pid);
+  cr_expect_eq(r.status, 128 + SIGKILL);
+  long long gone = -1;
+  while (now_ms() - t0 < 5000) {
+    if (procs_with_arg(u1) == 0 && procs_with_arg(u2) == 0) {
+      gone = now_ms() - t0;
+      break;
+    }
+    sleep_ms(1);
+  }
+  cr_expect_geq(gone, 0, "the tool outlived a SIGKILL of agentguard by 5 s");
+  cr_log_info("SIGKILL of agentguard: the tool's processes gone after %lld ms",
+              gone);
+  result_free(&r);
+}
+
+/* ---- secrets (issue 10, finding 14) ------------------------------------ */
+
+#define SECRET_KEY "sk-test-0123456789abcdefghijklmnopqrstuv"
+
+Test(cli, tools_get_a_minimal_environment) {
+  cr_assert_eq(setenv("OPENAI_API_KEY", SECRET_KEY, 1), 0);
+  cr_assert_eq(setenv("AG_TEST_PLAIN", "plain-value", 1), 0);
+  const char *s = put(
+      "s.json",
+      "{\"preset\": \"none\", \"tools\": {\"envdump\": {\"command\": "
+      "[\"env\"]}, \"named\": {\"command\": [\"env\"], \"env\": "
+      "[\"AG_TEST_PLAIN\"]}, \"set\": {\"command\": [\"env\"], \"env\": "
+      "{\"GREETING\": \"hello\"}}}, \"turns\": [{\"user\": \"x\", \"model\": "
+      "[{\"tool_calls\": [{\"name\": \"envdump\", \"arguments\": {}}, "
+      "{\"name\": \"named\", \"arguments\": {}}, {\"name\": \"set\", "
+      "\"arguments\": {}}]}, {\"text\": \"done\"}]}]}");
+  result r = run(ARGS("simulate", "-q", "--events", "ev.jsonl", s));
+  cr_expect_eq(r.status, 0, "exit %d\n%s", r.status, r.err);
+  char path[128];
+  snprintf(path, sizeof path, "%s/ev.jsonl", dir);
+  char *text = slurp(path);
+  json_error_t je;
+  const char *line = text;
+  int results = 0;
+  while (line != NULL && *line != '\0') {
+    json_t *ev = json_loadb(line, strcspn(line, "\n"), 0, &je);
+    cr_assert_not_null(ev);
+    if (strcmp(json_string_value(json_object_get(ev, "event")),
+               "tool_result") == 0) {
+      const char *name = json_string_value(json_object_get(ev, "name"));
+      const char *out = json_string_value(json_object_get(ev, "text"));
+      results++;
+      cr_expect(strstr(out, "PATH=") != NULL, "%s: no PATH:\n%s", name, out);
+      cr_expect(strstr(out, "OPENAI_API_KEY") == NULL,
+                "%s got OPENAI_API_KEY:\n%s", name, out);
+      bool named = strcmp(name, "named") == 0;
+      cr_expect_eq(strstr(out, "AG_TEST_PLAIN=plain-value") != NULL, named,
+                   "%s: AG_TEST_PLAIN %s:\n%s", name,
+                   named ? "missing" : "passed", out);
+      bool set = strcmp(name, "set") == 0;
+      cr_expect_eq(strstr(out, "GREETING=hello") != NULL, set,
+                   "%s: GREETING:\n%s", name, out);
+    }
+    json_decref(ev);
+    line = strchr(line, '\n');
+    if (line != NULL)
+      line++;
+  }
+  cr_expect_eq(results, 3);
+  free(text);
+  result_free(&r);
+}
+
+Test(cli, a_key_a_tool_echoes_never_reaches_events_or_the_terminal) {
+  cr_assert_eq(setenv("OPENAI_API_KEY", SECRET_KEY, 1), 0);
+  /* The tool is given the key on purpose and prints it on stdout and, as
+   * its error, on stderr; the model repeats it in its answer. */
+  const char *s = put(
+      "s.json",
+      "{\"preset\": \"none\", \"tools\": {\"leak\": {\"command\": [\"sh\", "
+      "\"-c\", \"echo key=$OPENAI_API_KEY; echo Authorization: Bearer "
+      "$OPENAI_API_KEY >&2; exit 1\"], \"env\": [\"OPENAI_API_KEY\"]}, "
+      "\"ok\": {\"command\": [\"sh\", \"-c\", \"echo $OPENAI_API_KEY\"], "
+      "\"env\": [\"OPENAI_API_KEY\"]}}, \"turns\": [{\"user\": \"x\", "
+      "\"model\": [{\"tool_calls\": [{\"name\": \"leak\", \"arguments\": {}}, "
+      "{\"name\": \"ok\", \"arguments\": {}}]}, {\"text\": \"the key "
+      "is " SECRET_KEY "\"}]}]}");
+  result r = run(ARGS("simulate", "--events", "ev.jsonl", s));
+  cr_expect_eq(r.status, 0, "exit %d\n%s", r.status, r.err);
+  char path[128];
+  snprintf(path, sizeof path, "%s/ev.jsonl", dir);
+  char *text = slurp(path);
+  cr_expect(strstr(text, "0123456789abcdefghij") == NULL,
+            "the key is in the events:\n%s", text);
+  cr_expect(strstr(text, "[REDACTED]") != NULL, "%s", text);
+  cr_expect(strstr(r.err, "0123456789abcdefghij") == NULL,
+            "the key is on stderr:\n%s", r.err);
+  cr_expect(strstr(r.err, "the key is [REDACTED]") != NULL, "%s", r.err);
   free(text);
   result_free(&r);
 }

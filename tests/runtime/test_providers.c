@@ -467,6 +467,23 @@ Test(scripted, provider_error_consumes_its_reply) {
   ag_provider_free(p);
 }
 
+/* A provider error quoting a key, a token or the environment's secret is
+ * redacted before anyone sees it (issue 10, finding 14). */
+Test(scripted, provider_error_messages_are_redacted) {
+  cr_assert_eq(setenv("AG_TEST_PROVIDER_TOKEN", "tok-0123456789abcdef", 1), 0);
+  ag_provider *p = load("[{'user':'u','model':[{'provider_error':{'status':401,"
+                        "'message':'Incorrect API key provided: "
+                        "sk-abcdefghijklmnopqrstuvwxyz0123 (sent: Bearer "
+                        "tok-0123456789abcdef)'}}]}]");
+  ag_provider_error pe = expect_perr(p, 1);
+  cr_expect_str_eq(pe.message,
+                   "Incorrect API key provided: [REDACTED] (sent: Bearer "
+                   "[REDACTED])",
+                   "got \"%s\"", pe.message);
+  ag_provider_free(p);
+  unsetenv("AG_TEST_PROVIDER_TOKEN");
+}
+
 Test(scripted, long_message_cut_on_utf8_boundary) {
   /* 300 two-byte characters: 600 bytes, more than perr->message holds. */
   char text[2048];

@@ -579,3 +579,43 @@ Test(registry, new_rejects_null_out) {
   cr_assert_eq(ag_registry_add(NULL, NULL, NULL), AG_EINVAL);
   ag_registry_free(r);
 }
+
+/* A subprocess tool's env list is checked and copied (docs/tools.md). */
+Test(registry, env_checked_and_copied) {
+  ag_registry *r = new_registry();
+  char e0[] = "MY_TOKEN", e1[] = "GREETING=hello world";
+  const char *env[] = {e0, e1, NULL};
+  const char *argv[] = {"env", NULL};
+  ag_tool_def d;
+  ag_tool_def_init(&d);
+  cr_expect_null(d.env);
+  cr_expect_not(d.inherit_env);
+  d.name = "envtool";
+  d.argv = argv;
+  d.env = env;
+  add_ok(r, &d);
+  e0[0] = 'X';
+  e1[0] = 'X';
+  const ag_tool_def *got = ag_registry_get(r, "envtool");
+  cr_assert_not_null(got->env);
+  cr_expect_str_eq(got->env[0], "MY_TOKEN");
+  cr_expect_str_eq(got->env[1], "GREETING=hello world");
+  cr_expect_null(got->env[2]);
+
+  const char *bad[] = {"GOOD", "1BAD", NULL};
+  d.name = "bad";
+  d.env = bad;
+  add_fails(r, &d, AG_EINVAL,
+            "tools.bad: env[1]: \"1BAD\" is not NAME or NAME=value (NAME: "
+            "letters, digits and _, not starting with a digit, at most 128)");
+  const char *empty[] = {"=x", NULL};
+  d.env = empty;
+  add_fails(r, &d, AG_EINVAL, NULL);
+  /* Only subprocess tools have an environment. */
+  ag_tool_def n = native("native_env", NULL);
+  n.env = env;
+  add_fails(r, &n, AG_EINVAL,
+            "tools.native_env: env and inherit_env are for subprocess tools "
+            "(argv)");
+  ag_registry_free(r);
+}

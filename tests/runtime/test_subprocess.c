@@ -961,3 +961,241 @@ Test(subprocess, null_cancel_token_runs_to_completion) {
   ag__output_free(&err);
   check_clean(fds);
 }
+
+/* ------------------------------------------------------------------------ */
+/* Containment: nothing of a tool outlives its call (issue 10, findings 1  */
+/* and 2). Checked with the kernel: /proc and kill(pid, 0).                */
+/* ------------------------------------------------------------------------ */
+
+/* A sleep duration no other process on the machine uses: "1004.<pid><n>". */
+static void unique_arg(char *buf, size_t cap, int base) {
+  static int n;
+  snprintf(buf, cap, "%d.%06d%d", base, (int)(getpid() % 1000000), n++);
+}
+
+/* Processes that are not zombies and have `arg` as one of their arguments. */
+static int procs_with_arg(const char *arg) {
+  DIR *d = opendir("/proc");
+  cr_assert_not_null(d);
+  int found = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!isdigit((unsigned char)e->d_name[0]))
+      continue;
+    char path[300], buf[4096];
+    snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+      continue;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    bool hit = false;
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+      if (strcmp(buf + i, arg) == 0)
+        hit = true;
+    if (!hit)
+      continue;
+    snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+    f = fopen(path, "r");
+    if (f == NULL)
+      continue;
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *rp = strrchr(buf, ')');
+    if (rp != NULL && rp[1] == ' ' && rp[2] != 'Z')
+      found++;
+  }
+  closedir(d);
+  return found;
+}
+
+/* Whether pid runs (kill(pid, 0) and not a zombie). */
+static bool pid_runs(pid_t pid) {
+  if (kill(pid, 0) != 0)
+    return false;
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return false;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *rp = strrchr(buf, ')');
+  return rp != NULL && rp[1] == ' ' && rp[2] != 'Z';
+}
+
+Test(subprocess, background_job_that_let_go_of_the_pipes_dies_with_the_tool) {
+  int fds = count_fds();
+  char u[32], script[160];
+  unique_arg(u, sizeof(u), 1004);
+  snprintf(script, sizeof(script),
+           "(sleep %s >/dev/null 2>&1 & echo $! >&2); echo started", u);
+  const char *argv[] = {"sh", "-c", script, NULL};
+  run_result r;
+  run(&r, argv);
+  EXPECT_STATUS(&r, AG_TOOL_OK);
+  EXPECT_TEXT(r.out, "started\n");
+  cr_expect_not(r.info.killed);
+  pid_t bg = (pid_t)atoi(r.err.buf != NULL ? r.err.buf : "0");
+  cr_assert_gt(bg, 1, "stderr \"%s\"", r.err.buf);
+  /* At once: the run returns only when the whole tree is reaped. */
+  cr_expect_not(pid_runs(bg), "the background sleep %d outlived the tool",
+                (int)bg);
+  cr_expect_eq(procs_with_arg(u), 0, "a 'sleep %s' is still running", u);
+  run_done(&r);
+  check_clean(fds);
+}
+
+Test(subprocess, setsid_escapees_die_with_the_tool) {
+  int fds = count_fds();
+  char u1[32], u2[32], script[256];
+  unique_arg(u1, sizeof(u1), 1005);
+  unique_arg(u2, sizeof(u2), 1005);
+  /* One leaves the group and the session; one also double-forks, so its
+   * parent is gone before the tool exits. */
+  snprintf(script, sizeof(script),
+           "setsid sleep %s </dev/null >/dev/null 2>&1 & "
+           "(setsid sleep %s </dev/null >/dev/null 2>&1 &); sleep 0.2; "
+           "echo started",
+           u1, u2);
+  const char *argv[] = {"sh", "-c", script, NULL};
+  run_result r;
+  run(&r, argv);
+  EXPECT_STATUS(&r, AG_TOOL_OK);
+  EXPECT_TEXT(r.out, "started\n");
+  cr_expect_eq(procs_with_arg(u1), 0, "'setsid sleep %s' outlived the tool",
+               u1);
+  cr_expect_eq(procs_with_arg(u2), 0, "'(setsid sleep %s &)' outlived the tool",
+               u2);
+  run_done(&r);
+  check_clean(fds);
+}
+
+Test(subprocess, setsid_escapees_die_on_timeout) {
+  int fds = count_fds();
+  char u[32], script[200];
+  unique_arg(u, sizeof(u), 1006);
+  snprintf(script, sizeof(script),
+           "trap '' TERM; (setsid sleep %s </dev/null >/dev/null 2>&1 &); "
+           "sleep 10",
+           u);
+  const char *argv[] = {"sh", "-c", script, NULL};
+  run_opts o;
+  run_opts_init(&o);
+  o.timeout_ms = 300;
+  o.grace_ms = 100;
+  run_result r;
+  run_with(&r, argv, &o);
+  EXPECT_STATUS(&r, AG_TOOL_TIMEOUT);
+  cr_expect_lt(r.elapsed_ms, 3000, "elapsed %lld", (long long)r.elapsed_ms);
+  cr_expect_eq(procs_with_arg(u), 0, "'setsid sleep %s' outlived the timeout",
+               u);
+  run_done(&r);
+  check_clean(fds);
+}
+
+static void *force_later(void *arg) {
+  canceller *c = arg;
+  sleep_ms(c->after_ms);
+  ag_cancel_force(c->token);
+  return NULL;
+}
+
+Test(subprocess, force_kills_without_waiting_out_the_grace) {
+  int fds = count_fds();
+  ag_cancel *t = NULL;
+  cr_assert_eq(ag_cancel_new(&t, NULL, INT64_MAX, AG_CANCEL_TIMEOUT, NULL),
+               AG_OK);
+  const char *argv[] = {"sh", "-c", "trap '' TERM; echo $$; sleep 30", NULL};
+  /* First an ordinary cancel (SIGTERM, ignored), then the force. */
+  canceller c1 = {t, 100};
+  pthread_t th1;
+  cr_assert_eq(pthread_create(&th1, NULL, cancel_later, &c1), 0);
+  ag_cancel *child_tok = NULL;
+  cr_assert_eq(ag_cancel_new(&child_tok, t, INT64_MAX, AG_CANCEL_TIMEOUT, NULL),
+               AG_OK);
+  canceller c2 = {t, 300};
+  pthread_t th2;
+  cr_assert_eq(pthread_create(&th2, NULL, force_later, &c2), 0);
+  run_opts o;
+  run_opts_init(&o);
+  o.cancel = child_tok; /* the force is seen through the chain */
+  o.grace_ms = 20000;
+  run_result r;
+  run_with(&r, argv, &o);
+  pthread_join(th1, NULL);
+  pthread_join(th2, NULL);
+  EXPECT_STATUS(&r, AG_TOOL_CANCELLED);
+  cr_expect_eq(r.info.term_signal, SIGKILL);
+  cr_expect_lt(r.elapsed_ms, 5000, "elapsed %lld: the 20 s grace was waited",
+               (long long)r.elapsed_ms);
+  pid_t sh = first_line_pid(&r);
+  cr_expect_not(pid_runs(sh));
+  cr_log_info("forced after SIGTERM was ignored: returned after %lld ms",
+              (long long)r.elapsed_ms);
+  run_done(&r);
+  ag_cancel_free(child_tok);
+  ag_cancel_free(t);
+  check_clean(fds);
+}
+
+static bool file_has_data(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && st.st_size > 0;
+}
+
+Test(subprocess, sigkill_of_the_runner_leaves_nothing) {
+  int fds = count_fds();
+  char u1[32], u2[32], marker[64], script[400];
+  unique_arg(u1, sizeof(u1), 1007);
+  unique_arg(u2, sizeof(u2), 1007);
+  snprintf(marker, sizeof(marker), "/tmp/ag_test_sub_%d.started",
+           (int)getpid());
+  unlink(marker);
+  /* A tool that ignores every polite signal, with a job in its group and a
+   * process that left the group and the session. */
+  snprintf(script, sizeof(script),
+           "trap '' TERM HUP INT; (setsid sleep %s </dev/null >/dev/null "
+           "2>&1 &); sleep %s & echo $$ > %s; wait",
+           u1, u2, marker);
+  fflush(NULL);
+  pid_t runner = fork();
+  cr_assert_geq(runner, 0);
+  if (runner == 0) {
+    const char *argv[] = {"sh", "-c", script, NULL};
+    ag_output out, err;
+    ag__output_init(&out, 4096);
+    ag__output_init(&err, 4096);
+    ag__subprocess_run(argv, NULL, 100, NULL, 0, NULL, &out, &err, NULL);
+    _exit(0);
+  }
+  for (int waited = 0; waited < 10000 && !file_has_data(marker); waited += 10)
+    sleep_ms(10);
+  cr_assert(file_has_data(marker), "the tool did not start");
+  sleep_ms(100); /* let the setsid one get going */
+  cr_assert_eq(procs_with_arg(u1), 1, "setsid sleep %s not running", u1);
+  cr_assert_eq(procs_with_arg(u2), 1, "sleep %s not running", u2);
+  int64_t t0 = ag_now_ms();
+  cr_assert_eq(kill(runner, SIGKILL), 0);
+  int ws;
+  cr_assert_eq(waitpid(runner, &ws, 0), runner);
+  int64_t gone_ms = -1;
+  while (ag_now_ms() - t0 < 5000) {
+    if (procs_with_arg(u1) == 0 && procs_with_arg(u2) == 0) {
+      gone_ms = ag_now_ms() - t0;
+      break;
+    }
+    sleep_ms(1);
+  }
+  cr_expect_geq(gone_ms, 0,
+                "the tool's processes outlived a SIGKILL of "
+                "the runner by 5 s");
+  cr_log_info("SIGKILL of the runner: every process of the tool gone after "
+              "%lld ms",
+              (long long)gone_ms);
+  unlink(marker);
+  check_clean(fds);
+}

@@ -6,7 +6,10 @@
  *   - a process group (a shell and two background sleeps) that times out
  *     and must be killed as a whole;
  *   - `sleep 10` cancelled by the user from yet another thread;
- *   - a program that does not exist (exec failure).
+ *   - a program that does not exist (exec failure);
+ *   - a shell that ignores SIGTERM and starts a setsid escapee, cancelled
+ *     from one thread and forced (ag_cancel_force) from another: nothing
+ *     of it may be left when the run returns.
  * Afterwards the process must hold the same descriptors as before and have
  * no child left to reap. Exits 0 when every check holds; the first failed
  * check prints both sides and exits 1.
@@ -211,6 +214,60 @@ static void exec_failure_round(int id, int round) {
   ag_cancel_free(t);
 }
 
+static void *force_later(void *arg) {
+  canceller *k = arg;
+  tsan_sleep_ms(k->after_ms);
+  ag_cancel_force(k->token);
+  return NULL;
+}
+
+/* Whether `pid` runs (exists and is not a zombie). */
+static bool pid_runs(int pid) {
+  char path[64], line[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return false;
+  size_t n = fread(line, 1, sizeof(line) - 1, f);
+  fclose(f);
+  line[n] = '\0';
+  char *rp = strrchr(line, ')');
+  return rp != NULL && rp[1] == ' ' && rp[2] != 'Z';
+}
+
+/* Cancelled, then forced while it ignores SIGTERM: all gone at once. */
+static void forced_round(int id, int round) {
+  ag_cancel *t = new_token(INT64_MAX, AG_CANCEL_TIMEOUT);
+  canceller k1 = {t, 60}, k2 = {t, 120};
+  pthread_t th1, th2;
+  int rc = pthread_create(&th1, NULL, cancel_later, &k1);
+  CHECK(rc == 0, "pthread_create: %d", rc);
+  rc = pthread_create(&th2, NULL, force_later, &k2);
+  CHECK(rc == 0, "pthread_create: %d", rc);
+  const char *argv[] = {"sh", "-c",
+                        "trap '' TERM; echo $$; (setsid sleep 30 </dev/null "
+                        ">/dev/null 2>&1 & echo $!); sleep 30",
+                        NULL};
+  run r;
+  run_argv(&r, argv, NULL, 0, t, 20000);
+  pthread_join(th1, NULL);
+  pthread_join(th2, NULL);
+  CHECK_STATUS(&r, AG_TOOL_CANCELLED, "forced");
+  CHECK(r.took_ms < 5000,
+        "thread %d round %d: forced after 120 ms, returned after %lld ms "
+        "(grace 20 s)",
+        id, round, r.took_ms);
+  int sh = 0, escapee = 0;
+  CHECK(sscanf(text(&r.out), "%d %d", &sh, &escapee) == 2,
+        "thread %d round %d: stdout \"%s\", want two pids", id, round,
+        text(&r.out));
+  CHECK(!pid_runs(sh) && !pid_runs(escapee),
+        "thread %d round %d: shell %d or escapee %d left running", id, round,
+        sh, escapee);
+  run_done(&r);
+  ag_cancel_free(t);
+}
+
 static void *spawner(void *arg) {
   int id = (int)(intptr_t)arg;
   for (int round = 0; round < ROUNDS; round++) {
@@ -231,6 +288,7 @@ static void *spawner(void *arg) {
         break;
       }
     }
+    forced_round(id, round);
   }
   return NULL;
 }
@@ -255,7 +313,7 @@ int main(void) {
         "a child was left behind: waitpid(-1) = %d (errno %d), want -1 "
         "(ECHILD %d)",
         (int)w, e, ECHILD);
-  printf("tsan_subprocess: ok (%d threads x %d rounds x 4 runs in %lld ms)\n",
+  printf("tsan_subprocess: ok (%d threads x %d rounds x 5 runs in %lld ms)\n",
          THREADS, ROUNDS, tsan_now_ms() - t0);
   return 0;
 }

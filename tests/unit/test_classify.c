@@ -359,6 +359,35 @@ Test(classify, common_tool_errors) {
 }
 
 /* Texts that must not be caught by the obvious substring. */
+/* A tool killed by a signal crashed: it is not short of memory (issue 10,
+ * finding 13), except for the signals that are limits or the OOM killer. */
+Test(classify, crashes_are_not_resource) {
+  EXPECT_CAT("killed by signal 11 (Segmentation fault)", AG_CAT_CRASH);
+  EXPECT_CAT("killed by signal 6 (Aborted)", AG_CAT_CRASH);
+  EXPECT_CAT("killed by signal 7 (Bus error)", AG_CAT_CRASH);
+  EXPECT_CAT("Segmentation fault (core dumped)", AG_CAT_CRASH);
+  EXPECT_CAT("/bin/sh: line 1: 4242 Aborted                 (core dumped) "
+             "./a.out",
+             AG_CAT_CRASH);
+  EXPECT_CAT("*** stack smashing detected ***: terminated", AG_CAT_CRASH);
+  EXPECT_CAT("free(): invalid pointer", AG_CAT_CRASH);
+  EXPECT_CAT("Fatal Python error: Segmentation fault", AG_CAT_CRASH);
+  EXPECT_CAT("Process finished with SIGSEGV", AG_CAT_CRASH);
+  EXPECT_CAT("==12==ERROR: AddressSanitizer: heap-use-after-free",
+             AG_CAT_CRASH);
+  /* Still resource: the OOM killer's SIGKILL and the rlimit signals. */
+  EXPECT_CAT("killed by signal 9 (Killed)", AG_CAT_RESOURCE);
+  EXPECT_CAT("killed by signal 24 (CPU time limit exceeded)", AG_CAT_RESOURCE);
+  EXPECT_CAT("Killed", AG_CAT_RESOURCE);
+  /* Permanent, with a suggestion that fits a crash. */
+  cr_expect_not(ag_category_transient(AG_CAT_CRASH));
+  cr_expect_str_eq(ag_category_name(AG_CAT_CRASH), "crash");
+  cr_expect_not_null(strstr(ag_category_suggestion(AG_CAT_CRASH), "crashed"));
+  /* Appended: the numbers of the older categories did not move. */
+  cr_expect_eq((int)AG_CAT_PLOTTING, 13);
+  cr_expect_eq((int)AG_CAT_CRASH, 14);
+}
+
 Test(classify, deliberate_negatives) {
   /* "404" as a line number, inside a number, in a test count. */
   EXPECT_CAT("Traceback (most recent call last):\n"
