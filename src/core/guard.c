@@ -1599,15 +1599,21 @@ static ag_err_t dump_json(json_t *root, char **out, ag_error_t *err,
 }
 
 /* jansson owns its allocations; hand the caller memory ag_free can free. */
+/* jansson owns its allocations; hand the caller memory ag_free can free,
+ * with credentials ("Bearer ...", "sk-...") redacted: error texts in the
+ * dump and the escalation record come from tools, which may echo them (the
+ * core reads no environment, so secret values by name are the caller's to
+ * redact, as the agent's events do). */
 static ag_err_t to_malloc(char **out, ag_error_t *err) {
   size_t n = strlen(*out);
-  char *m = malloc(n + 1);
+  size_t cap = ag__redact_bound(n);
+  char *m = malloc(cap);
   if (m == NULL) {
     free(*out);
     *out = NULL;
     return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
   }
-  memcpy(m, *out, n + 1);
+  ag__redact(*out, n, NULL, 0, m, cap);
   free(*out);
   *out = m;
   return AG_OK;

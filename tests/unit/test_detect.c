@@ -7,6 +7,7 @@
  * with what must trip and what must not. Time is an argument: no sleeps.
  */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -502,5 +503,28 @@ Test(repeated, a_failure_is_remembered_across_a_hundred_other_pairs) {
   }
   cr_assert_eq(a, AG_STOP);
   cr_assert_eq(v.reason, AG_REASON_REPEATED_RESULTS);
+  ag_guard_free(g);
+}
+
+Test(dump, credentials_in_error_texts_are_redacted) {
+  ag_guard *g = make_json("{\"preset\": \"default\"}");
+  ag_verdict v;
+  call(g, "curl", "{}",
+       "401 for Authorization: Bearer abcdefghijklmnop0123456789 and key "
+       "sk-proj-ABCDEFGHIJKLMNOPQRSTUV",
+       ERR, &v, NULL);
+  char *d = NULL;
+  cr_assert_eq(ag_guard_dump(g, &d, NULL), AG_OK);
+  cr_assert(strstr(d, "abcdefghijklmnop0123456789") == NULL, "%s", d);
+  cr_assert(strstr(d, "ABCDEFGHIJKLMNOPQRSTUV") == NULL, "%s", d);
+  cr_assert(strstr(d, "[REDACTED]") != NULL, "%s", d);
+  json_t *parsed = json_loads(d, 0, NULL);
+  cr_assert_not_null(parsed, "still JSON: %s", d);
+  json_decref(parsed);
+  ag_free(d);
+  char *rec = NULL;
+  cr_assert_eq(ag_guard_escalation_record(g, NULL, &rec, NULL), AG_OK);
+  cr_assert(strstr(rec, "abcdefghijklmnop0123456789") == NULL, "%s", rec);
+  ag_free(rec);
   ag_guard_free(g);
 }
