@@ -492,6 +492,27 @@ Test(rules, a_piece_longer_than_the_history_is_cut_as_in_gemini) {
   ag_content_loop_free(d);
 }
 
+/* A hash match is confirmed on the bytes. The Thue-Morse word of length
+ * 4096 is a block of 2048 and its complement; the two blocks (and other
+ * 2048-byte windows) have the same polynomial hash modulo 2^64 for any odd
+ * base, while no 2048-byte window occurs twice (the word is overlap-free).
+ * With threshold 2, any hash-only match would be a "loop". */
+Test(rules, hash_collisions_are_not_repeats) {
+  enum { N = 4096 };
+  char *tm = malloc(N);
+  cr_assert_not_null(tm);
+  for (unsigned i = 0; i < N; i++)
+    tm[i] = (__builtin_popcount(i) & 1) ? 'b' : 'a';
+  ag_content_loop *d = new_opts(N / 2, 2, 2 * N);
+  cr_expect_not(feed_n(d, tm, N), "Thue-Morse halves counted as a repeat");
+  /* Control: a real repeat of the first half trips. */
+  ag_content_loop_reset(d);
+  cr_assert_not(feed_n(d, tm, N / 2));
+  cr_expect(feed_n(d, tm, N / 2));
+  ag_content_loop_free(d);
+  free(tm);
+}
+
 Test(rules, long_prose_then_a_loop) {
   /* 200 KB of prose with many cuts of the history, then a loop: it trips at
    * the same repetition as on a fresh detector. */
