@@ -24,12 +24,14 @@
  *     contiguous.
  *   - the chunk index, Gemini's Map<hash, number[]>: an open-addressing
  *     table (linear probing, backward-shift deletion, at most half full)
- *     of entry ids; an entry is one distinct chunk: its hash, the oldest and
- *     newest live occurrence, the occurrence `threshold - 1` before the
- *     newest (`wstart`), and the count. Entries are keyed by content, not by
- *     hash: a hash match is confirmed with memcmp against the newest
- *     occurrence, so two chunks never share an entry (Gemini's SHA-256 key
- *     plus its content check amount to the same).
+ *     of slots {32-bit key from the mixed hash, entry id}; probing and
+ *     deletion read only the slots. An entry is one distinct chunk: its
+ *     key, the oldest and newest live occurrence, the occurrence
+ *     `threshold - 1` before the newest (`wstart`), and the count. Entries
+ *     are keyed by content, not by hash: a key match is confirmed with
+ *     memcmp against the newest occurrence, so two chunks never share an
+ *     entry (Gemini's SHA-256 key plus its content check amount to the
+ *     same).
  *   - per position (a ring of a power of two >= max_history slots, indexed
  *     by pos & mask; live positions span less than max_history): the next
  *     occurrence of the same chunk and the entry id. With them, a new
@@ -60,13 +62,20 @@
 #define ROLL_BASE 0x100000001b3ULL /* odd: the FNV-64 prime */
 
 typedef struct entry {
-  uint64_t hash;
   uint64_t head;   /* oldest live occurrence */
   uint64_t last;   /* newest occurrence */
   uint64_t wstart; /* occurrence threshold-1 before last (count >= thr) */
   uint32_t count;  /* live occurrences; 0 = free */
+  uint32_t key;    /* its slot key */
   uint32_t next_free;
 } entry;
+
+/* A table slot: the top 32 bits of the mixed hash (the home slot is their
+ * top bits, so deletion never looks at entries) and the entry id + 1. */
+typedef struct slot {
+  uint32_t key;
+  uint32_t id; /* 0 = empty */
+} slot;
 
 struct ag_content_loop {
   size_t k;   /* chunk size */
@@ -84,9 +93,9 @@ struct ag_content_loop {
   uint64_t roll_hash;
   uint64_t roll_pow; /* ROLL_BASE^(k-1) */
 
-  uint32_t *table; /* entry id + 1; 0 = empty */
+  slot *table;
   size_t table_mask;
-  unsigned table_shift;
+  unsigned table_shift; /* 32 - log2(slots) */
   bool table_dirty;
   entry *entries; /* cap of them */
   uint32_t n_used;
@@ -170,7 +179,7 @@ ag_err_t ag_content_loop_new(ag_content_loop **out,
   unsigned bits = 0;
   while (((size_t)1 << bits) < slots)
     bits++;
-  d->table_shift = 64 - bits;
+  d->table_shift = 32 - bits;
   d->buf = malloc(2 * d->cap);
   d->table = calloc(slots, sizeof(*d->table));
   d->entries = calloc(d->cap, sizeof(*d->entries));
@@ -221,30 +230,39 @@ bool ag_content_loop_found(const ag_content_loop *d) {
 /* The chunk index                                                          */
 /* ------------------------------------------------------------------------ */
 
-static size_t home_of(const ag_content_loop *d, uint64_t h) {
-  h ^= h >> 31;
-  h *= 0x9e3779b97f4a7c15ULL;
-  return (size_t)(h >> d->table_shift);
+/* The slot key of a chunk hash: its top 32 bits after a full mix. */
+static uint32_t key_of(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ULL;
+  h ^= h >> 33;
+  return (uint32_t)(h >> 32);
+}
+
+static size_t home_of(const ag_content_loop *d, uint32_t key) {
+  return (size_t)(key >> d->table_shift);
 }
 
 static const uint8_t *at(const ag_content_loop *d, uint64_t pos) {
   return d->buf + (size_t)(pos - d->buf_abs);
 }
 
-/* Removes entry `id` (count already 0) from the table: backward shift. */
-static void table_delete(ag_content_loop *d, uint32_t id) {
+/* Removes entry `id` (count already 0), whose slot key is `key`, from the
+ * table: backward-shift deletion. */
+static void table_delete(ag_content_loop *d, uint32_t id, uint32_t key) {
   size_t mask = d->table_mask;
-  size_t i = home_of(d, d->entries[id].hash);
-  while (d->table[i] != id + 1)
+  size_t i = home_of(d, key);
+  while (d->table[i].id != id + 1)
     i = (i + 1) & mask;
   size_t j = i;
   for (;;) {
     j = (j + 1) & mask;
-    uint32_t s = d->table[j];
-    if (s == 0)
+    slot s = d->table[j];
+    if (s.id == 0)
       break;
-    size_t h = home_of(d, d->entries[s - 1].hash);
-    /* The entry at j may move to the hole at i unless its home lies
+    size_t h = home_of(d, s.key);
+    /* The slot at j may move to the hole at i unless its home lies
      * cyclically in (i, j]. */
     bool stays = (i <= j) ? (i < h && h <= j) : (i < h || h <= j);
     if (!stays) {
@@ -252,7 +270,7 @@ static void table_delete(ag_content_loop *d, uint32_t id) {
       i = j;
     }
   }
-  d->table[i] = 0;
+  d->table[i].id = 0;
   d->entries[id].next_free = d->free_head;
   d->free_head = id;
 }
@@ -263,7 +281,7 @@ static void drop_position(ag_content_loop *d, uint64_t pos) {
   uint32_t id = d->entry_of[pos & d->ring_mask];
   entry *e = &d->entries[id];
   if (--e->count == 0) {
-    table_delete(d, id);
+    table_delete(d, id, e->key);
     return;
   }
   e->head = d->next_occ[pos & d->ring_mask];
@@ -274,27 +292,29 @@ static void drop_position(ag_content_loop *d, uint64_t pos) {
 static bool record(ag_content_loop *d, uint64_t pos, const uint8_t *chunk,
                    uint64_t h) {
   size_t mask = d->table_mask;
-  size_t i = home_of(d, h);
-  uint32_t s;
-  while ((s = d->table[i]) != 0) {
-    entry *e = &d->entries[s - 1];
-    if (e->hash == h && memcmp(at(d, e->last), chunk, d->k) == 0) {
-      d->next_occ[e->last & d->ring_mask] = pos;
-      d->entry_of[pos & d->ring_mask] = s - 1;
-      e->last = pos;
-      e->count++;
-      if (e->count < d->thr)
-        return false;
-      if (e->count == d->thr)
-        e->wstart = e->head;
-      else
-        e->wstart = d->next_occ[e->wstart & d->ring_mask];
-      /* average distance <= 1.5 x chunk size, in integers:
-       * (last - first) / (thr - 1) <= 3k / 2 */
-      uint64_t total = pos - e->wstart;
-      return 2 * total <= 3 * (uint64_t)d->k * (uint64_t)(d->thr - 1);
-    }
-    i = (i + 1) & mask;
+  uint32_t key = key_of(h);
+  size_t i = home_of(d, key);
+  for (; d->table[i].id != 0; i = (i + 1) & mask) {
+    if (d->table[i].key != key)
+      continue;
+    uint32_t id = d->table[i].id - 1;
+    entry *e = &d->entries[id];
+    if (memcmp(at(d, e->last), chunk, d->k) != 0)
+      continue; /* same key, other content */
+    d->next_occ[e->last & d->ring_mask] = pos;
+    d->entry_of[pos & d->ring_mask] = id;
+    e->last = pos;
+    e->count++;
+    if (e->count < d->thr)
+      return false;
+    if (e->count == d->thr)
+      e->wstart = e->head;
+    else
+      e->wstart = d->next_occ[e->wstart & d->ring_mask];
+    /* average distance <= 1.5 x chunk size, in integers:
+     * (last - first) / (thr - 1) <= 3k / 2 */
+    uint64_t total = pos - e->wstart;
+    return 2 * total <= 3 * (uint64_t)d->k * (uint64_t)(d->thr - 1);
   }
   uint32_t id;
   if (d->free_head != NONE32) {
@@ -304,11 +324,12 @@ static bool record(ag_content_loop *d, uint64_t pos, const uint8_t *chunk,
     id = d->n_used++; /* < cap: live chunks never exceed max_history */
   }
   entry *e = &d->entries[id];
-  e->hash = h;
+  e->key = key;
   e->head = e->last = pos;
   e->count = 1;
   d->entry_of[pos & d->ring_mask] = id;
-  d->table[i] = id + 1;
+  d->table[i].key = key;
+  d->table[i].id = id + 1;
   d->table_dirty = true;
   return false;
 }
@@ -520,6 +541,13 @@ static void scan_char(scan_state *s, uint32_t c) {
   }
 }
 
+/* True when an ordinary character changes nothing: no candidate is open,
+ * the scan is not at a line start, the piece is already not a divider. */
+static bool quiet(const scan_state *s) {
+  return !s->ls && !s->nl && !s->marker && s->digits == 0 && !s->hashes &&
+         !s->gt && s->sym_run == 0 && s->tick_run == 0 && !s->divider && s->any;
+}
+
 /* Length of the UTF-8 sequence a lead byte starts; 0 for a byte that
  * cannot start one. */
 static size_t utf8_len(uint8_t b) {
@@ -544,6 +572,16 @@ static bool is_cont(uint8_t b) {
 static void scan_bytes(scan_state *s, const uint8_t *p, size_t n) {
   size_t i = 0;
   while (i < n) {
+    if (quiet(s)) {
+      /* Prose between line starts: only these bytes can change the state
+       * (a newline, a backtick, a pipe closing a table row, '\r' or a
+       * non-ASCII character ending the row). */
+      while (i < n && p[i] < 0x80 && p[i] != '\n' && p[i] != '`' &&
+             p[i] != '|' && p[i] != '\r')
+        i++;
+      if (i == n)
+        break;
+    }
     uint8_t b = p[i];
     if (b < 0x80) {
       scan_char(s, b);
@@ -605,8 +643,10 @@ bool ag_content_loop_feed(ag_content_loop *d, const char *text, size_t len) {
   if (d->found)
     return true;
   const uint8_t *t = (const uint8_t *)text;
-  if (t == NULL)
+  if (t == NULL) {
+    t = (const uint8_t *)""; /* never NULL into memcpy or arithmetic */
     len = 0;
+  }
   uint8_t head[8];
   size_t nhead = 0, start = 0;
   if (d->carry_len > 0) {
