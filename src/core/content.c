@@ -127,11 +127,28 @@ static size_t pow2_at_least(size_t n) {
   return p;
 }
 
+static size_t home_of(const ag_content_loop *d, uint32_t key);
+
 static void reset_tracking(ag_content_loop *d) {
   d->buf_abs = d->base = d->end = d->scan = 0;
   d->roll_valid = false;
   if (d->table_dirty) {
-    memset(d->table, 0, (d->table_mask + 1) * sizeof(*d->table));
+    size_t slots = d->table_mask + 1;
+    if ((size_t)d->n_used * 16 >= slots) {
+      memset(d->table, 0, slots * sizeof(*d->table));
+    } else {
+      /* Few entries (a reset every line of a list): empty their slots
+       * only. A slot is found by probing from its home; holes made by
+       * this loop are skipped, the slot is always further on. */
+      for (uint32_t id = 0; id < d->n_used; id++) {
+        if (d->entries[id].count == 0)
+          continue;
+        size_t i = home_of(d, d->entries[id].key);
+        while (d->table[i].id != id + 1)
+          i = (i + 1) & d->table_mask;
+        d->table[i].id = 0;
+      }
+    }
     d->table_dirty = false;
   }
   d->n_used = 0;
@@ -173,7 +190,7 @@ ag_err_t ag_content_loop_new(ag_content_loop **out,
   d->thr = o.threshold;
   d->cap = o.max_history;
   size_t ring = pow2_at_least(d->cap);
-  size_t slots = pow2_at_least(2 * d->cap);
+  size_t slots = pow2_at_least(4 * d->cap);
   d->ring_mask = ring - 1;
   d->table_mask = slots - 1;
   unsigned bits = 0;
