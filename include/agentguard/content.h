@@ -72,9 +72,9 @@ AG_EXTERN void ag_content_loop_opts_init(ag_content_loop_opts *opts);
 
 /*
  * Creates a detector. `opts` is copied; NULL means the defaults. All memory
- * the detector will ever use is allocated here: about
- * 2 x max_history bytes of text plus 64 bytes per history byte of index
- * (about 70 KB with the defaults).
+ * the detector will ever use is allocated here: about 90 bytes per byte of
+ * max_history (text, chunk index and per-position links; 87 KB with the
+ * defaults), whatever the length of the text fed later.
  *
  * Returns AG_OK and sets *out (caller-owns, free with ag_content_loop_free);
  * on failure sets *out to NULL and returns AG_EINVAL (out is NULL, or an
