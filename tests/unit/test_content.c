@@ -1124,16 +1124,16 @@ static void differential(size_t k, size_t thr, size_t max, int streams,
 }
 
 Test(reference, small_chunks_small_history) {
-  differential(4, 3, 40, 3000, 200);
+  differential(4, 3, 40, 2000, 200);
 }
 
 Test(reference, gemini_defaults) {
-  differential(50, 10, 1000, 200, 300);
+  differential(50, 10, 1000, 120, 300);
 }
 
 Test(reference, odd_sizes) {
-  differential(7, 5, 97, 1500, 200);
-  differential(1, 2, 16, 1500, 100);
+  differential(7, 5, 97, 1000, 200);
+  differential(1, 2, 16, 1000, 100);
 }
 
 /* ------------------------------------------------------------------------ */
