@@ -5,6 +5,7 @@
  *   agentguard/common.h  version, error codes, ag_error_t, ag_free
  *   agentguard/core.h    the guard: config and presets, signatures,
  *                        classifier, compact errors, detectors (pure)
+ *   agentguard/content.h the content-loop detector over a reply's text (pure)
  *   agentguard/exec.h    cancellation, retries, tool registry, native and
  *                        subprocess tools, the two-phase scheduler
  *   agentguard/providers.h  model clients: the interface, scripted provider
@@ -21,6 +22,7 @@
 
 #include "agentguard/common.h"
 #include "agentguard/core.h"
+#include "agentguard/content.h"
 #include "agentguard/exec.h"
 #include "agentguard/providers.h"
 #include "agentguard/agent.h"
