@@ -2,11 +2,12 @@
  * agentguard/core.h - the guard: configuration and presets, call signatures,
  * error classification, compact errors, and the loop/error detectors.
  *
- * The core is pure: it never does I/O, never reads the clock (time is an
- * argument, in milliseconds on any monotonic scale the caller picks), starts
- * no threads and keeps no mutable globals (the classifier's pattern index is
- * built once, under pthread_once, and only read after). After ag_guard_new()
- * the check path
+ * The core is pure with one exception: ag_config_load_file reads the file
+ * it is given (a convenience over ag_config_parse); nothing else here does
+ * I/O. The core never reads the clock (time is an argument, in milliseconds
+ * on any monotonic scale the caller picks), starts no threads and keeps no
+ * mutable globals (the classifier's pattern index is built once, under
+ * pthread_once, and only read after). After ag_guard_new() the check path
  * (ag_guard_begin_iteration, ag_guard_check_calls, ag_guard_record_results)
  * never allocates.
  *

@@ -990,7 +990,10 @@ static step after_errors(turn_ctx *t, ag_recover_kind kind) {
   return GO_ON;
 }
 
-/* Steps 6-8 for a reply with tool calls. */
+/* A reply with tool calls, docs/agent.md steps 6 and 7: the batch through
+ * ag_guard_run_batch, the tool messages, the verdict (a stop, an escalation
+ * with its human answer, a nudge, or a loop-breaking tool that ends the
+ * turn), and for step 8 the error context that the next request carries. */
 static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
   ag_agent *a = t->a;
   size_t n = reply->n_calls;
