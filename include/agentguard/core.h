@@ -199,26 +199,40 @@ AG_EXTERN void ag_format_duration(int64_t ms, char *buf, size_t cap);
   X(FONT, "font", 0)                                                           \
   X(PLOTTING, "plotting", 0)
 
+/*
+ * Categories keep their numbers: new ones are only ever appended to the
+ * list, so AG_CAT__COUNT grows between versions and is not a stable value.
+ * AG_CAT_AUTO is: a fixed number (256) that is never a category and means
+ * "classify the text for me" where a category is an input (ag_result,
+ * ag_traj_result). Any other value that is not a category (AG_CAT__COUNT
+ * included, as older code passed) is read the same way.
+ */
 typedef enum {
 #define AG__CAT_ENUM(id, name, transient) AG_CAT_##id,
   AG_CATEGORY_MAP(AG__CAT_ENUM)
 #undef AG__CAT_ENUM
-      AG_CAT__COUNT
+      AG_CAT__COUNT,
+  AG_CAT_AUTO = 256
 } ag_category;
 
-/* "timeout", "not_found", ...; a static string. */
+/* "timeout", "not_found", ...; a static string, never NULL: "unknown" for
+ * AG_CAT_AUTO and any other value that is not a category. */
 AG_EXTERN const char *ag_category_name(ag_category cat);
-/* Parses a name back; returns AG_CAT__COUNT when unknown. */
+/* Parses a name back ("timeout"; exact, case-sensitive). Returns
+ * AG_CAT__COUNT when `name` is unknown or NULL. */
 AG_EXTERN ag_category ag_category_from_name(const char *name);
-/* True for timeout, rate_limit, network and busy. */
+/* True for timeout, rate_limit, network and busy; false for every other
+ * value, AG_CAT_AUTO included. */
 AG_EXTERN bool ag_category_transient(ag_category cat);
-/* A one-sentence suggestion for the model; a static string. */
+/* A one-sentence suggestion for the model; a static string, never NULL
+ * (unknown's for a value that is not a category). */
 AG_EXTERN const char *ag_category_suggestion(ag_category cat);
 
 /*
  * Classifies an error text (`len` bytes, any content) into a category.
  * Case-insensitive pattern table, first match wins (docs/errors.md).
- * Pure and allocation-free; safe from any thread.
+ * `text` may be NULL only when len is 0 (then AG_CAT_UNKNOWN). Never returns
+ * AG_CAT_AUTO. Pure and allocation-free; safe from any thread.
  */
 AG_EXTERN ag_category ag_classify(const char *text, size_t len);
 
@@ -373,14 +387,15 @@ typedef struct ag_result {
   ag_outcome outcome;
   const char *text; /* result or error text */
   size_t text_len;
-  ag_category category; /* AG_CAT__COUNT: classify `text` */
+  ag_category category; /* AG_CAT_AUTO: the guard classifies `text` */
 } ag_result;
 
 /*
- * Creates a guard for `cfg` (copied). `opts` may be NULL for the defaults.
- * Returns AG_OK and sets *out, or AG_ECONFIG (invalid config, err names the
- * key), AG_EINVAL (bad opts), AG_ENOMEM, AG_ECRYPTO; *out is NULL on failure.
- * The new guard is at the start of a turn at time 0.
+ * Creates a guard for `cfg` (copied; required). `opts` may be NULL for the
+ * defaults. Returns AG_OK and sets *out, or AG_ECONFIG (invalid config, err
+ * names the key), AG_EINVAL (out or cfg NULL, or bad opts), AG_ENOMEM,
+ * AG_ECRYPTO; *out is NULL on failure (when out is not NULL). The new guard
+ * is at the start of a turn at time 0. `err` may be NULL.
  */
 AG_EXTERN ag_err_t ag_guard_new(ag_guard **out, const ag_config *cfg,
                                 const ag_guard_opts *opts, ag_error_t *err);
