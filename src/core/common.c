@@ -68,11 +68,13 @@ ag_err_t ag__opts_read(void *dst, size_t dst_size, const void *src,
                        size_t min_size, const char *what, ag_error_t *err) {
   size_t n;
   memcpy(&n, src, sizeof(n));
-  if (n < min_size)
+  /* an options struct is a few KiB; a larger size is garbage (the struct
+   * was never initialised), and reading that far could fault */
+  if (n < min_size || n > AG__OPTS_SIZE_MAX)
     return ag__set_error(err, AG_EINVAL, -1,
-                         "%s: size is %zu, expected at least %zu (fill the "
+                         "%s: size is %zu, expected %zu..%d (fill the "
                          "struct with its _init function first)",
-                         what, n, min_size);
+                         what, n, min_size, AG__OPTS_SIZE_MAX);
   const unsigned char *extra = (const unsigned char *)src;
   for (size_t i = dst_size; i < n; i++)
     if (extra[i] != 0)

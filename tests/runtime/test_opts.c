@@ -52,6 +52,10 @@ Test(opts, scheduler_refuses_opts_that_were_never_initialised) {
   cr_expect(strstr(err.msg, "ag_scheduler_new: opts: size is 0") != NULL,
             "message: %s", err.msg);
   cr_expect(strstr(err.msg, "_init") != NULL, "message: %s", err.msg);
+  /* garbage, as an uninitialised struct holds: refused, never read */
+  memset(&o, 0xAB, sizeof(o));
+  cr_expect_eq(new_scheduler(&o, &err), AG_EINVAL);
+  cr_expect(strstr(err.msg, "size is") != NULL, "message: %s", err.msg);
 }
 
 Test(opts, scheduler_takes_a_newer_struct_whose_new_fields_are_zero) {
