@@ -296,6 +296,13 @@ AG_EXTERN void ag_sig_hex(const uint8_t sig[AG_SIG_LEN], char hex[65]);
 /* The guard                                                                */
 /* ------------------------------------------------------------------------ */
 
+/*
+ * NULL rules for the guard's functions: `g` and every output pointer (v,
+ * checks, results, out) must not be NULL unless the function says otherwise;
+ * only ag_guard_free accepts a NULL guard. Inside ag_call and ag_result a
+ * NULL name or text counts as empty ("", length 0); a NULL ag_call.args
+ * counts as empty arguments ({}).
+ */
 typedef struct ag_guard ag_guard;
 
 /* Capacity options of a guard: fixed at construction, never grown. */
@@ -307,7 +314,7 @@ typedef struct ag_guard_opts {
   int max_batch;          /* calls in one batch (default 256) */
 } ag_guard_opts;
 
-/* Fills `opts` with the defaults. */
+/* Fills `opts` (not NULL) with the defaults. */
 AG_EXTERN void ag_guard_opts_init(ag_guard_opts *opts);
 
 /* What the guard says about a turn, a batch or a call. */
@@ -477,9 +484,10 @@ typedef int64_t (*ag_run_fn)(void *user, const ag_call *calls,
  * (not called when the batch is stopped or escalated), then
  * ag_guard_record_results. Sharing this path is what makes a recorded run
  * stop at the same step as a live one. checks and results must have n
- * entries. Returns the deciding verdict's action; v->reason says why and,
- * for a stop before execution, v->call_index which call. *ran (may be NULL)
- * is set when `run` was called.
+ * entries. `run` may be NULL: the allowed calls are then recorded as they
+ * were preset (AG_OUTCOME_OK, empty text). Returns the deciding verdict's
+ * action; v->reason says why and, for a stop before execution,
+ * v->call_index which call. *ran (may be NULL) is set when `run` was called.
  */
 AG_EXTERN ag_action ag_guard_run_batch(ag_guard *g, const ag_call *calls,
                                        size_t n, int64_t now_ms, ag_run_fn run,
@@ -523,8 +531,9 @@ AG_EXTERN size_t ag_guard_error_context(const ag_guard *g, ag_recover_kind kind,
 
 /*
  * The escalation record {"status":"escalated","reason":...,"last_error":...,
- * "error_history":[...]} for the last trip, as compact JSON in *out
- * (caller-owns, free with ag_free). Returns AG_OK or AG_ENOMEM.
+ * "error_history":[...]} for the trip `v` describes (v may be NULL: the
+ * guard's last trip), as compact JSON in *out (caller-owns, free with
+ * ag_free). Returns AG_OK or AG_ENOMEM. `err` may be NULL.
  */
 AG_EXTERN ag_err_t ag_guard_escalation_record(const ag_guard *g,
                                               const ag_verdict *v, char **out,
@@ -533,6 +542,7 @@ AG_EXTERN ag_err_t ag_guard_escalation_record(const ag_guard *g,
 /*
  * The guard's whole state as JSON (counters, per-tool breaker state, rings,
  * error history, nudge flags) in *out (caller-owns, free with ag_free).
+ * Returns AG_OK or AG_ENOMEM. `err` may be NULL.
  */
 AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
                                  ag_error_t *err);
