@@ -206,7 +206,10 @@ echo
     return sprintf("%.2fx [%.2f-%.2f]", med(a, m), a[1], a[m])
   }
   END {
-    printf "==== summary: %d interleaved runs of each side (guard, gemini, guard, ...) on the same streams\n", runs
+    if (n["gemini_ns_per_call size=" sets[1]] > 0)
+      printf "==== summary: %d interleaved runs of each side (guard, gemini, guard, ...) on the same streams\n", runs
+    else
+      printf "==== summary: %d runs of the guard (Gemini skipped)\n", runs
     printf "machine: %s cores, %s; load average (1, 5, 15 min) %s before, %s after\n", nproc, cpu, load_before, load_after
     print "each cell: the median over the runs of each run'"'"'s median ns per call [lowest-highest run]"
     print ""
