@@ -1,8 +1,11 @@
 /*
  * bench/bench_guard.c - the cost of one guard check per tool call.
  *
- * What it measures, on two deterministic streams of realistic tool calls
- * (arguments of ~64 bytes and of ~1 KiB):
+ * What it measures, on four deterministic streams of realistic tool calls:
+ * arguments of ~64 bytes ("64"), of ~1 KiB ("1k": nested objects, code-like
+ * text, a quarter with non-ASCII text), the same shapes in ASCII only
+ * ("ascii"), and ~1 KiB of token-dense structured data ("dense": arrays of
+ * objects full of numbers, as in a tool that inserts rows or plots series):
  *   guard        ag_guard_begin_iteration + ag_guard_check_calls (a batch of
  *                one) + ag_guard_record_results (one ok result): everything
  *                the guard does for one call, signature and every detector of
@@ -10,16 +13,19 @@
  *                counterpart of one LoopDetectionService.addAndCheck() of
  *                Gemini CLI (bench/gemini/bench.mjs).
  *   guard_check  the same without ag_guard_record_results.
- *   sha256       SHA-256 alone over  name ":" canonical-arguments  with
- *                SHA256_Init/Update/Final (the guard's own allocation-free
- *                path), the canonical bytes computed up front
- *                with ag_canonicalize: the floor any signature-based check
- *                pays.
- * and the process heap in use (mallinfo2) and RSS after 1,000 and after
- * 1,000,000 checks on one guard.
+ *   sha256       SHA-256 alone over  name ":" canonical-arguments  through
+ *                ag__sha256 (src/core/sha256.c), the very code the guard
+ *                hashes with, the canonical bytes computed up front with
+ *                ag_canonicalize: the floor any signature-based check pays.
+ * and the process heap in use (mallinfo2 uordblks + hblkhd) and RSS after
+ * 1,000 and after 1,000,000 checks on one guard.
  *
  * Method: each stream is generated once from a fixed seed, so every run and
  * the Node side (which reads it from --write-stream FILE) see the same calls.
+ * bench/run.sh runs this program and the Node side in turn, several times
+ * (--no-memory), so that a slow spell of the machine hits both, and reports
+ * the median and range over those runs; the memory figures come from one
+ * run of their own (--memory-only).
  * One pass = the whole stream, with a fresh turn at its start. After warm-up
  * passes, each round times one pass of every variant back to back (so noise
  * from other processes hits them alike), and the median over rounds is
@@ -34,9 +40,6 @@
  * guard misbehaves (rejects valid arguments, signature mismatch, a stop where
  * none is possible).
  */
-/* SHA256_Init & co.: the allocation-free SHA-256 the guard itself uses
- * (src/core/sha256.c), so "SHA-256 alone" is the same floor. */
-#define OPENSSL_SUPPRESS_DEPRECATED
 #include <errno.h>
 #include <malloc.h>
 #include <stdarg.h>
@@ -47,9 +50,9 @@
 #include <time.h>
 
 #include <openssl/evp.h>
-#include <openssl/sha.h>
 
 #include "agentguard.h"
+#include "core/internal.h" /* ag__sha256: the guard's own SHA-256 path */
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                            */
@@ -280,6 +283,9 @@ typedef enum { FILL_PATH, FILL_CMD, FILL_QUERY, FILL_TEXT } fill_kind;
  */
 static int g_unicode;
 
+/* Set while the "ascii" stream is generated: no call gets non-ASCII text. */
+static int g_ascii_only;
+
 /* One token of filler text of the given kind. */
 static void fill_token(sbuf *t, fill_kind kind, int first) {
   switch (kind) {
@@ -476,7 +482,7 @@ static const char *const k_tools1k[] = {"write_file", "edit_file", "run_shell",
 /* A fresh ~1 KiB call: nested objects, arrays, numbers, multi-line text. */
 static call gen_call1k(void) {
   style st = {rng_below(4) == 0, rng_below(5) == 0};
-  g_unicode = rng_below(4) == 0;
+  g_unicode = rng_below(4) == 0 && !g_ascii_only;
   size_t target = 896 + rng_below(257); /* 896..1152, mean 1024 */
   sbuf pre = {0}, post = {0}, path = {0};
   call c = {0};
@@ -571,6 +577,108 @@ static call gen_call1k(void) {
   free(pre.p);
   free(post.p);
   free(path.p);
+  return c;
+}
+
+/* A ~1 KiB call of the "1k" shapes with ASCII text only. */
+static call gen_call_ascii(void) {
+  g_ascii_only = 1;
+  call c = gen_call1k();
+  g_ascii_only = 0;
+  return c;
+}
+
+/* One JSON number in one of the ways models write them: integers, ids and
+ * timestamps, negative and decimal values, and now and then an exponent
+ * (which JCS rewrites: 1.5e3 is 1500, 2.5E-4 is 0.00025). */
+static void put_number(sbuf *s) {
+  switch (rng_below(10)) {
+  case 0:
+  case 1:
+    sb_printf(s, "%u", rng_below(1000));
+    break;
+  case 2:
+    sb_printf(s, "%u", 1700000000u + rng_below(100000000));
+    break;
+  case 3:
+    sb_printf(s, "-%u.%u", rng_below(100), rng_below(1000));
+    break;
+  case 4:
+    sb_printf(s, "%u.%02u", rng_below(10000), rng_below(100));
+    break;
+  case 5:
+    sb_printf(s, "0.%03u", 1 + rng_below(999));
+    break;
+  case 6:
+    sb_printf(s, "%u.%ue%u", 1 + rng_below(9), rng_below(10), rng_below(6));
+    break;
+  case 7:
+    sb_printf(s, "%u.%uE-%u", 1 + rng_below(9), rng_below(10),
+              1 + rng_below(5));
+    break;
+  default:
+    sb_printf(s, "%u.%u", rng_below(100), 1 + rng_below(9));
+    break;
+  }
+}
+
+static const char *const k_tools_dense[] = {"insert_rows", "plot_series",
+                                            "update_records", "write_table"};
+static const char *const k_fields[] = {"id",  "ts",    "value", "min",
+                                       "max", "count", "x",     "y",
+                                       "lat", "lon",   "score", "weight"};
+
+/*
+ * A ~1 KiB call of token-dense structured data: an array of small objects of
+ * numbers (with a short string, a boolean and a nested array of numbers),
+ * about one JSON token every 4-5 bytes, where "1k" has long strings.
+ */
+static call gen_call_dense(void) {
+  style st = {rng_below(4) == 0, 0};
+  size_t target = 896 + rng_below(257); /* 896..1152, mean 1024 */
+  call c = {0};
+  sbuf s = {0};
+  c.name = PICK(k_tools_dense);
+  sb_puts(&s, "{");
+  key(&s, &st, 1, "table");
+  put_word_str(&s, &st, PICK(k_words));
+  key(&s, &st, 0, "rows");
+  sb_puts(&s, "[");
+  unsigned nf = 3 + rng_below(4); /* fields per row */
+  for (int row = 0; s.len + 80 < target; row++) {
+    if (row)
+      sb_puts(&s, st.spaced ? ", " : ",");
+    sb_puts(&s, "{");
+    for (unsigned f = 0; f < nf; f++) {
+      key(&s, &st, f == 0, k_fields[(f * 5 + (unsigned)row) % 12]);
+      put_number(&s);
+    }
+    if (rng_below(3) == 0) {
+      key(&s, &st, 0, "ok");
+      sb_puts(&s, rng_below(2) ? "true" : "false");
+    }
+    if (rng_below(3) == 0) {
+      key(&s, &st, 0, "label");
+      put_word_str(&s, &st, PICK(k_words));
+    }
+    if (rng_below(4) == 0) {
+      key(&s, &st, 0, "series");
+      sb_puts(&s, "[");
+      for (unsigned k = 0, n = 2 + rng_below(4); k < n; k++) {
+        if (k)
+          sb_puts(&s, st.spaced ? ", " : ",");
+        put_number(&s);
+      }
+      sb_puts(&s, "]");
+    }
+    sb_puts(&s, "}");
+  }
+  sb_puts(&s, "]");
+  key(&s, &st, 0, "upsert");
+  sb_puts(&s, rng_below(2) ? "true" : "false");
+  sb_puts(&s, "}");
+  c.args = s.p;
+  c.args_len = s.len;
   return c;
 }
 
@@ -703,8 +811,7 @@ static inline void guard_one(runner *r, const call *c, int record) {
   }
   if (!record)
     return;
-  ag_result res = {c->name, r->check.sig, AG_OUTCOME_OK, "ok",
-                   2,       AG_CAT__COUNT};
+  ag_result res = {c->name, r->check.sig, AG_OUTCOME_OK, "ok", 2, AG_CAT_AUTO};
   if (r->check.action == AG_NUDGE) {
     r->nudges++;
     res.outcome = AG_OUTCOME_SKIPPED;
@@ -727,26 +834,25 @@ static uint64_t guard_pass(runner *r, const stream *s, int record) {
 static volatile unsigned char g_sink;
 
 /*
- * The SHA-256 method, fetched once (for the signature cross-check below).
- * Timing uses SHA256_Init/Update/Final, the allocation-free path the guard
- * hashes through: on OpenSSL 3.0 every EVP re-initialisation allocates, so
- * EVP is not the floor the guard pays.
+ * The SHA-256 method, fetched once, for the signature cross-check below: an
+ * independent implementation (EVP) to check the guard's against. Timing
+ * uses ag__sha256 (src/core/sha256.c), the one context the guard hashes
+ * through, re-initialised per call as the guard does: the floor is the
+ * guard's own SHA-256, not a different one.
  */
 static EVP_MD *g_sha256;
 
-static uint64_t sha_pass(EVP_MD_CTX *ctx, const stream *s) {
-  unsigned char md[SHA256_DIGEST_LENGTH];
+static uint64_t sha_pass(ag__sha256 *h, const stream *s) {
+  uint8_t md[AG_SIG_LEN];
   unsigned char acc = 0;
-  (void)ctx;
   uint64_t t0 = now_ns();
   for (size_t i = 0; i < s->n; i++) {
     const call *c = &s->calls[i];
-    SHA256_CTX sc;
-    if (SHA256_Init(&sc) != 1 ||
-        SHA256_Update(&sc, c->name, strlen(c->name)) != 1 ||
-        SHA256_Update(&sc, ":", 1) != 1 ||
-        SHA256_Update(&sc, c->canon, c->canon_len) != 1 ||
-        SHA256_Final(md, &sc) != 1)
+    ag__sha256_init(h);
+    ag__sha256_update(h, c->name, strlen(c->name));
+    ag__sha256_update(h, ":", 1);
+    ag__sha256_update(h, c->canon, c->canon_len);
+    if (!ag__sha256_final(h, md))
       die("SHA-256 failed");
     acc ^= md[0];
   }
@@ -794,9 +900,11 @@ static void verify_signatures(const stream *s) {
 /* Memory                                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* Bytes malloc has handed out: from the heap (uordblks) and as separate
+ * mmaps (hblkhd, blocks past the mmap threshold: a guard's scratch is). */
 static size_t heap_in_use(void) {
   struct mallinfo2 mi = mallinfo2();
-  return mi.uordblks;
+  return mi.uordblks + mi.hblkhd;
 }
 
 static long rss_kib(void) {
@@ -863,12 +971,12 @@ typedef struct figures {
 
 static figures measure(const stream *s, int warmup, int rounds) {
   runner full, chk;
-  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  ag__sha256 *ctx = NULL;
+  if (ag__sha256_new(&ctx) != AG_OK)
+    die("ag__sha256_new failed");
   double *tf = xmalloc((size_t)rounds * sizeof *tf);
   double *tc = xmalloc((size_t)rounds * sizeof *tc);
   double *ts = xmalloc((size_t)rounds * sizeof *ts);
-  if (!ctx)
-    die("EVP_MD_CTX_new failed");
   runner_init(&full);
   runner_init(&chk);
   for (int i = 0; i < warmup; i++) {
@@ -913,7 +1021,7 @@ static figures measure(const stream *s, int warmup, int rounds) {
         full.stops, rounds);
   ag_guard_free(full.g);
   ag_guard_free(chk.g);
-  EVP_MD_CTX_free(ctx);
+  ag__sha256_free(ctx);
   free(tf);
   free(tc);
   free(ts);
@@ -922,7 +1030,8 @@ static figures measure(const stream *s, int warmup, int rounds) {
 
 static void usage(void) {
   fputs("usage: bench_guard [--write-stream FILE] [--stream-only] "
-        "[--calls N] [--rounds N] [--warmup N] [--mem-checks N] [--quick]\n",
+        "[--no-memory | --memory-only] [--calls N] [--rounds N] "
+        "[--warmup N] [--mem-checks N] [--quick]\n",
         stderr);
   exit(2);
 }
@@ -936,15 +1045,21 @@ static long parse_long(const char *s) {
   return v;
 }
 
+enum { N_STREAMS = 4 };
+
 int main(int argc, char **argv) {
   const char *stream_file = NULL;
-  int stream_only = 0;
+  int stream_only = 0, no_memory = 0, memory_only = 0;
   long calls = 4096, rounds = 31, warmup = 3, mem_checks = 1000000;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--write-stream") && i + 1 < argc)
       stream_file = argv[++i];
     else if (!strcmp(argv[i], "--stream-only"))
       stream_only = 1;
+    else if (!strcmp(argv[i], "--no-memory"))
+      no_memory = 1;
+    else if (!strcmp(argv[i], "--memory-only"))
+      memory_only = 1;
     else if (!strcmp(argv[i], "--calls") && i + 1 < argc)
       calls = parse_long(argv[++i]);
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
@@ -961,6 +1076,8 @@ int main(int argc, char **argv) {
     } else
       usage();
   }
+  if (no_memory && memory_only)
+    usage();
   if (mem_checks < 1000)
     mem_checks = 1000;
 
@@ -968,40 +1085,43 @@ int main(int argc, char **argv) {
   if (!g_sha256)
     die("EVP_MD_fetch(SHA256) failed");
 
-  stream s64, s1k;
-  build_stream(&s64, "64", (size_t)calls, gen_call64, 0x61677561726430ull);
-  build_stream(&s1k, "1k", (size_t)calls, gen_call1k, 0x61677561726431ull);
+  /* the seeds of "64" and "1k" are those of earlier versions of this bench,
+   * so their streams (and figures) stay comparable */
+  stream st[N_STREAMS];
+  build_stream(&st[0], "64", (size_t)calls, gen_call64, 0x61677561726430ull);
+  build_stream(&st[1], "1k", (size_t)calls, gen_call1k, 0x61677561726431ull);
+  build_stream(&st[2], "ascii", (size_t)calls, gen_call_ascii,
+               0x61677561726432ull);
+  build_stream(&st[3], "dense", (size_t)calls, gen_call_dense,
+               0x61677561726433ull);
 
   if (stream_file) {
     FILE *f = fopen(stream_file, "w");
     if (!f)
       die("cannot write %s: %s", stream_file, strerror(errno));
-    write_stream(f, &s64);
-    write_stream(f, &s1k);
+    for (int k = 0; k < N_STREAMS; k++)
+      write_stream(f, &st[k]);
     if (fclose(f) != 0)
       die("cannot write %s: %s", stream_file, strerror(errno));
   }
-  if (stream_only) {
-    free_stream(&s64);
-    free_stream(&s1k);
-    EVP_MD_free(g_sha256);
-    return 0;
+  if (!stream_only) {
+    printf("agentguard %s: guard check per call, default preset "
+           "(max_iterations, max_turn_duration, max_calls_per_turn = 0)\n",
+           ag_version());
+    if (!memory_only) {
+      printf("medians of %ld rounds after %ld warm-up passes; "
+             "one call = one iteration with a batch of one\n",
+             rounds, warmup);
+      for (int k = 0; k < N_STREAMS; k++)
+        verify_signatures(&st[k]);
+      for (int k = 0; k < N_STREAMS; k++)
+        measure(&st[k], (int)warmup, (int)rounds);
+    }
+    if (!no_memory)
+      memory_report(&st[0], &st[1], mem_checks);
   }
-
-  printf("agentguard %s: guard check per call, default preset "
-         "(max_iterations, max_turn_duration, max_calls_per_turn = 0)\n",
-         ag_version());
-  printf("medians of %ld rounds after %ld warm-up passes; "
-         "one call = one iteration with a batch of one\n",
-         rounds, warmup);
-  verify_signatures(&s64);
-  verify_signatures(&s1k);
-  measure(&s64, (int)warmup, (int)rounds);
-  measure(&s1k, (int)warmup, (int)rounds);
-  memory_report(&s64, &s1k, mem_checks);
-
-  free_stream(&s64);
-  free_stream(&s1k);
+  for (int k = 0; k < N_STREAMS; k++)
+    free_stream(&st[k]);
   EVP_MD_free(g_sha256);
   return 0;
 }

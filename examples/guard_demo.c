@@ -137,7 +137,7 @@ static int run_agent(const demo_agent *a) {
     for (int i = 0; i < a->width; i++) {
       results[i].name = row[i].name;
       results[i].sig = checks[i].sig;
-      results[i].category = AG_CAT__COUNT;
+      results[i].category = AG_CAT_AUTO;
       if (checks[i].action == AG_NUDGE) {
         printf("   guard: nudge, %s held back: \"%s\"\n", row[i].name,
                checks[i].message);

@@ -22,7 +22,9 @@
 //
 // Method, as the C side: one pass = the whole stream after reset(promptId);
 // warm-up passes (also for the JIT), then rounds of one pass each; the median
-// ns/call over rounds is reported. When the detector reports a loop it would
+// ns/call over rounds is reported, for every stream ("set") in the file.
+// bench/run.sh runs this and bench_guard in turn several times (C, Node, C,
+// Node, ...) and reports the median and range over those runs. When the detector reports a loop it would
 // keep answering "loop" cheaply until reset, so it is reset at once and the
 // reset is counted, as the C side begins a new turn after a stop.
 //

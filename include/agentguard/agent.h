@@ -56,6 +56,8 @@ typedef struct ag_turn_outcome {
                          the turn (0 when it reports none) */
 } ag_turn_outcome;
 
+/* Frees o->final_text and zeroes the outcome, ready for the next turn.
+ * NULL does nothing. */
 AG_EXTERN void ag_turn_outcome_clear(ag_turn_outcome *o);
 
 typedef enum { AG_HUMAN_STOP = 0, AG_HUMAN_CONTINUE } ag_human_action;
@@ -75,7 +77,14 @@ typedef ag_human_action (*ag_human_fn)(void *user, const char *record,
  */
 typedef void (*ag_event_fn)(void *user, const json_t *event);
 
+/*
+ * Options of a session. Versioned like ag_scheduler_opts: `size` comes first
+ * and ag_agent_opts_init sets it (docs/c-api.md, "Options structs"). Always
+ * start from ag_agent_opts_init. The embedded ag_config is a plain value
+ * whose size is part of the ABI of this version.
+ */
 typedef struct ag_agent_opts {
+  size_t size;               /* set by ag_agent_opts_init; do not change */
   ag_config config;          /* copied */
   ag_provider *provider;     /* borrowed; required */
   const ag_registry *tools;  /* borrowed; may be NULL (no tools) */
@@ -95,14 +104,24 @@ typedef struct ag_agent_opts {
   uint64_t seed;            /* jitter of retries; 0: from the clock */
 } ag_agent_opts;
 
+/* Fills `o` with the defaults: the `default` preset, no tools, no
+ * callbacks, the 8 MiB history cap, seed 0; sets o->size. NULL does
+ * nothing. */
 AG_EXTERN void ag_agent_opts_init(ag_agent_opts *o);
 
 typedef struct ag_agent ag_agent;
 
-/* Creates a session: its guard and scheduler. Returns AG_OK, AG_EINVAL (no
- * provider), AG_ECONFIG, AG_ENOMEM, AG_ECRYPTO, AG_EIO. */
+/*
+ * Creates a session: its guard and scheduler. `opts` is required and copied
+ * (its strings too); opts->provider is required. Returns AG_OK and sets
+ * *out, or AG_EINVAL (out, opts or opts->provider NULL, or opts->size not set
+ * by ag_agent_opts_init), AG_ECONFIG, AG_ENOMEM, AG_ECRYPTO, AG_EIO; *out is
+ * NULL on failure (when out is not NULL). `err` may be NULL.
+ */
 AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
                                 ag_error_t *err);
+/* Frees a session: its history, guard and scheduler (joining the pool
+ * threads). Not while a turn runs. NULL does nothing. */
 AG_EXTERN void ag_agent_free(ag_agent *a);
 
 /*

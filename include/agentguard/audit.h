@@ -80,7 +80,7 @@ typedef struct ag_traj_result {
    * "is_error": true, event "ok": false); AG_OUTCOME_SKIPPED: it did not run
    * in the recording (denied at approval, blocked). */
   ag_outcome outcome;
-  ag_category category; /* AG_CAT__COUNT: let the guard classify the text */
+  ag_category category; /* AG_CAT_AUTO: let the guard classify the text */
   const char *text;     /* never NULL; may hold NUL bytes */
   size_t text_len;
 } ag_traj_result;

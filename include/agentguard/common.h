@@ -20,13 +20,36 @@ extern "C" {
 #define AG_EXTERN
 #endif
 
+/*
+ * The version, in this one place: CMakeLists.txt reads these three lines for
+ * project(VERSION), the shared library's SOVERSION and agentguard.pc, and
+ * everything else is derived from them. The macros say which header a
+ * program was compiled against; ag_version() and ag_version_number() say
+ * which library it runs with.
+ */
 #define AG_VERSION_MAJOR 0
 #define AG_VERSION_MINOR 1
 #define AG_VERSION_PATCH 0
-#define AG_VERSION_STRING "0.1.0"
 
-/* The library version as "MAJOR.MINOR.PATCH"; a static string. */
+#define AG__STR(x) #x
+#define AG__XSTR(x) AG__STR(x)
+/* "MAJOR.MINOR.PATCH", e.g. "0.1.0". */
+#define AG_VERSION_STRING                                                      \
+  AG__XSTR(AG_VERSION_MAJOR)                                                   \
+  "." AG__XSTR(AG_VERSION_MINOR) "." AG__XSTR(AG_VERSION_PATCH)
+/* MAJOR * 1000000 + MINOR * 1000 + PATCH (0.1.0 is 1000, 1.2.3 is 1002003),
+ * so versions compare as integers: #if AG_VERSION_NUMBER >= 1000. */
+#define AG_VERSION_NUMBER                                                      \
+  ((AG_VERSION_MAJOR)*1000000 + (AG_VERSION_MINOR)*1000 + (AG_VERSION_PATCH))
+
+/* The library's version as "MAJOR.MINOR.PATCH"; a static string, never
+ * NULL. Safe from any thread. */
 AG_EXTERN const char *ag_version(void);
+
+/* The library's version as AG_VERSION_NUMBER computes it, for a run-time
+ * check that the library is at least the header's version:
+ * ag_version_number() >= AG_VERSION_NUMBER. Safe from any thread. */
+AG_EXTERN int ag_version_number(void);
 
 /*
  * Error codes. Produced from one X-macro table: codes are only ever appended,

@@ -2,11 +2,12 @@
  * agentguard/core.h - the guard: configuration and presets, call signatures,
  * error classification, compact errors, and the loop/error detectors.
  *
- * The core is pure: it never does I/O, never reads the clock (time is an
- * argument, in milliseconds on any monotonic scale the caller picks), starts
- * no threads and keeps no mutable globals (the classifier's pattern index is
- * built once, under pthread_once, and only read after). After ag_guard_new()
- * the check path
+ * The core is pure with one exception: ag_config_load_file reads the file
+ * it is given (a convenience over ag_config_parse); nothing else here does
+ * I/O. The core never reads the clock (time is an argument, in milliseconds
+ * on any monotonic scale the caller picks), starts no threads and keeps no
+ * mutable globals (the classifier's pattern index is built once, under
+ * pthread_once, and only read after). After ag_guard_new() the check path
  * (ag_guard_begin_iteration, ag_guard_check_calls, ag_guard_record_results)
  * never allocates.
  *
@@ -213,28 +214,42 @@ AG_EXTERN void ag_format_duration(int64_t ms, char *buf, size_t cap);
   X(PLOTTING, "plotting", 0)                                                   \
   X(CRASH, "crash", 0)
 
+/*
+ * Categories keep their numbers: new ones are only ever appended to the
+ * list, so AG_CAT__COUNT grows between versions and is not a stable value.
+ * AG_CAT_AUTO is: a fixed number (256) that is never a category and means
+ * "classify the text for me" where a category is an input (ag_result,
+ * ag_traj_result). Any other value that is not a category (AG_CAT__COUNT
+ * included, as older code passed) is read the same way.
+ */
 typedef enum {
 #define AG__CAT_ENUM(id, name, transient) AG_CAT_##id,
   AG_CATEGORY_MAP(AG__CAT_ENUM)
 #undef AG__CAT_ENUM
-      AG_CAT__COUNT
+      AG_CAT__COUNT,
+  AG_CAT_AUTO = 256
 } ag_category;
 
-/* "timeout", "not_found", ...; a static string. */
+/* "timeout", "not_found", ...; a static string, never NULL: "unknown" for
+ * AG_CAT_AUTO and any other value that is not a category. */
 AG_EXTERN const char *ag_category_name(ag_category cat);
-/* Parses a name back; returns AG_CAT__COUNT when unknown. */
+/* Parses a name back ("timeout"; exact, case-sensitive). Returns
+ * AG_CAT__COUNT when `name` is unknown or NULL. */
 AG_EXTERN ag_category ag_category_from_name(const char *name);
 /* Values are only ever appended (before AG_CAT__COUNT), so the numbers of
  * existing categories never change. */
-/* True for timeout, rate_limit, network and busy. */
+/* True for timeout, rate_limit, network and busy; false for every other
+ * value, AG_CAT_AUTO included. */
 AG_EXTERN bool ag_category_transient(ag_category cat);
-/* A one-sentence suggestion for the model; a static string. */
+/* A one-sentence suggestion for the model; a static string, never NULL
+ * (unknown's for a value that is not a category). */
 AG_EXTERN const char *ag_category_suggestion(ag_category cat);
 
 /*
  * Classifies an error text (`len` bytes, any content) into a category.
  * Case-insensitive pattern table, first match wins (docs/errors.md).
- * Pure and allocation-free; safe from any thread.
+ * `text` may be NULL only when len is 0 (then AG_CAT_UNKNOWN). Never returns
+ * AG_CAT_AUTO. Pure and allocation-free; safe from any thread.
  */
 AG_EXTERN ag_category ag_classify(const char *text, size_t len);
 
@@ -298,6 +313,13 @@ AG_EXTERN void ag_sig_hex(const uint8_t sig[AG_SIG_LEN], char hex[65]);
 /* The guard                                                                */
 /* ------------------------------------------------------------------------ */
 
+/*
+ * NULL rules for the guard's functions: `g` and every output pointer (v,
+ * checks, results, out) must not be NULL unless the function says otherwise;
+ * only ag_guard_free accepts a NULL guard. Inside ag_call and ag_result a
+ * NULL name or text counts as empty ("", length 0); a NULL ag_call.args
+ * counts as empty arguments ({}).
+ */
 typedef struct ag_guard ag_guard;
 
 /* Capacity options of a guard: fixed at construction, never grown. */
@@ -309,7 +331,7 @@ typedef struct ag_guard_opts {
   int max_batch;          /* calls in one batch (default 256) */
 } ag_guard_opts;
 
-/* Fills `opts` with the defaults. */
+/* Fills `opts` (not NULL) with the defaults. */
 AG_EXTERN void ag_guard_opts_init(ag_guard_opts *opts);
 
 /* What the guard says about a turn, a batch or a call. */
@@ -397,14 +419,15 @@ typedef struct ag_result {
   ag_outcome outcome;
   const char *text; /* result or error text */
   size_t text_len;
-  ag_category category; /* AG_CAT__COUNT: classify `text` */
+  ag_category category; /* AG_CAT_AUTO: the guard classifies `text` */
 } ag_result;
 
 /*
- * Creates a guard for `cfg` (copied). `opts` may be NULL for the defaults.
- * Returns AG_OK and sets *out, or AG_ECONFIG (invalid config, err names the
- * key), AG_EINVAL (bad opts), AG_ENOMEM, AG_ECRYPTO; *out is NULL on failure.
- * The new guard is at the start of a turn at time 0.
+ * Creates a guard for `cfg` (copied; required). `opts` may be NULL for the
+ * defaults. Returns AG_OK and sets *out, or AG_ECONFIG (invalid config, err
+ * names the key), AG_EINVAL (out or cfg NULL, or bad opts), AG_ENOMEM,
+ * AG_ECRYPTO; *out is NULL on failure (when out is not NULL). The new guard
+ * is at the start of a turn at time 0. `err` may be NULL.
  */
 AG_EXTERN ag_err_t ag_guard_new(ag_guard **out, const ag_config *cfg,
                                 const ag_guard_opts *opts, ag_error_t *err);
@@ -487,9 +510,10 @@ typedef int64_t (*ag_run_fn)(void *user, const ag_call *calls,
  * (not called when the batch is stopped or escalated), then
  * ag_guard_record_results. Sharing this path is what makes a recorded run
  * stop at the same step as a live one. checks and results must have n
- * entries. Returns the deciding verdict's action; v->reason says why and,
- * for a stop before execution, v->call_index which call. *ran (may be NULL)
- * is set when `run` was called.
+ * entries. `run` may be NULL: the allowed calls are then recorded as they
+ * were preset (AG_OUTCOME_OK, empty text). Returns the deciding verdict's
+ * action; v->reason says why and, for a stop before execution,
+ * v->call_index which call. *ran (may be NULL) is set when `run` was called.
  */
 AG_EXTERN ag_action ag_guard_run_batch(ag_guard *g, const ag_call *calls,
                                        size_t n, int64_t now_ms, ag_run_fn run,
@@ -576,8 +600,9 @@ AG_EXTERN size_t ag_guard_error_context(const ag_guard *g, ag_recover_kind kind,
 
 /*
  * The escalation record {"status":"escalated","reason":...,"last_error":...,
- * "error_history":[...]} for the last trip, as compact JSON in *out
- * (caller-owns, free with ag_free). Returns AG_OK or AG_ENOMEM.
+ * "error_history":[...]} for the trip `v` describes (v may be NULL: the
+ * guard's last trip), as compact JSON in *out (caller-owns, free with
+ * ag_free). Returns AG_OK or AG_ENOMEM. `err` may be NULL.
  */
 AG_EXTERN ag_err_t ag_guard_escalation_record(const ag_guard *g,
                                               const ag_verdict *v, char **out,
@@ -586,6 +611,7 @@ AG_EXTERN ag_err_t ag_guard_escalation_record(const ag_guard *g,
 /*
  * The guard's whole state as JSON (counters, per-tool breaker state, rings,
  * error history, nudge flags) in *out (caller-owns, free with ag_free).
+ * Returns AG_OK or AG_ENOMEM. `err` may be NULL.
  */
 AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
                                  ag_error_t *err);

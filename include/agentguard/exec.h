@@ -110,17 +110,19 @@ AG_EXTERN size_t ag_cancel_fds(ag_cancel *c, int *fds, size_t cap,
 typedef struct ag_output ag_output;
 
 /*
- * Appends to the result; past the buffer's cap the rest is dropped and the
- * result is marked truncated. Returns 0, or 1 once truncated.
+ * Appends `len` bytes of `data` to the result; past the buffer's cap the
+ * rest is dropped and the result is marked truncated. Returns 0, or 1 once
+ * truncated. `data` NULL or `len` 0 appends nothing; `o` NULL returns 1.
  */
 AG_EXTERN int ag_output_write(ag_output *o, const char *data, size_t len);
+/* As ag_output_write, for printf-style text. `o` or `fmt` NULL returns 1. */
 AG_EXTERN int ag_output_printf(ag_output *o, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
 /* Marks an AG_TOOL_ERROR as transient (retry it) or permanent, overriding
- * the classifier. */
+ * the classifier. `o` NULL does nothing. */
 AG_EXTERN void ag_output_set_transient(ag_output *o, bool transient);
 
 typedef enum {
@@ -180,7 +182,11 @@ AG_EXTERN void ag_tool_def_init(ag_tool_def *d);
 
 typedef struct ag_registry ag_registry;
 
+/* Creates an empty registry. Returns AG_OK and sets *out, AG_EINVAL (out
+ * NULL) or AG_ENOMEM (*out NULL). `err` may be NULL. */
 AG_EXTERN ag_err_t ag_registry_new(ag_registry **out, ag_error_t *err);
+/* Frees a registry and its copies of the definitions; no scheduler or agent
+ * may still use it. NULL does nothing. */
 AG_EXTERN void ag_registry_free(ag_registry *r);
 
 /*
@@ -201,11 +207,14 @@ AG_EXTERN void ag_registry_free(ag_registry *r);
 AG_EXTERN ag_err_t ag_registry_add(ag_registry *r, const ag_tool_def *def,
                                    ag_error_t *err);
 
-/* Number of tools, and the i-th name (borrowed until ag_registry_free). */
+/* Number of tools in the order they were added; 0 for NULL. */
 AG_EXTERN size_t ag_registry_count(const ag_registry *r);
+/* The i-th tool's name (borrowed until ag_registry_free), or NULL when `r`
+ * is NULL or i >= ag_registry_count(r). */
 AG_EXTERN const char *ag_registry_name(const ag_registry *r, size_t i);
 
-/* The tool's definition (borrowed until ag_registry_free), or NULL. */
+/* The tool's definition (borrowed until ag_registry_free), or NULL: no such
+ * tool, or `r` or `name` NULL. */
 AG_EXTERN const ag_tool_def *ag_registry_get(const ag_registry *r,
                                              const char *name);
 
@@ -268,6 +277,7 @@ typedef struct ag_exec_result {
   size_t text_len;
 } ag_exec_result;
 
+/* Frees r->text and zeroes the result. NULL does nothing. */
 AG_EXTERN void ag_exec_result_clear(ag_exec_result *r);
 
 /* One call of a batch. Pointers borrowed for the run. */
@@ -293,7 +303,15 @@ typedef ag_approval (*ag_approve_fn)(void *user, const char *tool,
                                      const char *args, size_t args_len,
                                      char *reason, size_t reason_cap);
 
+/*
+ * Options of a scheduler. Versioned: `size` comes first and
+ * ag_scheduler_opts_init sets it to sizeof(ag_scheduler_opts) of the header
+ * the caller compiled against, so fields appended in later versions keep
+ * older callers working (docs/c-api.md, "Options structs"). Always start
+ * from ag_scheduler_opts_init; a struct whose size is 0 is AG_EINVAL.
+ */
 typedef struct ag_scheduler_opts {
+  size_t size;           /* set by ag_scheduler_opts_init; do not change */
   ag_approve_fn approve; /* NULL: approve everything */
   void *approve_user;
   ag_attempt_fn on_attempt; /* may be NULL */
@@ -301,16 +319,21 @@ typedef struct ag_scheduler_opts {
   uint64_t jitter_seed; /* for retry jitter; 0: from the clock */
 } ag_scheduler_opts;
 
+/* Fills `o` with the defaults (every callback NULL, jitter_seed 0) and sets
+ * o->size. NULL does nothing. */
 AG_EXTERN void ag_scheduler_opts_init(ag_scheduler_opts *o);
 
 typedef struct ag_scheduler ag_scheduler;
 
 /*
  * Creates a scheduler over `reg` (borrowed; must outlive it) with `cfg`
- * (copied: retry.*, loop.parallel, loop.max_parallel). Starts
- * loop.max_parallel pool threads (none when loop.parallel is false or
- * max_parallel is 1: then every call runs on the caller's thread). Returns
- * AG_OK, AG_ENOMEM, AG_EIO (thread creation failed; err->sys_errno).
+ * (copied: retry.*, loop.parallel, loop.max_parallel) and `opts` (copied;
+ * NULL: the defaults). Starts loop.max_parallel pool threads (none when
+ * loop.parallel is false or max_parallel is 1: then every call runs on the
+ * caller's thread). Returns AG_OK and sets *out, AG_EINVAL (out, reg or cfg
+ * NULL, or opts->size not set by ag_scheduler_opts_init), AG_ENOMEM, AG_EIO
+ * (thread creation failed; err->sys_errno). *out is NULL on failure (when
+ * out is not NULL). `err` may be NULL.
  */
 AG_EXTERN ag_err_t ag_scheduler_new(ag_scheduler **out, const ag_registry *reg,
                                     const ag_config *cfg,

@@ -105,11 +105,18 @@ typedef struct ag_provider_vtable {
 typedef struct ag_provider ag_provider;
 
 /* Wraps a vtable (borrowed, static storage) and its state (steals: destroy
- * is called by ag_provider_free, or at once when ag_provider_new fails). */
+ * is called by ag_provider_free, or at once when ag_provider_new fails).
+ * Returns AG_OK and sets *out, AG_EINVAL (out or vt NULL, or no
+ * vt->complete) or AG_ENOMEM; *out is NULL on failure (when out is not
+ * NULL). `self` may be NULL; `err` may be NULL. */
 AG_EXTERN ag_err_t ag_provider_new(ag_provider **out,
                                    const ag_provider_vtable *vt, void *self,
                                    ag_error_t *err);
+/* Calls the vtable's destroy (when set) on the provider's state, then frees
+ * the handle. Not while a request runs. NULL does nothing. */
 AG_EXTERN void ag_provider_free(ag_provider *p);
+/* The vtable's kind ("scripted", ...; borrowed, static storage), or
+ * "custom" when it has none or `p` is NULL. */
 AG_EXTERN const char *ag_provider_kind(const ag_provider *p);
 /*
  * Calls the provider's complete(). Before: *out and *perr are zeroed

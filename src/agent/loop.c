@@ -76,7 +76,6 @@ struct ag_agent {
   ag_provider *provider;  /* borrowed */
   const ag_registry *reg; /* borrowed, or own_reg */
   ag_registry *own_reg;   /* an empty registry when opts.tools is NULL */
-  char *system_prompt;    /* copied, or NULL */
   ag_human_fn human;
   void *human_user;
   ag_delta_fn on_delta; /* streaming text of model replies, or NULL */
@@ -198,6 +197,7 @@ AG_EXTERN void ag_agent_opts_init(ag_agent_opts *o) {
   if (o == NULL)
     return;
   memset(o, 0, sizeof(*o));
+  o->size = sizeof(*o);
   ag_config_init(&o->config);
   o->max_history_bytes = DEFAULT_HISTORY_BYTES;
 }
@@ -235,6 +235,13 @@ AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
     return ag__set_error(err, AG_EINVAL, -1,
                          "ag_agent_new: out, opts and opts->provider are "
                          "required");
+  ag_agent_opts vopts;
+  ag_agent_opts_init(&vopts);
+  /* this layout is the first versioned one: its size is the minimum */
+  if (ag__opts_read(&vopts, sizeof(vopts), opts, sizeof(vopts),
+                    "ag_agent_new: opts", err) != AG_OK)
+    return AG_EINVAL;
+  opts = &vopts;
   ag_agent *a = calloc(1, sizeof(*a));
   if (a == NULL)
     return nomem(err);
@@ -284,10 +291,9 @@ AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
   if (a->history == NULL || a->ectx == NULL)
     goto fail_nomem;
   if (opts->system_prompt != NULL) {
-    a->system_prompt = dup0(opts->system_prompt);
+    /* the history's system message is the only copy of the prompt */
     json_t *m = message("system", opts->system_prompt);
-    if (a->system_prompt == NULL || m == NULL ||
-        json_array_append_new(a->history, m) != 0)
+    if (m == NULL || json_array_append_new(a->history, m) != 0)
       goto fail_nomem;
   }
   a->stored_bytes = json_size(a->history); /* brackets and system message */
@@ -309,7 +315,6 @@ AG_EXTERN void ag_agent_free(ag_agent *a) {
   ag_guard_free(a->guard);
   json_decref(a->history);
   free(a->turns);
-  free(a->system_prompt);
   free(a->ectx);
   ag__ev_destroy(&a->ev);
   free(a);
@@ -898,7 +903,6 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
 
 typedef struct batch_ctx {
   turn_ctx *t;
-  const ag_reply *reply;
   const call_ids *ids;
   ag_exec_call *ecalls;
   ag_exec_result *ers;
@@ -966,7 +970,7 @@ static int64_t run_cb(void *user, const ag_call *calls,
     switch (er->status) {
     case AG_EXEC_OK:
       r->outcome = AG_OUTCOME_OK;
-      r->category = AG_CAT__COUNT; /* the guard checks the prefixes */
+      r->category = AG_CAT_AUTO; /* the guard checks the prefixes */
       ok = !ag_guard_is_error_text(a->guard, text, len);
       cat = ok ? NULL : ag_category_name(ag_classify(text, len));
       break;
@@ -1094,7 +1098,10 @@ static step after_errors(turn_ctx *t, ag_recover_kind kind) {
   return GO_ON;
 }
 
-/* Steps 6-8 for a reply with tool calls. */
+/* A reply with tool calls, docs/agent.md steps 6 and 7: the batch through
+ * ag_guard_run_batch, the tool messages, the verdict (a stop, an escalation
+ * with its human answer, a nudge, or a loop-breaking tool that ends the
+ * turn), and for step 8 the error context that the next request carries. */
 static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
   ag_agent *a = t->a;
   size_t n = reply->n_calls;
@@ -1133,7 +1140,7 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
     calls[i].args = call_args(&reply->calls[i], &calls[i].args_len);
   }
 
-  batch_ctx b = {t, reply, ids, ecalls, ers, false};
+  batch_ctx b = {t, ids, ecalls, ers, false};
   ag_verdict v;
   bool ran = false;
   ag_action act = ag_guard_run_batch(a->guard, calls, n, ag_now_ms(), run_cb,

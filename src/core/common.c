@@ -11,6 +11,10 @@ AG_EXTERN const char *ag_version(void) {
   return AG_VERSION_STRING;
 }
 
+AG_EXTERN int ag_version_number(void) {
+  return AG_VERSION_NUMBER;
+}
+
 static const char *const err_msgs[] = {
 #define X(name, msg) msg,
     AG_ERRNO_MAP(X)
@@ -58,6 +62,29 @@ ag_err_t ag__set_error(ag_error_t *err, ag_err_t code, long pos,
   vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
   va_end(ap);
   return code;
+}
+
+ag_err_t ag__opts_read(void *dst, size_t dst_size, const void *src,
+                       size_t min_size, const char *what, ag_error_t *err) {
+  size_t n;
+  memcpy(&n, src, sizeof(n));
+  /* an options struct is a few KiB; a larger size is garbage (the struct
+   * was never initialised), and reading that far could fault */
+  if (n < min_size || n > AG__OPTS_SIZE_MAX)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "%s: size is %zu, expected %zu..%d (fill the "
+                         "struct with its _init function first)",
+                         what, n, min_size, AG__OPTS_SIZE_MAX);
+  const unsigned char *extra = (const unsigned char *)src;
+  for (size_t i = dst_size; i < n; i++)
+    if (extra[i] != 0)
+      return ag__set_error(err, AG_EINVAL, -1,
+                           "%s: byte %zu is set, past the %zu bytes this "
+                           "library version knows (a newer header's field)",
+                           what, i, dst_size);
+  memcpy(dst, src, n < dst_size ? n : dst_size);
+  memcpy(dst, &dst_size, sizeof(dst_size));
+  return AG_OK;
 }
 
 size_t ag__scopy(char *dst, size_t cap, const char *src) {

@@ -235,6 +235,8 @@ static err_entry *ring_at(const err_ring *r, int i) {
 AG_EXTERN ag_err_t ag_guard_new(ag_guard **out, const ag_config *cfg,
                                 const ag_guard_opts *opts, ag_error_t *err) {
   ag_err_t rc;
+  if (out == NULL)
+    return ag__set_error(err, AG_EINVAL, -1, "ag_guard_new: out is NULL");
   *out = NULL;
   if (cfg == NULL)
     return ag__set_error(err, AG_EINVAL, -1, "ag_guard_new: config is NULL");

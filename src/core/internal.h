@@ -27,6 +27,21 @@ ag_err_t ag__set_error(ag_error_t *err, ag_err_t code, long pos,
  * (excluding NUL), i.e. min(needed, cap-1). */
 size_t ag__scopy(char *dst, size_t cap, const char *src);
 
+/*
+ * Reads a caller's options struct whose first member is `size_t size`
+ * (docs/c-api.md, "Options structs"). `dst` (dst_size bytes) holds the
+ * defaults; the first `src->size` bytes of `src` are copied over them, so a
+ * caller built against an older, shorter struct gets defaults for the
+ * fields it does not know. A size below `min_size` (the struct's first
+ * versioned size; 0 means the caller never called the _init function) or
+ * above AG__OPTS_SIZE_MAX, or a larger struct with any byte past dst_size
+ * set (fields this library does not know), is AG_EINVAL with a message that
+ * starts with `what`. On success dst's size member is dst_size.
+ */
+#define AG__OPTS_SIZE_MAX 65536 /* larger sizes are refused as garbage */
+ag_err_t ag__opts_read(void *dst, size_t dst_size, const void *src,
+                       size_t min_size, const char *what, ag_error_t *err);
+
 /* ------------------------------------------------------------------------ */
 /* Suggestions (src/core/suggest.c)                                         */
 /* ------------------------------------------------------------------------ */

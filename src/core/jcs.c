@@ -63,7 +63,10 @@
  * is); a single pass that sorts while emitting (every key of an object must
  * be known before its first byte is written, and errors must be found before
  * the sink sees anything); recursion (depth would be bounded by the C
- * stack, not by max_depth); SHA256_* (deprecated in OpenSSL 3).
+ * stack, not by max_depth); hashing through OpenSSL's EVP interface here
+ * (on OpenSSL 3.0 every EVP digest re-initialisation allocates; the hash
+ * goes through src/core/sha256.c, which uses SHA256_Init/Update/Final and
+ * falls back to EVP only where OpenSSL is built without deprecated APIs).
  */
 #define _GNU_SOURCE /* strtod_l */
 #include <float.h>

@@ -328,6 +328,7 @@ AG_EXTERN void ag_scheduler_opts_init(ag_scheduler_opts *o) {
   if (o == NULL)
     return;
   memset(o, 0, sizeof(*o));
+  o->size = sizeof(*o);
   o->approve = NULL;
   o->approve_user = NULL;
   o->on_attempt = NULL;
@@ -344,6 +345,12 @@ AG_EXTERN ag_err_t ag_scheduler_new(ag_scheduler **out, const ag_registry *reg,
   if (out == NULL || reg == NULL || cfg == NULL)
     return ag__set_error(err, AG_EINVAL, -1,
                          "ag_scheduler_new: out, reg or cfg is NULL");
+  ag_scheduler_opts o;
+  ag_scheduler_opts_init(&o);
+  /* this layout is the first versioned one: its size is the minimum */
+  if (opts != NULL && ag__opts_read(&o, sizeof(o), opts, sizeof(o),
+                                    "ag_scheduler_new: opts", err) != AG_OK)
+    return AG_EINVAL;
   ag_scheduler *s = calloc(1, sizeof(*s));
   if (s == NULL)
     return ag__set_error(err, AG_ENOMEM, -1, "scheduler: out of memory");
@@ -351,10 +358,7 @@ AG_EXTERN ag_err_t ag_scheduler_new(ag_scheduler **out, const ag_registry *reg,
   s->cfg = *cfg;
   if (s->cfg.loop.max_parallel < 1)
     s->cfg.loop.max_parallel = 1;
-  if (opts != NULL)
-    s->opts = *opts;
-  else
-    ag_scheduler_opts_init(&s->opts);
+  s->opts = o;
   s->seed = s->opts.jitter_seed;
   if (s->seed == 0)
     s->seed = splitmix64((uint64_t)ag_now_ms() ^ (uint64_t)(uintptr_t)s);

@@ -1,9 +1,9 @@
 /*
  * src/providers/provider.c - the provider handle and model replies.
  *
- * What it is for. Every model client (the scripted provider, the HTTP
- * provider, a user's own) is a vtable plus its state, wrapped in one opaque
- * ag_provider. The loop only ever calls ag_provider_complete(), so the
+ * What it is for. Every model client (the scripted provider, the only one
+ * built in today, or a user's own) is a vtable plus its state, wrapped in one
+ * opaque ag_provider. The loop only ever calls ag_provider_complete(), so the
  * guarantees the loop relies on are made here once rather than trusted to
  * every implementation:
  *   - *out and *perr are zeroed before the vtable runs, and perr starts with
