@@ -404,9 +404,9 @@ typedef struct ag_call_check {
 } ag_call_check;
 
 typedef enum {
-  AG_OUTCOME_OK = 0, /* the tool answered (may still be an error by prefix) */
-  AG_OUTCOME_ERROR,  /* the tool failed: error, timeout, crash, not found,
-                        invalid arguments, no tool call (Forge) */
+  AG_OUTCOME_OK = 0,  /* the tool answered (may still be an error by prefix) */
+  AG_OUTCOME_ERROR,   /* the tool failed: error, timeout, crash, not found,
+                         invalid arguments, no tool call (Forge) */
   AG_OUTCOME_SKIPPED, /* not run and not an error: held back, or denied
                          when the caller does not say which */
   AG_OUTCOME_DENIED   /* not run: denied at approval (mechanism 13 counts) */
@@ -547,6 +547,21 @@ AG_EXTERN int64_t ag_guard_tokens(const ag_guard *g);
 AG_EXTERN ag_action ag_guard_record_refused(ag_guard *g, const char *text,
                                             size_t len, int64_t now_ms,
                                             ag_verdict *v);
+
+/*
+ * Mechanism 14, the content loop (Gemini CLI's detector, agentguard/
+ * content.h): checks the model's text for a chunk repeated
+ * loop.content_loop_repeats times close together. `piece` true: text[0..len)
+ * is one streamed delta of the current reply (feed every delta in order);
+ * false: it is a whole reply's text, checked line by line. The detector
+ * starts afresh at each ag_guard_begin_iteration (a new reply). Returns
+ * AG_STOP with reason content_loop once a loop is found (v->message quotes
+ * the repeated text), else AG_ALLOW; with the mechanism off, AG_ALLOW. The
+ * detector (about 87 KB) is allocated at the first call; if that fails the
+ * text goes unchecked (AG_ALLOW) until an allocation succeeds.
+ */
+AG_EXTERN ag_action ag_guard_check_text(ag_guard *g, const char *text,
+                                        size_t len, bool piece, ag_verdict *v);
 
 /* The note the model gets after a first empty reply (mechanism 15). */
 #define AG_EMPTY_REPLY_NOTE                                                    \

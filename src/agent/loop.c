@@ -399,7 +399,7 @@ static void cap_history(ag_agent *a, size_t extra) {
 /* What a compacted message keeps instead of its content, and a compacted
  * call instead of its arguments (still a JSON object). */
 #define COMPACTED_NOTE                                                         \
-  "[%zu bytes dropped from this message to keep the conversation under its " \
+  "[%zu bytes dropped from this message to keep the conversation under its "   \
   "size cap]"
 #define COMPACTED_ARGS "{\"dropped\":\"%zu bytes of arguments (size cap)\"}"
 #define COMPACT_MIN 256 /* shorter texts are kept: the note is not smaller */
@@ -435,8 +435,8 @@ static void compact_message(ag_agent *a, json_t *m) {
   }
   size_t after = json_size(m);
   if (before > after)
-    a->turn_bytes -= before - after < a->turn_bytes ? before - after
-                                                     : a->turn_bytes;
+    a->turn_bytes -=
+        before - after < a->turn_bytes ? before - after : a->turn_bytes;
 }
 
 /*
@@ -457,7 +457,8 @@ static void bound_turn(ag_agent *a) {
   size_t first = a->turns[a->n_turns - 1].start + 1;
   while (over_cap(a) && first < a->iter_start) {
     size_t end = first + 1;
-    while (end < a->iter_start && is_tool_message(json_array_get(a->history, end)))
+    while (end < a->iter_start &&
+           is_tool_message(json_array_get(a->history, end)))
       end++;
     for (size_t k = first; k < end; k++) {
       size_t size = json_size(json_array_get(a->history, first)) + 1;
@@ -617,7 +618,17 @@ typedef struct turn_ctx {
   bool has_ectx;  /* a->ectx goes into the next request */
   char *partial;  /* the turn's last assistant text, for stops */
   bool oom;
+  /* the current reply's streamed text, checked for a content loop (14) */
+  bool streamed;        /* a delta arrived */
+  bool content_stop;    /* the check stopped the stream */
+  ag_verdict content_v; /* its verdict */
+  char *stream;         /* the reply's text so far, STREAM_CAP at most */
+  size_t stream_len;
 } turn_ctx;
+
+/* The streamed text kept for a reply cut by the content-loop check: it goes
+ * into the history and the model_response event. */
+#define STREAM_CAP (256 * 1024)
 
 static void remember_text(turn_ctx *t, const char *text) {
   if (text == NULL || text[0] == '\0')
@@ -809,6 +820,32 @@ static int64_t retry_wait(ag_agent *a, int retry, int64_t retry_after) {
 }
 
 /*
+ * Each streamed delta of a reply: checked for a content loop (mechanism 14),
+ * then passed to the caller's on_delta. A loop stops the stream (the turn
+ * then ends stopped / content_loop).
+ */
+static int on_delta(void *user, const char *text, size_t len) {
+  turn_ctx *t = user;
+  ag_agent *a = t->a;
+  t->streamed = true;
+  if (t->stream == NULL)
+    t->stream = malloc(STREAM_CAP + 1);
+  if (t->stream != NULL && t->stream_len < STREAM_CAP) {
+    size_t n =
+        len < STREAM_CAP - t->stream_len ? len : STREAM_CAP - t->stream_len;
+    memcpy(t->stream + t->stream_len, text, n);
+    t->stream_len += n;
+    t->stream[t->stream_len] = '\0';
+  }
+  if (ag_guard_check_text(a->guard, text, len, true, &t->content_v) !=
+      AG_ALLOW) {
+    t->content_stop = true;
+    return 1;
+  }
+  return a->on_delta != NULL ? a->on_delta(a->delta_user, text, len) : 0;
+}
+
+/*
  * One model request with DESIGN.md's network retries. On REQ_OK `reply` is
  * filled. Otherwise the outcome is set (cancelled / timed_out / failed)
  * except for REQ_NOMEM.
@@ -833,6 +870,8 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
     msgs = json_incref(a->history);
   }
   ag_request req = {msgs, tools, a->turn, t->iterations};
+  t->streamed = t->content_stop = false;
+  t->stream_len = 0;
 
   int64_t first = ag_now_ms();
   int retries = 0;
@@ -848,13 +887,26 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
     memset(&pe, 0, sizeof(pe));
     pe.retry_after_ms = -1;
     memset(reply, 0, sizeof(*reply));
-    ag_err_t rc = ag_provider_complete(a->provider, &req, t->tt, a->on_delta,
-                                       a->delta_user, reply, &pe);
+    ag_err_t rc =
+        ag_provider_complete(a->provider, &req, t->tt, on_delta, t, reply, &pe);
     if (rc == AG_OK) {
       st = REQ_OK;
       break;
     }
     ag_reply_clear(reply);
+    if (rc == AG_ECANCELLED && t->content_stop) {
+      /* the content-loop check ended the stream: what came is the reply */
+      ag_reply part;
+      memset(&part, 0, sizeof(part));
+      part.text = t->stream != NULL ? t->stream : (char *)"";
+      ag__ev_model_response(&a->ev, &part);
+      remember_text(t, part.text);
+      if (!hist_append(a, message("assistant", part.text)))
+        t->oom = true;
+      end_stopped(t, &t->content_v);
+      st = REQ_CANCELLED;
+      break;
+    }
     if (rc == AG_ECANCELLED) {
       end_cancelled(t, fired(t));
       st = REQ_CANCELLED;
@@ -1206,11 +1258,12 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
           int l = snprintf(nf, sizeof(nf),
                            "Error: Requested function \"%.*s\" not found.",
                            AG_TOOL_NAME_MAX, name);
-          lens[i] = l < 0 ? 0 : (size_t)l < sizeof(nf) ? (size_t)l : sizeof(nf) - 1;
+          lens[i] = l < 0                    ? 0
+                    : (size_t)l < sizeof(nf) ? (size_t)l
+                                             : sizeof(nf) - 1;
           texts[i] = dup_n(nf, lens[i]);
         } else {
-          texts[i] =
-              error_feedback(a, name, er->category, text, len, &lens[i]);
+          texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
         }
         break;
       case AG_EXEC_INVALID:
@@ -1479,12 +1532,26 @@ static void iterate(turn_ctx *t) {
     note_usage(t, &reply);
     ag__ev_model_response(&a->ev, &reply);
     remember_text(t, reply.text);
+    /* A reply that came whole (no stream): its text checked at once. */
+    ag_verdict cv;
+    bool looped = !t->streamed && reply.text != NULL &&
+                  ag_guard_check_text(a->guard, reply.text, strlen(reply.text),
+                                      false, &cv) != AG_ALLOW;
 
     call_ids ids;
     step s = END_TURN;
     if (!ids_make(&ids, &reply, a->turn, t->iterations) ||
         !append_assistant(t, &reply, &ids)) {
       t->oom = true;
+    } else if (looped) {
+      size_t base = json_array_size(a->history) - 1;
+      if (reply.n_calls > 0 &&
+          !answer_not_run(t, &reply, &ids, ag_reason_name(cv.reason),
+                          cv.message)) {
+        t->oom = true;
+        hist_truncate(a, base);
+      }
+      end_stopped(t, &cv);
     } else if (reply.n_calls == 0 &&
                (reply.text == NULL || reply.text[0] == '\0')) {
       s = empty_reply(t);
@@ -1576,6 +1643,7 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
   ag__ev_turn_end(&a->ev, out);
 
   free(t.partial);
+  free(t.stream);
   free(t.tool_names);
   json_decref(t.tools_json);
   ag_cancel_free(tt);

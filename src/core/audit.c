@@ -245,6 +245,8 @@ static ag_err_t replay(ag_auditor *a, ag_guard *g, const ag_trajectory *t,
       ag_action act = ag_guard_begin_iteration(g, t_req, &v);
       if (act == AG_ALLOW && st->tokens > 0) /* the reply's usage */
         ag_guard_record_tokens(g, st->tokens);
+      if (act == AG_ALLOW && st->text != NULL && st->text_len > 0)
+        act = ag_guard_check_text(g, st->text, st->text_len, false, &v);
       if (act == AG_ALLOW && st->no_reply && !st->rejected) {
         /* The request got no reply: only the iteration counted. */
       } else if (act == AG_ALLOW && !st->rejected && st->n_calls == 0 &&
@@ -261,9 +263,8 @@ static ag_err_t replay(ag_auditor *a, ag_guard *g, const ag_trajectory *t,
                                         has ? st->results[0].text_len : 0,
                                         t_done, &v);
         } else if (require_call) {
-          act = ag_guard_record_refused(g, NO_TOOL_CALL_TEXT,
-                                        sizeof(NO_TOOL_CALL_TEXT) - 1, t_done,
-                                        &v);
+          act = ag_guard_record_refused(
+              g, NO_TOOL_CALL_TEXT, sizeof(NO_TOOL_CALL_TEXT) - 1, t_done, &v);
         }
       } else if (act == AG_ALLOW) {
         ag_err_t rc = reserve(a, st->n_calls, err);

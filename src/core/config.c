@@ -189,6 +189,7 @@ static const override default_set[] = {
     /* Mechanisms 12-16, chosen on real runs (docs/detection.md). */
     {"loop.max_refused_replies", "10"},
     {"loop.max_denied_calls", "3"},
+    {"loop.content_loop_repeats", "10"},
     {"loop.max_empty_replies", "2"},
     {"loop.repeated_result_limit", "5"},
     {"loop.repeated_failure_limit", "3"},
@@ -281,7 +282,7 @@ static const override meai_set[] = {
     {"loop.final_request_without_tools", "true"},
     {"errors.max_consecutive_errors", "3"},
     {"errors.failing_iteration", "any_failed"},
-    {"loop.parallel", "false"},   /* AllowConcurrentInvocation = false */
+    {"loop.parallel", "false"},     /* AllowConcurrentInvocation = false */
     {"errors.feedback", "generic"}, /* IncludeDetailedErrors = false */
     {NULL, NULL},
 };
@@ -864,6 +865,11 @@ static ag_err_t validate(const ag_config *c, ag_error_t *e) {
                 "errors.error_history: %d is less than "
                 "errors.similar_error_limit (%d)",
                 c->errors.error_history, c->errors.similar_error_limit);
+  /* A chunk seen once is no repetition. */
+  if (c->loop.content_loop_repeats == 1)
+    return fail(e, AG_ECONFIG,
+                "loop.content_loop_repeats: 1 is out of range (0 turns it "
+                "off, else 2..1000)");
   return AG_OK;
 }
 

@@ -40,6 +40,7 @@
 
 #include <jansson.h>
 
+#include "agentguard/content.h"
 #include "internal.h"
 
 #define CYCLE_MAX 16
@@ -128,6 +129,8 @@ struct ag_guard {
   ag_category pattern_cat;
   /* mechanism 11 */
   int64_t tokens;
+  /* mechanism 14: allocated at the first text checked */
+  ag_content_loop *content;
   /* mechanisms 12, 13, 15 */
   int refused_run;
   int denied_run;
@@ -293,6 +296,7 @@ AG_EXTERN void ag_guard_free(ag_guard *g) {
     return;
   ag__jcs_free(g->jcs);
   ag__sha256_free(g->sha);
+  ag_content_loop_free(g->content);
   free(g->tools);
   ring_free(&g->history);
   ring_free(&g->unresolved);
@@ -461,8 +465,8 @@ static size_t volatile_end(const char *text, size_t len, size_t i) {
   }
   if (is_digit(t[i])) {
     size_t j = i;
-    while (j < len &&
-           (is_digit(t[j]) || (t[j] == '.' && j + 1 < len && is_digit(t[j + 1]))))
+    while (j < len && (is_digit(t[j]) ||
+                       (t[j] == '.' && j + 1 < len && is_digit(t[j + 1]))))
       j++;
     return j;
   }
@@ -555,7 +559,8 @@ static ag_action trip_action(const ag_guard *g) {
 AG_EXTERN ag_action ag_guard_begin_iteration(ag_guard *g, int64_t now_ms,
                                              ag_verdict *v) {
   verdict_reset(v);
-  ag__jcs_trim(g->jcs); /* a large call's scratch goes back */
+  ag__jcs_trim(g->jcs);              /* a large call's scratch goes back */
+  ag_content_loop_reset(g->content); /* a new reply */
   if (past_deadline(g, now_ms, v))
     return v->action;
   int budget = g->cfg.loop.max_tokens_per_turn;
@@ -887,8 +892,8 @@ static int repeat_count(ag_guard *g, const uint8_t key[AG_SIG_LEN],
       r = c;
       break;
     }
-    if (victim == NULL || (victim->count > 0 &&
-                           (c->count == 0 || c->seen < victim->seen)))
+    if (victim == NULL ||
+        (victim->count > 0 && (c->count == 0 || c->seen < victim->seen)))
       victim = c;
   }
   g->repeat_clock++;
@@ -1079,9 +1084,10 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
     tn[r].tripped = false;
   int counted = 0, failed = 0, invalid = 0;
   char shown[96];
-  const bool by_result = cfg->loop.identical_call_scope == AG_SCOPE_CALL_AND_RESULT;
-  const bool repeats =
-      cfg->loop.repeated_result_limit > 0 || cfg->loop.repeated_failure_limit > 0;
+  const bool by_result =
+      cfg->loop.identical_call_scope == AG_SCOPE_CALL_AND_RESULT;
+  const bool repeats = cfg->loop.repeated_result_limit > 0 ||
+                       cfg->loop.repeated_failure_limit > 0;
 
   for (size_t i = 0; i < n; i++) {
     const ag_result *r = &results[i];
@@ -1297,6 +1303,38 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
     return v->action;
   /* The deadline is checked last: results that arrived are still recorded. */
   past_deadline(g, now_ms, v);
+  return v->action;
+}
+
+AG_EXTERN ag_action ag_guard_check_text(ag_guard *g, const char *text,
+                                        size_t len, bool piece, ag_verdict *v) {
+  verdict_reset(v);
+  int repeats = g->cfg.loop.content_loop_repeats;
+  if (repeats <= 0 || text == NULL || len == 0)
+    return AG_ALLOW;
+  if (g->content == NULL) {
+    ag_content_loop_opts o;
+    ag_content_loop_opts_init(&o);
+    o.threshold = (size_t)repeats;
+    if (ag_content_loop_new(&g->content, &o, NULL) != AG_OK)
+      return AG_ALLOW; /* out of memory: unchecked, tried again next time */
+  }
+  bool found = piece ? ag_content_loop_feed(g->content, text, len)
+                     : ag_content_loop_check_text(g->content, text, len);
+  if (!found)
+    return AG_ALLOW;
+  char chunk[96];
+  ag_content_loop_chunk(g->content, chunk, sizeof(chunk));
+  v->action = trip_action(g);
+  v->reason = AG_REASON_CONTENT_LOOP;
+  snprintf(v->message, sizeof(v->message),
+           "The model's reply repeats itself: \"%s\" came %d times close "
+           "together",
+           chunk, repeats);
+  v->suggestion = "The model is stuck repeating text: stop it and ask again, "
+                  "or rephrase the request.";
+  g->last_trip = v->reason;
+  g->trips++;
   return v->action;
 }
 

@@ -1216,8 +1216,8 @@ static ag_err_t size_arena(ag__jcs *j, size_t cap) {
 
 void ag__jcs_trim(ag__jcs *j) {
   if (j->cap_tokens > JCS_RETAIN_TOKENS) {
-    size_t cap = JCS_INITIAL_TOKENS < j->max_tokens ? JCS_INITIAL_TOKENS
-                                                    : j->max_tokens;
+    size_t cap =
+        JCS_INITIAL_TOKENS < j->max_tokens ? JCS_INITIAL_TOKENS : j->max_tokens;
     (void)size_tokens(j, cap); /* a shrink that fails keeps the memory */
   }
   if (j->cap_arena > JCS_RETAIN_ARENA)
@@ -1741,13 +1741,13 @@ static ag_err_t jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
   j->max_bytes = max_bytes;
   j->max_tokens = max_tokens;
   j->max_depth = max_depth;
-  size_t arena = max_bytes + 1 < JCS_INITIAL_ARENA ? max_bytes + 1
-                                                   : JCS_INITIAL_ARENA;
+  size_t arena =
+      max_bytes + 1 < JCS_INITIAL_ARENA ? max_bytes + 1 : JCS_INITIAL_ARENA;
   j->stack = malloc((size_t)max_depth * sizeof(frame));
   j->c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
-  if (size_tokens(j, max_tokens < JCS_INITIAL_TOKENS ? max_tokens
-                                                      : JCS_INITIAL_TOKENS) !=
-          AG_OK ||
+  if (size_tokens(j, max_tokens < JCS_INITIAL_TOKENS
+                         ? max_tokens
+                         : JCS_INITIAL_TOKENS) != AG_OK ||
       size_arena(j, arena) != AG_OK || j->stack == NULL ||
       j->c_locale == (locale_t)0) {
     ag__jcs_free(j);

@@ -346,8 +346,7 @@ static ag_err_t load_reply(sreply *r, const json_t *j, const char *path,
                                         "cached_tokens"};
     sub_path(sub, path, "usage", SIZE_MAX);
     if (!json_is_object(usage))
-      return ag__set_error(err, AG_ECONFIG, -1, "%s: expected an object",
-                           sub);
+      return ag__set_error(err, AG_ECONFIG, -1, "%s: expected an object", sub);
     if ((rc = check_keys(usage, sub, ukeys, 3, err)) != AG_OK)
       return rc;
     int64_t *dst[] = {&r->usage.prompt_tokens, &r->usage.completion_tokens,
@@ -527,9 +526,20 @@ static ag_err_t answer_error(const sreply *r, ag_provider_error *perr) {
 
 static ag_err_t answer(const sreply *r, ag_delta_fn on_delta, void *delta_user,
                        ag_reply *out) {
-  if (r->text != NULL && r->text[0] != '\0' && on_delta != NULL &&
-      on_delta(delta_user, r->text, strlen(r->text)) != 0)
-    return AG_ECANCELLED; /* the caller asked to stop the request */
+  /* Streamed line by line, each newline a piece of its own: the pieces
+   * agentguard_content's check_text cuts a recorded reply into, so a
+   * scenario and its audit see the same stream. */
+  for (const char *p = r->text; on_delta != NULL && p != NULL && *p != '\0';) {
+    const char *nl = strchr(p, '\n');
+    size_t n = nl != NULL ? (size_t)(nl - p) : strlen(p);
+    if (n > 0 && on_delta(delta_user, p, n) != 0)
+      return AG_ECANCELLED; /* the caller asked to stop the request */
+    if (nl == NULL)
+      break;
+    if (on_delta(delta_user, "\n", 1) != 0)
+      return AG_ECANCELLED;
+    p = nl + 1;
+  }
   if (r->text != NULL) {
     out->text = dup_str(r->text, strlen(r->text));
     if (out->text == NULL)
