@@ -16,7 +16,9 @@
  * other inherited descriptor close-on-exec (a tool gets exactly stdin,
  * stdout and stderr, like Python's close_fds=True: a descriptor some other
  * part of the application opened without O_CLOEXEC never reaches a tool),
- * applies the rlimits and execs. A failure on that path writes {stage,
+ * applies the rlimits and execs. A run with a working directory
+ * (ag__subprocess_run_in) fchdir()s to it first, before the descriptors
+ * move. A failure on that path writes {stage,
  * errno} (8 bytes, atomic on a pipe) to the status pipe and _exit(127)s. The
  * parent also calls setpgid(pid, pid) so the group exists whichever side
  * runs first.
@@ -140,7 +142,7 @@ enum {
 };
 
 /* Where the child failed before exec; sent through the status pipe. */
-enum { STAGE_PGID = 1, STAGE_STDIO, STAGE_RLIMIT, STAGE_EXEC };
+enum { STAGE_PGID = 1, STAGE_STDIO, STAGE_RLIMIT, STAGE_EXEC, STAGE_CWD };
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -320,9 +322,12 @@ static void child_cloexec_rest(void) {
 }
 
 static void child_run(const char *const *argv, const ag_rlimits *limits,
-                      int stdio[3], int status_fd) {
+                      int cwd_fd, int stdio[3], int status_fd) {
   if (setpgid(0, 0) != 0)
     child_fail(status_fd, STAGE_PGID, errno);
+  /* Before the descriptor shuffle, which may reuse cwd_fd's number. */
+  if (cwd_fd >= 0 && fchdir(cwd_fd) != 0)
+    child_fail(status_fd, STAGE_CWD, errno);
 
   /* Handlers would be reset by exec anyway, but ignored signals would stay
    * ignored: a tool must start as from a fresh shell. */
@@ -392,7 +397,7 @@ static int make_pipe(int p[2]) {
 
 /* Forks and execs. Returns 0, or an errno value with nothing left open. */
 static int spawn_child(const char *const *argv, const ag_rlimits *limits,
-                       child *c) {
+                       int cwd_fd, child *c) {
   int p[4][2] = {{-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}};
   int e = 0;
   for (int i = 0; i < 4 && e == 0; i++) {
@@ -420,7 +425,7 @@ static int spawn_child(const char *const *argv, const ag_rlimits *limits,
   pid_t pid = fork();
   if (pid == 0) {
     int stdio[3] = {p[0][0], p[1][1], p[2][1]};
-    child_run(argv, limits, stdio, p[3][1]);
+    child_run(argv, limits, cwd_fd, stdio, p[3][1]);
     _exit(127); /* not reached */
   }
   e = pid < 0 ? errno : 0;
@@ -575,6 +580,8 @@ static const char *stage_text(int stage) {
     return "cannot set up stdin/stdout/stderr for";
   case STAGE_RLIMIT:
     return "cannot apply the resource limits to";
+  case STAGE_CWD:
+    return "cannot enter the working directory for";
   default:
     return "cannot run";
   }
@@ -594,6 +601,16 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
                                   size_t input_len, ag_cancel *cancel,
                                   ag_output *out, ag_output *err,
                                   ag__proc_info *info) {
+  return ag__subprocess_run_in(-1, argv, limits, kill_grace_ms, input,
+                               input_len, cancel, out, err, info);
+}
+
+ag_tool_status ag__subprocess_run_in(int cwd_fd, const char *const *argv,
+                                     const ag_rlimits *limits,
+                                     int64_t kill_grace_ms, const char *input,
+                                     size_t input_len, ag_cancel *cancel,
+                                     ag_output *out, ag_output *err,
+                                     ag__proc_info *info) {
   ag__proc_info local_info;
   if (info == NULL)
     info = &local_info;
@@ -623,7 +640,7 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
     sigpipe_block(&sp);
 
   child c;
-  int e = spawn_child(argv, limits, &c);
+  int e = spawn_child(argv, limits, cwd_fd, &c);
   if (e != 0) {
     sigpipe_restore(&sp);
     info->exec_failed = true;
