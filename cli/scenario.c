@@ -44,7 +44,6 @@
 #include "cli.h"
 
 #define CLI_MAX_TURNS 10000
-#define CLI_MAX_ARGV 256
 #define CLI_MAX_SIGNATURES 10000
 #define CLI_MAX_DELAY_MS (24LL * 60 * 60 * 1000)
 #define CLI_CONFIG_MAX_BYTES (1024 * 1024)
@@ -264,18 +263,6 @@ static int opt_string(loader *L, const json_t *obj, const char *key,
     return fail(L, "%s%s%s: expected a string, got %s", path,
                 path[0] ? "." : "", key, cli_json_type(v));
   *out = json_string_value(v);
-  return 0;
-}
-
-static int opt_bool(loader *L, const json_t *obj, const char *key,
-                    const char *path, bool *out) {
-  json_t *v = json_object_get(obj, key);
-  if (v == NULL)
-    return 0;
-  if (!json_is_boolean(v))
-    return fail(L, "%s.%s: expected true or false, got %s", path, key,
-                cli_json_type(v));
-  *out = json_is_true(v);
   return 0;
 }
 
@@ -546,6 +533,15 @@ static int load_list(loader *L, const json_t *arr, const char *path,
   return 0;
 }
 
+/*
+ * A tool of the scenario: the TOOL keys shared with tools files
+ * (description, parameters, requires_approval, idempotent, command) are read
+ * by the library's ag_registry_add_json; the scripted answers (responses,
+ * by_args) here, and the scripted tool is handed to it as the native
+ * implementation.
+ */
+static const char *const k_scripted_keys[] = {"responses", "by_args", NULL};
+
 static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
   char nm[64], path[128];
   snprintf(path, sizeof path, "tools.%s", show(name, nm, sizeof nm));
@@ -557,18 +553,6 @@ static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
   int rc = check_keys(L, v, path, k_tool_keys);
   if (rc)
     return rc;
-
-  ag_tool_def def;
-  ag_tool_def_init(&def);
-  def.name = name;
-  if ((rc = opt_string(L, v, "description", path, &def.description)) != 0)
-    return rc;
-  if ((rc = opt_bool(L, v, "requires_approval", path,
-                     &def.requires_approval)) != 0)
-    return rc;
-  if ((rc = opt_bool(L, v, "idempotent", path, &def.idempotent)) != 0)
-    return rc;
-  t->requires_approval = def.requires_approval;
 
   json_t *cmd = json_object_get(v, "command");
   json_t *resp = json_object_get(v, "responses");
@@ -584,73 +568,30 @@ static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
                 "and/or \"by_args\" (scripted answers)",
                 path);
 
-  char *params = NULL;
-  const char **argv = NULL;
-  json_t *schema = json_object_get(v, "parameters");
-  if (schema != NULL) {
-    if (!json_is_object(schema))
-      return fail(L, "%s.parameters: expected a JSON Schema object, got %s",
-                  path, cli_json_type(schema));
-    params = json_dumps(schema, JSON_COMPACT);
-    if (params == NULL)
-      return fail_nomem(L);
-    def.parameters = params;
-  }
-
-  if (cmd != NULL) {
-    if (!json_is_array(cmd)) {
-      free(params);
-      return fail(L, "%s.command: expected an array of strings (argv), got %s",
-                  path, cli_json_type(cmd));
-    }
-    size_t n = json_array_size(cmd);
-    if (n == 0 || n > CLI_MAX_ARGV) {
-      free(params);
-      return fail(L, "%s.command: needs 1 to %d strings (argv), got %zu", path,
-                  CLI_MAX_ARGV, n);
-    }
-    argv = calloc(n + 1, sizeof *argv);
-    if (argv == NULL) {
-      free(params);
-      return fail_nomem(L);
-    }
-    for (size_t i = 0; i < n; i++) {
-      json_t *a = json_array_get(cmd, i);
-      if (!json_is_string(a)) {
-        free(params);
-        free(argv);
-        return fail(L, "%s.command[%zu]: expected a string, got %s", path, i,
-                    cli_json_type(a));
-      }
-      argv[i] = json_string_value(a);
-    }
-    def.argv = argv;
-  } else {
+  ag_tool_json_opts jo;
+  ag_tool_json_opts_init(&jo);
+  jo.path = path;
+  jo.extra_keys = k_scripted_keys;
+  if (cmd == NULL) {
     t->scripted = true;
     if (resp != NULL) {
       char p[PATH_MAX_LEN];
       snprintf(p, sizeof p, "%s.responses", path);
-      if ((rc = load_list(L, resp, p, &t->responses)) != 0) {
-        free(params);
+      if ((rc = load_list(L, resp, p, &t->responses)) != 0)
         return rc;
-      }
     }
     if (byargs != NULL) {
-      if (!json_is_array(byargs) || json_array_size(byargs) == 0) {
-        free(params);
+      if (!json_is_array(byargs) || json_array_size(byargs) == 0)
         return fail(L,
                     "%s.by_args: expected a non-empty array of {\"args\": "
                     "{...}, \"responses\": [...]}, got %s",
                     path,
                     json_is_array(byargs) ? "an empty array"
                                           : cli_json_type(byargs));
-      }
       size_t n = json_array_size(byargs);
       t->by_args = calloc(n, sizeof *t->by_args);
-      if (t->by_args == NULL) {
-        free(params);
+      if (t->by_args == NULL)
         return fail_nomem(L);
-      }
       t->n_by_args = n;
       for (size_t i = 0; i < n && rc == 0; i++) {
         char p[PATH_MAX_LEN], pr[PATH_MAX_LEN + 16];
@@ -690,29 +631,26 @@ static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
         snprintf(pr, sizeof pr, "%s.responses", p);
         rc = load_list(L, r, pr, &t->by_args[i].list);
       }
-      if (rc) {
-        free(params);
+      if (rc)
         return rc;
-      }
     }
     if (pthread_mutex_init(&t->lock, NULL) != 0) {
-      free(params);
       fprintf(L->errf, "%s: cannot create a mutex\n", L->file);
       return AG_EXIT_FAILURE;
     }
     t->lock_ready = true;
-    def.fn = scripted_tool;
-    def.user = t;
+    jo.fn = scripted_tool;
+    jo.user = t;
   }
 
   ag_error_t err;
-  ag_err_t e = ag_registry_add(L->s->registry, &def, &err);
-  free(params);
-  free(argv);
+  ag_err_t e = ag_registry_add_json(L->s->registry, name, v, &jo, &err);
   if (e == AG_ENOMEM)
     return fail_nomem(L);
   if (e != AG_OK)
     return fail(L, "%s", err.msg);
+  t->requires_approval =
+      ag_registry_get(L->s->registry, name)->requires_approval;
   return 0;
 }
 

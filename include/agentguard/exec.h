@@ -364,6 +364,52 @@ AG_EXTERN ag_err_t ag_builtin_register(ag_registry *reg,
                                        const ag_builtin_opts *opts,
                                        ag_error_t *err);
 
+/* ------------------------------------------------------------------------ */
+/* Tools defined in JSON: a TOOL object, a tools file                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ag_tool_json_opts {
+  const char *path; /* names the object in messages; NULL: "tools.NAME" */
+  const char *const *extra_keys; /* NULL-terminated keys the caller reads
+                                    itself (accepted here); NULL: none */
+  ag_tool_fn fn; /* NULL: the object must have "command"; else the native
+                    implementation of an object without it */
+  void *user;    /* for fn; borrowed, must outlive the registry */
+} ag_tool_json_opts;
+
+/* Fills `o` with the defaults above. */
+AG_EXTERN void ag_tool_json_opts_init(ag_tool_json_opts *o);
+
+/*
+ * Adds the tool `name` from a TOOL object (`tool`, borrowed) in the format
+ * of a scenario's "tools" (docs/scenarios.md): "description" (string),
+ * "parameters" (a JSON Schema object), "requires_approval", "idempotent"
+ * (booleans) and "command" (1 to 256 strings: the argv of a subprocess
+ * tool that gets the arguments as JSON on stdin). `opts` may be NULL.
+ * Errors name the key path: "tools.grep.comand: unknown key; did you mean
+ * command?", "tools.grep.command[1]: expected a string, got integer", and
+ * the registry's own (ag_registry_add). Returns AG_OK, AG_EINVAL,
+ * AG_ECONFIG (the schema), AG_ETOOBIG, AG_ENOMEM; on failure nothing is
+ * added. Single-threaded, like ag_registry_add.
+ */
+AG_EXTERN ag_err_t ag_registry_add_json(ag_registry *r, const char *name,
+                                        const json_t *tool,
+                                        const ag_tool_json_opts *opts,
+                                        ag_error_t *err);
+
+/*
+ * Adds the tools of a tools file: `json` (len bytes, at most 4 MiB;
+ * borrowed) is one object {"NAME": TOOL, ...}, each TOOL as for
+ * ag_registry_add_json with a "command". All or nothing: when any tool is
+ * wrong, or a name is already registered, nothing is added. Returns AG_OK;
+ * AG_EJSON (not JSON, or a duplicate key: "line L, column C: ...", with
+ * err->line, column and pos); AG_EINVAL, AG_ECONFIG (a tool, its key path
+ * named); AG_ETOOBIG; AG_ENOMEM (then the registry may hold some of the
+ * tools: free it).
+ */
+AG_EXTERN ag_err_t ag_tools_file_load(ag_registry *r, const char *json,
+                                      size_t len, ag_error_t *err);
+
 #ifdef __cplusplus
 }
 #endif

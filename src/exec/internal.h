@@ -14,6 +14,7 @@
  *                pipes, process groups)
  *   workdir.c    ag__wd_* (paths confined beneath a directory)
  *   builtin.c    ag_builtin_* (the built-in file and command tools)
+ *   toolsfile.c  ag_registry_add_json, ag_tools_file_load (TOOL objects)
  */
 #ifndef AG_EXEC_INTERNAL_H
 #define AG_EXEC_INTERNAL_H
