@@ -28,6 +28,13 @@
  * say what to do next ("file is larger than 256 KiB (300000 bytes): read a
  * line range with start_line and end_line").
  *
+ * edit_file writes in place: the bytes before the match stay, the rest is
+ * rewritten and the file cut to its new length, so the file keeps its
+ * inode, owner, mode and links. Rejected: a temporary file renamed over it
+ * (atomic, but it would replace a symlink inside the workdir by a regular
+ * file and lose the owner); a disk that fills mid-write can therefore leave
+ * the tail cut short, and the error says the write failed.
+ *
  * search_text matches with PCRE2 (fixed strings with PCRE2_LITERAL), in UTF
  * mode that tolerates invalid UTF-8 (PCRE2_MATCH_INVALID_UTF), under the
  * match, depth and heap limits schema.c uses for `pattern`, so a
@@ -140,6 +147,13 @@ static const char *show(const char *s, char *buf, size_t cap) {
   return buf;
 }
 
+/* strerror for any thread (glibc's strerror may use a shared buffer for
+ * unknown codes); the text lives until the thread's next call. */
+static const char *etext(int e) {
+  static _Thread_local char buf[128];
+  return strerror_r(e, buf, sizeof(buf)); /* GNU: returns the text */
+}
+
 static bool cancelled(ag_cancel *c) {
   return c != NULL && ag_cancel_check(c, ag_now_ms()) != AG_CANCEL_NONE;
 }
@@ -195,7 +209,7 @@ static int open_regular(const builtin *b, const char *path, int flags,
   }
   if (fstat(fd, st) != 0) {
     char p[256];
-    fail(out, "cannot stat %s: %s", show(path, p, sizeof(p)), strerror(errno));
+    fail(out, "cannot stat %s: %s", show(path, p, sizeof(p)), etext(errno));
     close(fd);
     return -1;
   }
@@ -244,8 +258,7 @@ static char *read_capped(int fd, size_t cap, size_t *len, const char *path,
       continue;
     if (n < 0) {
       char p[256];
-      fail(out, "cannot read %s: %s", show(path, p, sizeof(p)),
-           strerror(errno));
+      fail(out, "cannot read %s: %s", show(path, p, sizeof(p)), etext(errno));
       free(buf);
       return NULL;
     }
@@ -315,7 +328,7 @@ static ag_tool_status read_range(const builtin *b, int fd, const char *path,
       continue;
     if (n < 0)
       return fail(out, "cannot read %s: %s", show(path, p, sizeof(p)),
-                  strerror(errno));
+                  etext(errno));
     if (n == 0)
       break;
     if (memchr(chunk, '\0', (size_t)n) != NULL)
@@ -514,12 +527,11 @@ static ag_tool_status tool_write(void *user, const json_t *args,
   if (ftruncate(fd, 0) != 0 || write_all(fd, content, clen) != 0) {
     int e = errno;
     close(fd);
-    return fail(out, "cannot write %s: %s", show(path, p, sizeof(p)),
-                strerror(e));
+    return fail(out, "cannot write %s: %s", show(path, p, sizeof(p)), etext(e));
   }
   if (close(fd) != 0)
     return fail(out, "cannot write %s: %s", show(path, p, sizeof(p)),
-                strerror(errno));
+                etext(errno));
   ag_output_printf(out, "%s %s (%zu bytes)", created ? "Created" : "Wrote",
                    show(path, p, sizeof(p)), clen);
   return AG_TOOL_OK;
@@ -644,7 +656,7 @@ static ag_tool_status tool_edit(void *user, const json_t *args,
       write_all(fd, data + first + olen, len - first - olen) ||
       ftruncate(fd, (off_t)rlen) != 0) {
     rc = fail(out, "cannot write %s: %s", show(path, p, sizeof(p)),
-              strerror(errno));
+              etext(errno));
     goto done;
   }
   ag_output_printf(out, "Edited %s: replaced 1 occurrence at line %zu",
@@ -653,7 +665,7 @@ done:
   free(data);
   if (close(fd) != 0 && rc == AG_TOOL_OK)
     rc = fail(out, "cannot write %s: %s", show(path, p, sizeof(p)),
-              strerror(errno));
+              etext(errno));
   return rc;
 }
 
@@ -775,7 +787,7 @@ static ag_tool_status tool_list(void *user, const json_t *args,
   char p[256];
   if (rc == AG_TOOL_OK && e == NULL && errno != 0)
     rc = fail(out, "cannot read the directory %s: %s", show(path, p, sizeof(p)),
-              strerror(errno));
+              etext(errno));
   closedir(d);
   if (rc == AG_TOOL_OK) {
     if (ns.total == 0)
@@ -1052,8 +1064,8 @@ static ag_tool_status tool_search(void *user, const json_t *args,
   struct stat st;
   if (fstat(fd, &st) != 0) {
     close(fd);
-    rc = fail(out, "cannot stat %s: %s", show(path, p, sizeof(p)),
-              strerror(errno));
+    rc =
+        fail(out, "cannot stat %s: %s", show(path, p, sizeof(p)), etext(errno));
     goto done;
   }
   if (S_ISDIR(st.st_mode)) {

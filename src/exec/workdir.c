@@ -441,10 +441,13 @@ int ag__wd_mkdirs(const ag__wd *wd, const char *dir, char *msg,
   size_t n = strlen(dir);
   if (n == 0)
     return 0;
-  if (n > AG__WD_PATH_MAX || dir[0] == '/')
-    return ag__wd_open(wd, dir, O_PATH | O_DIRECTORY, 0, msg, msg_cap) < 0
-               ? -1
-               : 0; /* not reached for these: the same checks fail */
+  if (n > AG__WD_PATH_MAX || dir[0] == '/') {
+    /* ag__wd_open refuses both, with its message and errno. */
+    int fd = ag__wd_open(wd, dir, O_PATH | O_DIRECTORY, 0, msg, msg_cap);
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
   char *prefix = malloc(n + 1);
   if (prefix == NULL)
     return wfail(msg, msg_cap, ENOMEM, "out of memory");
