@@ -357,8 +357,9 @@ AG_EXTERN void ag_builtin_opts_init(ag_builtin_opts *o);
  * copied. Returns AG_OK; AG_EINVAL (no workdir, a tool of the same name is
  * already registered); AG_ENOTFOUND (the workdir does not exist); AG_EIO
  * (it cannot be opened, or AG_RESOLVE_OPENAT2 on a kernel without openat2);
- * AG_ENOMEM. On failure no tool has been added, except after AG_ENOMEM,
- * when the registry should be freed. Single-threaded, like ag_registry_add.
+ * AG_ETOOBIG (the registry's tool limit); AG_ENOMEM. On failure no tool
+ * has been added, except after AG_ENOMEM or AG_ETOOBIG, when some may have
+ * been: free the registry. Single-threaded, like ag_registry_add.
  */
 AG_EXTERN ag_err_t ag_builtin_register(ag_registry *reg,
                                        const ag_builtin_opts *opts,
