@@ -44,7 +44,6 @@
 #include "cli.h"
 
 #define CLI_MAX_TURNS 10000
-#define CLI_MAX_ARGV 256
 #define CLI_MAX_SIGNATURES 10000
 #define CLI_MAX_DELAY_MS (24LL * 60 * 60 * 1000)
 #define CLI_CONFIG_MAX_BYTES (1024 * 1024)
@@ -264,18 +263,6 @@ static int opt_string(loader *L, const json_t *obj, const char *key,
     return fail(L, "%s%s%s: expected a string, got %s", path,
                 path[0] ? "." : "", key, cli_json_type(v));
   *out = json_string_value(v);
-  return 0;
-}
-
-static int opt_bool(loader *L, const json_t *obj, const char *key,
-                    const char *path, bool *out) {
-  json_t *v = json_object_get(obj, key);
-  if (v == NULL)
-    return 0;
-  if (!json_is_boolean(v))
-    return fail(L, "%s.%s: expected true or false, got %s", path, key,
-                cli_json_type(v));
-  *out = json_is_true(v);
   return 0;
 }
 
@@ -547,102 +534,14 @@ static int load_list(loader *L, const json_t *arr, const char *path,
   return 0;
 }
 
-/* Whether `name` is a variable name a tool's "env" may carry. */
-static bool env_name_ok(const char *name) {
-  size_t i = 0;
-  for (; name[i] != '\0'; i++) {
-    char ch = name[i];
-    bool ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
-              ch == '_' || (i > 0 && ch >= '0' && ch <= '9');
-    if (!ok || i >= 128)
-      return false;
-  }
-  return i > 0;
-}
-
-static void free_env(char **env) {
-  for (size_t i = 0; env != NULL && env[i] != NULL; i++)
-    free(env[i]);
-  free(env);
-}
-
 /*
- * A command tool's "env": ["NAME", ...] (passed from agentguard's
- * environment) or {"NAME": "value", ...} (set). *out gets a NULL-terminated
- * list of "NAME" / "NAME=value" (free_env), NULL when absent.
+ * A tool of the scenario: the TOOL keys shared with tools files
+ * (description, parameters, requires_approval, idempotent, command) are read
+ * by the library's ag_registry_add_json; the scripted answers (responses,
+ * by_args) here, and the scripted tool is handed to it as the native
+ * implementation.
  */
-static int load_env(loader *L, const json_t *v, const char *path, char ***out) {
-  *out = NULL;
-  if (v == NULL)
-    return 0;
-  if (!json_is_array(v) && !json_is_object(v))
-    return fail(L,
-                "%s.env: expected an array of variable names or an object "
-                "{\"NAME\": \"value\"}, got %s",
-                path, cli_json_type(v));
-  size_t n = json_is_array(v) ? json_array_size(v) : json_object_size(v);
-  if (n > 256)
-    return fail(L, "%s.env: at most 256 variables, got %zu", path, n);
-  char **env = calloc(n + 1, sizeof *env);
-  if (env == NULL)
-    return fail_nomem(L);
-  char nm[64];
-  if (json_is_array(v)) {
-    for (size_t i = 0; i < n; i++) {
-      json_t *e = json_array_get(v, i);
-      if (!json_is_string(e)) {
-        free_env(env);
-        return fail(L, "%s.env[%zu]: expected a variable name, got %s", path, i,
-                    cli_json_type(e));
-      }
-      if (!env_name_ok(json_string_value(e))) {
-        free_env(env);
-        return fail(L,
-                    "%s.env[%zu]: \"%s\" is not a variable name (letters, "
-                    "digits and _, not starting with a digit)",
-                    path, i, show(json_string_value(e), nm, sizeof nm));
-      }
-      if ((env[i] = strdup(json_string_value(e))) == NULL) {
-        free_env(env);
-        return fail_nomem(L);
-      }
-    }
-  } else {
-    const char *key;
-    json_t *e;
-    size_t i = 0;
-    json_object_foreach((json_t *)v, key, e) {
-      if (!env_name_ok(key)) {
-        free_env(env);
-        return fail(L,
-                    "%s.env: \"%s\" is not a variable name (letters, digits "
-                    "and _, not starting with a digit)",
-                    path, show(key, nm, sizeof nm));
-      }
-      if (!json_is_string(e)) {
-        free_env(env);
-        return fail(L, "%s.env.%s: expected a string value, got %s", path, key,
-                    cli_json_type(e));
-      }
-      size_t kl = strlen(key), vl = json_string_length(e);
-      if (memchr(json_string_value(e), '\0', vl) != NULL) {
-        free_env(env);
-        return fail(L, "%s.env.%s: the value holds a NUL byte", path, key);
-      }
-      char *kv = malloc(kl + vl + 2);
-      if (kv == NULL) {
-        free_env(env);
-        return fail_nomem(L);
-      }
-      memcpy(kv, key, kl);
-      kv[kl] = '=';
-      memcpy(kv + kl + 1, json_string_value(e), vl + 1);
-      env[i++] = kv;
-    }
-  }
-  *out = env;
-  return 0;
-}
+static const char *const k_scripted_keys[] = {"responses", "by_args", NULL};
 
 static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
   char nm[64], path[128];
@@ -655,18 +554,6 @@ static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
   int rc = check_keys(L, v, path, k_tool_keys);
   if (rc)
     return rc;
-
-  ag_tool_def def;
-  ag_tool_def_init(&def);
-  def.name = name;
-  if ((rc = opt_string(L, v, "description", path, &def.description)) != 0)
-    return rc;
-  if ((rc = opt_bool(L, v, "requires_approval", path,
-                     &def.requires_approval)) != 0)
-    return rc;
-  if ((rc = opt_bool(L, v, "idempotent", path, &def.idempotent)) != 0)
-    return rc;
-  t->requires_approval = def.requires_approval;
 
   json_t *cmd = json_object_get(v, "command");
   json_t *resp = json_object_get(v, "responses");
@@ -682,86 +569,30 @@ static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
                 "and/or \"by_args\" (scripted answers)",
                 path);
 
-  if (cmd == NULL && json_object_get(v, "env") != NULL)
-    return fail(L,
-                "%s.env: only a \"command\" tool has an environment (a "
-                "scripted tool runs nothing)",
-                path);
-
-  char *params = NULL;
-  const char **argv = NULL;
-  char **env = NULL;
-  json_t *schema = json_object_get(v, "parameters");
-  if (schema != NULL) {
-    if (!json_is_object(schema))
-      return fail(L, "%s.parameters: expected a JSON Schema object, got %s",
-                  path, cli_json_type(schema));
-    params = json_dumps(schema, JSON_COMPACT);
-    if (params == NULL)
-      return fail_nomem(L);
-    def.parameters = params;
-  }
-
-  if (cmd != NULL) {
-    if (!json_is_array(cmd)) {
-      free(params);
-      return fail(L, "%s.command: expected an array of strings (argv), got %s",
-                  path, cli_json_type(cmd));
-    }
-    size_t n = json_array_size(cmd);
-    if (n == 0 || n > CLI_MAX_ARGV) {
-      free(params);
-      return fail(L, "%s.command: needs 1 to %d strings (argv), got %zu", path,
-                  CLI_MAX_ARGV, n);
-    }
-    argv = calloc(n + 1, sizeof *argv);
-    if (argv == NULL) {
-      free(params);
-      return fail_nomem(L);
-    }
-    for (size_t i = 0; i < n; i++) {
-      json_t *a = json_array_get(cmd, i);
-      if (!json_is_string(a)) {
-        free(params);
-        free(argv);
-        return fail(L, "%s.command[%zu]: expected a string, got %s", path, i,
-                    cli_json_type(a));
-      }
-      argv[i] = json_string_value(a);
-    }
-    def.argv = argv;
-    if ((rc = load_env(L, json_object_get(v, "env"), path, &env)) != 0) {
-      free(params);
-      free(argv);
-      return rc;
-    }
-    def.env = (const char *const *)env;
-  } else {
+  ag_tool_json_opts jo;
+  ag_tool_json_opts_init(&jo);
+  jo.path = path;
+  jo.extra_keys = k_scripted_keys;
+  if (cmd == NULL) {
     t->scripted = true;
     if (resp != NULL) {
       char p[PATH_MAX_LEN];
       snprintf(p, sizeof p, "%s.responses", path);
-      if ((rc = load_list(L, resp, p, &t->responses)) != 0) {
-        free(params);
+      if ((rc = load_list(L, resp, p, &t->responses)) != 0)
         return rc;
-      }
     }
     if (byargs != NULL) {
-      if (!json_is_array(byargs) || json_array_size(byargs) == 0) {
-        free(params);
+      if (!json_is_array(byargs) || json_array_size(byargs) == 0)
         return fail(L,
                     "%s.by_args: expected a non-empty array of {\"args\": "
                     "{...}, \"responses\": [...]}, got %s",
                     path,
                     json_is_array(byargs) ? "an empty array"
                                           : cli_json_type(byargs));
-      }
       size_t n = json_array_size(byargs);
       t->by_args = calloc(n, sizeof *t->by_args);
-      if (t->by_args == NULL) {
-        free(params);
+      if (t->by_args == NULL)
         return fail_nomem(L);
-      }
       t->n_by_args = n;
       for (size_t i = 0; i < n && rc == 0; i++) {
         char p[PATH_MAX_LEN], pr[PATH_MAX_LEN + 16];
@@ -801,30 +632,26 @@ static int load_tool(loader *L, const char *name, const json_t *v, sc_tool *t) {
         snprintf(pr, sizeof pr, "%s.responses", p);
         rc = load_list(L, r, pr, &t->by_args[i].list);
       }
-      if (rc) {
-        free(params);
+      if (rc)
         return rc;
-      }
     }
     if (pthread_mutex_init(&t->lock, NULL) != 0) {
-      free(params);
       fprintf(L->errf, "%s: cannot create a mutex\n", L->file);
       return AG_EXIT_FAILURE;
     }
     t->lock_ready = true;
-    def.fn = scripted_tool;
-    def.user = t;
+    jo.fn = scripted_tool;
+    jo.user = t;
   }
 
   ag_error_t err;
-  ag_err_t e = ag_registry_add(L->s->registry, &def, &err);
-  free(params);
-  free(argv);
-  free_env(env);
+  ag_err_t e = ag_registry_add_json(L->s->registry, name, v, &jo, &err);
   if (e == AG_ENOMEM)
     return fail_nomem(L);
   if (e != AG_OK)
     return fail(L, "%s", err.msg);
+  t->requires_approval =
+      ag_registry_get(L->s->registry, name)->requires_approval;
   return 0;
 }
 

@@ -360,6 +360,102 @@ AG_EXTERN ag_err_t ag_scheduler_run(ag_scheduler *s, const ag_exec_call *calls,
 /* Forgets the "allow for the session" answers. */
 AG_EXTERN void ag_scheduler_reset_approvals(ag_scheduler *s);
 
+/* ------------------------------------------------------------------------ */
+/* Built-in tools (docs/tools.md, "Built-in tools")                         */
+/* ------------------------------------------------------------------------ */
+
+/* How paths are confined beneath the workdir. */
+typedef enum {
+  AG_RESOLVE_AUTO = 0, /* openat2 where the kernel has it, else the walk */
+  AG_RESOLVE_OPENAT2,  /* openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS) */
+  AG_RESOLVE_WALK      /* openat(O_NOFOLLOW) one component at a time */
+} ag_resolve_mode;
+
+typedef struct ag_builtin_opts {
+  const char *workdir;   /* required; opened once by ag_builtin_register */
+  bool allow_commands;   /* register run_command (default false) */
+  bool yes;              /* run_command runs without approval (default false) */
+  size_t max_read_bytes; /* read_file, edit_file; 0: 256 KiB */
+  size_t max_write_bytes;  /* write_file content, edit_file result; 0: 1 MiB */
+  size_t max_list_entries; /* list_dir; 0: 1000 */
+  size_t max_matches;      /* search_text; 0: 200 */
+  size_t max_search_bytes; /* search_text skips larger files; 0: 1 MiB */
+  size_t max_output;       /* run_command: bytes kept per stream; 0: 64 KiB */
+  int64_t command_timeout_ms; /* run_command per run; -1 (default):
+                                 retry.function_timeout */
+  const char *shell; /* run_command's "command" strings; NULL: /bin/sh */
+  ag_resolve_mode resolve;
+} ag_builtin_opts;
+
+/* Fills `o` with the defaults above (workdir NULL). */
+AG_EXTERN void ag_builtin_opts_init(ag_builtin_opts *o);
+
+/*
+ * Registers the built-in tools in `reg`: read_file, write_file, edit_file,
+ * list_dir, search_text, and run_command when opts->allow_commands. Every
+ * path a tool is given is resolved beneath opts->workdir (opened now and
+ * held by the registry until ag_registry_free): "..", absolute paths and
+ * symlinks that lead outside are refused ("path escapes the workdir: ../x").
+ * run_command runs in the workdir through the subprocess machinery
+ * (timeout, SIGTERM then SIGKILL to its group, capped output); it requires
+ * approval unless opts->yes, and is never retried. opts and its strings are
+ * copied. Returns AG_OK; AG_EINVAL (no workdir, a tool of the same name is
+ * already registered); AG_ENOTFOUND (the workdir does not exist); AG_EIO
+ * (it cannot be opened, or AG_RESOLVE_OPENAT2 on a kernel without openat2);
+ * AG_ETOOBIG (the registry's tool limit); AG_ENOMEM. On failure no tool
+ * has been added, except after AG_ENOMEM or AG_ETOOBIG, when some may have
+ * been: free the registry. Single-threaded, like ag_registry_add.
+ */
+AG_EXTERN ag_err_t ag_builtin_register(ag_registry *reg,
+                                       const ag_builtin_opts *opts,
+                                       ag_error_t *err);
+
+/* ------------------------------------------------------------------------ */
+/* Tools defined in JSON: a TOOL object, a tools file                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ag_tool_json_opts {
+  const char *path; /* names the object in messages; NULL: "tools.NAME" */
+  const char *const *extra_keys; /* NULL-terminated keys the caller reads
+                                    itself (accepted here); NULL: none */
+  ag_tool_fn fn; /* NULL: the object must have "command"; else the native
+                    implementation of an object without it */
+  void *user;    /* for fn; borrowed, must outlive the registry */
+} ag_tool_json_opts;
+
+/* Fills `o` with the defaults above. */
+AG_EXTERN void ag_tool_json_opts_init(ag_tool_json_opts *o);
+
+/*
+ * Adds the tool `name` from a TOOL object (`tool`, borrowed) in the format
+ * of a scenario's "tools" (docs/scenarios.md): "description" (string),
+ * "parameters" (a JSON Schema object), "requires_approval", "idempotent"
+ * (booleans) and "command" (1 to 256 strings: the argv of a subprocess
+ * tool that gets the arguments as JSON on stdin). `opts` may be NULL.
+ * Errors name the key path: "tools.grep.comand: unknown key; did you mean
+ * command?", "tools.grep.command[1]: expected a string, got integer", and
+ * the registry's own (ag_registry_add). Returns AG_OK, AG_EINVAL,
+ * AG_ECONFIG (the schema), AG_ETOOBIG, AG_ENOMEM; on failure nothing is
+ * added. Single-threaded, like ag_registry_add.
+ */
+AG_EXTERN ag_err_t ag_registry_add_json(ag_registry *r, const char *name,
+                                        const json_t *tool,
+                                        const ag_tool_json_opts *opts,
+                                        ag_error_t *err);
+
+/*
+ * Adds the tools of a tools file: `json` (len bytes, at most 4 MiB;
+ * borrowed) is one object {"NAME": TOOL, ...}, each TOOL as for
+ * ag_registry_add_json with a "command". All or nothing: when any tool is
+ * wrong, or a name is already registered, nothing is added. Returns AG_OK;
+ * AG_EJSON (not JSON, or a duplicate key: "line L, column C: ...", with
+ * err->line, column and pos); AG_EINVAL, AG_ECONFIG (a tool, its key path
+ * named); AG_ETOOBIG; AG_ENOMEM (then the registry may hold some of the
+ * tools: free it).
+ */
+AG_EXTERN ag_err_t ag_tools_file_load(ag_registry *r, const char *json,
+                                      size_t len, ag_error_t *err);
+
 #ifdef __cplusplus
 }
 #endif

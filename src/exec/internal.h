@@ -10,10 +10,16 @@
  *   scheduler.c  ag_scheduler_* (approvals, thread pool, batches)
  *   registry.c   ag_registry_*, ag_tool_def_init, ag__registry_find
  *   schema.c     ag__schema_* (JSON Schema subset: compile, validate)
- *   subprocess.c ag__subprocess_run (fork/exec, pipes, process groups)
+ *   subprocess.c ag__subprocess_run, ag__subprocess_run_in (fork/exec,
+ *                pipes, process groups)
+ *   workdir.c    ag__wd_* (paths confined beneath a directory)
+ *   builtin.c    ag_builtin_* (the built-in file and command tools)
+ *   toolsfile.c  ag_registry_add_json, ag_tools_file_load (TOOL objects)
  */
 #ifndef AG_EXEC_INTERNAL_H
 #define AG_EXEC_INTERNAL_H
+
+#include <sys/types.h>
 
 #include "agentguard/exec.h"
 
@@ -83,6 +89,11 @@ typedef struct ag__tool {
 
 const ag__tool *ag__registry_find(const ag_registry *r, const char *name);
 
+/* Hands `p` to the registry: ag_registry_free calls free_fn(p) after every
+ * tool is gone (the state native tools share, e.g. the built-in tools'
+ * workdir). AG_OK, or AG_ENOMEM with `p` not taken. */
+ag_err_t ag__registry_own(ag_registry *r, void *p, void (*free_fn)(void *));
+
 /* ---- subprocess.c ------------------------------------------------------- */
 
 typedef struct ag__proc_info {
@@ -144,6 +155,52 @@ ag_tool_status ag__subprocess_run_env(const char *const *argv,
                                       const char *input, size_t input_len,
                                       ag_cancel *cancel, ag_output *out,
                                       ag_output *err, ag__proc_info *info);
+
+/* The same with the tool started in the directory `cwd_fd` (the
+ * supervisor fchdir()s to it before forking the tool; -1: the caller's) and
+ * the environment envp as in ag__subprocess_run_env. A failure to enter it
+ * is an exec failure: "cannot enter the working directory for 'x':
+ * <strerror>". The descriptor is borrowed and must stay open for the call. */
+ag_tool_status ag__subprocess_run_in(int cwd_fd, const char *const *argv,
+                                     const ag_rlimits *limits,
+                                     char *const *envp, int64_t kill_grace_ms,
+                                     const char *input, size_t input_len,
+                                     ag_cancel *cancel, ag_output *out,
+                                     ag_output *err, ag__proc_info *info);
+
+/* ---- workdir.c ---------------------------------------------------------- */
+
+/* Longest path a tool may name, in bytes (Linux's PATH_MAX less the NUL). */
+#define AG__WD_PATH_MAX 4095
+
+/* A directory that paths are confined beneath (the note in workdir.c). */
+typedef struct ag__wd {
+  int root;  /* O_PATH | O_DIRECTORY descriptor, or -1 */
+  bool walk; /* resolve by walking instead of openat2 */
+} ag__wd;
+
+/* Opens `dir` (AG_OK; AG_ENOTFOUND, AG_EIO naming it). AG_RESOLVE_AUTO
+ * probes openat2 and walks when it is missing (ENOSYS, EPERM);
+ * AG_RESOLVE_OPENAT2 fails with AG_EIO when it is. */
+ag_err_t ag__wd_open_root(ag__wd *wd, const char *dir, ag_resolve_mode mode,
+                          ag_error_t *err);
+void ag__wd_close(ag__wd *wd);
+
+/*
+ * Opens `path` beneath the workdir with open(2)'s `flags` (O_CLOEXEC is
+ * added) and `mode` (for O_CREAT). Symlinks inside are followed; "..",
+ * absolute paths and symlinks that lead outside are refused. Returns the
+ * descriptor (the caller closes it), or -1 with errno set and a message in
+ * msg[0..msg_cap): "path escapes the workdir: ../x", "no such file or
+ * directory: x", "not a directory: x", ...
+ */
+int ag__wd_open(const ag__wd *wd, const char *path, int flags, mode_t mode,
+                char *msg, size_t msg_cap);
+
+/* Creates the directory `dir` and its missing parents beneath the workdir
+ * (like mkdir -p, each step confined as ag__wd_open). 0, or -1 with errno
+ * and a message. */
+int ag__wd_mkdirs(const ag__wd *wd, const char *dir, char *msg, size_t msg_cap);
 
 /* ---- retry.c ------------------------------------------------------------ */
 

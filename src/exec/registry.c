@@ -37,11 +37,20 @@ typedef struct entry {
   uint32_t hash;
 } entry;
 
+/* State a group of native tools shares, freed with the registry
+ * (ag__registry_own). */
+typedef struct owned {
+  void *p;
+  void (*free_fn)(void *);
+  struct owned *next;
+} owned;
+
 struct ag_registry {
   entry **tools; /* insertion order */
   size_t n, cap;
   uint32_t *slots; /* entry index + 1; 0 is empty */
   size_t n_slots;  /* a power of two, at least 2 * cap */
+  owned *owned;    /* freed last, newest first */
 };
 
 static uint32_t fnv1a(const char *s, size_t n) {
@@ -128,7 +137,24 @@ AG_EXTERN void ag_registry_free(ag_registry *r) {
     entry_free(r->tools[i]);
   free(r->tools);
   free(r->slots);
+  while (r->owned != NULL) {
+    owned *o = r->owned;
+    r->owned = o->next;
+    o->free_fn(o->p);
+    free(o);
+  }
   free(r);
+}
+
+ag_err_t ag__registry_own(ag_registry *r, void *p, void (*free_fn)(void *)) {
+  owned *o = malloc(sizeof(*o));
+  if (o == NULL)
+    return AG_ENOMEM;
+  o->p = p;
+  o->free_fn = free_fn;
+  o->next = r->owned;
+  r->owned = o;
+  return AG_OK;
 }
 
 static const entry *lookup(const ag_registry *r, const char *name, size_t len,

@@ -178,7 +178,8 @@ enum {
   STAGE_STDIO,
   STAGE_RLIMIT,
   STAGE_EXEC,
-  STAGE_SUPERVISOR
+  STAGE_SUPERVISOR,
+  STAGE_CWD
 };
 enum { MSG_PID = 16, MSG_EXIT = 17 };
 
@@ -673,11 +674,17 @@ static pid_t sup_fork(void) {
  * so a Ctrl-C on the terminal does not reach it; the runner decides.
  */
 static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
-                           char *const *envp, int stdio[3], int status_fd,
-                           int life_fd, pid_t runner) {
+                           char *const *envp, int cwd_fd, int stdio[3],
+                           int status_fd, int life_fd, pid_t runner) {
   prctl(PR_SET_PDEATHSIG, SIGHUP, 0, 0, 0);
   if (getppid() != runner)
     _exit(127); /* the runner is already gone: start nothing */
+  /* A run with a working directory (ag__subprocess_run_in): the supervisor
+   * enters it, so the tool starts there; before the descriptors close. */
+  if (cwd_fd >= 0 && fchdir(cwd_fd) != 0) {
+    sup_write_msg(status_fd, STAGE_CWD, errno);
+    _exit(127);
+  }
   if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
     sup_write_msg(status_fd, STAGE_SUPERVISOR, errno);
     _exit(127);
@@ -912,7 +919,7 @@ static int make_pipe(int p[2]) {
 /* Forks the supervisor, which forks and execs the tool. Returns 0, or an
  * errno value with nothing left open. */
 static int spawn_child(const char *const *argv, const ag_rlimits *limits,
-                       char *const *envp, child *c) {
+                       char *const *envp, int cwd_fd, child *c) {
   int p[5][2] = {{-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}};
   int e = 0;
   for (int i = 0; i < 4 && e == 0; i++) {
@@ -945,7 +952,7 @@ static int spawn_child(const char *const *argv, const ag_rlimits *limits,
   pid_t pid = fork();
   if (pid == 0) {
     int stdio[3] = {p[0][0], p[1][1], p[2][1]};
-    supervisor_run(argv, limits, envp, stdio, p[3][1], p[4][0], runner);
+    supervisor_run(argv, limits, envp, cwd_fd, stdio, p[3][1], p[4][0], runner);
     _exit(127); /* not reached */
   }
   e = pid < 0 ? errno : 0;
@@ -1106,6 +1113,8 @@ static const char *stage_text(int stage) {
     return "cannot apply the resource limits to";
   case STAGE_SUPERVISOR:
     return "cannot start the supervisor of";
+  case STAGE_CWD:
+    return "cannot enter the working directory for";
   default:
     return "cannot run";
   }
@@ -1125,8 +1134,8 @@ ag_tool_status ag__subprocess_run(const char *const *argv,
                                   size_t input_len, ag_cancel *cancel,
                                   ag_output *out, ag_output *err,
                                   ag__proc_info *info) {
-  return ag__subprocess_run_env(argv, limits, NULL, kill_grace_ms, input,
-                                input_len, cancel, out, err, info);
+  return ag__subprocess_run_in(-1, argv, limits, NULL, kill_grace_ms, input,
+                               input_len, cancel, out, err, info);
 }
 
 ag_tool_status ag__subprocess_run_env(const char *const *argv,
@@ -1135,6 +1144,16 @@ ag_tool_status ag__subprocess_run_env(const char *const *argv,
                                       const char *input, size_t input_len,
                                       ag_cancel *cancel, ag_output *out,
                                       ag_output *err, ag__proc_info *info) {
+  return ag__subprocess_run_in(-1, argv, limits, envp, kill_grace_ms, input,
+                               input_len, cancel, out, err, info);
+}
+
+ag_tool_status ag__subprocess_run_in(int cwd_fd, const char *const *argv,
+                                     const ag_rlimits *limits,
+                                     char *const *envp, int64_t kill_grace_ms,
+                                     const char *input, size_t input_len,
+                                     ag_cancel *cancel, ag_output *out,
+                                     ag_output *err, ag__proc_info *info) {
   ag__proc_info local_info;
   if (info == NULL)
     info = &local_info;
@@ -1164,7 +1183,7 @@ ag_tool_status ag__subprocess_run_env(const char *const *argv,
     sigpipe_block(&sp);
 
   child c;
-  int e = spawn_child(argv, limits, envp, &c);
+  int e = spawn_child(argv, limits, envp, cwd_fd, &c);
   if (e != 0) {
     sigpipe_restore(&sp);
     info->exec_failed = true;
