@@ -41,8 +41,12 @@ demo: build
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
+# Tests over ../shared's data skip when it is not beside the project (a
+# clone alone); their "skipped: ..." lines are listed after the run.
 test: build
-	cd $(BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS); rc=$$?; \
+	  grep -h '^skipped: ' Testing/Temporary/LastTest.log 2>/dev/null | sort -u; \
+	  exit $$rc
 
 test-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug \

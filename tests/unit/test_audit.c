@@ -59,14 +59,27 @@ static const char *parse_fail(const char *text, ag_err_t code) {
   return err.msg;
 }
 
-/* The bundled runs live in ../shared, which a clone of the project alone
- * does not have: the tests that need them say so and skip (the "fixtures"
- * suite covers the same rules on runs written for the project). */
+/* Skips the running test, saying so on stderr (`make test` lists these
+ * lines) and to Criterion, when `path` is missing: ../shared is not beside
+ * a clone of the project alone. */
+static void skip_without(const char *path, const char *instead) {
+  if (access(path, R_OK) == 0)
+    return;
+  fprintf(stderr,
+          "skipped: %s::%s: %s not found (../shared is not beside the "
+          "project); %s runs instead\n",
+          criterion_current_test->category, criterion_current_test->name, path,
+          instead);
+  cr_skip_test("skipped: %s not found (../shared is not beside the project); "
+               "%s runs instead",
+               path, instead);
+}
+
+/* The bundled runs live in ../shared: the tests that need them skip when it
+ * is not there (the "fixtures" suite covers the same rules on runs written
+ * for the project). */
 static void need_bundled(void) {
-  if (access(TRAJ_DIR, R_OK) != 0)
-    cr_skip_test("skipped: %s not found (../shared is not beside the "
-                 "project); the fixtures suite still runs",
-                 TRAJ_DIR);
+  skip_without(TRAJ_DIR, "the fixtures suite");
 }
 
 static ag_trajectory *bundled(const char *name) {

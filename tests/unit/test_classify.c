@@ -572,6 +572,22 @@ Test(classify, concurrent_first_use) {
 /* Classifier: agreement with shared/data/errors.jsonl                      */
 /* ------------------------------------------------------------------------ */
 
+/* Skips the running test, saying so on stderr (`make test` lists these
+ * lines) and to Criterion, when `path` is missing: ../shared is not beside
+ * a clone of the project alone. */
+static void skip_without(const char *path, const char *instead) {
+  if (access(path, R_OK) == 0)
+    return;
+  fprintf(stderr,
+          "skipped: %s::%s: %s not found (../shared is not beside the "
+          "project); %s runs instead\n",
+          criterion_current_test->category, criterion_current_test->name, path,
+          instead);
+  cr_skip_test("skipped: %s not found (../shared is not beside the project); "
+               "%s runs instead",
+               path, instead);
+}
+
 /* Replays a JSON Lines file of {"text", LABEL_KEY, optional "label_alt"}
  * rows, prints the agreement and returns it in percent; at least `min_rows`
  * rows. */
@@ -638,10 +654,7 @@ static double agreement(const char *path, const char *label_key, int min_rows) {
 
 Test(data, errors_jsonl_agreement) {
   const char *path = AG_SHARED_DIR "/data/errors.jsonl";
-  if (access(path, R_OK) != 0)
-    cr_skip_test("skipped: %s not found (../shared is not beside the "
-                 "project); fixtures::errors_jsonl still runs",
-                 path);
+  skip_without(path, "fixtures::errors_jsonl");
   double pct = agreement(path, "label_guess", 201);
   /* Measured 92.8% when written; the labels are guesses, so keep margin. */
   cr_expect_geq(pct, 85.0, "agreement %.1f%% below the 85%% floor", pct);
