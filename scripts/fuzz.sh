@@ -57,10 +57,11 @@ for t in "$@"; do
 done
 
 echo "== fuzz: configure and build in $BUILD ($CC, address + undefined)"
+mkdir -p "$BUILD" || die "cannot create $BUILD"
 CC=$CC cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DAG_SANITIZE=address,undefined -DAG_FUZZ=ON -DAG_WERROR=ON \
-  -DAG_BUILD_TESTS=OFF -DAG_BUILD_BENCH=OFF >"$BUILD.configure.log" 2>&1 || {
-  cat "$BUILD.configure.log" >&2
+  -DAG_BUILD_TESTS=OFF -DAG_BUILD_BENCH=OFF >"$BUILD/configure.log" 2>&1 || {
+  cat "$BUILD/configure.log" >&2
   die "cmake configure failed"
 }
 targets=""
