@@ -6,6 +6,7 @@
 #   make test-tsan  the runtime's concurrent scenarios under ThreadSanitizer
 #                   (tests/tsan/: Criterion cannot start under TSan)
 #   make bench      benchmarks (print figures; never pass/fail on speed)
+#   make fuzz       every libFuzzer target for FUZZ_SECONDS (default 60) each
 # Missing Debian packages are installed first when run as root.
 
 BUILD      ?= build
@@ -15,9 +16,10 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
 DEB_PKGS = cmake pkg-config gcc make libjansson-dev libssl-dev \
-           libcurl4-openssl-dev libcriterion-dev libpcre2-dev
+           libcurl4-openssl-dev libcriterion-dev libpcre2-dev clang \
+           libclang-rt-14-dev
 
-.PHONY: all deps build demo test test-asan test-tsan bench format format-check clean
+.PHONY: all deps build demo test test-asan test-tsan bench fuzz format format-check clean
 
 all: build
 
@@ -41,8 +43,12 @@ demo: build
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
+# Tests over ../shared's data skip when it is not beside the project (a
+# clone alone); their "skipped: ..." lines are listed after the run.
 test: build
-	cd $(BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS); rc=$$?; \
+	  grep -h '^skipped: ' Testing/Temporary/LastTest.log 2>/dev/null | sort -u; \
+	  exit $$rc
 
 test-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug \
@@ -59,6 +65,10 @@ test-tsan: deps
 
 bench: build
 	@sh bench/run.sh $(BUILD)
+
+# libFuzzer targets (clang) in build-fuzz/, FUZZ_SECONDS (60) each.
+fuzz: deps
+	@JOBS=$(JOBS) sh scripts/fuzz.sh
 
 C_FILES = $(wildcard include/*.h include/agentguard/*.h src/*/*.c src/*/*.h \
             cli/*.c cli/*.h tests/*/*.c tests/*/*.h bench/*.c examples/*.c)

@@ -124,16 +124,31 @@ typedef struct loader {
 /* Small helpers                                                            */
 /* ------------------------------------------------------------------------ */
 
+/* Writes `text` with control characters (a key or tool name from the file
+ * can hold "\n" or a terminal escape, and library messages quote them as
+ * they are) shown as '?', so a message stays one line and cannot drive the
+ * terminal. */
+static void put_clean(FILE *f, const char *text) {
+  for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+    fputc(*p < 0x20 || *p == 0x7f ? '?' : *p, f);
+}
+
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
 static int
 fail(loader *L, const char *fmt, ...) {
+  char msg[2048];
   va_list ap;
-  fprintf(L->errf, "%s: ", L->file);
   va_start(ap, fmt);
-  vfprintf(L->errf, fmt, ap);
+  int n = vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  if (n < 0)
+    snprintf(msg, sizeof msg, "invalid scenario");
+  else if ((size_t)n >= sizeof msg)
+    memcpy(msg + sizeof msg - 4, "...", 4);
+  fprintf(L->errf, "%s: ", L->file);
+  put_clean(L->errf, msg);
   fputc('\n', L->errf);
   return AG_EXIT_USAGE;
 }
@@ -1118,8 +1133,9 @@ int cli_scenario_load(cli_scenario **out, const cli_scenario_opts *opts,
   json_t *doc = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
   free(text);
   if (doc == NULL) {
-    fprintf(errf, "%s:%d:%d: %s\n", opts->path, jerr.line, jerr.column,
-            jerr.text);
+    fprintf(errf, "%s:%d:%d: ", opts->path, jerr.line, jerr.column);
+    put_clean(errf, jerr.text);
+    fputc('\n', errf);
     return AG_EXIT_USAGE;
   }
   if (!json_is_object(doc)) {

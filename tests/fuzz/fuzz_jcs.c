@@ -1,14 +1,8 @@
 /*
  * tests/fuzz/fuzz_jcs.c - libFuzzer target for the RFC 8785 canonicalizer
- * (src/core/jcs.c). Not built by CMake. From the project root:
- *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined \
- *     -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc \
- *     tests/fuzz/fuzz_jcs.c src/core/jcs.c src/core/common.c \
- *     -lcrypto -lm -o /tmp/fuzz_jcs
- *   mkdir -p /tmp/jcs_corpus
- *   cp ../shared/data/jcs/input/[a-z]*.json /tmp/jcs_corpus
- *   /tmp/fuzz_jcs -max_total_time=60 -max_len=4096 /tmp/jcs_corpus
+ * (src/core/jcs.c). Built by CMake with clang (AG_FUZZ); scripts/fuzz.sh
+ * builds and runs it with tests/fuzz/corpus/jcs/ and tests/fuzz/jcs.dict.
+ * (`sh scripts/fuzz.sh jcs` runs this target alone.)
  *
  * Properties checked on every input:
  *  - ag_canonicalize either succeeds or fails with one of the documented

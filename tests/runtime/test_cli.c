@@ -306,6 +306,32 @@ Test(cli, tool_schema_errors_come_from_the_registry) {
           "tools.t.parameters: expected a JSON Schema object, got array");
 }
 
+/* Found by tests/fuzz/fuzz_scenario.c: a key or tool name holding a
+ * newline or a terminal escape was printed as it is (by the registry's and
+ * the schema compiler's messages), splitting the message or driving the
+ * terminal. Control characters are shown as '?'. */
+Test(cli, control_characters_in_names_stay_out_of_messages) {
+  static const struct {
+    const char *scenario, *msg;
+  } cases[] = {
+      {"{\"tools\": {\"a\\nb\\u001b[2J\": {\"responses\": [{\"ok\": "
+       "\"x\"}]}}, " OK_TURN "}",
+       "invalid tool name \"a?b?[2J\""},
+      {"{\"tools\": {\"t\": {\"parameters\": {\"type\": \"object\", "
+       "\"properties\": {\"x\\ny\": {\"type\": \"strin\"}}}, "
+       "\"responses\": [{\"ok\": \"x\"}]}}, " OK_TURN "}",
+       "tools.t.parameters/properties/x?y/type: unknown type"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    refused(cases[i].scenario, cases[i].msg);
+    result r = run(ARGS("simulate", put("s.json", cases[i].scenario)));
+    const char *nl = strchr(r.err, '\n');
+    cr_expect(nl != NULL && nl[1] == '\0', "not one line: %s", r.err);
+    cr_expect(strchr(r.err, 0x1b) == NULL, "an escape reached stderr");
+    result_free(&r);
+  }
+}
+
 Test(cli, approvals_and_human) {
   refused("{\"tools\": {\"read_file\": {\"requires_approval\": true, "
           "\"responses\": [{\"ok\": \"x\"}]}}, \"approvals\": {\"read_fil\": "

@@ -1,7 +1,9 @@
 /*
  * tests/unit/test_audit.c - trajectories and the audit (agentguard/audit.h):
  * the 31 bundled real runs (every one parses; where each preset stops them;
- * the traps of shared/data/README.md), each input format against its
+ * the traps of shared/data/README.md; skipped, saying so, when ../shared is
+ * not beside the project), the project's own runs in tests/fixtures/runs/
+ * (the same rules, always run), each input format against its
  * neutral equivalent, bad inputs, --all-stops, and the replay rules (nudges,
  * escalation, rejected replies, replies without tool calls, time).
  * Core tests never sleep: time comes from the recordings.
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agentguard.h"
 #include "agentguard/audit.h"
@@ -56,7 +59,31 @@ static const char *parse_fail(const char *text, ag_err_t code) {
   return err.msg;
 }
 
+/* Skips the running test, saying so on stderr (`make test` lists these
+ * lines) and to Criterion, when `path` is missing: ../shared is not beside
+ * a clone of the project alone. */
+static void skip_without(const char *path, const char *instead) {
+  if (access(path, R_OK) == 0)
+    return;
+  fprintf(stderr,
+          "skipped: %s::%s: %s not found (../shared is not beside the "
+          "project); %s runs instead\n",
+          criterion_current_test->category, criterion_current_test->name, path,
+          instead);
+  cr_skip_test("skipped: %s not found (../shared is not beside the project); "
+               "%s runs instead",
+               path, instead);
+}
+
+/* The bundled runs live in ../shared: the tests that need them skip when it
+ * is not there (the "fixtures" suite covers the same rules on runs written
+ * for the project). */
+static void need_bundled(void) {
+  skip_without(TRAJ_DIR, "the fixtures suite");
+}
+
 static ag_trajectory *bundled(const char *name) {
+  need_bundled();
   char path[1024];
   snprintf(path, sizeof(path), "%s/%s.json", TRAJ_DIR, name);
   size_t len;
@@ -160,6 +187,7 @@ static size_t list_bundled(bundled_run *out, size_t cap) {
       "tau_airline__task9_trial2",
   };
   size_t n = sizeof(names) / sizeof(names[0]);
+  need_bundled();
   cr_assert(n <= cap);
   for (size_t i = 0; i < n; i++) {
     char path[1024];
@@ -460,6 +488,181 @@ Test(classifier, shortcut_changes_no_finding) {
     cr_assert_str_eq(a.stop.message, b.stop.message, "%s", runs[i].name);
     ag_trajectory_free(t);
   }
+}
+
+/* ---- the project's own runs (tests/fixtures/runs/) ---------------------- */
+
+/* Runs written for agentguard in the neutral format, one per rule the
+ * bundled runs check: they need nothing beside the project. */
+#define FIXTURE_RUNS AG_SOURCE_DIR "/tests/fixtures/runs"
+
+static ag_trajectory *fixture_run(const char *name) {
+  char path[1024];
+  snprintf(path, sizeof(path), "%s/%s.json", FIXTURE_RUNS, name);
+  size_t len;
+  char *buf = read_all(path, &len);
+  ag_trajectory *t = NULL;
+  ag_error_t err;
+  cr_assert_eq(ag_trajectory_parse(&t, buf, len, NULL, &err), AG_OK, "%s: %s",
+               name, err.msg);
+  free(buf);
+  return t;
+}
+
+Test(fixtures, every_run_parses_with_its_shape) {
+  static const struct {
+    const char *name;
+    size_t turns, steps;
+    ag_run_outcome outcome;
+  } runs[] = {
+      {"harmless_error_prefix", 1, 17, AG_RUN_UNRESOLVED},
+      {"looping_unresolved", 1, 13, AG_RUN_UNRESOLVED},
+      {"resolved_with_repeated_error", 2, 10, AG_RUN_RESOLVED},
+      {"timeouts_then_recovery", 1, 45, AG_RUN_RESOLVED},
+      {"user_requested_abab", 6, 18, AG_RUN_RESOLVED},
+  };
+  for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+    ag_trajectory *t = fixture_run(runs[i].name);
+    cr_assert_eq(t->format, AG_TRAJ_NEUTRAL, "%s", runs[i].name);
+    cr_assert_eq(t->n_turns, runs[i].turns, "%s: %zu turns", runs[i].name,
+                 t->n_turns);
+    cr_assert_eq(t->n_steps, runs[i].steps, "%s: %zu steps", runs[i].name,
+                 t->n_steps);
+    cr_assert_eq(t->outcome, runs[i].outcome, "%s", runs[i].name);
+    cr_assert_not_null(t->source);
+    cr_assert(!t->timed);
+    ag_trajectory_free(t);
+  }
+}
+
+Test(fixtures, rejected_reply_is_one_observation) {
+  /* looping_unresolved step 5: the harness refused a reply with two
+   * actions. */
+  ag_trajectory *t = fixture_run("looping_unresolved");
+  const ag_traj_step *s = &t->turns[0].steps[4];
+  cr_assert(s->rejected);
+  cr_assert_eq(s->n_calls, 2);
+  cr_assert_eq(s->n_results, 1);
+  cr_assert_eq(s->results[0].outcome, AG_OUTCOME_ERROR);
+  cr_assert(strncmp(s->results[0].text, "Please always provide EXACTLY ONE",
+                    33) == 0);
+  cr_assert(!t->turns[0].steps[3].rejected);
+  ag_trajectory_free(t);
+}
+
+Test(fixtures, user_requested_abab_does_not_stop) {
+  /* Six user messages each ask for the same two lookups: six turns, and a
+   * new turn resets the cycle detector. */
+  ag_trajectory *t = fixture_run("user_requested_abab");
+  ag_audit_finding f = audit(t, "default");
+  char b[64];
+  cr_assert(!f.stop.stopped, "stopped: %s: %s", stop_str(&f.stop, b, 64),
+            f.stop.message);
+  ag_trajectory_free(t);
+  /* The same calls in one turn are a cycle: the 5th A-B completes at 14. */
+  size_t len;
+  char *text = read_all(FIXTURE_RUNS "/user_requested_abab.json", &len);
+  json_t *doc = json_loadb(text, len, 0, NULL);
+  free(text);
+  cr_assert_not_null(doc);
+  json_t *steps = json_object_get(doc, "steps");
+  for (size_t i = 1; i < json_array_size(steps); i++)
+    json_object_del(json_array_get(steps, i), "user_msg_before");
+  char *one_turn = json_dumps(doc, 0);
+  json_decref(doc);
+  t = parse_ok(one_turn);
+  free(one_turn);
+  cr_assert_eq(t->n_turns, 1);
+  f = audit(t, "default");
+  cr_assert(f.stop.stopped);
+  cr_assert_eq(f.stop.reason, AG_REASON_CYCLIC_CALLS, "reason %s",
+               ag_reason_name(f.stop.reason));
+  cr_assert_eq(f.stop.step, 14);
+  ag_trajectory_free(t);
+}
+
+Test(fixtures, repeated_error_in_a_resolved_run_does_not_stop) {
+  ag_trajectory *t = fixture_run("resolved_with_repeated_error");
+  cr_assert_eq(t->outcome, AG_RUN_RESOLVED);
+  ag_config cfg = preset("default");
+  ag_audit_finding f = audit_cfg(t, &cfg, true);
+  char b[64];
+  cr_assert(!f.stop.stopped, "stopped: %s: %s", stop_str(&f.stop, b, 64),
+            f.stop.message);
+  for (int r = 1; r < AG_REASON__COUNT; r++)
+    cr_assert(!f.by_mechanism[r].stopped, "%s alone stops it",
+              ag_reason_name((ag_reason)r));
+  ag_trajectory_free(t);
+}
+
+Test(fixtures, repeated_timeouts_then_recovery) {
+  /* 45 steps in one turn; timeouts come three at a time with different
+   * commands. Only the iteration cap (40 model requests) stops it. */
+  ag_trajectory *t = fixture_run("timeouts_then_recovery");
+  ag_audit_finding f = audit(t, "default");
+  cr_assert(f.stop.stopped);
+  cr_assert_eq(f.stop.reason, AG_REASON_MAX_ITERATIONS, "reason %s: %s",
+               ag_reason_name(f.stop.reason), f.stop.message);
+  cr_assert_eq(f.stop.step, 41);
+  ag_config cfg = config_json("{\"loop\": {\"max_iterations\": 0}}");
+  f = audit_cfg(t, &cfg, false);
+  char b[64];
+  cr_assert(!f.stop.stopped, "default without the iteration cap stopped: %s",
+            stop_str(&f.stop, b, 64));
+  ag_trajectory_free(t);
+}
+
+Test(fixtures, harmless_error_prefix_is_not_an_error) {
+  /* Steps 1-12 succeed with text that starts "Error processing line ...":
+   * not the "Error:" prefix, and ok is authoritative. Steps 13-17 fail (ok
+   * false) with one output: the 4th failing iteration (16) trips
+   * consecutive_errors; identical calls and errors alone trip at 17. */
+  ag_trajectory *t = fixture_run("harmless_error_prefix");
+  ag_config cfg = preset("default");
+  ag_audit_finding f = audit_cfg(t, &cfg, true);
+  cr_assert(f.stop.stopped);
+  cr_assert_eq(f.stop.reason, AG_REASON_CONSECUTIVE_ERRORS, "reason %s at %d",
+               ag_reason_name(f.stop.reason), f.stop.step);
+  cr_assert_eq(f.stop.step, 16);
+  cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_ERRORS].step, 17);
+  cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_CALLS].step, 17);
+  /* With "Error" as a prefix every step is an error: stopped at once. */
+  cfg = config_json("{\"errors\": {\"error_prefixes\": [\"Error\"]}}");
+  f = audit_cfg(t, &cfg, false);
+  cr_assert(f.stop.stopped);
+  cr_assert_eq(f.stop.step, 4, "a prefix that matches counts: stop at %d",
+               f.stop.step);
+  ag_trajectory_free(t);
+}
+
+Test(fixtures, each_mechanism_alone) {
+  /* looping_unresolved: a failing test (4), a refused reply (5), the same
+   * failing call at 6-11. consecutive_errors trips at 7 (the 4th failing
+   * iteration); the refused reply breaks the identical runs, so identical
+   * calls and errors alone trip at 10 (the 5th of 6-11). */
+  ag_trajectory *t = fixture_run("looping_unresolved");
+  ag_config cfg = preset("default");
+  ag_audit_finding f = audit_cfg(t, &cfg, true);
+  cr_assert(f.all_stops);
+  cr_assert(f.stop.stopped);
+  cr_assert_eq(f.stop.reason, AG_REASON_CONSECUTIVE_ERRORS);
+  cr_assert_eq(f.stop.step, 7);
+  cr_assert_eq(f.stop.steps_after, 6);
+  cr_assert_eq(f.by_mechanism[AG_REASON_CONSECUTIVE_ERRORS].step, 7);
+  cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_CALLS].step, 10);
+  cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_ERRORS].step, 10);
+  cr_assert(!f.by_mechanism[AG_REASON_MAX_ITERATIONS].stopped);
+  cr_assert(!f.by_mechanism[AG_REASON_CYCLIC_CALLS].stopped);
+  for (int r = 1; r < AG_REASON__COUNT; r++) {
+    if (!f.by_mechanism[r].stopped)
+      continue;
+    cr_assert_eq(f.by_mechanism[r].reason, (ag_reason)r,
+                 "a mechanism alone stops only for its own reason");
+    cr_assert_leq(f.stop.step, f.by_mechanism[r].step,
+                  "the first stop is never later than %s alone",
+                  ag_reason_name((ag_reason)r));
+  }
+  ag_trajectory_free(t);
 }
 
 /* ---- one run in every format -------------------------------------------- */

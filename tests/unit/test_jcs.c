@@ -1,13 +1,16 @@
 /*
  * tests/unit/test_jcs.c - RFC 8785 canonicalization and call signatures
- * (src/core/jcs.c): the reference vectors and number file of data/jcs/, the
- * error codes and positions, limits, key order, and the SHA-256 framing.
+ * (src/core/jcs.c): the reference vectors and number file of data/jcs/ in
+ * ../shared (skipped, saying so, when it is not beside the project) and the
+ * project's own in tests/fixtures/jcs/, the error codes and positions,
+ * limits, key order, and the SHA-256 framing.
  */
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 #include <openssl/evp.h>
@@ -15,6 +18,9 @@
 #include "core/internal.h"
 
 #define JCS_DIR AG_SHARED_DIR "/data/jcs"
+/* The project's own vectors (scripts/gen-jcs-numbers.mjs and
+ * scripts/gen-jcs-vectors.mjs), checked whether or not ../shared is there. */
+#define FIXTURE_JCS_DIR AG_SOURCE_DIR "/tests/fixtures/jcs"
 
 /* ------------------------------------------------------------------------ */
 /* Helpers                                                                  */
@@ -118,24 +124,40 @@ static int mem_sink(void *user, const char *data, size_t len) {
   return 0;
 }
 
+/* Skips the running test, saying so on stderr (`make test` lists these
+ * lines) and to Criterion, when `path` is missing: ../shared is not beside
+ * a clone of the project alone. */
+static void skip_without(const char *path, const char *instead) {
+  if (access(path, R_OK) == 0)
+    return;
+  fprintf(stderr,
+          "skipped: %s::%s: %s not found (../shared is not beside the "
+          "project); %s runs instead\n",
+          criterion_current_test->category, criterion_current_test->name, path,
+          instead);
+  cr_skip_test("skipped: %s not found (../shared is not beside the project); "
+               "%s runs instead",
+               path, instead);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Reference vectors                                                        */
 /* ------------------------------------------------------------------------ */
 
-Test(jcs, reference_vectors) {
-  DIR *d = opendir(JCS_DIR "/input");
-  cr_assert_not_null(d,
-                     "test data folder %s/input is missing: the JCS vectors "
-                     "come from the shared data (AG_SHARED_DIR)",
-                     JCS_DIR);
+/* Every dir/input/NAME must canonicalize to the bytes of dir/output/NAME. */
+static void check_vectors(const char *dir, int min_files) {
+  char in_dir[1024];
+  snprintf(in_dir, sizeof(in_dir), "%s/input", dir);
+  DIR *d = opendir(in_dir);
+  cr_assert_not_null(d, "test data folder %s is missing", in_dir);
   int files = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     if (e->d_name[0] == '.')
       continue;
     char in_path[1024], out_path[1024];
-    snprintf(in_path, sizeof(in_path), "%s/input/%s", JCS_DIR, e->d_name);
-    snprintf(out_path, sizeof(out_path), "%s/output/%s", JCS_DIR, e->d_name);
+    snprintf(in_path, sizeof(in_path), "%s/input/%s", dir, e->d_name);
+    snprintf(out_path, sizeof(out_path), "%s/output/%s", dir, e->d_name);
     size_t in_len, want_len;
     char *in = read_file(in_path, &in_len);
     char *want = read_file(out_path, &want_len);
@@ -166,17 +188,28 @@ Test(jcs, reference_vectors) {
     files++;
   }
   closedir(d);
-  cr_assert_geq(files, 6, "only %d vector files in %s/input", files, JCS_DIR);
+  cr_assert_geq(files, min_files, "only %d vector files in %s", files, in_dir);
+}
+
+Test(jcs, reference_vectors) {
+  /* The scheme authors' vectors, in the shared data beside the project. */
+  skip_without(JCS_DIR "/input", "fixtures::jcs_reference_vectors");
+  check_vectors(JCS_DIR, 6);
+}
+
+Test(fixtures, jcs_reference_vectors) {
+  check_vectors(FIXTURE_JCS_DIR, 5);
 }
 
 /* ------------------------------------------------------------------------ */
 /* numbers.csv: ECMAScript Number.prototype.toString                        */
 /* ------------------------------------------------------------------------ */
 
-Test(jcs, numbers_csv, .timeout = 120) {
+/* Checks every "HEX,TEXT" line of `path`; at least `min_lines` finite. */
+static void check_numbers(const char *path, long min_lines) {
   size_t len;
-  char *text = read_file(JCS_DIR "/numbers.csv", &len);
-  cr_assert_not_null(text, "test data %s/numbers.csv is missing", JCS_DIR);
+  char *text = read_file(path, &len);
+  cr_assert_not_null(text, "test data %s is missing", path);
   ag__jcs *j;
   cr_assert_eq(ag__jcs_new(&j, 4096, 64, 8, NULL), AG_OK);
   char buf[128];
@@ -226,7 +259,7 @@ Test(jcs, numbers_csv, .timeout = 120) {
       buf[out.len] = '\0';
       if (rc != AG_OK || strcmp(buf, want) != 0) {
         if (mismatches < 10)
-          cr_log_error("numbers.csv %016llx: %s -> %s (%s), want %s",
+          cr_log_error("%s %016llx: %s -> %s (%s), want %s", path,
                        (unsigned long long)bits, in[k],
                        rc == AG_OK ? buf : ag_err_name(rc),
                        rc == AG_OK ? "ok" : err.msg, want);
@@ -238,11 +271,20 @@ Test(jcs, numbers_csv, .timeout = 120) {
   }
   ag__jcs_free(j);
   free(text);
-  cr_log_info("numbers.csv: %ld checked (%ld also as <= 15 digits), %ld "
+  cr_log_info("%s: %ld checked (%ld also as <= 15 digits), %ld "
               "NaN/Infinity skipped",
-              checked, text_checked, skipped);
-  cr_expect_geq(checked, 30000, "only %ld lines checked", checked);
+              path, checked, text_checked, skipped);
+  cr_expect_geq(checked, min_lines, "only %ld lines checked", checked);
   cr_expect_eq(mismatches, 0, "%ld mismatches (first 10 logged)", mismatches);
+}
+
+Test(jcs, numbers_csv, .timeout = 120) {
+  skip_without(JCS_DIR "/numbers.csv", "fixtures::jcs_numbers_csv");
+  check_numbers(JCS_DIR "/numbers.csv", 30000);
+}
+
+Test(fixtures, jcs_numbers_csv, .timeout = 120) {
+  check_numbers(FIXTURE_JCS_DIR "/numbers.csv", 7000);
 }
 
 Test(jcs, number_forms) {
