@@ -597,33 +597,35 @@ Test(fixtures, repeated_error_in_a_resolved_run_does_not_stop) {
 
 Test(fixtures, repeated_timeouts_then_recovery) {
   /* 45 steps in one turn; timeouts come three at a time with different
-   * commands. Only the iteration cap (40 model requests) stops it. */
+   * commands. No detector stops it, and default's cap (150, a budget) lets
+   * it finish; a cap of 40 model requests stops it at 41. */
   ag_trajectory *t = fixture_run("timeouts_then_recovery");
   ag_audit_finding f = audit(t, "default");
+  char b[64];
+  cr_assert(!f.stop.stopped, "default stopped: %s", stop_str(&f.stop, b, 64));
+  ag_config cfg = config_json("{\"loop\": {\"max_iterations\": 40}}");
+  f = audit_cfg(t, &cfg, false);
   cr_assert(f.stop.stopped);
   cr_assert_eq(f.stop.reason, AG_REASON_MAX_ITERATIONS, "reason %s: %s",
                ag_reason_name(f.stop.reason), f.stop.message);
   cr_assert_eq(f.stop.step, 41);
-  ag_config cfg = config_json("{\"loop\": {\"max_iterations\": 0}}");
-  f = audit_cfg(t, &cfg, false);
-  char b[64];
-  cr_assert(!f.stop.stopped, "default without the iteration cap stopped: %s",
-            stop_str(&f.stop, b, 64));
   ag_trajectory_free(t);
 }
 
 Test(fixtures, harmless_error_prefix_is_not_an_error) {
   /* Steps 1-12 succeed with text that starts "Error processing line ...":
    * not the "Error:" prefix, and ok is authoritative. Steps 13-17 fail (ok
-   * false) with one output: the 4th failing iteration (16) trips
-   * consecutive_errors; identical calls and errors alone trip at 17. */
+   * false) with one output: the third identical failure (15) trips
+   * repeated_results, the 4th failing iteration (16) consecutive_errors;
+   * identical calls and errors alone trip at 17. */
   ag_trajectory *t = fixture_run("harmless_error_prefix");
   ag_config cfg = preset("default");
   ag_audit_finding f = audit_cfg(t, &cfg, true);
   cr_assert(f.stop.stopped);
-  cr_assert_eq(f.stop.reason, AG_REASON_CONSECUTIVE_ERRORS, "reason %s at %d",
+  cr_assert_eq(f.stop.reason, AG_REASON_REPEATED_RESULTS, "reason %s at %d",
                ag_reason_name(f.stop.reason), f.stop.step);
-  cr_assert_eq(f.stop.step, 16);
+  cr_assert_eq(f.stop.step, 15);
+  cr_assert_eq(f.by_mechanism[AG_REASON_CONSECUTIVE_ERRORS].step, 16);
   cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_ERRORS].step, 17);
   cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_CALLS].step, 17);
   /* With "Error" as a prefix every step is an error: stopped at once. */
@@ -637,20 +639,23 @@ Test(fixtures, harmless_error_prefix_is_not_an_error) {
 
 Test(fixtures, each_mechanism_alone) {
   /* looping_unresolved: a failing test (4), a refused reply (5), the same
-   * failing call at 6-11. consecutive_errors trips at 7 (the 4th failing
-   * iteration); the refused reply breaks the identical runs, so identical
-   * calls and errors alone trip at 10 (the 5th of 6-11). */
+   * failing call at 6-11. The third identical failure (7) trips
+   * repeated_results. A refused reply is neither a failing iteration nor an
+   * error, so consecutive_errors alone trips at 8 (4, 6, 7, 8) and identical
+   * errors at 9 (4, 6-9); the identical-call run needs consecutive
+   * iterations, so it restarts at 6 and trips at 10. */
   ag_trajectory *t = fixture_run("looping_unresolved");
   ag_config cfg = preset("default");
   ag_audit_finding f = audit_cfg(t, &cfg, true);
   cr_assert(f.all_stops);
   cr_assert(f.stop.stopped);
-  cr_assert_eq(f.stop.reason, AG_REASON_CONSECUTIVE_ERRORS);
+  cr_assert_eq(f.stop.reason, AG_REASON_REPEATED_RESULTS);
   cr_assert_eq(f.stop.step, 7);
   cr_assert_eq(f.stop.steps_after, 6);
-  cr_assert_eq(f.by_mechanism[AG_REASON_CONSECUTIVE_ERRORS].step, 7);
+  cr_assert_eq(f.by_mechanism[AG_REASON_REPEATED_RESULTS].step, 7);
+  cr_assert_eq(f.by_mechanism[AG_REASON_CONSECUTIVE_ERRORS].step, 8);
   cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_CALLS].step, 10);
-  cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_ERRORS].step, 10);
+  cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_ERRORS].step, 9);
   cr_assert(!f.by_mechanism[AG_REASON_MAX_ITERATIONS].stopped);
   cr_assert(!f.by_mechanism[AG_REASON_CYCLIC_CALLS].stopped);
   for (int r = 1; r < AG_REASON__COUNT; r++) {
@@ -670,8 +675,8 @@ Test(fixtures, each_mechanism_alone) {
 /*
  * Turn 1: get_weather(Paris) -> sunny, then a text answer.
  * Turn 2: book(7) fails four times ("Error: service unavailable"), then
- * lookup succeeds. Under default the 4th failing iteration in a row stops
- * the run: step 6 (turn 2, step 4), one step after it.
+ * lookup succeeds. Under default the third identical failure stops the run
+ * (repeated_results): step 5 (turn 2, step 3), two steps after it.
  */
 static const char sample_neutral[] =
     "{\"source\": \"sample\", \"outcome\": \"unresolved\", \"steps\": [\n"
