@@ -38,7 +38,9 @@ static void check_shape(const ag_trajectory *t) {
   check(t->format != AG_TRAJ_AUTO && t->format <= AG_TRAJ_EVENTS,
         "a detected format");
   check(t->outcome <= AG_RUN_UNRESOLVED, "outcome in range");
-  check(t->n_turns > 0 && t->turns != NULL, "at least one turn");
+  /* a run with no steps is a run (not stopped); else turns hold them */
+  check(t->n_turns == 0 ? t->n_steps == 0 && t->n_calls == 0 : t->turns != NULL,
+        "turns, or none for an empty run");
   size_t steps = 0, calls = 0;
   for (size_t i = 0; i < t->n_turns; i++) {
     const ag_traj_turn *u = &t->turns[i];
