@@ -345,6 +345,18 @@ Test(config, list_replaces_whole_list) {
   cr_assert(memcmp(&c, &want, sizeof(c)) == 0);
 }
 
+Test(config, provider_section_is_left_to_the_model_client) {
+  ag_config c, d;
+  ag_config_init(&d);
+  const char *j = "{\"provider\": {\"model\": \"m\", \"anything\": 1}, "
+                  "\"loop\": {\"max_iterations\": 9}}";
+  ag_error_t err;
+  cr_assert_eq(ag_config_parse(&c, j, strlen(j), &err), AG_OK, "%s", err.msg);
+  cr_assert_eq(c.loop.max_iterations, 9);
+  d.loop.max_iterations = 9;
+  cr_assert(memcmp(&c, &d, sizeof(c)) == 0, "nothing else changed");
+}
+
 Test(config, error_unknown_key) {
   parse_fails("{\"errors\": {\"max_tol_errors\": 3}}", AG_ECONFIG,
               "errors.max_tol_errors: unknown key; did you mean "
