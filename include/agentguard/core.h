@@ -376,9 +376,9 @@ typedef struct ag_call_check {
 } ag_call_check;
 
 typedef enum {
-  AG_OUTCOME_OK = 0, /* the tool answered (may still be an error by prefix) */
-  AG_OUTCOME_ERROR,  /* the tool failed: error, timeout, crash, not found,
-                        invalid arguments, no tool call (Forge) */
+  AG_OUTCOME_OK = 0,  /* the tool answered (may still be an error by prefix) */
+  AG_OUTCOME_ERROR,   /* the tool failed: error, timeout, crash, not found,
+                         invalid arguments, no tool call (Forge) */
   AG_OUTCOME_SKIPPED, /* not run and not an error: held back, or denied
                          when the caller does not say which */
   AG_OUTCOME_DENIED   /* not run: denied at approval (mechanism 13 counts) */

@@ -90,6 +90,13 @@ typedef struct ag_provider_error {
 typedef int (*ag_delta_fn)(void *user, const char *text, size_t len);
 
 typedef struct ag_provider_vtable {
+  /*
+   * sizeof(ag_provider_vtable) as the provider was compiled: fields are only
+   * ever appended, and the library reads only those the size covers.
+   * ag_provider_new refuses a size smaller than the first layout (size,
+   * kind, complete, destroy) or larger than the library knows.
+   */
+  size_t size;
   const char *kind; /* "scripted", "openai", ... */
   /*
    * One request. Returns AG_OK with *out filled, AG_EPROVIDER with *perr

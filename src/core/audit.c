@@ -259,9 +259,8 @@ static ag_err_t replay(ag_auditor *a, ag_guard *g, const ag_trajectory *t,
                                         has ? st->results[0].text_len : 0,
                                         t_done, &v);
         } else if (require_call) {
-          act = ag_guard_record_refused(g, NO_TOOL_CALL_TEXT,
-                                        sizeof(NO_TOOL_CALL_TEXT) - 1, t_done,
-                                        &v);
+          act = ag_guard_record_refused(
+              g, NO_TOOL_CALL_TEXT, sizeof(NO_TOOL_CALL_TEXT) - 1, t_done, &v);
         }
       } else if (act == AG_ALLOW) {
         ag_err_t rc = reserve(a, st->n_calls, err);

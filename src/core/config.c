@@ -274,7 +274,7 @@ static const override meai_set[] = {
     {"loop.final_request_without_tools", "true"},
     {"errors.max_consecutive_errors", "3"},
     {"errors.failing_iteration", "any_failed"},
-    {"loop.parallel", "false"},   /* AllowConcurrentInvocation = false */
+    {"loop.parallel", "false"},     /* AllowConcurrentInvocation = false */
     {"errors.feedback", "generic"}, /* IncludeDetailedErrors = false */
     {NULL, NULL},
 };

@@ -450,8 +450,8 @@ static size_t volatile_end(const char *text, size_t len, size_t i) {
   }
   if (is_digit(t[i])) {
     size_t j = i;
-    while (j < len &&
-           (is_digit(t[j]) || (t[j] == '.' && j + 1 < len && is_digit(t[j + 1]))))
+    while (j < len && (is_digit(t[j]) ||
+                       (t[j] == '.' && j + 1 < len && is_digit(t[j + 1]))))
       j++;
     return j;
   }
@@ -980,9 +980,10 @@ AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
     tn[r].tripped = false;
   int counted = 0, failed = 0, invalid = 0;
   char shown[96];
-  const bool by_result = cfg->loop.identical_call_scope == AG_SCOPE_CALL_AND_RESULT;
-  const bool repeats =
-      cfg->loop.repeated_result_limit > 0 || cfg->loop.repeated_failure_limit > 0;
+  const bool by_result =
+      cfg->loop.identical_call_scope == AG_SCOPE_CALL_AND_RESULT;
+  const bool repeats = cfg->loop.repeated_result_limit > 0 ||
+                       cfg->loop.repeated_failure_limit > 0;
 
   for (size_t i = 0; i < n; i++) {
     const ag_result *r = &results[i];

@@ -129,7 +129,7 @@ size_t ag__collapse_ws(char *dst, size_t cap, const char *msg, size_t len,
   X(CONSECUTIVE_ERRORS, errors.max_consecutive_errors,                         \
     errors.max_consecutive_errors)                                             \
   X(TOTAL_ERROR_BUDGET, errors.max_total_errors, errors.max_total_errors)      \
-  X(ERROR_PATTERN, errors.similar_error_limit, errors.similar_error_limit)      \
+  X(ERROR_PATTERN, errors.similar_error_limit, errors.similar_error_limit)     \
   X(TURN_TIMEOUT, loop.max_turn_duration_ms, loop.max_turn_duration_ms)        \
   X(REFUSED_REPLIES, loop.max_refused_replies, loop.max_refused_replies)       \
   X(DENIED_CALLS, loop.max_denied_calls, loop.max_denied_calls)                \

@@ -164,9 +164,9 @@ typedef struct bstep {
   bool has_text;     /* the recording gives the reply's text */
   const char *text;  /* the reply's text (jansson-owned), when has_text */
   size_t text_len;
-  int iteration;     /* events: the "iteration" it belongs to, else 0 */
-  size_t origin;     /* the message / step / event that opened it */
-  long origin_line;  /* its line in JSON Lines, else 0 */
+  int iteration;    /* events: the "iteration" it belongs to, else 0 */
+  size_t origin;    /* the message / step / event that opened it */
+  long origin_line; /* its line in JSON Lines, else 0 */
   int64_t t_req, t_resp, t_done;
 } bstep;
 
@@ -703,8 +703,7 @@ static ag_err_t chat_assistant(builder *b, const json_t *m) {
   const json_t *content = json_object_get(m, "content");
   if (json_is_string(content) || json_is_null(content)) {
     bstep *st = cur_step(b);
-    if ((rc = b_text(b, content, "content", &st->text, &st->text_len)) !=
-        AG_OK)
+    if ((rc = b_text(b, content, "content", &st->text, &st->text_len)) != AG_OK)
       return rc;
     st->has_text = true;
   }

@@ -500,10 +500,11 @@ static ag_err_t prepare(ag_scheduler *s, const ag_exec_call *c, job *j) {
      * arguments with every integer read as the double it rounds to, as RFC
      * 8785 writes it; the schema's "integer" accepts integral numbers. The
      * tool still gets the text the model sent. */
-    if (j->parsed == NULL && json_error_code(&jerr) == json_error_numeric_overflow)
-      j->parsed = json_loadb(c->args, c->args_len,
-                             JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL,
-                             &jerr);
+    if (j->parsed == NULL &&
+        json_error_code(&jerr) == json_error_numeric_overflow)
+      j->parsed =
+          json_loadb(c->args, c->args_len,
+                     JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &jerr);
     if (j->parsed == NULL) {
       j->state = JOB_DONE;
       return set_result(j->res, AG_EXEC_INVALID, AG_CAT_VALIDATION,

@@ -1464,10 +1464,9 @@ Test(summary, counts_and_json) {
   cr_assert_eq(json_integer_value(json_object_get(j, "skipped")), 1);
   json_t *u = json_object_get(json_object_get(j, "by_outcome"), "unresolved");
   cr_assert_eq(json_integer_value(json_object_get(u, "saved_steps")), 2);
-  cr_assert_eq(
-      json_integer_value(json_object_get(json_object_get(j, "stops_by_reason"),
-                                         "repeated_results")),
-      1);
+  cr_assert_eq(json_integer_value(json_object_get(
+                   json_object_get(j, "stops_by_reason"), "repeated_results")),
+               1);
   json_decref(j);
   ag_free(js);
 

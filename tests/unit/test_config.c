@@ -373,8 +373,7 @@ Test(config, error_unknown_key) {
   parse_fails("{\"loop\": {\"repeated_failures_limit\": 3}}", AG_ECONFIG,
               "loop.repeated_failures_limit: unknown key; did you mean "
               "repeated_failure_limit?");
-  parse_fails("{\"errors\": {\"feedback\": \"generik\"}}", AG_ECONFIG,
-              NULL);
+  parse_fails("{\"errors\": {\"feedback\": \"generik\"}}", AG_ECONFIG, NULL);
   /* far away, or ambiguous: no suggestion */
   parse_fails("{\"loop\": {\"xyz\": 1}}", AG_ECONFIG, "loop.xyz: unknown key");
   parse_fails("{\"loop\": {\"max\": 1}}", AG_ECONFIG, "loop.max: unknown key");

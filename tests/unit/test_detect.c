@@ -98,14 +98,13 @@ Test(repeated, edit_test_workflow_with_changing_results_never_stops) {
 Test(repeated, errors_differing_in_numbers_are_the_same_error) {
   ag_guard *g = make_json("{\"preset\": \"default\"}");
   ag_verdict v;
-  const char *texts[] = {
-      "/bin/bash: line 62215: javac: command not found",
-      "/bin/bash: line 62230: javac: command not found",
-      "/bin/bash: line 62245: javac: command not found"};
+  const char *texts[] = {"/bin/bash: line 62215: javac: command not found",
+                         "/bin/bash: line 62230: javac: command not found",
+                         "/bin/bash: line 62245: javac: command not found"};
   for (int i = 0; i < 3; i++) {
     call(g, "ls", "{}", "a b", OK, &v, NULL); /* something in between */
-    ag_action a = call(g, "bash", "{\"c\":\"javac x\"}", texts[i], ERR, &v,
-                       NULL);
+    ag_action a =
+        call(g, "bash", "{\"c\":\"javac x\"}", texts[i], ERR, &v, NULL);
     cr_assert_eq(a, i < 2 ? AG_ALLOW : AG_STOP, "call %d", i);
   }
   cr_assert_eq(v.reason, AG_REASON_REPEATED_RESULTS);
@@ -119,8 +118,8 @@ Test(repeated, different_words_are_different_errors) {
                          "No such file: gamma.py", "No such file: delta.py"};
   for (int i = 0; i < 4; i++) {
     call(g, "ls", "{}", "a b", OK, &v, NULL);
-    cr_assert_eq(call(g, "cat", "{\"p\":1}", texts[i], ERR, &v, NULL),
-                 AG_ALLOW, "call %d", i);
+    cr_assert_eq(call(g, "cat", "{\"p\":1}", texts[i], ERR, &v, NULL), AG_ALLOW,
+                 "call %d", i);
   }
   ag_guard_free(g);
 }
@@ -130,8 +129,8 @@ Test(repeated, same_success_five_times_in_a_turn) {
   ag_verdict v;
   /* nothing new in between: the same few pairs in an irregular order (no
    * block repeats back to back, so the cycle detector sees nothing) */
-  static const char *const seq[] = {"r", "t1", "r", "t2", "r", "t1", "t2",
-                                    "r", "t1", "r", "t2", "t2", "r", "t1",
+  static const char *const seq[] = {"r", "t1", "r", "t2", "r",  "t1", "t2",
+                                    "r", "t1", "r", "t2", "t2", "r",  "t1",
                                     "r", "t1", "r", "t2", "r"};
   int reads = 0;
   ag_action a = AG_ALLOW;
@@ -140,8 +139,9 @@ Test(repeated, same_success_five_times_in_a_turn) {
       reads++;
       a = call(g, "read", "{\"p\":\"a.txt\"}", "hello", OK, &v, NULL);
     } else {
-      a = call(g, "think", strcmp(seq[i], "t1") == 0 ? "{\"n\":1}" : "{\"n\":2}",
-               "", OK, &v, NULL);
+      a = call(g, "think",
+               strcmp(seq[i], "t1") == 0 ? "{\"n\":1}" : "{\"n\":2}", "", OK,
+               &v, NULL);
     }
   }
   cr_assert_eq(a, AG_STOP);
@@ -315,8 +315,8 @@ Test(denied, three_in_a_row_stop_and_a_run_call_resets) {
   char args[32];
   for (int i = 0; i < 2; i++) {
     snprintf(args, sizeof(args), "{\"cmd\": %d}", i);
-    cr_assert_eq(call(g, "rm", args, "Tool call rejected: no", AG_OUTCOME_DENIED,
-                      &v, NULL),
+    cr_assert_eq(call(g, "rm", args, "Tool call rejected: no",
+                      AG_OUTCOME_DENIED, &v, NULL),
                  AG_ALLOW);
   }
   cr_assert_eq(call(g, "ls", "{}", "a", OK, &v, NULL), AG_ALLOW);
@@ -398,7 +398,8 @@ Test(cycles, repeating_results_make_a_cycle_in_that_scope) {
   }
   cr_assert_eq(a, AG_STOP);
   cr_assert_eq(v.reason, AG_REASON_CYCLIC_CALLS);
-  cr_assert_eq(calls, 6, "the call completing the 3rd repetition, after it ran");
+  cr_assert_eq(calls, 6,
+               "the call completing the 3rd repetition, after it ran");
   ag_guard_free(g);
 }
 
