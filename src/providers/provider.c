@@ -60,6 +60,7 @@ AG_EXTERN void ag_reply_clear(ag_reply *r) {
     free(r->calls[i].arguments);
   }
   free(r->calls);
+  free(r->refusal);
   memset(r, 0, sizeof(*r));
 }
 
