@@ -534,3 +534,257 @@ Test(http, openai_garbage_body_names_the_byte) {
   json_decref(msgs);
   ag_provider_free(p);
 }
+
+/* ------------------------------------------------------------------------ */
+/* OpenAI, streamed                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* 3-byte writes split every multi-byte character of the fixture somewhere;
+ * each delta must still be whole UTF-8 and all of them the reply's text. */
+Test(http, openai_stream_text_split_everywhere) {
+  serve_fixture("openai/stream_text.sse", "text/event-stream", 3, 1);
+  ag_provider *p = provider("openai", true, NULL);
+  json_t *msgs = history();
+  deltas d = {0};
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, &d, &r, &pe), AG_OK, "%s", pe.message);
+  cr_expect_str_eq(r.text, "Café ☕ 日本語 🙂 done.");
+  cr_expect_str_eq(d.buf, r.text);
+  cr_expect_eq(d.n, 4, "one delta per non-empty content fragment");
+  cr_expect(!d.bad_utf8, "a delta ended inside a character");
+  cr_expect_str_eq(r.finish_reason, "stop");
+  cr_expect(r.has_usage);
+  cr_expect_eq(r.usage.prompt_tokens, 21);
+  cr_expect_eq(r.usage.completion_tokens, 7);
+
+  cr_expect_str_eq(S.last_accept, "text/event-stream");
+  json_t *b = sent_body();
+  cr_expect(json_is_true(json_object_get(b, "stream")));
+  cr_expect(json_is_true(
+      json_object_get(json_object_get(b, "stream_options"), "include_usage")));
+  json_decref(b);
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
+Test(http, openai_stream_tool_calls_from_fragments) {
+  serve_fixture("openai/stream_tool_calls.sse", "text/event-stream", 7, 1);
+  ag_provider *p = provider("openai", true, NULL);
+  json_t *msgs = history(), *tl = tools();
+  deltas d = {0};
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, tl, NULL, &d, &r, &pe), AG_OK, "%s", pe.message);
+  cr_expect_eq(d.n, 0);
+  cr_assert_eq(r.n_calls, 2);
+  cr_expect_str_eq(r.calls[0].id, "call_Aa1");
+  cr_expect_str_eq(r.calls[0].name, "read_file");
+  cr_expect_str_eq(r.calls[0].arguments, "{\"path\": \"notes.txt\"}");
+  cr_expect_str_eq(r.calls[1].id, "call_Bb2");
+  cr_expect_str_eq(r.calls[1].name, "list_dir");
+  cr_expect_str_eq(r.calls[1].arguments, "{\"path\": \"é/\"}");
+  cr_expect_str_eq(r.finish_reason, "tool_calls");
+  cr_expect_eq(r.usage.prompt_tokens, 200);
+  cr_expect_eq(r.usage.cached_tokens, 128);
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  json_decref(tl);
+  ag_provider_free(p);
+}
+
+Test(http, openai_stream_error_event) {
+  serve_fixture("openai/fault_stream_error.sse", "text/event-stream", 16, 1);
+  ag_provider *p = provider("openai", true, NULL);
+  json_t *msgs = history();
+  deltas d = {0};
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, &d, &r, &pe), AG_EPROVIDER);
+  cr_expect_str_eq(d.buf, "Partial ");
+  cr_expect(strstr(pe.message, "The server had an error while processing") !=
+                NULL,
+            "%s", pe.message);
+  cr_expect(strstr(pe.message, "mid-stream") != NULL, "%s", pe.message);
+  cr_expect(pe.transient, "a server_error mid-stream is transient");
+  cr_expect_null(r.text);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
+/* on_delta asks to stop: AG_ECANCELLED, nothing half-built. */
+Test(http, openai_stream_stopped_by_delta) {
+  serve_fixture("openai/stream_text.sse", "text/event-stream", 0, 0);
+  ag_provider *p = provider("openai", true, NULL);
+  json_t *msgs = history();
+  deltas d = {.stop_after = 2};
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, &d, &r, &pe), AG_ECANCELLED);
+  cr_expect_eq(d.n, 2);
+  cr_expect_null(r.text);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
+/* A server that ignores "stream": true and answers with one JSON body. */
+Test(http, openai_stream_asked_json_answered) {
+  serve_fixture("openai/chat_text.json", "application/json", 0, 0);
+  ag_provider *p = provider("openai", true, NULL);
+  json_t *msgs = history();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, NULL, &r, &pe), AG_OK, "%s",
+               pe.message);
+  cr_expect_str_eq(r.text, "Hello! Café ☕ 日本語 🙂");
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
+Test(http, openai_stream_garbage_chunk_names_the_byte) {
+  serve_text(200, "text/event-stream",
+             "data: {\"choices\":[]}\n\ndata: {\"choices\": nope}\n\n");
+  ag_provider *p = provider("openai", true, NULL);
+  json_t *msgs = history();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, NULL, &r, &pe), AG_EPROVIDER);
+  cr_expect(!pe.transient);
+  /* The second event starts at byte 22; its data at 28; "nope" ends at 44. */
+  cr_expect(strstr(pe.message, "not JSON") != NULL, "%s", pe.message);
+  cr_expect(strstr(pe.message, "at byte 44") != NULL, "%s", pe.message);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Anthropic                                                                */
+/* ------------------------------------------------------------------------ */
+
+Test(http, anthropic_history_converted_and_reply_read) {
+  serve_fixture("anthropic/message_tool_use.json", "application/json", 0, 0);
+  ag_provider *p = provider("anthropic", false, edit_options);
+  json_t *msgs = history(), *tl = tools();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, tl, NULL, NULL, &r, &pe), AG_OK, "%s", pe.message);
+  cr_expect_str_eq(r.text, "Let me read it — ok.");
+  cr_assert_eq(r.n_calls, 1);
+  cr_expect_str_eq(r.calls[0].id, "toolu_01A09q90qw90lq917835lq9");
+  cr_expect_str_eq(r.calls[0].name, "read_file");
+  cr_expect_str_eq(r.calls[0].arguments,
+                   "{\"path\":\"notes.txt\",\"lines\":[1,5]}");
+  cr_expect_str_eq(r.finish_reason, "tool_use");
+  cr_expect(r.has_usage);
+  cr_expect_eq(r.usage.prompt_tokens, 150);
+  cr_expect_eq(r.usage.cached_tokens, 30);
+  cr_expect_eq(r.usage.completion_tokens, 40);
+
+  cr_expect_str_eq(S.last_url, "/v1/messages");
+  cr_expect_str_eq(S.last_xkey, SECRET);
+  cr_expect_null(S.last_auth);
+  cr_expect_str_eq(S.last_version, "2023-06-01");
+  json_error_t je;
+  json_t *want = json_loads(
+      "{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":300,"
+      "\"system\":\"You are terse.\",\"stream\":false,\"temperature\":0.25,"
+      "\"seed\":7,\"user\":\"agentguard-test\","
+      "\"tool_choice\":{\"type\":\"auto\",\"disable_parallel_tool_use\":true},"
+      "\"tools\":[{\"name\":\"read_file\",\"description\":\"Read a file\","
+      "\"input_schema\":{\"type\":\"object\",\"properties\":{\"path\":{"
+      "\"type\":\"string\"}},\"required\":[\"path\"]}},"
+      "{\"name\":\"list_dir\",\"input_schema\":{\"type\":\"object\"}}],"
+      "\"messages\":["
+      "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
+      "\"Read notes.txt, then list src.\"}]},"
+      "{\"role\":\"assistant\",\"content\":["
+      "{\"type\":\"tool_use\",\"id\":\"call_1\",\"name\":\"read_file\","
+      "\"input\":{\"path\":\"notes.txt\"}},"
+      "{\"type\":\"tool_use\",\"id\":\"call_2\",\"name\":\"list_dir\","
+      "\"input\":{}}]},"
+      "{\"role\":\"user\",\"content\":["
+      "{\"type\":\"tool_result\",\"tool_use_id\":\"call_1\",\"content\":"
+      "\"milk, eggs\",\"is_error\":false},"
+      "{\"type\":\"tool_result\",\"tool_use_id\":\"call_2\",\"content\":"
+      "\"<error>\\ntool: list_dir\\ntype: validation\\n</error>\","
+      "\"is_error\":true},"
+      "{\"type\":\"text\",\"text\":\"The previous iteration failed.\"}]}]}",
+      0, &je);
+  cr_assert_not_null(want, "%s", je.text);
+  json_t *b = sent_body();
+  cr_expect(json_equal(b, want), "sent:\n%s", S.last_body);
+  json_decref(b);
+  json_decref(want);
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  json_decref(tl);
+  ag_provider_free(p);
+}
+
+Test(http, anthropic_stream_text_and_tool_use) {
+  serve_fixture("anthropic/stream_tool_use.sse", "text/event-stream", 5, 1);
+  ag_provider *p = provider("anthropic", true, NULL);
+  json_t *msgs = history(), *tl = tools();
+  deltas d = {0};
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, tl, NULL, &d, &r, &pe), AG_OK, "%s", pe.message);
+  cr_expect_str_eq(r.text, "Okay, checking the wéather 🌦 now.");
+  cr_expect_str_eq(d.buf, r.text);
+  cr_expect(!d.bad_utf8);
+  cr_assert_eq(r.n_calls, 1);
+  cr_expect_str_eq(r.calls[0].id, "toolu_01T1x1fJ34qAmk2tNTrN7Up6");
+  cr_expect_str_eq(r.calls[0].name, "get_weather");
+  cr_expect_str_eq(r.calls[0].arguments,
+                   "{\"location\": \"San Francisco, CA\", \"unit\": "
+                   "\"fahrenheit\"}");
+  cr_expect_str_eq(r.finish_reason, "tool_use");
+  cr_expect_eq(r.usage.prompt_tokens, 536);
+  cr_expect_eq(r.usage.cached_tokens, 64);
+  cr_expect_eq(r.usage.completion_tokens, 89);
+  json_t *b = sent_body();
+  cr_expect(json_is_true(json_object_get(b, "stream")));
+  cr_expect_eq(json_integer_value(json_object_get(b, "max_tokens")), 4096);
+  cr_expect(json_is_false(json_object_get(json_object_get(b, "tool_choice"),
+                                          "disable_parallel_tool_use")));
+  json_decref(b);
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  json_decref(tl);
+  ag_provider_free(p);
+}
+
+Test(http, anthropic_stream_error_event_overloaded) {
+  serve_fixture("anthropic/fault_stream_error.sse", "text/event-stream", 0, 0);
+  ag_provider *p = provider("anthropic", true, NULL);
+  json_t *msgs = history();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, NULL, &r, &pe), AG_EPROVIDER);
+  cr_expect(pe.transient);
+  cr_expect_eq(pe.http_status, 529);
+  cr_expect(strstr(pe.message, "Overloaded (type overloaded_error)") != NULL,
+            "%s", pe.message);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
+Test(http, anthropic_529_error_body) {
+  serve_text(529, "application/json",
+             "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\","
+             "\"message\":\"Overloaded\"},\"request_id\":\"req_1\"}");
+  ag_provider *p = provider("anthropic", true, NULL);
+  json_t *msgs = history();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, NULL, &r, &pe), AG_EPROVIDER);
+  cr_expect(pe.transient);
+  cr_expect_eq(pe.http_status, 529);
+  cr_expect_str_eq(pe.message, "HTTP 529 from 127.0.0.1: Overloaded (type "
+                               "overloaded_error)");
+  cr_expect(strstr(pe.details, "req_1") != NULL);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
