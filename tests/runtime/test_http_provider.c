@@ -17,6 +17,7 @@
 #include <criterion/criterion.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,17 +217,23 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   *con_cls = NULL;
 }
 
+static void quiet_log(void *cls, const char *fmt, va_list ap) {
+  (void)cls;
+  (void)fmt;
+  (void)ap;
+}
+
 static void server_start(void) {
   memset(&S, 0, sizeof(S));
   pthread_mutex_init(&S.mu, NULL);
   S.p.status = 200;
   S.p.cut_at = -1;
   S.p.stall_at = -1;
-  S.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD |
-                             MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
-                         0, NULL, NULL, handler, NULL,
-                         MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-                         MHD_OPTION_SOCK_ADDR, NULL, MHD_OPTION_END);
+  S.d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+          MHD_USE_ERROR_LOG,
+      0, NULL, NULL, handler, NULL, MHD_OPTION_NOTIFY_COMPLETED, completed,
+      NULL, MHD_OPTION_EXTERNAL_LOGGER, quiet_log, NULL, MHD_OPTION_END);
   cr_assert_not_null(S.d, "the fake server did not start");
   const union MHD_DaemonInfo *info =
       MHD_get_daemon_info(S.d, MHD_DAEMON_INFO_BIND_PORT);
@@ -785,6 +792,529 @@ Test(http, anthropic_529_error_body) {
   cr_expect_str_eq(pe.message, "HTTP 529 from 127.0.0.1: Overloaded (type "
                                "overloaded_error)");
   cr_expect(strstr(pe.details, "req_1") != NULL);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Faults                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static ag_err_t fail_once(ag_provider *p, ag_provider_error *pe) {
+  json_t *msgs = history();
+  ag_reply r;
+  ag_err_t rc = ask(p, msgs, NULL, NULL, NULL, &r, pe);
+  if (rc == AG_OK)
+    ag_reply_clear(&r);
+  json_decref(msgs);
+  no_secret(pe);
+  return rc;
+}
+
+static const char openai_429[] =
+    "{\"error\":{\"message\":\"Rate limit reached for gpt-4o-mini in "
+    "organization org-x on requests per min (RPM): Limit 3, Used 3.\","
+    "\"type\":\"requests\",\"param\":null,\"code\":\"rate_limit_exceeded\"}}";
+
+Test(http, status_429_retry_after_seconds) {
+  serve_text(429, "application/json", openai_429);
+  S.p.hdr_name = "Retry-After";
+  S.p.hdr_value = "2";
+  ag_provider *p = provider("openai", true, NULL);
+  ag_provider_error pe;
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect(pe.transient);
+  cr_expect_eq(pe.http_status, 429);
+  cr_expect_eq(pe.retry_after_ms, 2000);
+  cr_expect_str_eq(pe.service, "127.0.0.1");
+  cr_expect(strstr(pe.message, "HTTP 429 from 127.0.0.1: Rate limit reached") ==
+                pe.message,
+            "%s", pe.message);
+  cr_expect(strstr(pe.message, "(type requests, code rate_limit_exceeded)") !=
+                NULL,
+            "%s", pe.message);
+  cr_expect(strstr(pe.details, "rate_limit_exceeded") != NULL);
+  ag_provider_free(p);
+}
+
+Test(http, status_429_retry_after_http_date) {
+  static char date[64];
+  time_t t = time(NULL) + 5;
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  serve_text(429, "application/json", openai_429);
+  S.p.hdr_name = "Retry-After";
+  S.p.hdr_value = date;
+  ag_provider *p = provider("openai", false, NULL);
+  ag_provider_error pe;
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect(pe.retry_after_ms >= 3000 && pe.retry_after_ms <= 6000,
+            "Retry-After %s read as %lld ms", date,
+            (long long)pe.retry_after_ms);
+  ag_provider_free(p);
+}
+
+Test(http, status_429_retry_after_ms) {
+  serve_text(429, "application/json", openai_429);
+  S.p.hdr_name = "retry-after-ms";
+  S.p.hdr_value = "1500";
+  ag_provider *p = provider("openai", false, NULL);
+  ag_provider_error pe;
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect_eq(pe.retry_after_ms, 1500);
+  ag_provider_free(p);
+}
+
+/* Which statuses are worth a retry, and the message of each. */
+Test(http, statuses_transient_or_not) {
+  static const struct {
+    int status;
+    bool transient;
+    const char *body;
+    const char *want;
+  } cases[] = {
+      {500, true,
+       "{\"error\":{\"message\":\"boom\",\"type\":\"server_error\"}}",
+       "HTTP 500 from 127.0.0.1: boom (type server_error)"},
+      {503, true, "upstream connect error",
+       "HTTP 503 from 127.0.0.1: upstream "
+       "connect error"},
+      {502, true, "", "HTTP 502 from 127.0.0.1"},
+      {408, true, "", "HTTP 408 from 127.0.0.1"},
+      {409, true, "", "HTTP 409 from 127.0.0.1"},
+      {400, false,
+       "{\"error\":{\"message\":\"Invalid value for 'tool_choice'\","
+       "\"type\":\"invalid_request_error\",\"param\":\"tool_choice\","
+       "\"code\":null}}",
+       "HTTP 400 from 127.0.0.1: Invalid value for 'tool_choice' (type "
+       "invalid_request_error)"},
+      {404, false,
+       "{\"error\":\"model \\\"llama9\\\" not found, try pulling "
+       "it first\"}",
+       "HTTP 404 from 127.0.0.1: not found: check provider.base_url and "
+       "provider.model: model \"llama9\" not found, try pulling it first"},
+      {422, false, "{\"detail\":\"bad\"}",
+       "HTTP 422 from 127.0.0.1: "
+       "{\"detail\":\"bad\"}"},
+  };
+  ag_provider *p = provider("openai", false, NULL);
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    serve_text(cases[i].status, "application/json", cases[i].body);
+    ag_provider_error pe;
+    cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+    cr_expect_eq(pe.http_status, cases[i].status);
+    cr_expect_eq(pe.transient, cases[i].transient, "%d", cases[i].status);
+    cr_expect_str_eq(pe.message, cases[i].want);
+    cr_expect_eq(pe.retry_after_ms, -1);
+  }
+  ag_provider_free(p);
+}
+
+static void edit_no_key(ag_http_provider_opts *o) {
+  o->api_key_env = "TEST_NO_KEY";
+}
+
+/* 401 and 403 name the variable; a body that echoes the key is scrubbed. */
+Test(http, auth_failures_name_the_variable_never_the_key) {
+  char body[256];
+  snprintf(body, sizeof(body),
+           "{\"error\":{\"message\":\"Incorrect API key provided: %s. You can "
+           "find your API key at https://example.test\",\"type\":"
+           "\"invalid_request_error\",\"code\":\"invalid_api_key\"}}",
+           SECRET);
+  serve_text(401, "application/json", body);
+  ag_provider *p = provider("openai", false, NULL);
+  ag_provider_error pe;
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect(!pe.transient);
+  cr_expect(strstr(pe.message, "the API key in the environment variable "
+                               "TEST_KEY was refused") != NULL,
+            "%s", pe.message);
+  cr_expect(strstr(pe.message, "[redacted]") != NULL, "%s", pe.message);
+  cr_expect(strstr(pe.details, "[redacted]") != NULL, "%s", pe.details);
+  ag_provider_free(p);
+
+  serve_text(401, "application/json",
+             "{\"type\":\"error\",\"error\":{\"type\":\"authentication_error\","
+             "\"message\":\"x-api-key header is required\"}}");
+  p = provider("anthropic", false, edit_no_key);
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect_null(S.last_xkey, "no key header without a key");
+  cr_expect_str_eq(pe.message,
+                   "HTTP 401 from 127.0.0.1: the API key is missing: set the "
+                   "environment variable TEST_NO_KEY: x-api-key header is "
+                   "required (type authentication_error)");
+  ag_provider_free(p);
+
+  serve_text(403, "application/json", "{\"error\":{\"message\":\"nope\"}}");
+  p = provider("openai", false, NULL);
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect(strstr(pe.message, "TEST_KEY was refused for this request") != NULL,
+            "%s", pe.message);
+  ag_provider_free(p);
+}
+
+Test(http, redirect_not_followed) {
+  serve_text(302, "text/plain", "moved");
+  S.p.hdr_name = "Location";
+  S.p.hdr_value = "http://127.0.0.1:1/elsewhere";
+  ag_provider *p = provider("openai", false, NULL);
+  ag_provider_error pe;
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect(!pe.transient);
+  cr_expect_eq(pe.http_status, 302);
+  cr_expect(strstr(pe.message, "redirects to http://127.0.0.1:1/elsewhere; "
+                               "redirects are not followed") != NULL,
+            "%s", pe.message);
+  cr_expect_eq(S.n_requests, 1);
+  ag_provider_free(p);
+}
+
+Test(http, body_cut_mid_stream_is_transient) {
+  serve_fixture("openai/stream_text.sse", "text/event-stream", 50, 1);
+  S.p.cut_at = 400;
+  ag_provider *p = provider("openai", true, NULL);
+  ag_provider_error pe;
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect(pe.transient, "%s", pe.message);
+  cr_expect_eq(pe.http_status, 0);
+  cr_expect(strstr(pe.message, "cut off") != NULL ||
+                strstr(pe.message, "ended before") != NULL,
+            "%s", pe.message);
+  ag_provider_free(p);
+}
+
+/* A stream that ends cleanly but early (no [DONE], no finish reason). */
+Test(http, stream_ended_early_is_transient) {
+  serve_text(200, "text/event-stream",
+             "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}"
+             "}]}\n\n");
+  ag_provider *p = provider("openai", true, NULL);
+  ag_provider_error pe;
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect(pe.transient);
+  cr_expect(strstr(pe.message, "ended before the reply was complete") != NULL,
+            "%s", pe.message);
+  ag_provider_free(p);
+}
+
+typedef struct canceller {
+  ag_cancel *c;
+  int after_ms;
+  int64_t fired_at;
+} canceller;
+
+static void *cancel_later(void *arg) {
+  canceller *k = arg;
+  sleep_ms(k->after_ms);
+  k->fired_at = ag_now_ms();
+  ag_cancel_cancel(k->c, AG_CANCEL_USER);
+  return NULL;
+}
+
+/* A server that accepts and never answers: a cancel from another thread
+ * ends the request within 100 ms (asserted with a wide margin). */
+Test(http, never_answers_cancel_is_prompt) {
+  S.p.never_answer = true;
+  ag_provider *p = provider("openai", false, NULL);
+  ag_cancel *c;
+  cr_assert_eq(ag_cancel_new(&c, NULL, INT64_MAX, AG_CANCEL_DEADLINE, NULL),
+               AG_OK);
+  canceller k = {c, 200, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, cancel_later, &k);
+  json_t *msgs = history();
+  ag_reply r;
+  ag_provider_error pe;
+  int64_t t0 = ag_now_ms();
+  cr_expect_eq(ask(p, msgs, NULL, c, NULL, &r, &pe), AG_ECANCELLED);
+  int64_t done = ag_now_ms();
+  pthread_join(th, NULL);
+  cr_expect(done - t0 >= 150, "returned before the cancel");
+  cr_expect(done - k.fired_at < 500, "cancel took %lld ms",
+            (long long)(done - k.fired_at));
+  fprintf(stderr, "cancel to return: %lld ms\n",
+          (long long)(done - k.fired_at));
+  json_decref(msgs);
+  ag_cancel_free(c);
+  ag_provider_free(p);
+}
+
+/* The turn deadline (a token's own deadline) ends it the same way. */
+Test(http, never_answers_deadline) {
+  S.p.never_answer = true;
+  ag_provider *p = provider("openai", false, NULL);
+  ag_cancel *c;
+  cr_assert_eq(
+      ag_cancel_new(&c, NULL, ag_now_ms() + 200, AG_CANCEL_DEADLINE, NULL),
+      AG_OK);
+  ag_provider_error pe;
+  int64_t t0 = ag_now_ms();
+  json_t *msgs = history();
+  ag_reply r;
+  cr_expect_eq(ask(p, msgs, NULL, c, NULL, &r, &pe), AG_ECANCELLED);
+  cr_expect(ag_now_ms() - t0 < 700, "took %lld ms",
+            (long long)(ag_now_ms() - t0));
+  cr_expect_eq(ag_cancel_check(c, ag_now_ms()), AG_CANCEL_DEADLINE);
+  json_decref(msgs);
+  ag_cancel_free(c);
+  ag_provider_free(p);
+}
+
+static void edit_timeout(ag_http_provider_opts *o) {
+  o->timeout_ms = 300;
+}
+
+Test(http, never_answers_total_timeout) {
+  S.p.never_answer = true;
+  ag_provider *p = provider("openai", false, edit_timeout);
+  ag_provider_error pe;
+  int64_t t0 = ag_now_ms();
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  int64_t took = ag_now_ms() - t0;
+  cr_expect(took >= 250 && took < 2000, "took %lld ms", (long long)took);
+  cr_expect(pe.transient);
+  cr_expect_str_eq(pe.message, "the request to 127.0.0.1 timed out after 300 "
+                               "ms (provider.timeout)");
+  ag_provider_free(p);
+}
+
+static void edit_idle(ag_http_provider_opts *o) {
+  o->idle_timeout_ms = 300;
+}
+
+/* A stream that sends a little, then nothing: the idle limit. */
+Test(http, trickle_then_silence_idle_limit) {
+  serve_fixture("openai/stream_text.sse", "text/event-stream", 20, 30);
+  /* Silence once "Caf" and "é ☕ " have been sent. */
+  S.p.stall_at = strstr(S.p.body, "日本語") - S.p.body;
+  ag_provider *p = provider("openai", true, edit_idle);
+  deltas d = {0};
+  json_t *msgs = history();
+  ag_reply r;
+  ag_provider_error pe;
+  int64_t t0 = ag_now_ms();
+  cr_assert_eq(ask(p, msgs, NULL, NULL, &d, &r, &pe), AG_EPROVIDER);
+  int64_t took = ag_now_ms() - t0;
+  cr_expect(pe.transient);
+  cr_expect_str_eq(pe.message, "127.0.0.1 sent nothing for 300 ms "
+                               "(provider.idle_timeout)");
+  cr_expect(took < 3000, "took %lld ms", (long long)took);
+  cr_expect_gt(d.n, 0, "the first deltas arrived before the silence");
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
+/* A slow but steady trickle (a write every 30 ms, 3 bytes each) is not
+ * idle. */
+Test(http, slow_steady_trickle_is_fine) {
+  serve_fixture("openai/stream_text.sse", "text/event-stream", 40, 20);
+  ag_provider *p = provider("openai", true, edit_idle);
+  json_t *msgs = history();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, NULL, &r, &pe), AG_OK, "%s",
+               pe.message);
+  cr_expect_str_eq(r.text, "Café ☕ 日本語 🙂 done.");
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
+static int closed_port(void) {
+  /* A port nothing listens on: the fake server's, after it stops. */
+  int port = S.port;
+  atomic_store(&S.stop, true);
+  MHD_stop_daemon(S.d);
+  S.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+                         handler, NULL, MHD_OPTION_END);
+  return port;
+}
+
+Test(http, connection_refused) {
+  int port = closed_port();
+  ag_http_provider_opts o;
+  ag_http_provider_opts_init(&o);
+  char url[64];
+  snprintf(url, sizeof(url), "http://127.0.0.1:%d/v1", port);
+  o.base_url = url;
+  o.model = "m";
+  o.api_key_env = "TEST_KEY";
+  ag_provider *p;
+  ag_error_t err;
+  cr_assert_eq(ag_provider_http_new(&p, &o, &err), AG_OK, "%s", err.msg);
+  ag_provider_error pe;
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect(pe.transient);
+  cr_expect_eq(pe.http_status, 0);
+  cr_expect(strstr(pe.message, "could not reach 127.0.0.1") == pe.message, "%s",
+            pe.message);
+  ag_provider_free(p);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Options and the config section                                           */
+/* ------------------------------------------------------------------------ */
+
+static ag_err_t new_with(ag_http_provider_opts *o, ag_error_t *err) {
+  ag_provider *p = NULL;
+  ag_err_t rc = ag_provider_http_new(&p, o, err);
+  ag_provider_free(p);
+  cr_expect(strstr(err->msg, SECRET) == NULL, "%s", err->msg);
+  return rc;
+}
+
+Test(http, bad_options_are_named) {
+  ag_http_provider_opts o;
+  ag_error_t err;
+  ag_http_provider_opts_init(&o);
+  cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
+  cr_expect_str_eq(err.msg, "provider.model: missing; name the model to use "
+                            "(or set AGENTGUARD_MODEL)");
+  o.model = "m";
+  o.kind = "gemini";
+  cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
+  cr_expect_str_eq(err.msg, "provider.kind: \"gemini\" is not a provider kind "
+                            "(openai, anthropic)");
+  o.kind = "openai";
+  o.base_url = "ftp://example.test/v1";
+  cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
+  cr_expect_str_eq(err.msg, "provider.base_url: \"ftp://example.test/v1\" is "
+                            "not an http:// or https:// URL");
+  o.base_url = NULL;
+  o.extra_body_json = "[1]";
+  cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
+  cr_expect_str_eq(err.msg, "provider.extra_body: expected an object");
+  o.extra_body_json = NULL;
+  static const char *const bad_header[] = {"Authorization Bearer " SECRET,
+                                           NULL};
+  o.headers = bad_header;
+  cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
+  cr_expect(strstr(err.msg, "provider.headers[0]: expected") == err.msg, "%s",
+            err.msg);
+  o.headers = NULL;
+  o.size = 8;
+  cr_expect_eq(new_with(&o, &err), AG_EINVAL);
+  cr_expect(strstr(err.msg, "opts.size") != NULL, "%s", err.msg);
+}
+
+static ag_provider_config *cfg(const char *text, ag_err_t want,
+                               const char *want_msg) {
+  ag_provider_config *c = (ag_provider_config *)&c;
+  ag_error_t err;
+  ag_err_t rc = ag_provider_config_parse(&c, text, strlen(text), &err);
+  cr_expect_eq(rc, want, "%s: %s", text, err.msg);
+  if (want_msg != NULL)
+    cr_expect_str_eq(err.msg, want_msg);
+  if (rc != AG_OK)
+    cr_expect_null(c);
+  cr_expect(strstr(err.msg, SECRET) == NULL);
+  return rc == AG_OK ? c : NULL;
+}
+
+Test(http, config_section_keys_and_errors) {
+  ag_provider_config *c = cfg(
+      "{\"kind\": \"anthropic\", \"model\": \"claude-x\", \"base_url\": "
+      "\"http://h:1\", \"api_key_env\": \"MY_KEY\", \"headers\": "
+      "{\"X-Test\": \"yes\"}, \"timeout\": \"90s\", \"connect_timeout\": "
+      "\"2s\", \"idle_timeout\": \"0\", \"stream\": false, \"temperature\": "
+      "0.5, \"max_tokens\": 100, \"parallel_tool_calls\": false, "
+      "\"extra_body\": {\"top_k\": 5}}",
+      AG_OK, NULL);
+  cr_assert_not_null(c);
+  bool tset = false;
+  const ag_http_provider_opts *o = ag_provider_config_opts(c, &tset);
+  cr_expect(tset);
+  cr_expect_str_eq(o->kind, "anthropic");
+  cr_expect_str_eq(o->model, "claude-x");
+  cr_expect_str_eq(o->base_url, "http://h:1");
+  cr_expect_str_eq(o->api_key_env, "MY_KEY");
+  cr_expect_str_eq(o->headers[0], "X-Test: yes");
+  cr_expect_null(o->headers[1]);
+  cr_expect_eq(o->timeout_ms, 90000);
+  cr_expect_eq(o->connect_timeout_ms, 2000);
+  cr_expect_eq(o->idle_timeout_ms, 0);
+  cr_expect(!o->stream);
+  cr_expect(!o->parallel_tool_calls);
+  cr_expect_float_eq(o->temperature, 0.5, 1e-9);
+  cr_expect_eq(o->max_tokens, 100);
+  cr_expect_str_eq(o->extra_body_json, "{\"top_k\":5}");
+  ag_provider_config_free(c);
+
+  c = cfg("{}", AG_OK, NULL);
+  o = ag_provider_config_opts(c, &tset);
+  cr_expect(!tset);
+  cr_expect_str_eq(o->kind, "openai");
+  cr_expect(o->stream);
+  cr_expect_null(o->model);
+  ag_provider_config_free(c);
+
+  cfg("{\"modle\": \"x\"}", AG_ECONFIG,
+      "provider.modle: unknown key; did you mean model?");
+  cfg("{\"base_ur\": \"x\"}", AG_ECONFIG,
+      "provider.base_ur: unknown key; did you mean base_url?");
+  cfg("{\"zzz\": 1}", AG_ECONFIG, "provider.zzz: unknown key");
+  cfg("{\"api_key\": \"" SECRET "\"}", AG_ECONFIG,
+      "provider.api_key: API keys are not read from config files; put the "
+      "key in an environment variable and name it in provider.api_key_env");
+  cfg("{\"timeout\": 30}", AG_ECONFIG,
+      "provider.timeout: expected a duration such as \"30s\", \"250ms\" or "
+      "\"0\" (no limit)");
+  cfg("{\"kind\": \"azure\"}", AG_ECONFIG,
+      "provider.kind: \"azure\" is not a provider kind (openai, anthropic)");
+  cfg("{\"stream\": \"yes\"}", AG_ECONFIG,
+      "provider.stream: expected true or false");
+  cfg("{\"temperature\": 3}", AG_ECONFIG,
+      "provider.temperature: expected a number 0..2");
+  cfg("{\"headers\": {\"X\": 1}}", AG_ECONFIG,
+      "provider.headers.X: expected a string");
+  cfg("{\"model\": 1, }", AG_EJSON, NULL);
+  cfg("[]", AG_ECONFIG, "provider: expected an object");
+}
+
+Test(http, config_env_overrides) {
+  setenv("AGENTGUARD_BASE_URL", "http://127.0.0.1:9/v1", 1);
+  setenv("AGENTGUARD_MODEL", "qwen3:8b", 1);
+  ag_provider_config *c =
+      cfg("{\"model\": \"gpt-4o\", \"base_url\": \"https://x\"}", AG_OK, NULL);
+  const ag_http_provider_opts *o = ag_provider_config_opts(c, NULL);
+  cr_expect_str_eq(o->model, "qwen3:8b");
+  cr_expect_str_eq(o->base_url, "http://127.0.0.1:9/v1");
+  ag_provider_config_free(c);
+  setenv("AGENTGUARD_MODEL", "", 1);
+  c = cfg("{\"model\": \"gpt-4o\"}", AG_OK, NULL);
+  cr_expect_str_eq(ag_provider_config_opts(c, NULL)->model, "gpt-4o",
+                   "an empty variable does not override");
+  ag_provider_config_free(c);
+  ag_provider_config_free(NULL);
+}
+
+/* The options from a config reach the wire: headers, key variable. */
+Test(http, config_to_provider_end_to_end) {
+  serve_fixture("openai/chat_text.json", "application/json", 0, 0);
+  setenv("MY_KEY", SECRET, 1);
+  char text[256];
+  snprintf(text, sizeof(text),
+           "{\"model\": \"llama3\", \"base_url\": \"http://127.0.0.1:%d/v1/\", "
+           "\"api_key_env\": \"MY_KEY\", \"stream\": false, \"headers\": "
+           "{\"X-Test\": \"from-config\"}}",
+           S.port);
+  ag_provider_config *c = cfg(text, AG_OK, NULL);
+  ag_provider *p;
+  ag_error_t err;
+  cr_assert_eq(ag_provider_http_new(&p, ag_provider_config_opts(c, NULL), &err),
+               AG_OK, "%s", err.msg);
+  ag_provider_config_free(c); /* the provider copied what it needs */
+  json_t *msgs = history();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, NULL, &r, &pe), AG_OK, "%s",
+               pe.message);
+  cr_expect_str_eq(S.last_url, "/v1/chat/completions");
+  cr_expect_str_eq(S.last_custom, "from-config");
+  cr_expect_str_eq(S.last_auth, "Bearer " SECRET);
+  ag_reply_clear(&r);
   json_decref(msgs);
   ag_provider_free(p);
 }
