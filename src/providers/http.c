@@ -96,6 +96,17 @@ static ag_err_t buf_append(char **buf, size_t *len, size_t *cap, size_t max,
   return AG_OK;
 }
 
+/* perr->message, formatted; cut to fit (vsnprintf: no truncation warning
+ * for messages that are meant to be cut). */
+static void setmsg(ag_provider_error *perr, const char *fmt, ...)
+    AG__PRINTF(2, 3);
+static void setmsg(ag_provider_error *perr, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(perr->message, sizeof(perr->message), fmt, ap);
+  va_end(ap);
+}
+
 const char *ag__jstr(const json_t *obj, const char *key, size_t *len) {
   json_t *v = json_object_get(obj, key);
   if (!json_is_string(v))
@@ -341,14 +352,13 @@ bool ag__asm_bad(ag__asm *a, long pos, const char *fmt, ...) {
   if (a->perr != NULL) {
     a->perr->transient = false;
     if (pos >= 0)
-      snprintf(a->perr->message, sizeof(a->perr->message),
-               "the reply from %s is not what the API promises: %s at byte "
-               "%ld",
-               a->service, what, pos);
+      setmsg(a->perr,
+             "the reply from %s is not what the API promises: %s at byte "
+             "%ld",
+             a->service, what, pos);
     else
-      snprintf(a->perr->message, sizeof(a->perr->message),
-               "the reply from %s is not what the API promises: %s", a->service,
-               what);
+      setmsg(a->perr, "the reply from %s is not what the API promises: %s",
+             a->service, what);
   }
   return false;
 }
@@ -381,8 +391,7 @@ bool ag__asm_stream_error(ag__asm *a, const json_t *error) {
   }
   a->perr->http_status = status;
   a->perr->transient = status != 0;
-  snprintf(a->perr->message, sizeof(a->perr->message),
-           "%s reported an error mid-stream: %s", a->service, m);
+  setmsg(a->perr, "%s reported an error mid-stream: %s", a->service, m);
   return false;
 }
 
@@ -794,14 +803,12 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
              "provider.model");
   }
   if (what[0] != '\0' && api[0] != '\0')
-    snprintf(perr->message, sizeof(perr->message), "HTTP %ld from %s: %s: %s",
-             s, p->service, what, api);
+    setmsg(perr, "HTTP %ld from %s: %s: %s", s, p->service, what, api);
   else if (what[0] != '\0' || api[0] != '\0')
-    snprintf(perr->message, sizeof(perr->message), "HTTP %ld from %s: %s", s,
-             p->service, what[0] != '\0' ? what : api);
+    setmsg(perr, "HTTP %ld from %s: %s", s, p->service,
+           what[0] != '\0' ? what : api);
   else
-    snprintf(perr->message, sizeof(perr->message), "HTTP %ld from %s", s,
-             p->service);
+    setmsg(perr, "HTTP %ld from %s", s, p->service);
   size_t dl = x->body_len < sizeof(perr->details) - 1
                   ? x->body_len
                   : sizeof(perr->details) - 1;
@@ -817,20 +824,18 @@ static void net_failure(http_provider *p, CURLcode cc, const char *errbuf,
   if (cc == CURLE_OPERATION_TIMEDOUT) {
     if (!started && p->connect_timeout_ms > 0 &&
         strstr(errbuf, "onnect") != NULL)
-      snprintf(perr->message, sizeof(perr->message),
-               "connecting to %s timed out after %lld ms "
-               "(provider.connect_timeout)",
-               p->service, (long long)p->connect_timeout_ms);
+      setmsg(perr,
+             "connecting to %s timed out after %lld ms "
+             "(provider.connect_timeout)",
+             p->service, (long long)p->connect_timeout_ms);
     else
-      snprintf(perr->message, sizeof(perr->message),
-               "the request to %s timed out after %lld ms (provider.timeout)",
-               p->service, (long long)p->timeout_ms);
+      setmsg(perr,
+             "the request to %s timed out after %lld ms (provider.timeout)",
+             p->service, (long long)p->timeout_ms);
   } else if (started) {
-    snprintf(perr->message, sizeof(perr->message),
-             "the reply from %s was cut off: %s", p->service, why);
+    setmsg(perr, "the reply from %s was cut off: %s", p->service, why);
   } else {
-    snprintf(perr->message, sizeof(perr->message), "could not reach %s: %s",
-             p->service, why);
+    setmsg(perr, "could not reach %s: %s", p->service, why);
   }
 }
 
@@ -852,8 +857,7 @@ static ag_err_t http_complete(void *self, const ag_request *req,
     if (brc == AG_ENOMEM)
       return AG_ENOMEM;
     perr->transient = false;
-    snprintf(perr->message, sizeof(perr->message),
-             "the request for %s could not be built: %s", p->service, bmsg);
+    setmsg(perr, "the request for %s could not be built: %s", p->service, bmsg);
     return AG_EPROVIDER;
   }
 
@@ -906,9 +910,8 @@ static ag_err_t http_complete(void *self, const ag_request *req,
   } else if (idle) {
     perr->transient = true;
     perr->http_status = 0;
-    snprintf(perr->message, sizeof(perr->message),
-             "%s sent nothing for %lld ms (provider.idle_timeout)", p->service,
-             (long long)p->idle_timeout_ms);
+    setmsg(perr, "%s sent nothing for %lld ms (provider.idle_timeout)",
+           p->service, (long long)p->idle_timeout_ms);
     rc = AG_EPROVIDER;
   } else if (x.status > 0 && (x.status < 200 || x.status >= 300)) {
     http_failure(p, &x, perr);
@@ -933,11 +936,11 @@ static ag_err_t http_complete(void *self, const ag_request *req,
       rc = a.failed;
     else if (!a.done && a.finish_reason[0] == '\0') {
       perr->transient = true;
-      snprintf(perr->message, sizeof(perr->message),
-               "the stream from %s ended before the reply was complete "
-               "(after %zu bytes, no %s)",
-               p->service, x.sse_p.consumed,
-               p->wire == AG__WIRE_OPENAI ? "[DONE]" : "message_stop");
+      setmsg(perr,
+             "the stream from %s ended before the reply was complete "
+             "(after %zu bytes, no %s)",
+             p->service, x.sse_p.consumed,
+             p->wire == AG__WIRE_OPENAI ? "[DONE]" : "message_stop");
       rc = AG_EPROVIDER;
     }
   } else {

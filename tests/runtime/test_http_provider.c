@@ -15,6 +15,8 @@
  * $AG_BINARY_DIR/http-requests/ for the schema check (tests/schema/).
  */
 #include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <dirent.h>
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -138,6 +140,26 @@ static void dump_request(const char *body, size_t len, int n) {
     fwrite(body, 1, len, f);
     fclose(f);
   }
+}
+
+/* Each run starts with no request dumps of an earlier one. */
+ReportHook(PRE_ALL)(struct criterion_test_set *set) {
+  (void)set;
+  char dir[1024];
+  snprintf(dir, sizeof(dir), "%s/http-requests", AG_BINARY_DIR);
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, "openai-", 7) == 0 ||
+        strncmp(e->d_name, "anthropic-", 10) == 0) {
+      char path[1400];
+      snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+      unlink(path);
+    }
+  }
+  closedir(d);
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
