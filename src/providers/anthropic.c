@@ -37,8 +37,9 @@ static bool set_new(json_t *o, const char *k, json_t *v) {
 /* The text of a message's content: a string, or the text parts of an
  * array. Returns a new string value or NULL (no text). */
 static json_t *content_text(const json_t *content) {
-  if (json_is_string(content))
-    return json_string_length(content) > 0 ? json_copy((json_t *)content)
+  if (json_is_string(content)) /* shared, not copied: strings are not
+                                  changed in place here */
+    return json_string_length(content) > 0 ? json_incref((json_t *)content)
                                            : NULL;
   if (!json_is_array(content))
     return NULL;
