@@ -209,9 +209,11 @@ static json_t *convert_tools(const json_t *tools) {
     if (name == NULL)
       continue;
     json_t *params = json_object_get(fn, "parameters");
-    json_t *o = json_pack(
-        "{s:s, s:O}", "name", name, "input_schema",
-        json_is_object(params) ? params : json_pack("{s:s}", "type", "object"));
+    json_t *schema = json_is_object(params)
+                         ? json_incref(params)
+                         : json_pack("{s:s}", "type", "object");
+    /* "o" steals `schema`, even when json_pack fails. */
+    json_t *o = json_pack("{s:s, s:o}", "name", name, "input_schema", schema);
     const char *d = ag__jstr(fn, "description", NULL);
     if (o == NULL ||
         (d != NULL && !set_new(o, "description", json_string(d))) ||

@@ -161,22 +161,30 @@ bool ag__api_error_message(const json_t *error, char *buf, size_t cap) {
   return true;
 }
 
-/* Replaces every occurrence of `key` in buf by "[redacted]". */
+/* Replaces every occurrence of `key` in buf (NUL-terminated, cap bytes) by
+ * "[redacted]"; what no longer fits is cut. */
 static void redact(char *buf, size_t cap, const char *key) {
   static const char mark[] = "[redacted]";
+  const size_t ml = sizeof(mark) - 1;
   size_t kl = key != NULL ? strlen(key) : 0;
-  if (kl < 4)
+  if (kl < 4 || cap == 0)
     return;
+  char *from = buf;
   char *p;
-  while ((p = strstr(buf, key)) != NULL) {
-    size_t tail = strlen(p + kl);
-    size_t ml = sizeof(mark) - 1;
+  while ((p = strstr(from, key)) != NULL) {
     size_t off = (size_t)(p - buf);
-    if (off + ml + tail + 1 > cap)
-      tail = cap - 1 - off - ml < tail ? cap - 1 - off - ml : tail;
+    if (off + ml >= cap) {
+      *p = '\0'; /* no room for the mark: cut the key off */
+      return;
+    }
+    size_t tail = strlen(p + kl);
+    size_t room = cap - 1 - off - ml;
+    if (tail > room)
+      tail = room;
     memmove(p + ml, p + kl, tail);
     memcpy(p, mark, ml);
     p[ml + tail] = '\0';
+    from = p + ml; /* never search the mark itself */
   }
 }
 
@@ -763,6 +771,13 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
   perr->transient = transient_status(s);
   perr->retry_after_ms =
       x->retry_after_ms_hdr >= 0 ? x->retry_after_ms_hdr : x->retry_after_ms;
+  /* The key out of the body before anything is cut from it: a cut would
+   * leave a prefix of the key that no later redaction recognises. */
+  if (x->body != NULL && p->api_key != NULL &&
+      strstr(x->body, p->api_key) != NULL) {
+    redact(x->body, x->body_cap, p->api_key);
+    x->body_len = strlen(x->body);
+  }
   const char *body = x->body != NULL ? x->body : "";
   char api[440] = "";
   json_error_t je;

@@ -977,6 +977,50 @@ Test(http, auth_failures_name_the_variable_never_the_key) {
   ag_provider_free(p);
 }
 
+/* A key echoed where the kept part of the body is cut: no prefix of it may
+ * survive in details or the message. */
+Test(http, echoed_key_at_the_cut_is_not_left_half) {
+  for (size_t pad = 960; pad <= 1010; pad += 2) {
+    char body[2048];
+    int n = snprintf(body, sizeof(body), "{\"error\":{\"message\":\"");
+    memset(body + n, 'x', pad);
+    snprintf(body + n + pad, sizeof(body) - (size_t)n - pad, "%s\"}}", SECRET);
+    serve_text(401, "application/json", body);
+    ag_provider *p = provider("openai", false, NULL);
+    ag_provider_error pe;
+    cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+    cr_expect(strstr(pe.details, "sk-ag") == NULL,
+              "pad %zu: details end with %s", pad,
+              pe.details + strlen(pe.details) - 20);
+    cr_expect(strstr(pe.message, "sk-ag") == NULL, "pad %zu", pad);
+    ag_provider_free(p);
+  }
+}
+
+/* A tool offered without parameters still gets an input_schema. */
+Test(http, anthropic_tool_without_parameters) {
+  serve_fixture("anthropic/message_tool_use.json", "application/json", 0, 0);
+  ag_provider *p = provider("anthropic", false, NULL);
+  json_t *msgs = history();
+  json_t *tl = json_loads("[{\"type\":\"function\",\"function\":{\"name\":"
+                          "\"now\"}}]",
+                          0, NULL);
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, tl, NULL, NULL, &r, &pe), AG_OK, "%s", pe.message);
+  json_t *b = sent_body();
+  json_t *want = json_loads("[{\"name\":\"now\",\"input_schema\":{\"type\":"
+                            "\"object\"}}]",
+                            0, NULL);
+  cr_expect(json_equal(json_object_get(b, "tools"), want), "%s", S.last_body);
+  json_decref(want);
+  json_decref(b);
+  ag_reply_clear(&r);
+  json_decref(tl);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
 Test(http, redirect_not_followed) {
   serve_text(302, "text/plain", "moved");
   S.p.hdr_name = "Location";
