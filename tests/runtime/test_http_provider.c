@@ -1384,3 +1384,97 @@ Test(http, config_to_provider_end_to_end) {
   json_decref(msgs);
   ag_provider_free(p);
 }
+
+/* ------------------------------------------------------------------------ */
+/* Inside the agent loop                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ev_log {
+  char *text;
+  size_t len;
+  int retries;
+} ev_log;
+
+static void on_event(void *user, const json_t *ev) {
+  ev_log *l = user;
+  char *s = json_dumps(ev, JSON_COMPACT);
+  cr_assert_not_null(s);
+  size_t n = strlen(s);
+  l->text = realloc(l->text, l->len + n + 2);
+  memcpy(l->text + l->len, s, n);
+  l->len += n;
+  l->text[l->len++] = '\n';
+  l->text[l->len] = '\0';
+  const char *name = json_string_value(json_object_get(ev, "event"));
+  if (name != NULL && strcmp(name, "provider_retry") == 0)
+    l->retries++;
+  free(s);
+}
+
+static ag_agent *agent_with(ag_provider *p, ev_log *log) {
+  ag_agent_opts o;
+  ag_agent_opts_init(&o);
+  o.provider = p;
+  o.on_event = on_event;
+  o.event_user = log;
+  o.config.network.max_retries = 1;
+  o.config.network.delay_ms = 10;
+  o.config.network.max_delay_ms = 10;
+  ag_agent *a;
+  ag_error_t err;
+  cr_assert_eq(ag_agent_new(&a, &o, &err), AG_OK, "%s", err.msg);
+  return a;
+}
+
+/* A real turn over HTTP: the reply's text is the final answer. */
+Test(http, agent_turn_over_http) {
+  serve_fixture("openai/stream_text.sse", "text/event-stream", 11, 0);
+  ag_provider *p = provider("openai", true, NULL);
+  ev_log log = {0};
+  ag_agent *a = agent_with(p, &log);
+  ag_turn_outcome out;
+  cr_assert_eq(ag_agent_run_turn(a, "Say hi", NULL, &out, NULL), AG_OK);
+  cr_expect_eq(out.status, AG_TURN_COMPLETED, "%s: %s", out.reason,
+               out.message);
+  cr_expect_str_eq(out.final_text, "Café ☕ 日本語 🙂 done.");
+  json_t *b = sent_body();
+  json_t *last =
+      json_array_get(json_object_get(b, "messages"),
+                     json_array_size(json_object_get(b, "messages")) - 1);
+  cr_expect_str_eq(json_string_value(json_object_get(last, "content")),
+                   "Say hi");
+  json_decref(b);
+  ag_turn_outcome_clear(&out);
+  ag_agent_free(a);
+  free(log.text);
+  ag_provider_free(p);
+}
+
+/* Failures the loop retries and reports: the key, echoed by the server,
+ * is in no event and not in the outcome. */
+Test(http, agent_events_never_carry_the_key) {
+  char body[256];
+  snprintf(body, sizeof(body),
+           "{\"error\":{\"message\":\"overloaded; your key %s is fine\","
+           "\"type\":\"server_error\"}}",
+           SECRET);
+  serve_text(503, "application/json", body);
+  S.p.hdr_name = "Retry-After";
+  S.p.hdr_value = "0";
+  ag_provider *p = provider("openai", true, NULL);
+  ev_log log = {0};
+  ag_agent *a = agent_with(p, &log);
+  ag_turn_outcome out;
+  cr_assert_eq(ag_agent_run_turn(a, "Hi", NULL, &out, NULL), AG_OK);
+  cr_expect_eq(out.status, AG_TURN_FAILED);
+  cr_expect_str_eq(out.reason, "model_error");
+  cr_expect_eq(log.retries, 1, "%s", log.text);
+  cr_expect_eq(S.n_requests, 2);
+  cr_expect(strstr(log.text, "[redacted]") != NULL, "%s", log.text);
+  cr_expect(strstr(log.text, SECRET) == NULL, "%s", log.text);
+  cr_expect(strstr(out.message, SECRET) == NULL, "%s", out.message);
+  ag_turn_outcome_clear(&out);
+  ag_agent_free(a);
+  free(log.text);
+  ag_provider_free(p);
+}
