@@ -421,6 +421,8 @@ static void no_secret(const ag_provider_error *pe) {
   cr_expect(strstr(pe->details, SECRET) == NULL, "key in details: %s",
             pe->details);
   cr_expect(strstr(pe->service, SECRET) == NULL);
+  /* Nor in the body sent (the fake server's dumps). */
+  cr_expect(S.last_body == NULL || strstr(S.last_body, SECRET) == NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1476,5 +1478,24 @@ Test(http, agent_events_never_carry_the_key) {
   ag_turn_outcome_clear(&out);
   ag_agent_free(a);
   free(log.text);
+  ag_provider_free(p);
+}
+
+/* Every growing buffer has a cap: an SSE line over 1 MiB is an error naming
+ * the byte, not growth. */
+Test(http, stream_line_over_the_cap) {
+  size_t n = (1u << 20) + 100;
+  char *body = malloc(n + 16);
+  memcpy(body, "data: {\"x\":\"", 12);
+  memset(body + 12, 'a', n - 12);
+  memcpy(body + n, "\"}\n\n", 5);
+  serve_text(200, "text/event-stream", body);
+  free(body);
+  ag_provider *p = provider("openai", true, NULL);
+  ag_provider_error pe;
+  cr_assert_eq(fail_once(p, &pe), AG_EPROVIDER);
+  cr_expect(!pe.transient);
+  cr_expect(strstr(pe.message, "exceeds 1048576 bytes at byte") != NULL, "%s",
+            pe.message);
   ag_provider_free(p);
 }
