@@ -37,10 +37,13 @@ static bool set_new(json_t *o, const char *k, json_t *v) {
 /* The text of a message's content: a string, or the text parts of an
  * array. Returns a new string value or NULL (no text). */
 static json_t *content_text(const json_t *content) {
-  if (json_is_string(content)) /* shared, not copied: strings are not
-                                  changed in place here */
-    return json_string_length(content) > 0 ? json_incref((json_t *)content)
-                                           : NULL;
+  /* Copied: the history is borrowed, and even a reference count is a
+   * change a caller sharing it between threads would not expect. */
+  if (json_is_string(content))
+    return json_string_length(content) > 0
+               ? json_stringn(json_string_value(content),
+                              json_string_length(content))
+               : NULL;
   if (!json_is_array(content))
     return NULL;
   size_t i;
@@ -210,7 +213,7 @@ static json_t *convert_tools(const json_t *tools) {
       continue;
     json_t *params = json_object_get(fn, "parameters");
     json_t *schema = json_is_object(params)
-                         ? json_incref(params)
+                         ? json_deep_copy(params)
                          : json_pack("{s:s}", "type", "object");
     /* "o" steals `schema`, even when json_pack fails. */
     json_t *o = json_pack("{s:s, s:o}", "name", name, "input_schema", schema);

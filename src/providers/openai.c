@@ -25,6 +25,40 @@ static bool set_new(json_t *o, const char *k, json_t *v) {
   return v != NULL && json_object_set_new(o, k, v) == 0;
 }
 
+/* Appends `,"key":<value as compact JSON>` to *buf. */
+static bool splice(char **buf, size_t *len, const char *key,
+                   const json_t *value) {
+  char *v = json_dumps(value, JSON_COMPACT);
+  if (v == NULL)
+    return false;
+  size_t kl = strlen(key), vl = strlen(v);
+  char *g = realloc(*buf, *len + kl + vl + 5);
+  if (g == NULL) {
+    free(v);
+    return false;
+  }
+  *buf = g;
+  g[(*len)++] = ',';
+  g[(*len)++] = '"';
+  memcpy(g + *len, key, kl);
+  *len += kl;
+  g[(*len)++] = '"';
+  g[(*len)++] = ':';
+  memcpy(g + *len, v, vl);
+  *len += vl;
+  g[*len] = '\0';
+  free(v);
+  return true;
+}
+
+/*
+ * The body is our small object (model, stream, options, extra_body) written
+ * by jansson, then the caller's messages and tools written by jansson too
+ * and spliced in before the closing brace: they are borrowed, and setting
+ * them into our object would change their reference counts, which is not
+ * safe when the caller shares them between threads (ThreadSanitizer sees
+ * jansson's json_incref read the count without an atomic).
+ */
 char *ag__openai_request(const ag__wire_opts *o, const ag_request *req,
                          size_t *len, ag_err_t *rc, char *msg, size_t cap) {
   *rc = AG_ENOMEM;
@@ -36,15 +70,14 @@ char *ag__openai_request(const ag__wire_opts *o, const ag_request *req,
   json_t *body = json_object();
   if (body == NULL)
     return NULL;
+  bool tools = json_is_array(req->tools) && json_array_size(req->tools) > 0;
   bool ok = set_new(body, "model", json_string(o->model)) &&
-            json_object_set(body, "messages", (json_t *)req->messages) == 0 &&
             set_new(body, "stream", json_boolean(o->stream));
   if (ok && o->stream)
     ok =
         set_new(body, "stream_options", json_pack("{s:b}", "include_usage", 1));
-  if (ok && json_is_array(req->tools) && json_array_size(req->tools) > 0) {
-    ok = json_object_set(body, "tools", (json_t *)req->tools) == 0 &&
-         set_new(body, "tool_choice", json_string("auto")) &&
+  if (ok && tools) {
+    ok = set_new(body, "tool_choice", json_string("auto")) &&
          set_new(body, "parallel_tool_calls",
                  json_boolean(o->parallel_tool_calls));
   }
@@ -54,16 +87,30 @@ char *ag__openai_request(const ag__wire_opts *o, const ag_request *req,
     ok = set_new(body, "max_tokens", json_integer(o->max_tokens));
   if (ok && o->extra_body != NULL)
     ok = json_object_update(body, (json_t *)o->extra_body) == 0;
-  char *text = NULL;
-  if (ok) {
-    text = json_dumps(body, JSON_COMPACT);
-    if (text != NULL)
-      *len = strlen(text);
-  }
+  /* extra_body's keys win, "messages" and "tools" included. */
+  bool own_messages = json_object_get(body, "messages") == NULL;
+  bool own_tools = tools && json_object_get(body, "tools") == NULL;
+  char *text = ok ? json_dumps(body, JSON_COMPACT) : NULL;
   json_decref(body);
-  if (text != NULL)
-    *rc = AG_OK;
-  return text;
+  if (text == NULL)
+    return NULL;
+  size_t n = strlen(text) - 1; /* drop the closing brace */
+  text[n] = '\0';
+  if ((own_messages && !splice(&text, &n, "messages", req->messages)) ||
+      (own_tools && !splice(&text, &n, "tools", req->tools))) {
+    free(text);
+    return NULL;
+  }
+  char *g = realloc(text, n + 2);
+  if (g == NULL) {
+    free(text);
+    return NULL;
+  }
+  g[n++] = '}';
+  g[n] = '\0';
+  *len = n;
+  *rc = AG_OK;
+  return g;
 }
 
 static void read_usage(ag__asm *a, const json_t *u) {
