@@ -38,11 +38,12 @@ static bool set_new(json_t *o, const char *k, json_t *v) {
  * array. Returns a new string value or NULL (no text). */
 static json_t *content_text(const json_t *content) {
   /* Copied: the history is borrowed, and even a reference count is a
-   * change a caller sharing it between threads would not expect. */
+   * change a caller sharing it between threads would not expect. The text
+   * is a jansson string already (valid UTF-8): no second check. */
   if (json_is_string(content))
     return json_string_length(content) > 0
-               ? json_stringn(json_string_value(content),
-                              json_string_length(content))
+               ? json_stringn_nocheck(json_string_value(content),
+                                      json_string_length(content))
                : NULL;
   if (!json_is_array(content))
     return NULL;
@@ -69,7 +70,7 @@ static json_t *content_text(const json_t *content) {
   }
   if (acc == NULL)
     return NULL;
-  json_t *s = json_stringn(acc, len);
+  json_t *s = json_stringn_nocheck(acc, len);
   free(acc);
   return s;
 }
@@ -255,7 +256,7 @@ char *ag__anthropic_request(const ag__wire_opts *o, const ag_request *req,
               json_integer(o->max_tokens > 0 ? o->max_tokens
                                              : ANTHROPIC_DEFAULT_MAX_TOKENS));
   if (ok && system != NULL)
-    ok = set_new(body, "system", json_stringn(system, system_len));
+    ok = set_new(body, "system", json_stringn_nocheck(system, system_len));
   if (ok) {
     ok = json_object_set(body, "messages", msgs) == 0 &&
          set_new(body, "stream", json_boolean(o->stream));
