@@ -4,7 +4,8 @@
  * LM Studio, OpenRouter, Groq, DeepSeek, ...).
  *
  * The loop's history is already Chat Completions messages, so the request
- * body references it as is (jansson reference counts, no copy). A reply is
+ * body is the history written as it is (spliced into the small object of
+ * options; see ag__openai_request). A reply is
  * read into the shared assembler (http.c): text, refusal, tool calls by
  * index, finish reason and usage. Streamed chunks carry the same parts as
  * fragments; tool call fragments are joined by their `index`, a call's id
