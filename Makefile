@@ -16,8 +16,8 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
 DEB_PKGS = cmake pkg-config gcc make libjansson-dev libssl-dev \
-           libcurl4-openssl-dev libcriterion-dev libpcre2-dev clang \
-           libclang-rt-14-dev
+           libcurl4-openssl-dev libcriterion-dev libpcre2-dev \
+           libmicrohttpd-dev clang libclang-rt-14-dev
 
 .PHONY: all deps build demo test test-asan test-tsan bench fuzz format format-check clean
 

@@ -193,8 +193,8 @@ static ag_err_t instant_complete(void *self, const ag_request *req,
   return ag_reply_add_call(out, id, "read_file", args, (size_t)n);
 }
 
-static const ag_provider_vtable instant_vtable = {"instant", instant_complete,
-                                                  NULL};
+static const ag_provider_vtable instant_vtable = {
+    sizeof(ag_provider_vtable), "instant", instant_complete, NULL};
 
 static ag_tool_status read_file_tool(void *user, const json_t *args,
                                      ag_cancel *cancel, ag_output *out) {

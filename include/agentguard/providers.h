@@ -7,8 +7,10 @@
  * report text as it arrives through an optional delta callback and still
  * return the complete reply.
  *
- * Built in: the scripted provider (plays a scenario's model replies). Your
- * own: fill an ag_provider_vtable and wrap it with ag_provider_new.
+ * Built in: the scripted provider (plays a scenario's model replies) and
+ * the HTTP providers (OpenAI-compatible Chat Completions, Anthropic
+ * Messages; libcurl). Your own: fill an ag_provider_vtable and wrap it with
+ * ag_provider_new.
  *
  * Thread-safety: a provider is called from one thread at a time (the thread
  * running the turn); `cancel` may be fired from any thread.
@@ -52,6 +54,10 @@ typedef struct ag_reply {
   size_t n_calls;
   bool has_usage; /* the provider reported usage */
   ag_usage usage; /* when has_usage (token budget, mechanism 11) */
+  char *refusal;  /* the model's refusal (OpenAI's message.refusal), or NULL;
+                     when there is no other text it is also `text` */
+  char finish_reason[32]; /* the server's own word ("stop", "tool_calls",
+                             "length", "end_turn", "tool_use", ...), or "" */
 } ag_reply;
 
 /* Frees everything the reply owns and zeroes it. */
@@ -90,6 +96,13 @@ typedef struct ag_provider_error {
 typedef int (*ag_delta_fn)(void *user, const char *text, size_t len);
 
 typedef struct ag_provider_vtable {
+  /*
+   * sizeof(ag_provider_vtable) as the provider was compiled: fields are only
+   * ever appended, and the library reads only those the size covers.
+   * ag_provider_new refuses a size smaller than the first layout (size,
+   * kind, complete, destroy) or larger than the library knows.
+   */
+  size_t size;
   const char *kind; /* "scripted", "openai", ... */
   /*
    * One request. Returns AG_OK with *out filled, AG_EPROVIDER with *perr
@@ -146,6 +159,97 @@ AG_EXTERN ag_err_t ag_provider_complete(ag_provider *p, const ag_request *req,
 AG_EXTERN ag_err_t ag_provider_scripted_new(ag_provider **out,
                                             const json_t *turns,
                                             ag_error_t *err);
+
+/* ------------------------------------------------------------------------ */
+/* HTTP providers: OpenAI-compatible Chat Completions and Anthropic Messages */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Options of an HTTP provider (docs/providers.md has every field with its
+ * config key). Fill with ag_http_provider_opts_init, then edit. Strings are
+ * borrowed for the ag_provider_http_new call only: it copies them.
+ */
+typedef struct ag_http_provider_opts {
+  size_t size;                 /* sizeof(ag_http_provider_opts), set by _init */
+  const char *kind;            /* "openai" (default) or "anthropic" */
+  const char *base_url;        /* NULL: https://api.openai.com/v1 for openai,
+                                  https://api.anthropic.com for anthropic; the
+                                  request goes to base_url + "/chat/completions"
+                                  (openai) or + "/v1/messages" (anthropic) */
+  const char *model;           /* required */
+  const char *api_key_env;     /* the NAME of the environment variable holding
+                                  the key; NULL: OPENAI_API_KEY / ANTHROPIC_API_KEY;
+                                  "": send no key (local servers) */
+  const char *const *headers;  /* extra "Name: value" lines, NULL-terminated,
+                                  or NULL */
+  int64_t timeout_ms;          /* whole request, ms; 0: no limit (default) */
+  int64_t connect_timeout_ms;  /* connecting, ms; default 10000; 0: curl's */
+  int64_t idle_timeout_ms;     /* a stream that sends nothing this long fails
+                                  (transient); default 120000; 0: no limit */
+  bool stream;                 /* Server-Sent Events (default true) */
+  double temperature;          /* < 0: not sent (default -1) */
+  int max_tokens;              /* 0: not sent (openai); anthropic sends 4096 */
+  bool parallel_tool_calls;    /* default true: sent with tools */
+  const char *extra_body_json; /* a JSON object merged into every request
+                                  body (its keys win), or NULL */
+} ag_http_provider_opts;
+
+/* Sets the defaults above. */
+AG_EXTERN void ag_http_provider_opts_init(ag_http_provider_opts *o);
+
+/*
+ * Creates an HTTP provider. The API key is read from the environment
+ * variable named by o->api_key_env now, once, and kept in the provider's
+ * memory only: it is never in a message, an error, an event or a dump. A
+ * missing variable is not an error here (local servers need no key); a 401
+ * or 403 then names the variable.
+ *
+ * Each request: one libcurl transfer (connection reused between requests),
+ * cancelled within about 50 ms when `cancel` fires (curl waits on the
+ * token's descriptors); no redirects are followed (a 3xx is a permanent
+ * error naming the new address). Failures: AG_EPROVIDER with perr filled
+ * (transient for connection failures, timeouts, a stream cut short, 408,
+ * 409, 429, 5xx and 529; retry_after_ms from Retry-After in seconds or as
+ * an HTTP date, or from retry-after-ms); AG_ECANCELLED; AG_ENOMEM.
+ *
+ * Returns AG_OK, AG_EINVAL / AG_ECONFIG (err->msg names the field),
+ * AG_ENOMEM. Thread-safety: as every provider (one thread at a time).
+ */
+AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
+                                        const ag_http_provider_opts *o,
+                                        ag_error_t *err);
+
+/*
+ * The "provider" section of a config file, parsed. Owns every string its
+ * options point to. Keys: kind, base_url, model, api_key_env, headers (an
+ * object of name: value strings), timeout, connect_timeout, idle_timeout
+ * (durations: "30s", "250ms", "0"), stream, temperature, max_tokens,
+ * parallel_tool_calls, extra_body (an object). The environment variables
+ * AGENTGUARD_BASE_URL and AGENTGUARD_MODEL, when set and not empty,
+ * override base_url and model. An API key in the file ("api_key") is
+ * refused: keys come from the environment only.
+ */
+typedef struct ag_provider_config ag_provider_config;
+
+/*
+ * Parses the section from JSON text (`json`, `len` bytes; borrowed) or from
+ * a parsed value (`section`, borrowed). Errors are AG_ECONFIG / AG_EJSON
+ * naming the key ("provider.modle: unknown key; did you mean model?"), or
+ * AG_ENOMEM. *out is NULL on failure; free with ag_provider_config_free.
+ */
+AG_EXTERN ag_err_t ag_provider_config_parse(ag_provider_config **out,
+                                            const char *json, size_t len,
+                                            ag_error_t *err);
+AG_EXTERN ag_err_t ag_provider_config_from_json(ag_provider_config **out,
+                                                const json_t *section,
+                                                ag_error_t *err);
+/* The options (borrowed: valid until the config is freed; copy the struct
+ * to edit it). Whether `timeout` was given is *timeout_set (may be NULL):
+ * when it was not, a caller may fill timeout_ms from network.timeout. */
+AG_EXTERN const ag_http_provider_opts *
+ag_provider_config_opts(const ag_provider_config *c, bool *timeout_set);
+/* NULL does nothing. */
+AG_EXTERN void ag_provider_config_free(ag_provider_config *c);
 
 #ifdef __cplusplus
 }

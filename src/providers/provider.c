@@ -31,6 +31,7 @@
  * them, and the loop builds them); retrying here (retries are the loop's,
  * with DESIGN.md's network rules, so that every retry is an event).
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,7 @@ AG_EXTERN void ag_reply_clear(ag_reply *r) {
     free(r->calls[i].arguments);
   }
   free(r->calls);
+  free(r->refusal);
   memset(r, 0, sizeof(*r));
 }
 
@@ -127,6 +129,22 @@ AG_EXTERN ag_err_t ag_provider_new(ag_provider **out,
                          : vt == NULL ? "ag_provider_new: vtable is NULL"
                                       : "ag_provider_new: vtable has no "
                                         "complete function");
+  }
+  /* The first layout ends with `destroy`; anything larger than this
+   * library's layout has fields it cannot honour. */
+  size_t first = offsetof(ag_provider_vtable, destroy) + sizeof(vt->destroy);
+  if (vt->size < first || vt->size > sizeof(ag_provider_vtable)) {
+    size_t got = vt->size;
+    if (vt->destroy != NULL)
+      vt->destroy(self);
+    return ag__set_error(
+        err, AG_EINVAL, -1,
+        "ag_provider_new: vtable size %zu is not an ag_provider_vtable this "
+        "library knows (%zu..%zu; set size = sizeof(ag_provider_vtable)%s)",
+        got, first, sizeof(ag_provider_vtable),
+        got > sizeof(ag_provider_vtable)
+            ? ": the provider was built against a newer agentguard"
+            : "");
   }
   ag_provider *p = malloc(sizeof(*p));
   if (p == NULL) {

@@ -118,7 +118,8 @@ static void fake_destroy(void *self) {
   free(f);
 }
 
-static const ag_provider_vtable fake_vt = {"fake", fake_complete, fake_destroy};
+static const ag_provider_vtable fake_vt = {sizeof(ag_provider_vtable), "fake",
+                                           fake_complete, fake_destroy};
 
 /* ------------------------------------------------------------------------ */
 /* Tools                                                                    */

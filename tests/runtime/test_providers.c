@@ -812,7 +812,8 @@ static void fake_destroy(void *self) {
   (*f->destroyed)++;
 }
 
-static const ag_provider_vtable fake_vt = {"fake", fake_complete, fake_destroy};
+static const ag_provider_vtable fake_vt = {sizeof(ag_provider_vtable), "fake",
+                                           fake_complete, fake_destroy};
 
 static ag_provider *new_fake(fake *f, int *destroyed, fake_mode mode) {
   memset(f, 0, sizeof(*f));
@@ -960,7 +961,8 @@ Test(provider, new_rejects_bad_vtables_and_steals_self) {
   cr_expect_null(p);
   cr_expect_str_eq(err.msg, "ag_provider_new: vtable is NULL");
 
-  static const ag_provider_vtable no_complete = {"x", NULL, fake_destroy};
+  static const ag_provider_vtable no_complete = {sizeof(ag_provider_vtable),
+                                                 "x", NULL, fake_destroy};
   p = (ag_provider *)&p;
   cr_expect_eq(ag_provider_new(&p, &no_complete, &f, &err), AG_EINVAL);
   cr_expect_null(p);
@@ -970,7 +972,8 @@ Test(provider, new_rejects_bad_vtables_and_steals_self) {
   cr_expect_eq(destroyed, 2);
 
   /* No kind, no destroy: allowed. */
-  static const ag_provider_vtable bare = {NULL, fake_complete, NULL};
+  static const ag_provider_vtable bare = {sizeof(ag_provider_vtable), NULL,
+                                          fake_complete, NULL};
   cr_assert_eq(ag_provider_new(&p, &bare, &f, NULL), AG_OK);
   cr_expect_str_eq(ag_provider_kind(p), "custom");
   ag_provider_free(p);
@@ -1026,4 +1029,24 @@ Test(reply, add_call_bad_arguments) {
   cr_expect_eq(ag_reply_add_call(&r, NULL, "a", NULL, 3), AG_EINVAL);
   cr_expect_eq(r.n_calls, 0);
   cr_expect_null(r.calls);
+}
+
+/* The vtable's size field guards the ABI: a size the library does not know
+ * (0: a vtable from before the field existed, or one from a newer header) is
+ * refused, and `self` is still destroyed. */
+Test(provider, new_checks_vtable_size) {
+  int destroyed = 0;
+  fake f = {.destroyed = &destroyed};
+  ag_provider *p = (ag_provider *)&p;
+  ag_error_t err;
+  static const ag_provider_vtable zero = {0, "x", fake_complete, fake_destroy};
+  cr_expect_eq(ag_provider_new(&p, &zero, &f, &err), AG_EINVAL);
+  cr_expect_null(p);
+  cr_expect_eq(destroyed, 1);
+  cr_expect(strstr(err.msg, "size 0") != NULL, "%s", err.msg);
+  static const ag_provider_vtable big = {sizeof(ag_provider_vtable) + 8, "x",
+                                         fake_complete, fake_destroy};
+  cr_expect_eq(ag_provider_new(&p, &big, &f, &err), AG_EINVAL);
+  cr_expect_eq(destroyed, 2);
+  cr_expect(strstr(err.msg, "newer") != NULL, "%s", err.msg);
 }

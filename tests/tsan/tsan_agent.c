@@ -55,7 +55,8 @@ static ag_err_t fake_complete(void *self, const ag_request *req,
   return AG_OK;
 }
 
-static const ag_provider_vtable fake_vt = {"fake", fake_complete, NULL};
+static const ag_provider_vtable fake_vt = {sizeof(ag_provider_vtable), "fake",
+                                           fake_complete, NULL};
 
 /* ---- tools -------------------------------------------------------------- */
 

@@ -1,0 +1,456 @@
+/*
+ * src/providers/anthropic.c - the Anthropic Messages wire format.
+ *
+ * The loop keeps its history as Chat Completions messages; this file
+ * converts it for every request:
+ *   - system messages leave the list and become the top-level "system"
+ *     (joined by a blank line);
+ *   - user text becomes a text block; assistant text a text block and each
+ *     tool call a tool_use block whose input is the call's arguments parsed
+ *     (arguments that are not a JSON object, which the loop has already
+ *     answered with a validation error, are sent as {} so that the request
+ *     stays valid);
+ *   - a tool message becomes a tool_result block in a user message, with
+ *     is_error when the message says "is_error": true or its text is one of
+ *     the loop's error forms ("<error>" compact records, "Error...",
+ *     "Tool call rejected: ...");
+ *   - consecutive messages of one role are merged into one message, which
+ *     merges consecutive tool results (and the error context that follows
+ *     them) into one user message as the API requires;
+ *   - empty text is dropped (the API refuses empty text blocks).
+ * Replies and stream events fill the shared assembler (http.c); tool_use
+ * blocks are calls, their input (whole, or joined from input_json_delta
+ * fragments) the arguments text.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define ANTHROPIC_DEFAULT_MAX_TOKENS 4096
+
+static bool set_new(json_t *o, const char *k, json_t *v) {
+  return v != NULL && json_object_set_new(o, k, v) == 0;
+}
+
+/* The text of a message's content: a string, or the text parts of an
+ * array. Returns a new string value or NULL (no text). */
+static json_t *content_text(const json_t *content) {
+  /* Copied: the history is borrowed, and even a reference count is a
+   * change a caller sharing it between threads would not expect. The text
+   * is a jansson string already (valid UTF-8): no second check. */
+  if (json_is_string(content))
+    return json_string_length(content) > 0
+               ? json_stringn_nocheck(json_string_value(content),
+                                      json_string_length(content))
+               : NULL;
+  if (!json_is_array(content))
+    return NULL;
+  size_t i;
+  json_t *part;
+  char *acc = NULL;
+  size_t len = 0;
+  json_array_foreach(content, i, part) {
+    size_t l = 0;
+    const char *t = ag__jstr(part, "text", &l);
+    if (t == NULL || l == 0)
+      continue;
+    char *g = realloc(acc, len + l + 2);
+    if (g == NULL) {
+      free(acc);
+      return NULL;
+    }
+    acc = g;
+    if (len > 0)
+      acc[len++] = '\n';
+    memcpy(acc + len, t, l);
+    len += l;
+    acc[len] = '\0';
+  }
+  if (acc == NULL)
+    return NULL;
+  json_t *s = json_stringn_nocheck(acc, len);
+  free(acc);
+  return s;
+}
+
+static bool looks_like_error(const char *t) {
+  return strncmp(t, "<error>", 7) == 0 || strncmp(t, "Error", 5) == 0 ||
+         strncmp(t, "Tool call rejected", 18) == 0;
+}
+
+/* Appends blocks to the last message when it has `role`, else starts one. */
+static bool push_blocks(json_t *msgs, const char *role, json_t *blocks) {
+  if (json_array_size(blocks) == 0) {
+    json_decref(blocks);
+    return true;
+  }
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  const char *lr = ag__jstr(last, "role", NULL);
+  if (lr != NULL && strcmp(lr, role) == 0) {
+    bool ok = json_array_extend(json_object_get(last, "content"), blocks) == 0;
+    json_decref(blocks);
+    return ok;
+  }
+  json_t *m = json_pack("{s:s, s:o}", "role", role, "content", blocks);
+  return m != NULL && json_array_append_new(msgs, m) == 0;
+}
+
+static json_t *text_block(json_t *text) {
+  return json_pack("{s:s, s:o}", "type", "text", "text", text);
+}
+
+static bool convert(const json_t *in, json_t *msgs, char **system,
+                    size_t *system_len, char *msg, size_t cap) {
+  size_t i;
+  json_t *m;
+  json_array_foreach(in, i, m) {
+    const char *role = ag__jstr(m, "role", NULL);
+    if (role == NULL) {
+      snprintf(msg, cap, "messages[%zu].role: expected a string", i);
+      return false;
+    }
+    json_t *content = json_object_get(m, "content");
+    if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0) {
+      json_t *t = content_text(content);
+      if (t == NULL)
+        continue;
+      size_t l = json_string_length(t);
+      char *g = realloc(*system, *system_len + l + 3);
+      if (g == NULL) {
+        json_decref(t);
+        return false;
+      }
+      *system = g;
+      if (*system_len > 0) {
+        memcpy(g + *system_len, "\n\n", 2);
+        *system_len += 2;
+      }
+      memcpy(g + *system_len, json_string_value(t), l);
+      *system_len += l;
+      g[*system_len] = '\0';
+      json_decref(t);
+      continue;
+    }
+    json_t *blocks = json_array();
+    if (blocks == NULL)
+      return false;
+    const char *target;
+    if (strcmp(role, "user") == 0 || strcmp(role, "assistant") == 0) {
+      target = role;
+      json_t *t = content_text(content);
+      if (t != NULL && json_array_append_new(blocks, text_block(t)) != 0) {
+        json_decref(blocks);
+        return false;
+      }
+      size_t k;
+      json_t *tc;
+      json_array_foreach(json_object_get(m, "tool_calls"), k, tc) {
+        json_t *fn = json_object_get(tc, "function");
+        const char *name = ag__jstr(fn, "name", NULL);
+        const char *id = ag__jstr(tc, "id", NULL);
+        if (name == NULL || id == NULL) {
+          json_decref(blocks);
+          snprintf(msg, cap,
+                   "messages[%zu].tool_calls[%zu]: needs an id and a "
+                   "function name",
+                   i, k);
+          return false;
+        }
+        size_t al = 0;
+        const char *args = ag__jstr(fn, "arguments", &al);
+        json_t *input = args != NULL ? json_loadb(args, al, 0, NULL) : NULL;
+        if (!json_is_object(input)) {
+          json_decref(input);
+          input = json_object();
+        }
+        json_t *b = json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id",
+                              id, "name", name, "input", input);
+        if (b == NULL || json_array_append_new(blocks, b) != 0) {
+          json_decref(blocks);
+          return false;
+        }
+      }
+    } else if (strcmp(role, "tool") == 0) {
+      target = "user";
+      const char *id = ag__jstr(m, "tool_call_id", NULL);
+      if (id == NULL) {
+        json_decref(blocks);
+        snprintf(msg, cap, "messages[%zu].tool_call_id: expected a string", i);
+        return false;
+      }
+      json_t *t = content_text(content);
+      const char *tv = t != NULL ? json_string_value(t) : "";
+      bool is_error =
+          json_is_true(json_object_get(m, "is_error")) || looks_like_error(tv);
+      json_t *b = json_pack(
+          "{s:s, s:s, s:o, s:b}", "type", "tool_result", "tool_use_id", id,
+          "content", t != NULL ? t : json_string(""), "is_error", is_error);
+      if (b == NULL || json_array_append_new(blocks, b) != 0) {
+        json_decref(blocks);
+        return false;
+      }
+    } else {
+      json_decref(blocks);
+      snprintf(msg, cap, "messages[%zu].role: \"%.32s\" is not a chat role", i,
+               role);
+      return false;
+    }
+    if (!push_blocks(msgs, target, blocks))
+      return false;
+  }
+  return true;
+}
+
+static json_t *convert_tools(const json_t *tools) {
+  json_t *out = json_array();
+  size_t i;
+  json_t *t;
+  json_array_foreach(tools, i, t) {
+    json_t *fn = json_object_get(t, "function");
+    const char *name = ag__jstr(fn, "name", NULL);
+    if (name == NULL)
+      continue;
+    json_t *params = json_object_get(fn, "parameters");
+    json_t *schema = json_is_object(params)
+                         ? json_deep_copy(params)
+                         : json_pack("{s:s}", "type", "object");
+    /* "o" steals `schema`, even when json_pack fails. */
+    json_t *o = json_pack("{s:s, s:o}", "name", name, "input_schema", schema);
+    const char *d = ag__jstr(fn, "description", NULL);
+    if (o == NULL ||
+        (d != NULL && !set_new(o, "description", json_string(d))) ||
+        json_array_append_new(out, o) != 0) {
+      json_decref(out);
+      return NULL;
+    }
+  }
+  return out;
+}
+
+char *ag__anthropic_request(const ag__wire_opts *o, const ag_request *req,
+                            size_t *len, ag_err_t *rc, char *msg, size_t cap) {
+  *rc = AG_ENOMEM;
+  if (!json_is_array(req->messages)) {
+    *rc = AG_EINVAL;
+    snprintf(msg, cap, "messages: expected an array");
+    return NULL;
+  }
+  json_t *body = json_object();
+  json_t *msgs = json_array();
+  char *system = NULL;
+  size_t system_len = 0;
+  char *text = NULL;
+  msg[0] = '\0';
+  if (body == NULL || msgs == NULL)
+    goto done;
+  if (!convert(req->messages, msgs, &system, &system_len, msg, cap)) {
+    if (msg[0] != '\0')
+      *rc = AG_EINVAL;
+    goto done;
+  }
+  bool ok =
+      set_new(body, "model", json_string(o->model)) &&
+      set_new(body, "max_tokens",
+              json_integer(o->max_tokens > 0 ? o->max_tokens
+                                             : ANTHROPIC_DEFAULT_MAX_TOKENS));
+  if (ok && system != NULL)
+    ok = set_new(body, "system", json_stringn_nocheck(system, system_len));
+  if (ok) {
+    ok = json_object_set(body, "messages", msgs) == 0 &&
+         set_new(body, "stream", json_boolean(o->stream));
+  }
+  if (ok && json_is_array(req->tools) && json_array_size(req->tools) > 0) {
+    ok = set_new(body, "tools", convert_tools(req->tools)) &&
+         set_new(body, "tool_choice",
+                 json_pack("{s:s, s:b}", "type", "auto",
+                           "disable_parallel_tool_use",
+                           !o->parallel_tool_calls));
+  }
+  if (ok && o->temperature >= 0)
+    ok = set_new(body, "temperature", json_real(o->temperature));
+  if (ok && o->extra_body != NULL)
+    ok = json_object_update(body, (json_t *)o->extra_body) == 0;
+  if (ok) {
+    text = json_dumps(body, JSON_COMPACT);
+    if (text != NULL) {
+      *len = strlen(text);
+      *rc = AG_OK;
+    }
+  }
+done:
+  free(system);
+  json_decref(msgs);
+  json_decref(body);
+  return text;
+}
+
+static void read_usage(ag__asm *a, const json_t *u) {
+  if (!json_is_object(u))
+    return;
+  json_t *in = json_object_get(u, "input_tokens");
+  json_t *out = json_object_get(u, "output_tokens");
+  json_t *cc = json_object_get(u, "cache_creation_input_tokens");
+  json_t *cr = json_object_get(u, "cache_read_input_tokens");
+  if (json_is_integer(in) || json_is_integer(cc) || json_is_integer(cr)) {
+    a->usage.prompt_tokens =
+        (json_is_integer(in) ? json_integer_value(in) : 0) +
+        (json_is_integer(cc) ? json_integer_value(cc) : 0) +
+        (json_is_integer(cr) ? json_integer_value(cr) : 0);
+    a->usage.cached_tokens = json_is_integer(cr) ? json_integer_value(cr) : 0;
+    a->has_usage = true;
+  }
+  if (json_is_integer(out)) {
+    a->usage.completion_tokens = json_integer_value(out);
+    a->has_usage = true;
+  }
+}
+
+static void read_stop(ag__asm *a, const json_t *o) {
+  const char *sr = ag__jstr(o, "stop_reason", NULL);
+  if (sr != NULL)
+    snprintf(a->finish_reason, sizeof(a->finish_reason), "%s", sr);
+}
+
+/* A tool_use block whose input came whole. */
+static bool whole_input(ag__asm *a, ag__part_call *c, const json_t *input) {
+  if (input == NULL || (json_is_object(input) && json_object_size(input) == 0))
+    return true;
+  if (!json_is_object(input))
+    return ag__asm_bad(a, -1, "a tool_use input is not an object");
+  char *t = json_dumps(input, JSON_COMPACT);
+  if (t == NULL)
+    return ag__asm_bad(a, -1, "a tool_use input could not be written");
+  bool ok = ag__asm_args(a, c, t, strlen(t));
+  free(t);
+  return ok;
+}
+
+static bool tool_use(ag__asm *a, const json_t *b, int64_t index,
+                     bool with_input) {
+  ag__part_call *c = ag__asm_call(a, index);
+  if (c == NULL)
+    return false;
+  size_t l;
+  const char *id = ag__jstr(b, "id", &l);
+  if (id != NULL && !ag__asm_set(a, &c->id, id, l))
+    return false;
+  const char *name = ag__jstr(b, "name", &l);
+  if (name == NULL)
+    return ag__asm_bad(a, -1, "a tool_use block has no name");
+  if (!ag__asm_set(a, &c->name, name, l))
+    return false;
+  return !with_input || whole_input(a, c, json_object_get(b, "input"));
+}
+
+void ag__anthropic_response(ag__asm *a, const char *body, size_t len) {
+  json_error_t je;
+  json_t *j = json_loadb(body, len, 0, &je);
+  if (j == NULL) {
+    ag__asm_bad(a, (long)je.position, "not JSON (%s)", je.text);
+    return;
+  }
+  const char *type = ag__jstr(j, "type", NULL);
+  if (type != NULL && strcmp(type, "error") == 0) {
+    ag__asm_stream_error(a, json_object_get(j, "error"));
+    goto done;
+  }
+  json_t *content = json_object_get(j, "content");
+  if (!json_is_array(content)) {
+    ag__asm_bad(a, -1, "no \"content\" array");
+    goto done;
+  }
+  size_t i;
+  json_t *b;
+  int64_t n_calls = 0;
+  json_array_foreach(content, i, b) {
+    const char *bt = ag__jstr(b, "type", NULL);
+    if (bt == NULL) {
+      ag__asm_bad(a, -1, "content[%zu] has no type", i);
+      goto done;
+    }
+    if (strcmp(bt, "text") == 0) {
+      size_t l;
+      const char *t = ag__jstr(b, "text", &l);
+      if (t == NULL) {
+        ag__asm_bad(a, -1, "content[%zu].text is not a string", i);
+        goto done;
+      }
+      if (!ag__asm_text(a, t, l))
+        goto done;
+    } else if (strcmp(bt, "tool_use") == 0) {
+      if (!tool_use(a, b, n_calls++, true))
+        goto done;
+    }
+    /* thinking and other blocks: not part of the reply the loop uses */
+  }
+  read_stop(a, j);
+  read_usage(a, json_object_get(j, "usage"));
+  a->done = true;
+done:
+  json_decref(j);
+}
+
+int ag__anthropic_event(ag__asm *a, const char *event, const char *data,
+                        size_t len, size_t pos) {
+  json_error_t je;
+  json_t *j = json_loadb(data, len, 0, &je);
+  if (j == NULL) {
+    /* The data begins after "event: <name>\ndata: ". */
+    size_t at = pos + (event[0] != '\0' ? strlen(event) + 8 : 0) + 6;
+    ag__asm_bad(a, (long)(at + (size_t)je.position),
+                "a stream event is not JSON (%s)", je.text);
+    return 1;
+  }
+  bool ok = true;
+  const char *type = ag__jstr(j, "type", NULL);
+  if (type == NULL)
+    type = event;
+  json_t *ix = json_object_get(j, "index");
+  int64_t index = json_is_integer(ix) ? json_integer_value(ix) : -1;
+  if (strcmp(type, "message_start") == 0) {
+    read_usage(a, json_object_get(json_object_get(j, "message"), "usage"));
+  } else if (strcmp(type, "content_block_start") == 0) {
+    json_t *b = json_object_get(j, "content_block");
+    const char *bt = ag__jstr(b, "type", NULL);
+    if (bt != NULL && strcmp(bt, "tool_use") == 0) {
+      ok = tool_use(a, b, index, true);
+    } else if (bt != NULL && strcmp(bt, "text") == 0) {
+      size_t l;
+      const char *t = ag__jstr(b, "text", &l);
+      if (t != NULL && l > 0)
+        ok = ag__asm_text(a, t, l);
+    }
+  } else if (strcmp(type, "content_block_delta") == 0) {
+    json_t *d = json_object_get(j, "delta");
+    const char *dt = ag__jstr(d, "type", NULL);
+    size_t l;
+    if (dt != NULL && strcmp(dt, "text_delta") == 0) {
+      const char *t = ag__jstr(d, "text", &l);
+      if (t != NULL)
+        ok = ag__asm_text(a, t, l);
+    } else if (dt != NULL && strcmp(dt, "input_json_delta") == 0) {
+      const char *t = ag__jstr(d, "partial_json", &l);
+      if (index < 0 || index >= AG__CALLS_MAX || !a->calls[index].used ||
+          a->calls[index].name == NULL) {
+        ok = ag__asm_bad(a, (long)pos,
+                         "input_json_delta for block %lld, which is not a "
+                         "tool_use block",
+                         (long long)index);
+      } else if (t != NULL) {
+        ok = ag__asm_args(a, &a->calls[index], t, l);
+      }
+    }
+  } else if (strcmp(type, "message_delta") == 0) {
+    read_stop(a, json_object_get(j, "delta"));
+    read_usage(a, json_object_get(j, "usage"));
+  } else if (strcmp(type, "message_stop") == 0) {
+    a->done = true;
+  } else if (strcmp(type, "error") == 0) {
+    ok = ag__asm_stream_error(a, json_object_get(j, "error"));
+  }
+  /* ping, content_block_stop and future events: nothing to do */
+  json_decref(j);
+  return ok ? 0 : 1;
+}

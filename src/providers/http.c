@@ -1,0 +1,1224 @@
+/*
+ * src/providers/http.c - the HTTP providers' shared half: the provider
+ * object, one libcurl transfer per request, the SSE parser, the reply
+ * assembler and the rules that turn a failed exchange into an
+ * ag_provider_error.
+ *
+ * Layers. Providers depend on base, core and the agent's model interface
+ * only (include/agentguard/providers.h, exec.h's cancellation token);
+ * libcurl never leaves src/providers/. The wire formats live in openai.c
+ * and anthropic.c; this file knows nothing of either beyond a switch.
+ *
+ * Data structures. A provider owns one multi handle and one easy handle,
+ * both reused for every request so that keep-alive connections are reused
+ * too; the header lists (with the API key in them) are built once. The key
+ * lives only in the provider's memory and in the header list curl is given;
+ * every message and details buffer is scrubbed of it before it is returned.
+ * A request's state is a `xfer` on the stack: the response body (capped),
+ * or an SSE parser feeding the wire's event function, which feeds an
+ * ag__asm (text, refusal, calls by wire index, usage; every part capped).
+ *
+ * Threading and cancellation. A provider is used by one thread at a time.
+ * The transfer runs on curl's multi interface with curl_multi_poll, whose
+ * extra descriptors are the cancellation token's eventfds: a cancel from
+ * any thread wakes the poll at once; deadlines bound the poll's timeout
+ * (100 ms at most), so a turn deadline, the idle limit and Ctrl-C all end a
+ * request within that. curl's own progress callback fires only about once
+ * a second on a quiet connection, which is why it is not the mechanism.
+ *
+ * Rejected: retrying here (the loop retries, with events); following
+ * redirects (an API that moves should be configured, and a redirect to
+ * another host must not receive the key: a 3xx is a permanent error naming
+ * the new address); CURLOPT_LOW_SPEED_* for the idle limit (whole seconds
+ * only, and it also fires while a local server is still reading a long
+ * prompt before a non-streamed answer).
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <limits.h>
+
+#include <curl/curl.h>
+
+#include "agentguard/exec.h"
+
+#include "../core/internal.h"
+#include "internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static char *dupn(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (d == NULL)
+    return NULL;
+  if (n > 0)
+    memcpy(d, s, n);
+  d[n] = '\0';
+  return d;
+}
+
+static char *dupz(const char *s) {
+  return s == NULL ? NULL : dupn(s, strlen(s));
+}
+
+/* Appends to a growing buffer capped at `max` bytes (plus a NUL). 0 on
+ * success, AG_ETOOBIG or AG_ENOMEM. */
+static ag_err_t buf_append(char **buf, size_t *len, size_t *cap, size_t max,
+                           const char *s, size_t n) {
+  if (n > max || *len > max - n)
+    return AG_ETOOBIG;
+  size_t need = *len + n + 1;
+  if (need > *cap) {
+    size_t nc = *cap < 256 ? 256 : *cap;
+    while (nc < need)
+      nc *= 2;
+    if (nc > max + 1)
+      nc = max + 1;
+    char *g = realloc(*buf, nc);
+    if (g == NULL)
+      return AG_ENOMEM;
+    *buf = g;
+    *cap = nc;
+  }
+  if (n > 0)
+    memcpy(*buf + *len, s, n);
+  *len += n;
+  (*buf)[*len] = '\0';
+  return AG_OK;
+}
+
+/* perr->message, formatted; cut to fit (vsnprintf: no truncation warning
+ * for messages that are meant to be cut). */
+static void setmsg(ag_provider_error *perr, const char *fmt, ...)
+    AG__PRINTF(2, 3);
+static void setmsg(ag_provider_error *perr, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(perr->message, sizeof(perr->message), fmt, ap);
+  va_end(ap);
+}
+
+const char *ag__jstr(const json_t *obj, const char *key, size_t *len) {
+  json_t *v = json_object_get(obj, key);
+  if (!json_is_string(v))
+    return NULL;
+  if (len != NULL)
+    *len = json_string_length(v);
+  return json_string_value(v);
+}
+
+/* Copies text with control characters shown as spaces and whitespace runs
+ * collapsed, cut on a UTF-8 boundary. */
+static void readable(char *dst, size_t cap, const char *s, size_t n,
+                     size_t max) {
+  bool cut = false;
+  ag__collapse_ws(dst, cap, s, n, max, &cut);
+  for (char *p = dst; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
+      *p = ' ';
+}
+
+bool ag__api_error_message(const json_t *error, char *buf, size_t cap) {
+  if (json_is_string(error)) {
+    readable(buf, cap, json_string_value(error), json_string_length(error),
+             400);
+    return buf[0] != '\0';
+  }
+  if (!json_is_object(error))
+    return false;
+  size_t ml = 0;
+  const char *m = ag__jstr(error, "message", &ml);
+  const char *type = ag__jstr(error, "type", NULL);
+  json_t *code = json_object_get(error, "code");
+  char msg[420] = "";
+  if (m != NULL)
+    readable(msg, sizeof(msg), m, ml, 400);
+  char extra[128] = "";
+  char codebuf[48] = "";
+  if (json_is_string(code))
+    snprintf(codebuf, sizeof(codebuf), "%.40s", json_string_value(code));
+  else if (json_is_integer(code))
+    snprintf(codebuf, sizeof(codebuf), "%lld",
+             (long long)json_integer_value(code));
+  if (type != NULL && codebuf[0] != '\0')
+    snprintf(extra, sizeof(extra), " (type %.40s, code %s)", type, codebuf);
+  else if (type != NULL)
+    snprintf(extra, sizeof(extra), " (type %.40s)", type);
+  else if (codebuf[0] != '\0')
+    snprintf(extra, sizeof(extra), " (code %s)", codebuf);
+  if (msg[0] == '\0' && extra[0] == '\0')
+    return false;
+  snprintf(buf, cap, "%s%s", msg[0] != '\0' ? msg : "no message", extra);
+  return true;
+}
+
+/* Replaces every occurrence of `key` in buf (NUL-terminated, cap bytes) by
+ * "[redacted]"; what no longer fits is cut. */
+static void redact(char *buf, size_t cap, const char *key) {
+  static const char mark[] = "[redacted]";
+  const size_t ml = sizeof(mark) - 1;
+  size_t kl = key != NULL ? strlen(key) : 0;
+  if (kl < 4 || cap == 0)
+    return;
+  char *from = buf;
+  char *p;
+  while ((p = strstr(from, key)) != NULL) {
+    size_t off = (size_t)(p - buf);
+    if (off + ml >= cap) {
+      *p = '\0'; /* no room for the mark: cut the key off */
+      return;
+    }
+    size_t tail = strlen(p + kl);
+    size_t room = cap - 1 - off - ml;
+    if (tail > room)
+      tail = room;
+    memmove(p + ml, p + kl, tail);
+    memcpy(p, mark, ml);
+    p[ml + tail] = '\0';
+    from = p + ml; /* never search the mark itself */
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* SSE (WHATWG "server-sent events" parsing, the parts APIs use)            */
+/* ------------------------------------------------------------------------ */
+
+void ag__sse_init(ag__sse *s, ag__sse_fn fn, void *user) {
+  memset(s, 0, sizeof(*s));
+  s->fn = fn;
+  s->user = user;
+}
+
+void ag__sse_free(ag__sse *s) {
+  free(s->line);
+  free(s->data);
+  memset(s, 0, sizeof(*s));
+}
+
+static int sse_dispatch(ag__sse *s) {
+  int rc = 0;
+  if (s->has_data) {
+    if (s->data == NULL) {
+      /* data lines that were all empty: dispatch "" */
+      static const char empty[] = "";
+      rc = s->fn(s->user, s->event, empty, 0, s->event_pos);
+    } else {
+      rc = s->fn(s->user, s->event, s->data, s->data_len, s->event_pos);
+    }
+  }
+  s->data_len = 0;
+  if (s->data != NULL)
+    s->data[0] = '\0';
+  s->has_data = false;
+  s->event[0] = '\0';
+  s->in_event = false;
+  return rc != 0 ? 1 : 0;
+}
+
+static int sse_line(ag__sse *s, ag_err_t *why) {
+  const char *l = s->line != NULL ? s->line : "";
+  size_t n = s->line_len;
+  if (n == 0)
+    return sse_dispatch(s);
+  if (!s->in_event) {
+    s->in_event = true;
+    s->event_pos = s->line_pos;
+  }
+  if (l[0] == ':')
+    return 0; /* a comment: keep-alive */
+  const char *colon = memchr(l, ':', n);
+  size_t fl = colon != NULL ? (size_t)(colon - l) : n;
+  const char *v = colon != NULL ? colon + 1 : l + n;
+  size_t vl = (size_t)(l + n - v);
+  if (vl > 0 && v[0] == ' ') {
+    v++;
+    vl--;
+  }
+  if (fl == 4 && memcmp(l, "data", 4) == 0) {
+    ag_err_t rc = AG_OK;
+    if (s->has_data)
+      rc = buf_append(&s->data, &s->data_len, &s->data_cap, AG__SSE_EVENT_MAX,
+                      "\n", 1);
+    if (rc == AG_OK)
+      rc = buf_append(&s->data, &s->data_len, &s->data_cap, AG__SSE_EVENT_MAX,
+                      v, vl);
+    if (rc != AG_OK) {
+      *why = rc;
+      return -1;
+    }
+    s->has_data = true;
+  } else if (fl == 5 && memcmp(l, "event", 5) == 0) {
+    size_t c = vl < sizeof(s->event) - 1 ? vl : sizeof(s->event) - 1;
+    memcpy(s->event, v, c);
+    s->event[c] = '\0';
+  }
+  /* id, retry and unknown fields: nothing an API reply needs. */
+  return 0;
+}
+
+int ag__sse_feed(ag__sse *s, const char *buf, size_t len, ag_err_t *why) {
+  size_t i = 0;
+  while (i < len) {
+    if (s->skip_lf) {
+      s->skip_lf = false;
+      if (buf[i] == '\n') {
+        i++;
+        s->consumed++;
+        s->line_pos = s->consumed;
+        continue;
+      }
+    }
+    const char *start = buf + i;
+    size_t rest = len - i, k = 0;
+    while (k < rest && start[k] != '\n' && start[k] != '\r')
+      k++;
+    if (k > 0) {
+      ag_err_t rc = buf_append(&s->line, &s->line_len, &s->line_cap,
+                               AG__SSE_LINE_MAX, start, k);
+      if (rc != AG_OK) {
+        *why = rc;
+        return -1;
+      }
+    }
+    i += k;
+    s->consumed += k;
+    if (k == rest)
+      break; /* the line goes on in the next chunk */
+    if (start[k] == '\r')
+      s->skip_lf = true;
+    i++;
+    s->consumed++;
+    int r = sse_line(s, why);
+    s->line_len = 0;
+    s->line_pos = s->consumed;
+    if (r != 0)
+      return r;
+  }
+  return 0;
+}
+
+int ag__sse_finish(ag__sse *s, ag_err_t *why) {
+  int r = 0;
+  if (s->line_len > 0) {
+    r = sse_line(s, why);
+    s->line_len = 0;
+  }
+  if (r == 0 && s->has_data)
+    r = sse_dispatch(s);
+  return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The reply assembler                                                      */
+/* ------------------------------------------------------------------------ */
+
+void ag__asm_init(ag__asm *a, ag_delta_fn on_delta, void *delta_user,
+                  ag_provider_error *perr, const char *service) {
+  memset(a, 0, sizeof(*a));
+  a->on_delta = on_delta;
+  a->delta_user = delta_user;
+  a->perr = perr;
+  a->service = service;
+  a->failed = AG_OK;
+}
+
+void ag__asm_free(ag__asm *a) {
+  free(a->text);
+  free(a->refusal);
+  for (int i = 0; i < a->n_slots; i++) {
+    free(a->calls[i].id);
+    free(a->calls[i].name);
+    free(a->calls[i].args);
+  }
+  memset(a, 0, sizeof(*a));
+}
+
+static bool asm_fail(ag__asm *a, ag_err_t rc) {
+  if (a->failed == AG_OK)
+    a->failed = rc;
+  return false;
+}
+
+bool ag__asm_bad(ag__asm *a, long pos, const char *fmt, ...) {
+  if (a->failed != AG_OK)
+    return false;
+  char what[300];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof(what), fmt, ap);
+  va_end(ap);
+  a->failed = AG_EPROVIDER;
+  if (a->perr != NULL) {
+    a->perr->transient = false;
+    if (pos >= 0)
+      setmsg(a->perr,
+             "the reply from %s is not what the API promises: %s at byte "
+             "%ld",
+             a->service, what, pos);
+    else
+      setmsg(a->perr, "the reply from %s is not what the API promises: %s",
+             a->service, what);
+  }
+  return false;
+}
+
+bool ag__asm_stream_error(ag__asm *a, const json_t *error) {
+  if (a->failed != AG_OK)
+    return false;
+  a->failed = AG_EPROVIDER;
+  if (a->perr == NULL)
+    return false;
+  char m[440];
+  if (!ag__api_error_message(error, m, sizeof(m)))
+    snprintf(m, sizeof(m), "an error without a message");
+  const char *type =
+      json_is_object(error) ? ag__jstr(error, "type", NULL) : NULL;
+  /* A server that fails mid-stream is as transient as its status would
+   * be; the type names what the status would have been. */
+  int status = 0;
+  if (type != NULL) {
+    if (strcmp(type, "overloaded_error") == 0)
+      status = 529;
+    else if (strcmp(type, "rate_limit_error") == 0 ||
+             strcmp(type, "rate_limit_exceeded") == 0)
+      status = 429;
+    else if (strcmp(type, "api_error") == 0 ||
+             strcmp(type, "server_error") == 0)
+      status = 500;
+    else if (strcmp(type, "timeout_error") == 0)
+      status = 504;
+  }
+  a->perr->http_status = status;
+  a->perr->transient = status != 0;
+  setmsg(a->perr, "%s reported an error mid-stream: %s", a->service, m);
+  return false;
+}
+
+bool ag__asm_text(ag__asm *a, const char *s, size_t len) {
+  ag_err_t rc = buf_append(&a->text, &a->text_len, &a->text_cap,
+                           AG__REPLY_TEXT_MAX, s, len);
+  if (rc == AG_ETOOBIG)
+    return ag__asm_bad(a, -1, "the reply's text exceeds %u bytes",
+                       AG__REPLY_TEXT_MAX);
+  if (rc != AG_OK)
+    return asm_fail(a, rc);
+  if (a->on_delta != NULL && len > 0 && !a->delta_stopped &&
+      a->on_delta(a->delta_user, s, len) != 0) {
+    a->delta_stopped = true;
+    return false;
+  }
+  return true;
+}
+
+bool ag__asm_refusal(ag__asm *a, const char *s, size_t len) {
+  ag_err_t rc = buf_append(&a->refusal, &a->refusal_len, &a->refusal_cap,
+                           AG__REPLY_TEXT_MAX, s, len);
+  if (rc == AG_ETOOBIG)
+    return ag__asm_bad(a, -1, "the refusal exceeds %u bytes",
+                       AG__REPLY_TEXT_MAX);
+  return rc == AG_OK ? true : asm_fail(a, rc);
+}
+
+ag__part_call *ag__asm_call(ag__asm *a, int64_t index) {
+  if (index < 0 || index >= AG__CALLS_MAX) {
+    ag__asm_bad(a, -1, "tool call index %lld is outside 0..%d",
+                (long long)index, AG__CALLS_MAX - 1);
+    return NULL;
+  }
+  ag__part_call *c = &a->calls[index];
+  c->used = true;
+  if (index >= a->n_slots)
+    a->n_slots = (int)index + 1;
+  return c;
+}
+
+bool ag__asm_set(ag__asm *a, char **dst, const char *s, size_t len) {
+  if (len > 4096)
+    return ag__asm_bad(a, -1, "a tool call's id or name exceeds 4096 bytes");
+  char *d = dupn(s, len);
+  if (d == NULL)
+    return asm_fail(a, AG_ENOMEM);
+  free(*dst);
+  *dst = d;
+  return true;
+}
+
+bool ag__asm_args(ag__asm *a, ag__part_call *c, const char *s, size_t len) {
+  ag_err_t rc = buf_append(&c->args, &c->args_len, &c->args_cap,
+                           AG__CALL_ARGS_MAX, s, len);
+  if (rc == AG_ETOOBIG)
+    return ag__asm_bad(a, -1, "a tool call's arguments exceed %u bytes",
+                       AG__CALL_ARGS_MAX);
+  return rc == AG_OK ? true : asm_fail(a, rc);
+}
+
+ag_err_t ag__asm_finish(ag__asm *a, ag_reply *out) {
+  for (int i = 0; i < a->n_slots; i++) {
+    ag__part_call *c = &a->calls[i];
+    if (!c->used)
+      continue;
+    if (c->name == NULL || c->name[0] == '\0') {
+      ag__asm_bad(a, -1, "tool call %d has no function name", i);
+      return AG_EPROVIDER;
+    }
+    /* A call with no arguments at all is a call with none: "{}". */
+    const char *args = c->args_len > 0 ? c->args : "{}";
+    size_t alen = c->args_len > 0 ? c->args_len : 2;
+    ag_err_t rc = ag_reply_add_call(out, c->id, c->name, args, alen);
+    if (rc != AG_OK)
+      return rc;
+  }
+  if (a->text != NULL) {
+    out->text = a->text;
+    a->text = NULL;
+  }
+  if (a->refusal != NULL) {
+    out->refusal = a->refusal;
+    a->refusal = NULL;
+    if (out->text == NULL || out->text[0] == '\0') {
+      free(out->text);
+      out->text = dupz(out->refusal);
+      if (out->text == NULL)
+        return AG_ENOMEM;
+    }
+  }
+  out->has_usage = a->has_usage;
+  out->usage = a->usage;
+  ag__scopy(out->finish_reason, sizeof(out->finish_reason), a->finish_reason);
+  return AG_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The provider                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef struct http_provider {
+  ag__wire_kind wire;
+  char *url;        /* the endpoint */
+  char service[64]; /* its host, for messages */
+  char *key_env;    /* the variable's name, for messages */
+  char *api_key;    /* NULL: none was set */
+  char *model;
+  json_t *extra; /* extra_body, or NULL */
+  ag__wire_opts wopts;
+  struct curl_slist *headers;
+  int64_t timeout_ms, connect_timeout_ms, idle_timeout_ms;
+  CURL *easy;
+  CURLM *multi;
+} http_provider;
+
+static void http_destroy(void *self) {
+  http_provider *p = self;
+  if (p == NULL)
+    return;
+  if (p->multi != NULL)
+    curl_multi_cleanup(p->multi);
+  if (p->easy != NULL)
+    curl_easy_cleanup(p->easy);
+  curl_slist_free_all(p->headers);
+  if (p->api_key != NULL) {
+    /* Not a security boundary (the process had it in its environment), but
+     * freed memory should not keep it either. */
+    volatile char *k = p->api_key;
+    while (*k)
+      *k++ = '\0';
+  }
+  free(p->api_key);
+  free(p->url);
+  free(p->key_env);
+  free(p->model);
+  json_decref(p->extra);
+  free(p);
+}
+
+/* One request's state, shared with curl's callbacks. */
+typedef struct xfer {
+  http_provider *p;
+  ag__asm *asmb;
+  long status;
+  bool decided;  /* the body's mode is known */
+  bool sse;      /* 2xx and text/event-stream */
+  bool body_2xx; /* a 2xx body is being buffered */
+  char *body;
+  size_t body_len, body_cap;
+  bool too_big;
+  bool nomem;
+  bool stopped; /* a callback asked curl to stop */
+  ag__sse sse_p;
+  char content_type[128];
+  char location[512];
+  int64_t retry_after_ms;
+  int64_t retry_after_ms_hdr; /* retry-after-ms, or -1 */
+  int64_t last_rx;
+} xfer;
+
+static int sse_event(void *user, const char *event, const char *data,
+                     size_t len, size_t pos) {
+  xfer *x = user;
+  if (x->p->wire == AG__WIRE_OPENAI)
+    return ag__openai_event(x->asmb, event, data, len, pos);
+  return ag__anthropic_event(x->asmb, event, data, len, pos);
+}
+
+static int64_t parse_retry_after(const char *v) {
+  while (*v == ' ' || *v == '\t')
+    v++;
+  if (isdigit((unsigned char)*v)) {
+    char *end;
+    errno = 0;
+    double secs = strtod(v, &end);
+    while (*end == ' ' || *end == '\t')
+      end++;
+    if (errno == 0 && *end == '\0' && secs >= 0 && secs < 1e9)
+      return (int64_t)(secs * 1000.0);
+  }
+  time_t t = curl_getdate(v, NULL);
+  if (t == (time_t)-1)
+    return -1;
+  time_t now = time(NULL);
+  return t <= now ? 0 : (int64_t)(t - now) * 1000;
+}
+
+static size_t on_header(char *buf, size_t size, size_t n, void *user) {
+  xfer *x = user;
+  size_t len = size * n;
+  x->last_rx = ag_now_ms();
+  if (len >= 5 && memcmp(buf, "HTTP/", 5) == 0) {
+    /* A new response (after a 100 Continue): forget the last one's. */
+    x->content_type[0] = '\0';
+    x->location[0] = '\0';
+    x->retry_after_ms = -1;
+    x->retry_after_ms_hdr = -1;
+    return len;
+  }
+  const char *colon = memchr(buf, ':', len);
+  if (colon == NULL)
+    return len;
+  size_t nl = (size_t)(colon - buf);
+  const char *v = colon + 1;
+  size_t vl = len - nl - 1;
+  while (vl > 0 && (*v == ' ' || *v == '\t')) {
+    v++;
+    vl--;
+  }
+  while (vl > 0 && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
+    vl--;
+  char val[512];
+  size_t c = vl < sizeof(val) - 1 ? vl : sizeof(val) - 1;
+  memcpy(val, v, c);
+  val[c] = '\0';
+  if (nl == 11 && strncasecmp(buf, "retry-after", 11) == 0) {
+    x->retry_after_ms = parse_retry_after(val);
+  } else if (nl == 14 && strncasecmp(buf, "retry-after-ms", 14) == 0) {
+    char *end;
+    double ms = strtod(val, &end);
+    if (end != val && ms >= 0 && ms < 1e12)
+      x->retry_after_ms_hdr = (int64_t)ms;
+  } else if (nl == 12 && strncasecmp(buf, "content-type", 12) == 0) {
+    ag__scopy(x->content_type, sizeof(x->content_type), val);
+  } else if (nl == 8 && strncasecmp(buf, "location", 8) == 0) {
+    ag__scopy(x->location, sizeof(x->location), val);
+  }
+  return len;
+}
+
+static bool ci_contains(const char *hay, const char *needle) {
+  size_t nl = strlen(needle);
+  for (const char *h = hay; *h; h++)
+    if (strncasecmp(h, needle, nl) == 0)
+      return true;
+  return false;
+}
+
+static size_t on_write(char *buf, size_t size, size_t n, void *user) {
+  xfer *x = user;
+  size_t len = size * n;
+  x->last_rx = ag_now_ms();
+  if (!x->decided) {
+    curl_easy_getinfo(x->p->easy, CURLINFO_RESPONSE_CODE, &x->status);
+    x->decided = true;
+    bool ok = x->status >= 200 && x->status < 300;
+    x->sse = ok && ci_contains(x->content_type, "text/event-stream");
+    x->body_2xx = ok;
+  }
+  if (x->sse) {
+    ag_err_t why = AG_OK;
+    int r = ag__sse_feed(&x->sse_p, buf, len, &why);
+    if (r < 0) {
+      if (why == AG_ETOOBIG)
+        ag__asm_bad(x->asmb, (long)x->sse_p.consumed,
+                    "an event or line of the stream exceeds %u bytes",
+                    AG__SSE_EVENT_MAX);
+      else
+        x->nomem = true;
+    }
+    if (r != 0) {
+      x->stopped = true;
+      return 0; /* CURLE_WRITE_ERROR: curl stops */
+    }
+    return len;
+  }
+  size_t max = x->body_2xx ? AG__HTTP_BODY_MAX : AG__HTTP_ERRBODY_MAX;
+  if (!x->body_2xx && x->body_len >= max)
+    return len; /* an error body: keep its beginning only */
+  size_t take = len;
+  if (!x->body_2xx && x->body_len + take > max)
+    take = max - x->body_len;
+  ag_err_t rc =
+      buf_append(&x->body, &x->body_len, &x->body_cap, max, buf, take);
+  if (rc == AG_ETOOBIG) {
+    x->too_big = true;
+    x->stopped = true;
+    return 0;
+  }
+  if (rc != AG_OK) {
+    x->nomem = true;
+    x->stopped = true;
+    return 0;
+  }
+  return len;
+}
+
+/* Runs the transfer until it ends, the token fires or the stream goes
+ * quiet. Returns the curl result; *cancelled / *idle say why it was cut. */
+static CURLcode run_transfer(http_provider *p, xfer *x, ag_cancel *cancel,
+                             bool *cancelled, bool *idle) {
+  *cancelled = false;
+  *idle = false;
+  if (curl_multi_add_handle(p->multi, p->easy) != CURLM_OK)
+    return CURLE_FAILED_INIT;
+  CURLcode result = CURLE_OK;
+  bool finished = false;
+  x->last_rx = ag_now_ms();
+  for (;;) {
+    int running = 0;
+    CURLMcode mc = curl_multi_perform(p->multi, &running);
+    if (mc != CURLM_OK) {
+      result = CURLE_FAILED_INIT;
+      break;
+    }
+    int left;
+    CURLMsg *msg;
+    while ((msg = curl_multi_info_read(p->multi, &left)) != NULL) {
+      if (msg->msg == CURLMSG_DONE) {
+        result = msg->data.result;
+        finished = true;
+      }
+    }
+    if (finished || running == 0)
+      break;
+    int64_t now = ag_now_ms();
+    if (ag_cancel_check(cancel, now) != AG_CANCEL_NONE) {
+      *cancelled = true;
+      break;
+    }
+    int64_t wait = 100;
+    if (p->idle_timeout_ms > 0 && x->sse) {
+      int64_t left_ms = x->last_rx + p->idle_timeout_ms - now;
+      if (left_ms <= 0) {
+        *idle = true;
+        break;
+      }
+      if (left_ms < wait)
+        wait = left_ms;
+    } else if (p->idle_timeout_ms > 0 && !x->decided && p->wopts.stream) {
+      /* A stream that has not started: the same limit from the request. */
+      int64_t left_ms = x->last_rx + p->idle_timeout_ms - now;
+      if (left_ms <= 0) {
+        *idle = true;
+        break;
+      }
+      if (left_ms < wait)
+        wait = left_ms;
+    }
+    int fds[8];
+    int64_t deadline = INT64_MAX;
+    size_t nfd = ag_cancel_fds(cancel, fds, 8, &deadline);
+    if (deadline != INT64_MAX) {
+      int64_t d = deadline - now;
+      if (d < wait)
+        wait = d < 0 ? 0 : d;
+    }
+    struct curl_waitfd wfd[8];
+    for (size_t i = 0; i < nfd; i++) {
+      wfd[i].fd = fds[i];
+      wfd[i].events = CURL_WAIT_POLLIN;
+      wfd[i].revents = 0;
+    }
+    curl_multi_poll(p->multi, wfd, (unsigned)nfd, (int)wait, NULL);
+  }
+  curl_multi_remove_handle(p->multi, p->easy);
+  return result;
+}
+
+static bool transient_status(long s) {
+  return s == 408 || s == 409 || s == 429 || (s >= 500 && s <= 599);
+}
+
+/* An HTTP status that is not 2xx: the API's own message when it sent one. */
+static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
+  long s = x->status;
+  perr->http_status = (int)s;
+  perr->transient = transient_status(s);
+  perr->retry_after_ms =
+      x->retry_after_ms_hdr >= 0 ? x->retry_after_ms_hdr : x->retry_after_ms;
+  /* The key out of the body before anything is cut from it: a cut would
+   * leave a prefix of the key that no later redaction recognises. */
+  if (x->body != NULL && p->api_key != NULL &&
+      strstr(x->body, p->api_key) != NULL) {
+    redact(x->body, x->body_cap, p->api_key);
+    x->body_len = strlen(x->body);
+  }
+  const char *body = x->body != NULL ? x->body : "";
+  char api[440] = "";
+  json_error_t je;
+  json_t *j = x->body_len > 0 ? json_loadb(body, x->body_len, 0, &je) : NULL;
+  if (j != NULL) {
+    /* {"error": {...}} (OpenAI and most servers), {"type": "error",
+     * "error": {...}} (Anthropic), {"error": "text"} (Ollama), or a bare
+     * {"message": ...}. */
+    json_t *e = json_object_get(j, "error");
+    if (!ag__api_error_message(e, api, sizeof(api)))
+      ag__api_error_message(j, api, sizeof(api));
+    json_decref(j);
+  }
+  if (api[0] == '\0' && x->body_len > 0)
+    readable(api, sizeof(api), body, x->body_len, 200);
+  char what[320] = "";
+  if (s == 401 || s == 403) {
+    if (p->key_env[0] == '\0')
+      snprintf(what, sizeof(what),
+               "%s: no API key is sent (provider.api_key_env is \"\")",
+               s == 401 ? "the server wants an API key" : "access refused");
+    else if (p->api_key == NULL)
+      snprintf(what, sizeof(what),
+               "the API key is missing: set the environment variable %.60s",
+               p->key_env);
+    else
+      snprintf(what, sizeof(what),
+               "the API key in the environment variable %.60s was %s",
+               p->key_env, s == 401 ? "refused" : "refused for this request");
+  } else if (s >= 300 && s < 400) {
+    snprintf(what, sizeof(what),
+             "the server redirects to %.120s; redirects are not followed: "
+             "set provider.base_url to the new address",
+             x->location[0] != '\0' ? x->location : "(no Location)");
+  } else if (s == 404) {
+    snprintf(what, sizeof(what),
+             "not found: check provider.base_url and "
+             "provider.model");
+  }
+  if (what[0] != '\0' && api[0] != '\0')
+    setmsg(perr, "HTTP %ld from %s: %s: %s", s, p->service, what, api);
+  else if (what[0] != '\0' || api[0] != '\0')
+    setmsg(perr, "HTTP %ld from %s: %s", s, p->service,
+           what[0] != '\0' ? what : api);
+  else
+    setmsg(perr, "HTTP %ld from %s", s, p->service);
+  size_t dl = x->body_len < sizeof(perr->details) - 1
+                  ? x->body_len
+                  : sizeof(perr->details) - 1;
+  memcpy(perr->details, body, dl);
+  perr->details[dl] = '\0';
+}
+
+static void net_failure(http_provider *p, CURLcode cc, const char *errbuf,
+                        bool started, ag_provider_error *perr) {
+  perr->http_status = 0;
+  perr->transient = true;
+  const char *why = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(cc);
+  if (cc == CURLE_OPERATION_TIMEDOUT) {
+    if (!started && p->connect_timeout_ms > 0 &&
+        strstr(errbuf, "onnect") != NULL)
+      setmsg(perr,
+             "connecting to %s timed out after %lld ms "
+             "(provider.connect_timeout)",
+             p->service, (long long)p->connect_timeout_ms);
+    else
+      setmsg(perr,
+             "the request to %s timed out after %lld ms (provider.timeout)",
+             p->service, (long long)p->timeout_ms);
+  } else if (started) {
+    setmsg(perr, "the reply from %s was cut off: %s", p->service, why);
+  } else {
+    setmsg(perr, "could not reach %s: %s", p->service, why);
+  }
+}
+
+static ag_err_t http_complete(void *self, const ag_request *req,
+                              ag_cancel *cancel, ag_delta_fn on_delta,
+                              void *delta_user, ag_reply *out,
+                              ag_provider_error *perr) {
+  http_provider *p = self;
+  ag__scopy(perr->service, sizeof(perr->service), p->service);
+  size_t body_len = 0;
+  ag_err_t brc = AG_OK;
+  char bmsg[256] = "";
+  char *body = p->wire == AG__WIRE_OPENAI
+                   ? ag__openai_request(&p->wopts, req, &body_len, &brc, bmsg,
+                                        sizeof(bmsg))
+                   : ag__anthropic_request(&p->wopts, req, &body_len, &brc,
+                                           bmsg, sizeof(bmsg));
+  if (body == NULL) {
+    if (brc == AG_ENOMEM)
+      return AG_ENOMEM;
+    perr->transient = false;
+    setmsg(perr, "the request for %s could not be built: %s", p->service, bmsg);
+    return AG_EPROVIDER;
+  }
+
+  ag__asm a;
+  ag__asm_init(&a, on_delta, delta_user, perr, p->service);
+  xfer x;
+  memset(&x, 0, sizeof(x));
+  x.p = p;
+  x.asmb = &a;
+  x.retry_after_ms = -1;
+  x.retry_after_ms_hdr = -1;
+  ag__sse_init(&x.sse_p, sse_event, &x);
+
+  char errbuf[CURL_ERROR_SIZE];
+  errbuf[0] = '\0';
+  CURL *e = p->easy;
+  curl_easy_reset(e);
+  curl_easy_setopt(e, CURLOPT_URL, p->url);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, p->headers);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &x);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, &x);
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "agentguard/" AG_VERSION_STRING);
+  curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+#endif
+  if (p->timeout_ms > 0)
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)p->timeout_ms);
+  if (p->connect_timeout_ms > 0)
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)p->connect_timeout_ms);
+
+  bool cancelled = false, idle = false;
+  CURLcode cc = run_transfer(p, &x, cancel, &cancelled, &idle);
+  if (x.status == 0)
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &x.status);
+  free(body);
+
+  ag_err_t rc = AG_OK;
+  if (cancelled || a.delta_stopped) {
+    rc = AG_ECANCELLED;
+  } else if (x.nomem || a.failed == AG_ENOMEM) {
+    rc = AG_ENOMEM;
+  } else if (idle) {
+    perr->transient = true;
+    perr->http_status = 0;
+    setmsg(perr, "%s sent nothing for %lld ms (provider.idle_timeout)",
+           p->service, (long long)p->idle_timeout_ms);
+    rc = AG_EPROVIDER;
+  } else if (x.status > 0 && (x.status < 200 || x.status >= 300)) {
+    http_failure(p, &x, perr);
+    rc = AG_EPROVIDER;
+  } else if (a.failed != AG_OK) {
+    rc = a.failed == AG_ETOOBIG ? AG_EPROVIDER : a.failed;
+  } else if (x.too_big) {
+    ag__asm_bad(&a, (long)AG__HTTP_BODY_MAX, "the body exceeds %u bytes",
+                AG__HTTP_BODY_MAX);
+    rc = AG_EPROVIDER;
+  } else if (cc != CURLE_OK) {
+    net_failure(p, cc, errbuf, x.decided, perr);
+    rc = AG_EPROVIDER;
+  } else if (x.sse) {
+    ag_err_t why = AG_OK;
+    int r = ag__sse_finish(&x.sse_p, &why);
+    if (r < 0 && why == AG_ENOMEM)
+      rc = AG_ENOMEM;
+    else if (a.delta_stopped)
+      rc = AG_ECANCELLED;
+    else if (a.failed != AG_OK)
+      rc = a.failed;
+    else if (!a.done && a.finish_reason[0] == '\0') {
+      perr->transient = true;
+      setmsg(perr,
+             "the stream from %s ended before the reply was complete "
+             "(after %zu bytes, no %s)",
+             p->service, x.sse_p.consumed,
+             p->wire == AG__WIRE_OPENAI ? "[DONE]" : "message_stop");
+      rc = AG_EPROVIDER;
+    }
+  } else {
+    if (p->wire == AG__WIRE_OPENAI)
+      ag__openai_response(&a, x.body != NULL ? x.body : "", x.body_len);
+    else
+      ag__anthropic_response(&a, x.body != NULL ? x.body : "", x.body_len);
+    if (a.delta_stopped)
+      rc = AG_ECANCELLED;
+    else
+      rc = a.failed;
+  }
+  if (rc == AG_OK)
+    rc = ag__asm_finish(&a, out);
+  /* A 2xx whose body broke the API's promise: say which status came. */
+  if (rc == AG_EPROVIDER && perr->http_status == 0 && x.status >= 200 &&
+      x.status < 300 && a.failed == AG_EPROVIDER && !perr->transient)
+    perr->http_status = (int)x.status;
+  if (rc == AG_EPROVIDER) {
+    if (perr->details[0] == '\0' && x.body != NULL && !x.body_2xx) {
+      ag__scopy(perr->details, sizeof(perr->details), x.body);
+    }
+    redact(perr->message, sizeof(perr->message), p->api_key);
+    redact(perr->details, sizeof(perr->details), p->api_key);
+  }
+  ag__asm_free(&a);
+  ag__sse_free(&x.sse_p);
+  free(x.body);
+  return rc;
+}
+
+static const ag_provider_vtable openai_vtable = {
+    sizeof(ag_provider_vtable), "openai", http_complete, http_destroy};
+static const ag_provider_vtable anthropic_vtable = {
+    sizeof(ag_provider_vtable), "anthropic", http_complete, http_destroy};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc = CURLE_OK;
+static void curl_init(void) {
+  /* Never cleaned up: curl_global_cleanup is not safe while another part
+   * of the program may use curl, and the process exit reclaims it. */
+  curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+AG_EXTERN void ag_http_provider_opts_init(ag_http_provider_opts *o) {
+  if (o == NULL)
+    return;
+  memset(o, 0, sizeof(*o));
+  o->size = sizeof(*o);
+  o->kind = "openai";
+  o->connect_timeout_ms = 10000;
+  o->idle_timeout_ms = 120000;
+  o->stream = true;
+  o->temperature = -1;
+  o->parallel_tool_calls = true;
+}
+
+static bool header_ok(const char *h) {
+  const char *colon = strchr(h, ':');
+  if (colon == NULL || colon == h)
+    return false;
+  for (const char *c = h; *c; c++)
+    if (*c == '\r' || *c == '\n')
+      return false;
+  for (const char *c = h; c < colon; c++)
+    if (!(isalnum((unsigned char)*c) || *c == '-' || *c == '_'))
+      return false;
+  return true;
+}
+
+static bool add_header(struct curl_slist **l, const char *h) {
+  struct curl_slist *n = curl_slist_append(*l, h);
+  if (n == NULL)
+    return false;
+  *l = n;
+  return true;
+}
+
+AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
+                                        const ag_http_provider_opts *o,
+                                        ag_error_t *err) {
+  if (out != NULL)
+    *out = NULL;
+  if (out == NULL || o == NULL)
+    return ag__set_error(err, AG_EINVAL, -1, "ag_provider_http_new: %s is NULL",
+                         out == NULL ? "out" : "opts");
+  if (o->size != sizeof(ag_http_provider_opts))
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "ag_provider_http_new: opts.size is %zu, expected "
+                         "%zu (call ag_http_provider_opts_init)",
+                         o->size, sizeof(ag_http_provider_opts));
+  ag__wire_kind wire;
+  const char *kind = o->kind != NULL ? o->kind : "openai";
+  if (strcmp(kind, "openai") == 0)
+    wire = AG__WIRE_OPENAI;
+  else if (strcmp(kind, "anthropic") == 0)
+    wire = AG__WIRE_ANTHROPIC;
+  else
+    return ag__set_error(err, AG_ECONFIG, -1,
+                         "provider.kind: \"%.40s\" is not a provider kind "
+                         "(openai, anthropic)",
+                         kind);
+  if (o->model == NULL || o->model[0] == '\0')
+    return ag__set_error(err, AG_ECONFIG, -1,
+                         "provider.model: missing; name the model to use "
+                         "(or set AGENTGUARD_MODEL)");
+  if (o->timeout_ms < 0 || o->connect_timeout_ms < 0 ||
+      o->idle_timeout_ms < 0 || o->timeout_ms > LONG_MAX ||
+      o->connect_timeout_ms > LONG_MAX)
+    return ag__set_error(err, AG_ECONFIG, -1,
+                         "provider: timeouts must be >= 0");
+  if (o->max_tokens < 0)
+    return ag__set_error(err, AG_ECONFIG, -1,
+                         "provider.max_tokens: expected an integer >= 0");
+  if (!isnan(o->temperature) && o->temperature > 2.0)
+    return ag__set_error(err, AG_ECONFIG, -1,
+                         "provider.temperature: expected 0..2");
+  pthread_once(&curl_once, curl_init);
+  if (curl_init_rc != CURLE_OK)
+    return ag__set_error(err, AG_EIO, -1, "libcurl failed to start: %s",
+                         curl_easy_strerror(curl_init_rc));
+
+  http_provider *p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  p->wire = wire;
+  const char *base = o->base_url;
+  if (base == NULL || base[0] == '\0')
+    base = wire == AG__WIRE_OPENAI ? "https://api.openai.com/v1"
+                                   : "https://api.anthropic.com";
+  const char *path =
+      wire == AG__WIRE_OPENAI ? "/chat/completions" : "/v1/messages";
+  size_t bl = strlen(base);
+  while (bl > 0 && base[bl - 1] == '/')
+    bl--;
+  ag_err_t rc = AG_OK;
+  char *ebuf = NULL;
+  if (bl > 4096) {
+    rc = ag__set_error(err, AG_ECONFIG, -1,
+                       "provider.base_url: longer than 4096 bytes");
+    goto fail;
+  }
+  p->url = malloc(bl + strlen(path) + 1);
+  if (p->url == NULL)
+    goto oom;
+  memcpy(p->url, base, bl);
+  strcpy(p->url + bl, path);
+  {
+    CURLU *u = curl_url();
+    if (u == NULL)
+      goto oom;
+    char *scheme = NULL, *host = NULL;
+    CURLUcode uc = curl_url_set(u, CURLUPART_URL, p->url, 0);
+    if (uc == CURLUE_OK)
+      uc = curl_url_get(u, CURLUPART_SCHEME, &scheme, 0);
+    if (uc == CURLUE_OK)
+      uc = curl_url_get(u, CURLUPART_HOST, &host, 0);
+    bool ok = uc == CURLUE_OK &&
+              (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0);
+    if (ok)
+      ag__scopy(p->service, sizeof(p->service), host);
+    curl_free(scheme);
+    curl_free(host);
+    curl_url_cleanup(u);
+    if (!ok) {
+      rc = ag__set_error(err, AG_ECONFIG, -1,
+                         "provider.base_url: \"%.200s\" is not an http:// or "
+                         "https:// URL",
+                         base);
+      goto fail;
+    }
+  }
+  const char *env = o->api_key_env;
+  if (env == NULL)
+    env = wire == AG__WIRE_OPENAI ? "OPENAI_API_KEY" : "ANTHROPIC_API_KEY";
+  p->key_env = dupz(env);
+  p->model = dupz(o->model);
+  if (p->key_env == NULL || p->model == NULL)
+    goto oom;
+  if (env[0] != '\0') {
+    const char *k = getenv(env);
+    if (k != NULL && k[0] != '\0') {
+      for (const char *c = k; *c; c++)
+        if ((unsigned char)*c < 0x20) {
+          rc = ag__set_error(err, AG_ECONFIG, -1,
+                             "the environment variable %.60s holds a control "
+                             "character: not an API key",
+                             env);
+          goto fail;
+        }
+      p->api_key = dupz(k);
+      if (p->api_key == NULL)
+        goto oom;
+    }
+  }
+  if (o->extra_body_json != NULL) {
+    json_error_t je;
+    p->extra = json_loads(o->extra_body_json, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(p->extra)) {
+      rc = ag__set_error(err, AG_ECONFIG, p->extra == NULL ? je.position : -1,
+                         "provider.extra_body: %s",
+                         p->extra == NULL ? je.text : "expected an object");
+      goto fail;
+    }
+  }
+  p->wopts.model = p->model;
+  p->wopts.stream = o->stream;
+  p->wopts.temperature = o->temperature;
+  p->wopts.max_tokens = o->max_tokens;
+  p->wopts.parallel_tool_calls = o->parallel_tool_calls;
+  p->wopts.extra_body = p->extra;
+  p->timeout_ms = o->timeout_ms;
+  p->connect_timeout_ms = o->connect_timeout_ms;
+  p->idle_timeout_ms = o->idle_timeout_ms;
+
+  /* Headers: ours first, then the user's. */
+  if (!add_header(&p->headers, "Content-Type: application/json") ||
+      !add_header(&p->headers, o->stream ? "Accept: text/event-stream"
+                                         : "Accept: application/json") ||
+      !add_header(&p->headers, "Expect:"))
+    goto oom;
+  if (wire == AG__WIRE_ANTHROPIC &&
+      !add_header(&p->headers, "anthropic-version: 2023-06-01"))
+    goto oom;
+  if (p->api_key != NULL) {
+    size_t kl = strlen(p->api_key);
+    ebuf = malloc(kl + 32);
+    if (ebuf == NULL)
+      goto oom;
+    snprintf(ebuf, kl + 32, "%s%s",
+             wire == AG__WIRE_OPENAI ? "Authorization: Bearer " : "x-api-key: ",
+             p->api_key);
+    bool ok = add_header(&p->headers, ebuf);
+    memset(ebuf, 0, kl + 32);
+    free(ebuf);
+    ebuf = NULL;
+    if (!ok)
+      goto oom;
+  }
+  for (size_t i = 0; o->headers != NULL && o->headers[i] != NULL; i++) {
+    if (!header_ok(o->headers[i])) {
+      /* Only the name: the value may be a secret. */
+      const char *colon = strchr(o->headers[i], ':');
+      int nl = colon != NULL ? (int)(colon - o->headers[i]) : 0;
+      rc = ag__set_error(err, AG_ECONFIG, -1,
+                         "provider.headers[%zu]: expected \"Name: value\" "
+                         "with a token name and no line break (name \"%.*s\")",
+                         i, nl > 60 ? 60 : nl, o->headers[i]);
+      goto fail;
+    }
+    if (!add_header(&p->headers, o->headers[i]))
+      goto oom;
+  }
+  p->easy = curl_easy_init();
+  p->multi = curl_multi_init();
+  if (p->easy == NULL || p->multi == NULL)
+    goto oom;
+  return ag_provider_new(
+      out, wire == AG__WIRE_OPENAI ? &openai_vtable : &anthropic_vtable, p,
+      err);
+oom:
+  rc = ag__set_error(err, AG_ENOMEM, -1, "out of memory creating a provider");
+fail:
+  http_destroy(p);
+  return rc;
+}
