@@ -21,6 +21,7 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    {"run", cli_run, "run a guarded agent against a real model, in a workdir"},
     {"simulate", cli_simulate,
      "run a scenario (scripted model and tools) through the guarded loop"},
     {"audit", cli_audit,

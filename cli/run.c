@@ -1,0 +1,615 @@
+/*
+ * cli/run.c - `agentguard run [TASK]`: a real guarded agent on the command
+ * line. A model server (OpenAI-compatible or Anthropic, docs/providers.md),
+ * the built-in tools confined to a workdir (docs/tools.md), user tools from
+ * a tools file, and the guard of the chosen preset around the loop.
+ *
+ * With TASK: one turn, then exit with DESIGN.md's code for it. Without: an
+ * interactive session on the terminal - a prompt, the history kept across
+ * turns; Ctrl-C cancels the turn in progress (a second one forces its tools
+ * down), not the session; Ctrl-D or "exit" ends it.
+ *
+ * Approvals and escalations are asked on the terminal (/dev/tty). Without
+ * one they are refused, saying how to allow them (--yes, or
+ * errors.on_trip "stop"). Streamed text is written to stdout as it arrives;
+ * the timeline (calls, results, nudges, stops) goes to stderr.
+ *
+ * Configuration: --config FILE is one JSON document: the guard's sections
+ * (ag_config_parse) and "provider" (ag_provider_config_from_json); the
+ * flags override both. network.timeout is the provider's total request
+ * timeout unless provider.timeout is given.
+ */
+#define _DEFAULT_SOURCE /* realpath */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "scenario.h"
+#include "timeline.h"
+
+#define TASK_MAX (1u << 20)       /* bytes of a task or a typed line */
+#define CONFIG_MAX (1u << 20)     /* bytes of --config */
+#define TOOLS_FILE_MAX (1u << 20) /* bytes of --tools */
+
+static const char system_prompt_fmt[] =
+    "You are a careful software agent working in the directory %s. Use the "
+    "tools to read, search and change files there; paths are relative to "
+    "that directory and cannot leave it. Work step by step, check the "
+    "results of your tool calls, and when the task is done answer with a "
+    "short summary of what you did.";
+
+typedef struct run_args {
+  const char *task;
+  const char *workdir;
+  const char *provider;
+  const char *model;
+  const char *base_url;
+  const char *preset;
+  const char *config;
+  const char *events;
+  const char *tools;
+  bool yes, allow_commands, quiet;
+} run_args;
+
+typedef struct run_ctx {
+  FILE *events;
+  bool events_failed;
+  int events_errno;
+  cli_timeline *timeline;
+  json_t *turn_end;
+  FILE *tty; /* the terminal for questions, or NULL */
+  bool yes;
+  bool streamed_text; /* text went to stdout in this turn */
+} run_ctx;
+
+static void usage(FILE *f) {
+  fputs(
+      "usage: agentguard run [options] [TASK]\n"
+      "\n"
+      "Runs a guarded agent against a real model: OpenAI-compatible servers\n"
+      "(OpenAI, Azure, Ollama, vLLM, llama.cpp, ...) or Anthropic. With TASK,\n"
+      "one turn; without, an interactive session (Ctrl-C cancels the turn,\n"
+      "Ctrl-D ends the session). See docs/run.md.\n"
+      "\n"
+      "options:\n"
+      "  --workdir DIR      the directory the built-in tools work in "
+      "(default: .)\n"
+      "  --provider KIND    openai (default) or anthropic\n"
+      "  --model M          the model (or AGENTGUARD_MODEL, provider.model)\n"
+      "  --base-url URL     the server (or AGENTGUARD_BASE_URL, "
+      "provider.base_url)\n"
+      "  --preset NAME      the guard's preset (default: default)\n"
+      "  --config FILE      guard keys and a \"provider\" section (JSON)\n"
+      "  --tools FILE       more tools, in the scenario's TOOL format\n"
+      "  --events PATH      every event as JSON Lines ('-': stdout)\n"
+      "  --allow-commands   offer run_command (asks before each run)\n"
+      "  --yes, -y          approve every call without asking\n"
+      "  --quiet, -q        no timeline on stderr\n"
+      "  --help, -h         this help\n"
+      "\n"
+      "The API key comes from OPENAI_API_KEY or ANTHROPIC_API_KEY (or the\n"
+      "variable provider.api_key_env names); never from a file.\n"
+      "Exit codes: 0 completed; 3 stopped or escalated; 4 timed out or\n"
+      "cancelled; 1 any other failure; 2 invalid input (nothing ran).\n",
+      f);
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+  fputs("agentguard run: ", stderr);
+  fprintf(stderr, fmt, arg);
+  fputs("\n\n", stderr);
+  usage(stderr);
+  return AG_EXIT_USAGE;
+}
+
+/* Returns -1 when parsed, else the exit code (help or a usage error). */
+static int parse_args(int argc, char **argv, run_args *a) {
+  memset(a, 0, sizeof *a);
+  bool options = true;
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    if (options && arg[0] == '-' && arg[1] != '\0') {
+      if (strcmp(arg, "--") == 0) {
+        options = false;
+        continue;
+      }
+      if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+        usage(stdout);
+        return AG_EXIT_OK;
+      }
+      if (strcmp(arg, "--yes") == 0 || strcmp(arg, "-y") == 0) {
+        a->yes = true;
+        continue;
+      }
+      if (strcmp(arg, "--allow-commands") == 0) {
+        a->allow_commands = true;
+        continue;
+      }
+      if (strcmp(arg, "--quiet") == 0 || strcmp(arg, "-q") == 0) {
+        a->quiet = true;
+        continue;
+      }
+      static const char *const with_value[] = {
+          "--workdir", "--provider", "--model",  "--base-url",
+          "--preset",  "--config",   "--events", "--tools"};
+      const char **slot[] = {&a->workdir,  &a->provider, &a->model,
+                             &a->base_url, &a->preset,   &a->config,
+                             &a->events,   &a->tools};
+      size_t n_opts = sizeof(with_value) / sizeof(with_value[0]);
+      bool known = false;
+      for (size_t k = 0; k < n_opts && !known; k++) {
+        size_t n = strlen(with_value[k]);
+        if (strncmp(arg, with_value[k], n) != 0 ||
+            (arg[n] != '\0' && arg[n] != '='))
+          continue;
+        known = true;
+        const char *value;
+        if (arg[n] == '=') {
+          value = arg + n + 1;
+        } else {
+          if (i + 1 >= argc)
+            return usage_error("option '%s' needs a value", arg);
+          value = argv[++i];
+        }
+        if (value[0] == '\0')
+          return usage_error("option '%s' needs a non-empty value",
+                             with_value[k]);
+        if (*slot[k] != NULL)
+          return usage_error("option '%s' given twice", with_value[k]);
+        *slot[k] = value;
+      }
+      if (!known)
+        return usage_error("unknown option '%s'", arg);
+      continue;
+    }
+    if (a->task != NULL)
+      return usage_error("one TASK only (quote it; got also '%s')", arg);
+    a->task = arg;
+  }
+  if (a->task != NULL && strlen(a->task) > TASK_MAX)
+    return usage_error("%s", "TASK is longer than 1 MiB");
+  return -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Signals: the first cancels the turn, the second forces its tools down    */
+/* ------------------------------------------------------------------------ */
+
+static ag_cancel *volatile g_turn;
+static volatile sig_atomic_t g_signals;
+
+static void on_signal(int sig) {
+  (void)sig;
+  ag_cancel *c = g_turn;
+  g_signals = g_signals + 1;
+  if (c == NULL)
+    return;
+  if (g_signals == 1)
+    ag_cancel_cancel(c, AG_CANCEL_USER);
+  else
+    ag_cancel_force(c);
+}
+
+static void set_handlers(bool on) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on ? on_signal : SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGTERM);
+  sigaddset(&sa.sa_mask, SIGHUP);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+  struct sigaction ign;
+  memset(&ign, 0, sizeof ign);
+  ign.sa_handler = on ? SIG_IGN : SIG_DFL;
+  sigemptyset(&ign.sa_mask);
+  sigaction(SIGPIPE, &ign, NULL);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Events, streamed text, questions                                         */
+/* ------------------------------------------------------------------------ */
+
+static void on_event(void *user, const json_t *ev) {
+  run_ctx *R = user;
+  if (R->events != NULL && !R->events_failed) {
+    errno = 0;
+    if (json_dumpf(ev, R->events, JSON_COMPACT) != 0 ||
+        fputc('\n', R->events) == EOF || fflush(R->events) != 0) {
+      R->events_failed = true;
+      R->events_errno = errno ? errno : EIO;
+    }
+  }
+  const char *name = json_string_value(json_object_get(ev, "event"));
+  if (R->streamed_text && name != NULL && strcmp(name, "model_response") == 0) {
+    fputc('\n', stdout); /* end the streamed line before the timeline */
+    fflush(stdout);
+    R->streamed_text = false;
+  }
+  if (R->timeline != NULL)
+    cli_timeline_event(R->timeline, ev);
+  if (name != NULL && strcmp(name, "turn_end") == 0) {
+    json_decref(R->turn_end);
+    R->turn_end = json_incref((json_t *)ev);
+  }
+}
+
+static int on_delta(void *user, const char *text, size_t len) {
+  run_ctx *R = user;
+  fwrite(text, 1, len, stdout);
+  fflush(stdout);
+  R->streamed_text = len > 0;
+  return 0;
+}
+
+/* Reads one answer line from the terminal into buf (cap bytes). */
+static bool ask(run_ctx *R, const char *question, char *buf, size_t cap) {
+  fputs(question, R->tty);
+  fflush(R->tty);
+  if (fgets(buf, (int)cap, R->tty) == NULL)
+    return false;
+  buf[strcspn(buf, "\r\n")] = '\0';
+  return true;
+}
+
+static ag_approval approve(void *user, const char *tool, const char *args,
+                           size_t args_len, char *reason, size_t reason_cap) {
+  run_ctx *R = user;
+  if (R->yes)
+    return AG_APPROVE_ONCE;
+  if (R->tty == NULL) {
+    snprintf(reason, reason_cap,
+             "no terminal to ask the user; rerun agentguard with --yes to "
+             "allow such calls");
+    return AG_APPROVE_DENY;
+  }
+  fprintf(R->tty, "\n%s wants to run: ", tool);
+  cli_put_oneline(R->tty, args, args_len, 400);
+  char line[64];
+  if (!ask(R, "\nAllow? [y]es, [a]lways for this tool, [N]o: ", line,
+           sizeof line))
+    line[0] = '\0';
+  if (line[0] == 'y' || line[0] == 'Y')
+    return AG_APPROVE_ONCE;
+  if (line[0] == 'a' || line[0] == 'A')
+    return AG_APPROVE_SESSION;
+  snprintf(reason, reason_cap, "the user said no");
+  return AG_APPROVE_DENY;
+}
+
+static ag_human_action human(void *user, const char *record, char *hint,
+                             size_t hint_cap) {
+  run_ctx *R = user;
+  if (R->tty == NULL)
+    return AG_HUMAN_STOP; /* the turn ends escalated, the record printed */
+  fputs("\nThe guard asks you to decide: ", R->tty);
+  cli_put_oneline(R->tty, record, strlen(record), 600);
+  char line[64];
+  if (!ask(R, "\nContinue? [c]ontinue, [S]top: ", line, sizeof line) ||
+      (line[0] != 'c' && line[0] != 'C'))
+    return AG_HUMAN_STOP;
+  if (!ask(R, "A hint for the model (Enter for none): ", hint, hint_cap))
+    hint[0] = '\0';
+  return AG_HUMAN_CONTINUE;
+}
+
+static int exit_code(ag_turn_status s) {
+  switch (s) {
+  case AG_TURN_COMPLETED:
+    return AG_EXIT_OK;
+  case AG_TURN_STOPPED:
+  case AG_TURN_ESCALATED:
+    return AG_EXIT_STOPPED;
+  case AG_TURN_TIMED_OUT:
+  case AG_TURN_CANCELLED:
+    return AG_EXIT_TIMEOUT;
+  case AG_TURN_FAILED:
+    return AG_EXIT_FAILURE;
+  }
+  return AG_EXIT_FAILURE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Setting up                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct setup {
+  ag_config cfg;
+  ag_provider_config *pcfg;
+  ag_provider *provider;
+  ag_registry *reg;
+  char *system_prompt;
+} setup;
+
+static void setup_free(setup *S) {
+  ag_provider_free(S->provider);
+  ag_provider_config_free(S->pcfg);
+  ag_registry_free(S->reg);
+  free(S->system_prompt);
+}
+
+/* The guard's config and the provider section. 0, or an exit code. The
+ * --preset flag wins over the file's "preset"; the file's keys go on top. */
+static int load_config(const run_args *a, setup *S) {
+  ag_error_t err;
+  json_t *root = NULL;
+  if (a->config != NULL) {
+    char *buf = NULL, msg[256];
+    size_t len = 0;
+    if (cli_read_file(a->config, CONFIG_MAX, &buf, &len, msg, sizeof msg) !=
+        0) {
+      fprintf(stderr, "agentguard run: --config %s: %s\n", a->config, msg);
+      return AG_EXIT_USAGE;
+    }
+    /* checked whole first: its errors name line and column */
+    if (ag_config_parse(&S->cfg, buf, len, &err) != AG_OK) {
+      fprintf(stderr, "%s: %s\n", a->config, err.msg);
+      free(buf);
+      return AG_EXIT_USAGE;
+    }
+    root = json_loadb(buf, len, 0, NULL);
+    free(buf);
+    if (root == NULL) {
+      fprintf(stderr, "agentguard run: out of memory\n");
+      return AG_EXIT_FAILURE;
+    }
+  } else {
+    root = json_object();
+  }
+  int rc = 0;
+  if (a->preset != NULL)
+    json_object_set_new(root, "preset", json_string(a->preset));
+  char *text = json_dumps(root, JSON_COMPACT);
+  if (text == NULL) {
+    rc = AG_EXIT_FAILURE;
+  } else if (ag_config_parse(&S->cfg, text, strlen(text), &err) != AG_OK) {
+    fprintf(stderr, "agentguard run: %s\n", err.msg);
+    rc = AG_EXIT_USAGE;
+  } else {
+    json_t *section = json_object_get(root, "provider");
+    ag_err_t pr = section != NULL
+                      ? ag_provider_config_from_json(&S->pcfg, section, &err)
+                      : ag_provider_config_parse(&S->pcfg, "{}", 2, &err);
+    if (pr != AG_OK) {
+      fprintf(stderr, "%s: %s\n", a->config != NULL ? a->config : "provider",
+              err.msg);
+      rc = AG_EXIT_USAGE;
+    }
+  }
+  free(text);
+  json_decref(root);
+  return rc;
+}
+
+/* The provider from the config section and the flags. */
+static int make_provider(const run_args *a, setup *S) {
+  bool timeout_set = false;
+  ag_http_provider_opts o = *ag_provider_config_opts(S->pcfg, &timeout_set);
+  if (a->provider != NULL) {
+    if (strcmp(a->provider, "openai") != 0 &&
+        strcmp(a->provider, "anthropic") != 0) {
+      fprintf(stderr,
+              "agentguard run: --provider %s: unknown kind (openai or "
+              "anthropic)\n",
+              a->provider);
+      return AG_EXIT_USAGE;
+    }
+    o.kind = a->provider;
+  }
+  if (a->model != NULL)
+    o.model = a->model;
+  if (a->base_url != NULL)
+    o.base_url = a->base_url;
+  if (o.model == NULL || o.model[0] == '\0') {
+    fprintf(stderr, "agentguard run: no model: give --model, set "
+                    "AGENTGUARD_MODEL, or provider.model in --config\n");
+    return AG_EXIT_USAGE;
+  }
+  /* network.timeout is the whole request's limit unless the provider
+   * section gives its own */
+  if (!timeout_set)
+    o.timeout_ms = S->cfg.network.timeout_ms;
+  o.parallel_tool_calls = S->cfg.loop.parallel;
+  ag_error_t err;
+  if (ag_provider_http_new(&S->provider, &o, &err) != AG_OK) {
+    fprintf(stderr, "agentguard run: provider: %s\n", err.msg);
+    return AG_EXIT_USAGE;
+  }
+  return 0;
+}
+
+static int make_tools(const run_args *a, setup *S) {
+  ag_error_t err;
+  if (ag_registry_new(&S->reg, &err) != AG_OK) {
+    fprintf(stderr, "agentguard run: %s\n", err.msg);
+    return AG_EXIT_FAILURE;
+  }
+  ag_builtin_opts bo;
+  ag_builtin_opts_init(&bo);
+  bo.workdir = a->workdir != NULL ? a->workdir : ".";
+  bo.allow_commands = a->allow_commands;
+  bo.yes = a->yes;
+  if (ag_builtin_register(S->reg, &bo, &err) != AG_OK) {
+    fprintf(stderr, "agentguard run: --workdir %s: %s\n", bo.workdir, err.msg);
+    return AG_EXIT_USAGE;
+  }
+  if (a->tools != NULL) {
+    char *buf = NULL, msg[256];
+    size_t len = 0;
+    if (cli_read_file(a->tools, TOOLS_FILE_MAX, &buf, &len, msg, sizeof msg) !=
+        0) {
+      fprintf(stderr, "agentguard run: --tools %s: %s\n", a->tools, msg);
+      return AG_EXIT_USAGE;
+    }
+    ag_err_t rc = ag_tools_file_load(S->reg, buf, len, &err);
+    free(buf);
+    if (rc != AG_OK) {
+      fprintf(stderr, "%s: %s\n", a->tools, err.msg);
+      return AG_EXIT_USAGE;
+    }
+  }
+  char dir[4096];
+  const char *wd = a->workdir != NULL ? a->workdir : ".";
+  char *real = realpath(wd, dir);
+  size_t n = sizeof(system_prompt_fmt) + strlen(real ? real : wd);
+  S->system_prompt = malloc(n);
+  if (S->system_prompt == NULL)
+    return AG_EXIT_FAILURE;
+  snprintf(S->system_prompt, n, system_prompt_fmt, real ? real : wd);
+  return 0;
+}
+
+static FILE *open_events(const char *path) {
+  if (strcmp(path, "-") == 0)
+    return stdout;
+  int fd;
+  do
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  while (fd < 0 && errno == EINTR);
+  return fd < 0 ? NULL : fdopen(fd, "w");
+}
+
+/* One turn with a fresh caller token (a cancel ends this turn only). */
+static int one_turn(ag_agent *agent, const char *task, run_ctx *R, bool quiet) {
+  ag_cancel *turn = NULL;
+  ag_error_t err;
+  if (ag_cancel_new(&turn, NULL, INT64_MAX, AG_CANCEL_DEADLINE, &err) !=
+      AG_OK) {
+    fprintf(stderr, "agentguard run: %s\n", err.msg);
+    return AG_EXIT_FAILURE;
+  }
+  g_signals = 0;
+  g_turn = turn;
+  ag_turn_outcome o;
+  memset(&o, 0, sizeof o);
+  json_decref(R->turn_end);
+  R->turn_end = NULL;
+  R->streamed_text = false;
+  ag_err_t e = ag_agent_run_turn(agent, task, turn, &o, &err);
+  g_turn = NULL;
+  int rc;
+  if (e != AG_OK && e != AG_ENOMEM) {
+    fprintf(stderr, "agentguard run: %s\n",
+            err.msg[0] ? err.msg : ag_strerror(e));
+    rc = AG_EXIT_FAILURE;
+  } else {
+    if (R->streamed_text)
+      fputc('\n', stdout);
+    if (R->timeline == NULL && !quiet)
+      cli_outcome_line(stderr, 1, &o, R->turn_end);
+    /* the answer on stdout when it was not streamed there */
+    if (o.status == AG_TURN_COMPLETED && o.final_text != NULL &&
+        R->timeline != NULL && !R->streamed_text)
+      printf("%s\n", o.final_text);
+    rc = exit_code(o.status);
+  }
+  fflush(stdout);
+  ag_turn_outcome_clear(&o);
+  ag_cancel_free(turn);
+  return rc;
+}
+
+int cli_run(int argc, char **argv) {
+  run_args a;
+  int rc = parse_args(argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  setup S;
+  memset(&S, 0, sizeof S);
+  if ((rc = load_config(&a, &S)) != 0 || (rc = make_provider(&a, &S)) != 0 ||
+      (rc = make_tools(&a, &S)) != 0) {
+    setup_free(&S);
+    return rc;
+  }
+
+  run_ctx R;
+  memset(&R, 0, sizeof R);
+  R.yes = a.yes;
+  R.tty = fopen("/dev/tty", "r+");
+  if (a.events != NULL && (R.events = open_events(a.events)) == NULL) {
+    fprintf(stderr, "agentguard run: --events %s: cannot open: %s\n", a.events,
+            strerror(errno));
+    setup_free(&S);
+    if (R.tty != NULL)
+      fclose(R.tty);
+    return AG_EXIT_USAGE;
+  }
+  if (!a.quiet)
+    R.timeline = cli_timeline_new(stderr, isatty(STDERR_FILENO) &&
+                                              getenv("NO_COLOR") == NULL);
+
+  ag_agent_opts ao;
+  ag_agent_opts_init(&ao);
+  ao.config = S.cfg;
+  ao.provider = S.provider;
+  ao.tools = S.reg;
+  ao.system_prompt = S.system_prompt;
+  ao.approve = approve;
+  ao.approve_user = &R;
+  ao.human = human;
+  ao.human_user = &R;
+  ao.on_event = on_event;
+  ao.event_user = &R;
+  ao.on_delta = on_delta;
+  ao.delta_user = &R;
+  ag_agent *agent = NULL;
+  ag_error_t err;
+  if (ag_agent_new(&agent, &ao, &err) != AG_OK) {
+    fprintf(stderr, "agentguard run: %s\n", err.msg);
+    rc = AG_EXIT_USAGE;
+  } else if (a.task != NULL) {
+    set_handlers(true);
+    rc = one_turn(agent, a.task, &R, a.quiet);
+    set_handlers(false);
+  } else if (R.tty == NULL || !isatty(STDIN_FILENO)) {
+    fprintf(stderr, "agentguard run: no TASK and no terminal for an "
+                    "interactive session: give the task as an argument\n");
+    rc = AG_EXIT_USAGE;
+  } else {
+    /* the interactive session */
+    rc = AG_EXIT_OK;
+    char *line = malloc(TASK_MAX + 2);
+    while (line != NULL) {
+      fputs("\nagentguard> ", stderr);
+      fflush(stderr);
+      if (fgets(line, TASK_MAX + 2, stdin) == NULL)
+        break; /* Ctrl-D */
+      line[strcspn(line, "\r\n")] = '\0';
+      if (strcmp(line, "exit") == 0 || strcmp(line, "quit") == 0)
+        break;
+      if (line[0] == '\0')
+        continue;
+      set_handlers(true);
+      rc = one_turn(agent, line, &R, a.quiet);
+      set_handlers(false);
+    }
+    free(line);
+  }
+
+  ag_agent_free(agent);
+  cli_timeline_free(R.timeline);
+  json_decref(R.turn_end);
+  if (R.tty != NULL)
+    fclose(R.tty);
+  if (R.events != NULL && R.events != stdout && fclose(R.events) != 0 &&
+      !R.events_failed) {
+    R.events_failed = true;
+    R.events_errno = errno;
+  }
+  if (R.events_failed) {
+    fprintf(stderr, "agentguard run: cannot write events to %s: %s\n", a.events,
+            strerror(R.events_errno));
+    if (rc != AG_EXIT_USAGE)
+      rc = AG_EXIT_FAILURE;
+  }
+  setup_free(&S);
+  return rc;
+}

@@ -1,0 +1,337 @@
+/*
+ * tests/runtime/test_run.c - `agentguard run` end to end: the built program
+ * against a fake OpenAI-compatible server on 127.0.0.1 (libmicrohttpd, in
+ * this process), with the built-in tools in a temporary workdir.
+ *
+ * The server answers request k with reply k of the script (the last one
+ * repeats) and keeps what the client sent. Covered: a task that writes a
+ * file with the built-in tools and finishes (exit 0); a looping model the
+ * guard stops (exit 3); escapes from the workdir refused; the API key in no
+ * output; bad invocations refused before anything runs (exit 2).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "agentguard.h"
+
+#define BIN AG_BINARY_DIR "/agentguard"
+#define KEY "sk-run-test-KEY-0123456789abcdef"
+
+/* ---- the fake server ---------------------------------------------------- */
+
+#define MAX_REPLIES 8
+
+static struct {
+  struct MHD_Daemon *d;
+  int port;
+  pthread_mutex_t mu;
+  const char *replies[MAX_REPLIES];
+  int n_replies;
+  int n_requests;
+  char *bodies; /* every request body, concatenated */
+  size_t bodies_len;
+} F;
+
+typedef struct upload {
+  char *body;
+  size_t len;
+} upload;
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
+                               const char *url, const char *method,
+                               const char *version, const char *data,
+                               size_t *data_size, void **con_cls) {
+  (void)cls;
+  (void)url;
+  (void)method;
+  (void)version;
+  upload *u = *con_cls;
+  if (u == NULL) {
+    *con_cls = calloc(1, sizeof(upload));
+    return MHD_YES;
+  }
+  if (*data_size > 0) {
+    u->body = realloc(u->body, u->len + *data_size + 1);
+    memcpy(u->body + u->len, data, *data_size);
+    u->len += *data_size;
+    u->body[u->len] = '\0';
+    *data_size = 0;
+    return MHD_YES;
+  }
+  pthread_mutex_lock(&F.mu);
+  int k = F.n_requests++;
+  F.bodies = realloc(F.bodies, F.bodies_len + u->len + 2);
+  memcpy(F.bodies + F.bodies_len, u->body != NULL ? u->body : "", u->len);
+  F.bodies_len += u->len;
+  F.bodies[F.bodies_len++] = '\n';
+  F.bodies[F.bodies_len] = '\0';
+  const char *reply = F.replies[k < F.n_replies ? k : F.n_replies - 1];
+  pthread_mutex_unlock(&F.mu);
+  struct MHD_Response *r = MHD_create_response_from_buffer(
+      strlen(reply), (void *)reply, MHD_RESPMEM_MUST_COPY);
+  MHD_add_response_header(r, "Content-Type", "application/json");
+  enum MHD_Result ret = MHD_queue_response(c, 200, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+  (void)cls;
+  (void)c;
+  (void)toe;
+  upload *u = *con_cls;
+  if (u != NULL) {
+    free(u->body);
+    free(u);
+  }
+  *con_cls = NULL;
+}
+
+static char workdir[256];
+
+static void start(void) {
+  memset(&F, 0, sizeof(F));
+  pthread_mutex_init(&F.mu, NULL);
+  F.d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL,
+      NULL, handler, NULL, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+      MHD_OPTION_END);
+  cr_assert_not_null(F.d, "the fake server did not start");
+  F.port = MHD_get_daemon_info(F.d, MHD_DAEMON_INFO_BIND_PORT)->port;
+  snprintf(workdir, sizeof(workdir), "/tmp/ag-run-XXXXXX");
+  cr_assert_not_null(mkdtemp(workdir));
+}
+
+static void stop(void) {
+  MHD_stop_daemon(F.d);
+  free(F.bodies);
+  pthread_mutex_destroy(&F.mu);
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", workdir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", workdir);
+}
+
+TestSuite(run, .init = start, .fini = stop, .timeout = 60);
+
+/* ---- running the program ------------------------------------------------ */
+
+typedef struct result {
+  int status;
+  char *out, *err, *events;
+} result;
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return strdup("");
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  size_t got = fread(s, 1, (size_t)n, f);
+  s[got] = '\0';
+  fclose(f);
+  return s;
+}
+
+/* Runs `agentguard run` with `extra` args (NULL-terminated) and TASK, with
+ * the server's URL, a non-streaming config and the key in the
+ * environment. */
+static result run_task(const char *const *extra, const char *task) {
+  char url[64], cfg[320], ev[320], out[320], errp[320];
+  snprintf(url, sizeof(url), "http://127.0.0.1:%d/v1", F.port);
+  snprintf(cfg, sizeof(cfg), "%s.config.json", workdir);
+  snprintf(ev, sizeof(ev), "%s.events.jsonl", workdir);
+  snprintf(out, sizeof(out), "%s.out", workdir);
+  snprintf(errp, sizeof(errp), "%s.err", workdir);
+  FILE *f = fopen(cfg, "w");
+  cr_assert_not_null(f);
+  fputs("{\"provider\": {\"stream\": false}}", f);
+  fclose(f);
+  const char *argv[32];
+  size_t n = 0;
+  argv[n++] = BIN;
+  argv[n++] = "run";
+  argv[n++] = "--model";
+  argv[n++] = "fake-model";
+  argv[n++] = "--base-url";
+  argv[n++] = url;
+  argv[n++] = "--workdir";
+  argv[n++] = workdir;
+  argv[n++] = "--config";
+  argv[n++] = cfg;
+  argv[n++] = "--events";
+  argv[n++] = ev;
+  for (size_t i = 0; extra != NULL && extra[i] != NULL && n < 28; i++)
+    argv[n++] = extra[i];
+  if (task != NULL)
+    argv[n++] = task;
+  argv[n] = NULL;
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int in = open("/dev/null", O_RDONLY);
+    dup2(in, 0);
+    dup2(o, 1);
+    dup2(e, 2);
+    setsid(); /* no controlling terminal: approvals cannot be asked */
+    setenv("OPENAI_API_KEY", KEY, 1);
+    setenv("NO_PROXY", "127.0.0.1", 1);
+    unsetenv("AGENTGUARD_MODEL");
+    unsetenv("AGENTGUARD_BASE_URL");
+    execv(BIN, (char *const *)argv);
+    _exit(127);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  result r;
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.out = slurp(out);
+  r.err = slurp(errp);
+  r.events = slurp(ev);
+  for (const char *m = "ERROR: AddressSanitizer"; m != NULL; m = NULL)
+    cr_assert(strstr(r.err, m) == NULL, "%s", r.err);
+  return r;
+}
+
+static void result_free(result *r) {
+  free(r->out);
+  free(r->err);
+  free(r->events);
+}
+
+static void no_key_anywhere(const result *r) {
+  cr_assert(strstr(r->out, KEY) == NULL);
+  cr_assert(strstr(r->err, KEY) == NULL);
+  cr_assert(strstr(r->events, KEY) == NULL);
+}
+
+#define CALL_REPLY(name, args_json)                                            \
+  "{\"id\":\"x\",\"object\":\"chat.completion\",\"created\":1,\"model\":"      \
+  "\"fake-model\",\"choices\":[{\"index\":0,\"message\":{\"role\":"            \
+  "\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"    \
+  "\"function\",\"function\":{\"name\":\"" name "\",\"arguments\":" args_json  \
+  "}}]},\"finish_reason\":\"tool_calls\"}],\"usage\":{\"prompt_tokens\":"      \
+  "100,\"completion_tokens\":10,\"total_tokens\":110}}"
+#define TEXT_REPLY(text)                                                       \
+  "{\"id\":\"y\",\"object\":\"chat.completion\",\"created\":1,\"model\":"      \
+  "\"fake-model\",\"choices\":[{\"index\":0,\"message\":{\"role\":"            \
+  "\"assistant\",\"content\":\"" text "\"},\"finish_reason\":\"stop\"}],"      \
+  "\"usage\":{\"prompt_tokens\":120,\"completion_tokens\":5,"                  \
+  "\"total_tokens\":125}}"
+
+/* ---- the tests ---------------------------------------------------------- */
+
+Test(run, a_task_with_the_built_in_tools_completes) {
+  F.replies[0] = CALL_REPLY(
+      "write_file", "\"{\\\"path\\\":\\\"notes/hello.txt\\\",\\\"content\\\":"
+                    "\\\"hello from the model\\\"}\"");
+  F.replies[1] =
+      CALL_REPLY("read_file", "\"{\\\"path\\\":\\\"notes/hello.txt\\\"}\"");
+  F.replies[2] = TEXT_REPLY("I wrote notes/hello.txt.");
+  F.n_replies = 3;
+  result r = run_task(NULL, "Write hello into notes/hello.txt");
+  cr_assert_eq(r.status, 0, "exit %d\nstderr: %s", r.status, r.err);
+  char path[400];
+  snprintf(path, sizeof(path), "%s/notes/hello.txt", workdir);
+  char *content = slurp(path);
+  cr_assert_str_eq(content, "hello from the model");
+  free(content);
+  cr_assert(strstr(r.out, "I wrote notes/hello.txt.") != NULL, "%s", r.out);
+  cr_assert_eq(F.n_requests, 3);
+  /* what the model saw: the tools offered, the read's result */
+  cr_assert(strstr(F.bodies, "\"read_file\"") != NULL);
+  cr_assert(strstr(F.bodies, "hello from the model") != NULL);
+  cr_assert(strstr(r.events, "\"turn_end\"") != NULL);
+  cr_assert(strstr(r.events, "\"tokens\":345") != NULL, "%s", r.events);
+  no_key_anywhere(&r);
+  result_free(&r);
+}
+
+Test(run, a_looping_model_is_stopped) {
+  F.replies[0] =
+      CALL_REPLY("list_dir", "\"{\\\"path\\\":\\\".\\\"}\""); /* forever */
+  F.n_replies = 1;
+  result r = run_task(NULL, "List the files");
+  cr_assert_eq(r.status, 3, "exit %d\nstderr: %s", r.status, r.err);
+  cr_assert(strstr(r.events, "\"reason\":\"identical_calls\"") != NULL ||
+                strstr(r.events, "\"reason\":\"repeated_results\"") != NULL,
+            "%s", r.events);
+  cr_assert_leq(F.n_requests, 6, "stopped early: %d requests", F.n_requests);
+  no_key_anywhere(&r);
+  result_free(&r);
+}
+
+Test(run, escapes_from_the_workdir_are_refused) {
+  F.replies[0] =
+      CALL_REPLY("read_file", "\"{\\\"path\\\":\\\"../../etc/passwd\\\"}\"");
+  F.replies[1] =
+      CALL_REPLY("read_file", "\"{\\\"path\\\":\\\"/etc/passwd\\\"}\"");
+  F.replies[2] = TEXT_REPLY("I cannot read it.");
+  F.n_replies = 3;
+  result r = run_task(NULL, "Read /etc/passwd");
+  cr_assert_eq(r.status, 0, "exit %d\nstderr: %s", r.status, r.err);
+  cr_assert(strstr(r.events, "escapes the workdir") != NULL, "%s", r.events);
+  cr_assert(strstr(F.bodies, "root:x:0:0") == NULL, "a file outside leaked");
+  cr_assert(strstr(r.events, "root:x:0:0") == NULL);
+  result_free(&r);
+}
+
+Test(run, commands_need_approval_and_there_is_no_terminal) {
+  F.replies[0] =
+      CALL_REPLY("run_command", "\"{\\\"command\\\":\\\"touch ran.txt\\\"}\"");
+  F.replies[1] = TEXT_REPLY("It was not allowed.");
+  F.n_replies = 2;
+  const char *const extra[] = {"--allow-commands", NULL};
+  result r = run_task(extra, "Touch a file");
+  cr_assert_eq(r.status, 0, "exit %d\nstderr: %s", r.status, r.err);
+  cr_assert(strstr(r.events, "--yes") != NULL, "%s", r.events);
+  char path[400];
+  snprintf(path, sizeof(path), "%s/ran.txt", workdir);
+  cr_assert_neq(access(path, F_OK), 0, "the command ran without approval");
+  result_free(&r);
+  /* with --yes it runs */
+  F.n_requests = 0;
+  const char *const yes[] = {"--allow-commands", "--yes", NULL};
+  r = run_task(yes, "Touch a file");
+  cr_assert_eq(r.status, 0, "exit %d\nstderr: %s", r.status, r.err);
+  cr_assert_eq(access(path, F_OK), 0, "the approved command did not run");
+  result_free(&r);
+}
+
+Test(run, bad_invocations_run_nothing) {
+  F.replies[0] = TEXT_REPLY("never");
+  F.n_replies = 1;
+  const char *const bad_kind[] = {"--provider", "gemini", NULL};
+  result r = run_task(bad_kind, "x");
+  cr_assert_eq(r.status, 2);
+  cr_assert(strstr(r.err, "--provider gemini: unknown kind") != NULL, "%s",
+            r.err);
+  result_free(&r);
+  const char *const bad_preset[] = {"--preset", "defualt", NULL};
+  r = run_task(bad_preset, "x");
+  cr_assert_eq(r.status, 2);
+  cr_assert(strstr(r.err, "did you mean default") != NULL, "%s", r.err);
+  result_free(&r);
+  r = run_task(NULL, NULL); /* no task, no terminal */
+  cr_assert_eq(r.status, 2);
+  cr_assert(strstr(r.err, "no TASK and no terminal") != NULL, "%s", r.err);
+  result_free(&r);
+  cr_assert_eq(F.n_requests, 0, "a bad invocation reached the model");
+}
