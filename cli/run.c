@@ -54,6 +54,7 @@ typedef struct run_args {
   const char *config;
   const char *events;
   const char *tools;
+  const char *events_detail;
   bool yes, allow_commands, quiet;
 } run_args;
 
@@ -88,6 +89,9 @@ static void usage(FILE *f) {
       "  --config FILE      guard keys and a \"provider\" section (JSON)\n"
       "  --tools FILE       more tools, in the scenario's TOOL format\n"
       "  --events PATH      every event as JSON Lines ('-': stdout)\n"
+      "  --events-detail counts|full\n"
+      "                     full: model_request events carry the messages "
+      "sent\n"
       "  --allow-commands   offer run_command (asks before each run)\n"
       "  --yes, -y          approve every call without asking\n"
       "  --quiet, -q        no timeline on stderr\n"
@@ -136,11 +140,11 @@ static int parse_args(int argc, char **argv, run_args *a) {
         continue;
       }
       static const char *const with_value[] = {
-          "--workdir", "--provider", "--model",  "--base-url",
-          "--preset",  "--config",   "--events", "--tools"};
+          "--workdir", "--provider", "--model", "--base-url",     "--preset",
+          "--config",  "--events",   "--tools", "--events-detail"};
       const char **slot[] = {&a->workdir,  &a->provider, &a->model,
                              &a->base_url, &a->preset,   &a->config,
-                             &a->events,   &a->tools};
+                             &a->events,   &a->tools,    &a->events_detail};
       size_t n_opts = sizeof(with_value) / sizeof(with_value[0]);
       bool known = false;
       for (size_t k = 0; k < n_opts && !known; k++) {
@@ -174,6 +178,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
   }
   if (a->task != NULL && strlen(a->task) > TASK_MAX)
     return usage_error("%s", "TASK is longer than 1 MiB");
+  if (a->events_detail != NULL && strcmp(a->events_detail, "counts") != 0 &&
+      strcmp(a->events_detail, "full") != 0)
+    return usage_error("--events-detail %s: expected counts or full",
+                       a->events_detail);
   return -1;
 }
 
@@ -560,6 +568,8 @@ int cli_run(int argc, char **argv) {
   ao.event_user = &R;
   ao.on_delta = on_delta;
   ao.delta_user = &R;
+  ao.events_full =
+      a.events_detail != NULL && strcmp(a.events_detail, "full") == 0;
   ag_agent *agent = NULL;
   ag_error_t err;
   if (ag_agent_new(&agent, &ao, &err) != AG_OK) {

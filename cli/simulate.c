@@ -71,6 +71,9 @@ static void usage(FILE *f) {
       "  --config FILE    config keys applied on top of the scenario's\n"
       "  --events PATH    write every event as JSON Lines to PATH "
       "('-': stdout)\n"
+      "  --events-detail counts|full\n"
+      "                   full: model_request events carry the messages "
+      "sent\n"
       "  --check          compare each turn with its \"expect\"; exit 0 "
       "when all match,\n"
       "                   1 when any does not\n"
@@ -365,6 +368,7 @@ typedef struct sim_args {
   const char *preset;
   const char *config;
   const char *events;
+  const char *events_detail;
   bool check, quiet, timeline;
 } sim_args;
 
@@ -396,10 +400,11 @@ static int parse_args(int argc, char **argv, sim_args *a) {
         continue;
       }
       static const char *const with_value[] = {"--preset", "--config",
-                                               "--events"};
-      const char **slot[] = {&a->preset, &a->config, &a->events};
+                                               "--events", "--events-detail"};
+      const char **slot[] = {&a->preset, &a->config, &a->events,
+                             &a->events_detail};
       bool known = false;
-      for (size_t k = 0; k < 3 && !known; k++) {
+      for (size_t k = 0; k < 4 && !known; k++) {
         size_t n = strlen(with_value[k]);
         if (strncmp(arg, with_value[k], n) != 0 ||
             (arg[n] != '\0' && arg[n] != '='))
@@ -430,6 +435,10 @@ static int parse_args(int argc, char **argv, sim_args *a) {
   }
   if (a->file == NULL)
     return usage_error("%s", "a scenario FILE is required");
+  if (a->events_detail != NULL && strcmp(a->events_detail, "counts") != 0 &&
+      strcmp(a->events_detail, "full") != 0)
+    return usage_error("--events-detail %s: expected counts or full",
+                       a->events_detail);
   return -1;
 }
 
@@ -539,6 +548,8 @@ int cli_simulate(int argc, char **argv) {
   ao.on_event = on_event;
   ao.event_user = &S;
   ao.seed = 1; /* reproducible retry jitter */
+  ao.events_full =
+      a.events_detail != NULL && strcmp(a.events_detail, "full") == 0;
   cli_scenario_callbacks(sc, &ao);
   ag_err_t e = ag_agent_new(&agent, &ao, &err);
   if (e != AG_OK) {

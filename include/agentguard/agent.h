@@ -102,6 +102,8 @@ typedef struct ag_agent_opts {
                                oldest turns are dropped first, never the
                                system prompt or the current turn */
   uint64_t seed;            /* jitter of retries; 0: from the clock */
+  bool events_full;         /* model_request events carry the messages
+                               sent (redacted), not only their count */
 } ag_agent_opts;
 
 /* Fills `o` with the defaults: the `default` preset, no tools, no

@@ -232,10 +232,50 @@ void ag__ev_turn_start(ag__events *ev, const char *user) {
   ag__ev_emit(ev, "turn_start", f);
 }
 
-void ag__ev_model_request(ag__events *ev) {
+/* A copy of `v` with every string redacted (full model_request events). */
+static json_t *redact_tree(const ag__events *ev, const json_t *v) {
+  if (json_is_string(v))
+    return rtext(ev, json_string_value(v), json_string_length(v));
+  if (json_is_array(v)) {
+    json_t *a = json_array();
+    for (size_t i = 0; a != NULL && i < json_array_size(v); i++)
+      if (json_array_append_new(a, redact_tree(ev, json_array_get(v, i))) != 0)
+        break;
+    return a;
+  }
+  if (json_is_object(v)) {
+    json_t *o = json_object();
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)v, k, x) {
+      if (o == NULL || json_object_set_new(o, k, redact_tree(ev, x)) != 0)
+        break;
+    }
+    return o;
+  }
+  return json_deep_copy(v);
+}
+
+void ag__ev_model_request(ag__events *ev, const json_t *messages,
+                          const char *const *tools, size_t n_tools,
+                          bool error_context, size_t history_bytes, bool full) {
   if (ev->fn == NULL)
     return;
-  ag__ev_emit(ev, "model_request", NULL);
+  json_t *f = json_object();
+  if (f != NULL) {
+    json_object_set_new(
+        f, "messages",
+        full ? redact_tree(ev, messages)
+             : json_integer((json_int_t)json_array_size(messages)));
+    json_object_set_new(f, "history_bytes",
+                        json_integer((json_int_t)history_bytes));
+    json_object_set_new(f, "error_context", json_boolean(error_context));
+    json_t *names = json_array();
+    for (size_t i = 0; names != NULL && i < n_tools; i++)
+      json_array_append_new(names, text0(ev, tools[i]));
+    json_object_set_new(f, "tools", names);
+  }
+  ag__ev_emit(ev, "model_request", f);
 }
 
 void ag__ev_provider_retry(ag__events *ev, int attempt, int status,

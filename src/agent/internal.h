@@ -61,7 +61,13 @@ json_t *ag__json_text(const char *text, size_t len);
 void ag__ev_emit(ag__events *ev, const char *name, json_t *fields);
 
 void ag__ev_turn_start(ag__events *ev, const char *user);
-void ag__ev_model_request(ag__events *ev);
+/* The request about to be made: the message count (or, with `full`, the
+ * messages themselves, redacted), the history's size, whether the
+ * ephemeral error context is in it, and the tools offered (none on the
+ * wrap-up request). */
+void ag__ev_model_request(ag__events *ev, const json_t *messages,
+                          const char *const *tools, size_t n_tools,
+                          bool error_context, size_t history_bytes, bool full);
 void ag__ev_provider_retry(ag__events *ev, int attempt, int status,
                            const char *message, int64_t delay_ms);
 void ag__ev_model_response(ag__events *ev, const ag_reply *r);

@@ -81,7 +81,8 @@ struct ag_agent {
   ag_delta_fn on_delta; /* streaming text of model replies, or NULL */
   void *delta_user;
   size_t max_history_bytes;
-  uint64_t rng; /* xorshift64* state for network retry jitter */
+  bool events_full; /* model_request events carry the messages */
+  uint64_t rng;     /* xorshift64* state for network retry jitter */
 
   ag_guard *guard;
   ag_scheduler *sched;
@@ -253,6 +254,7 @@ AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
   a->delta_user = opts->delta_user;
   a->max_history_bytes = opts->max_history_bytes > 0 ? opts->max_history_bytes
                                                      : DEFAULT_HISTORY_BYTES;
+  a->events_full = opts->events_full;
   a->rng = opts->seed != 0 ? opts->seed
                            : (uint64_t)ag_now_ms() * 0x9E3779B97F4A7C15ull;
   if (a->rng == 0)
@@ -871,6 +873,9 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
   }
   ag_request req = {msgs, tools, a->turn, t->iterations};
   t->streamed = t->content_stop = false;
+  ag__ev_model_request(&a->ev, msgs, tools != NULL ? t->tool_names : NULL,
+                       tools != NULL ? t->n_tools : 0, with_ectx,
+                       a->stored_bytes + a->turn_bytes, a->events_full);
   t->stream_len = 0;
 
   int64_t first = ag_now_ms();
@@ -1436,7 +1441,6 @@ static void wrap_up(turn_ctx *t, const ag_verdict *v) {
   ag_agent *a = t->a;
   t->iterations++;
   ag__ev_position(&a->ev, a->turn, t->iterations);
-  ag__ev_model_request(&a->ev);
   ag_reply reply;
   memset(&reply, 0, sizeof(reply));
   /* No error context: its instructions ask for tool calls, and none are
@@ -1517,7 +1521,6 @@ static void iterate(turn_ctx *t) {
     }
     t->iterations++;
     ag__ev_position(&a->ev, a->turn, t->iterations);
-    ag__ev_model_request(&a->ev);
 
     ag_reply reply;
     memset(&reply, 0, sizeof(reply));

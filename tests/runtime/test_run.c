@@ -246,7 +246,8 @@ Test(run, a_task_with_the_built_in_tools_completes) {
       CALL_REPLY("read_file", "\"{\\\"path\\\":\\\"notes/hello.txt\\\"}\"");
   F.replies[2] = TEXT_REPLY("I wrote notes/hello.txt.");
   F.n_replies = 3;
-  result r = run_task(NULL, "Write hello into notes/hello.txt");
+  const char *const full[] = {"--events-detail", "full", NULL};
+  result r = run_task(full, "Write hello into notes/hello.txt");
   cr_assert_eq(r.status, 0, "exit %d\nstderr: %s", r.status, r.err);
   char path[400];
   snprintf(path, sizeof(path), "%s/notes/hello.txt", workdir);
@@ -260,7 +261,26 @@ Test(run, a_task_with_the_built_in_tools_completes) {
   cr_assert(strstr(F.bodies, "hello from the model") != NULL);
   cr_assert(strstr(r.events, "\"turn_end\"") != NULL);
   cr_assert(strstr(r.events, "\"tokens\":345") != NULL, "%s", r.events);
+  /* what the model saw, in the events (--events-detail full): the messages
+   * sent and the tools offered */
+  cr_assert(strstr(r.events, "\"messages\":[{\"role\":\"system\"") != NULL,
+            "%s", r.events);
+  cr_assert(strstr(r.events, "\"tools\":[\"read_file\"") != NULL ||
+                strstr(r.events, "\"read_file\",") != NULL,
+            "%s", r.events);
   no_key_anywhere(&r);
+  result_free(&r);
+}
+
+Test(run, model_requests_carry_counts_by_default) {
+  F.replies[0] = TEXT_REPLY("Hello.");
+  F.n_replies = 1;
+  result r = run_task(NULL, "Say hello");
+  cr_assert_eq(r.status, 0, "exit %d\nstderr: %s", r.status, r.err);
+  cr_assert(strstr(r.events, "\"messages\":2,") != NULL, "%s", r.events);
+  cr_assert(strstr(r.events, "Say hello\"") == NULL ||
+                strstr(r.events, "\"turn_start\"") != NULL,
+            "%s", r.events);
   result_free(&r);
 }
 
