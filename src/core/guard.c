@@ -886,14 +886,19 @@ static int repeat_count(ag_guard *g, const uint8_t key[AG_SIG_LEN],
   uint32_t h;
   memcpy(&h, key, sizeof(h));
   repeat_slot *r = NULL, *victim = NULL;
+  /* Slots only empty at a turn's start, and a pair goes into the first
+   * empty slot of its window: an empty slot ends the search. */
   for (unsigned k = 0; k < REPEAT_PROBE; k++) {
     repeat_slot *c = &g->repeat[(h + k) % REPEAT_SLOTS];
-    if (c->count > 0 && memcmp(c->key, key, REPEAT_KEY) == 0) {
+    if (c->count == 0) {
+      victim = c;
+      break;
+    }
+    if (memcmp(c->key, key, REPEAT_KEY) == 0) {
       r = c;
       break;
     }
-    if (victim == NULL ||
-        (victim->count > 0 && (c->count == 0 || c->seen < victim->seen)))
+    if (victim == NULL || c->seen < victim->seen)
       victim = c;
   }
   g->repeat_clock++;
