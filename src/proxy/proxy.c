@@ -1,0 +1,1193 @@
+/*
+ * src/proxy/proxy.c - the guard proxy (proxy.h; docs/proxy.md).
+ *
+ * One request, guarded (POST /v1/chat/completions):
+ *   1. the body is read (capped), parsed, and its shape checked (400 in
+ *      OpenAI's error shape otherwise);
+ *   2. the turn (the last user message and everything after it) is parsed
+ *      as a chat transcript by ag_trajectory_parse and replayed through a
+ *      fresh guard with the audit's sequence of calls (replay_turn), then
+ *      the coming model request is counted (ag_guard_begin_iteration);
+ *   3. a stop there is answered without tool calls: directly (a synthetic
+ *      chat.completion whose message says why), or, with
+ *      loop.final_request_without_tools, by the upstream asked without
+ *      tools and told to answer with what it has;
+ *   4. otherwise the body goes upstream unchanged; the reply is read with
+ *      the OpenAI provider's own parser (ag__openai_response) and its tool
+ *      calls checked (ag_guard_check_calls): a stop replaces it, a nudge
+ *      asks the upstream once more with the held-back calls answered by
+ *      the nudge text.
+ * Every stop sets `x-agentguard-stop: REASON` and writes an event.
+ *
+ * Rejected: keeping sessions keyed by conversation. Replaying the turn
+ * costs microseconds (bench/bench_proxy.c) and makes every replica decide
+ * alike behind any load balancer.
+ */
+#include "proxy.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <openssl/crypto.h>
+
+#include "providers/internal.h"
+
+#define NO_TOOL_CALL_TEXT "Your response contained no tool call."
+#define FINAL_INSTRUCTION                                                      \
+  "The tool loop was stopped by agentguard (%s: %s). Do not call tools. "      \
+  "Answer now with what you have: say what you found, what is left, and why "  \
+  "you stopped."
+#define ERR_MSG_MAX 1024
+
+struct ag_proxy {
+  struct MHD_Daemon *d;
+  char *upstream; /* without a trailing slash */
+  bool upstream_v1;
+  ag_config cfg;
+  size_t max_body;
+  char *client_key;
+  FILE *events;
+  pthread_mutex_t ev_mu;
+  int64_t timeout_ms;
+  uint16_t port;
+  atomic_ulong ids;
+};
+
+/* One request being read. */
+typedef struct req_ctx {
+  char *uri; /* as the client sent it: path and query */
+  char *body;
+  size_t len, cap;
+  bool too_big;
+  bool begun; /* the handler has seen the headers */
+} req_ctx;
+
+/* What goes back to the client. */
+typedef struct reply {
+  unsigned status;
+  char *body; /* owned */
+  size_t len;
+  const char *ctype;          /* static */
+  struct curl_slist *headers; /* "Name: value" from the upstream, or NULL */
+  const char *stop;           /* x-agentguard-stop, or NULL */
+} reply;
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static char *dupz(const char *s) {
+  if (s == NULL)
+    return NULL;
+  size_t n = strlen(s);
+  char *d = malloc(n + 1);
+  if (d != NULL)
+    memcpy(d, s, n + 1);
+  return d;
+}
+
+static void set_json(reply *r, unsigned status, json_t *o) {
+  r->status = status;
+  r->ctype = "application/json";
+  r->body = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+  r->len = r->body != NULL ? strlen(r->body) : 0;
+  json_decref(o);
+  if (r->body == NULL) {
+    r->status = 500;
+    r->body = dupz("{\"error\":{\"message\":\"out of memory\",\"type\":"
+                   "\"server_error\",\"code\":\"out_of_memory\"}}");
+    r->len = r->body != NULL ? strlen(r->body) : 0;
+  }
+}
+
+/* An error in OpenAI's shape: {"error":{"message","type","param","code"}}. */
+static void set_error(reply *r, unsigned status, const char *type,
+                      const char *code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 5, 6)))
+#endif
+    ;
+static void set_error(reply *r, unsigned status, const char *type,
+                      const char *code, const char *fmt, ...) {
+  char msg[ERR_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  set_json(r, status,
+           json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg,
+                     "type", type, "param", "code", code));
+}
+
+static void reply_free(reply *r) {
+  free(r->body);
+  curl_slist_free_all(r->headers);
+  memset(r, 0, sizeof(*r));
+}
+
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One event line: {"event":"proxy_decision","ts_ms",...}. Never holds a
+ * header: credentials cannot reach the log. */
+static void event(ag_proxy *p, const char *decision, const char *path,
+                  const ag_verdict *v, const char *detail) {
+  if (p->events == NULL)
+    return;
+  json_t *o =
+      json_pack("{s:s, s:I, s:s, s:s}", "event", "proxy_decision", "ts_ms",
+                (json_int_t)wall_ms(), "decision", decision, "path", path);
+  if (o == NULL)
+    return;
+  if (v != NULL) {
+    json_object_set_new(o, "action",
+                        json_string(v->action == AG_ESCALATE ? "escalate"
+                                    : v->action == AG_NUDGE  ? "nudge"
+                                                             : "stop"));
+    json_object_set_new(o, "reason", json_string(ag_reason_name(v->reason)));
+    json_object_set_new(o, "message", json_string(v->message));
+    if (v->tool[0] != '\0')
+      json_object_set_new(o, "tool", json_string(v->tool));
+  }
+  if (detail != NULL)
+    json_object_set_new(o, "detail", json_string(detail));
+  char *line = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  if (line == NULL)
+    return;
+  pthread_mutex_lock(&p->ev_mu);
+  fputs(line, p->events);
+  fputc('\n', p->events);
+  fflush(p->events);
+  pthread_mutex_unlock(&p->ev_mu);
+  free(line);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The upstream (libcurl)                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct upstream {
+  long status;
+  char *body;
+  size_t len, cap;
+  bool too_big;
+  struct curl_slist *headers; /* the final response's, hop-by-hop removed */
+  CURLcode cc;
+  char errbuf[CURL_ERROR_SIZE];
+} upstream;
+
+static const char *const hop_by_hop[] = {"connection",
+                                         "keep-alive",
+                                         "proxy-authenticate",
+                                         "proxy-authorization",
+                                         "proxy-connection",
+                                         "te",
+                                         "trailer",
+                                         "transfer-encoding",
+                                         "upgrade",
+                                         "host",
+                                         "content-length",
+                                         "expect",
+                                         "accept-encoding",
+                                         "x-agentguard-key"};
+
+static bool is_hop(const char *name, size_t n) {
+  for (size_t i = 0; i < sizeof(hop_by_hop) / sizeof(hop_by_hop[0]); i++)
+    if (strlen(hop_by_hop[i]) == n && strncasecmp(name, hop_by_hop[i], n) == 0)
+      return true;
+  return false;
+}
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *user) {
+  upstream *u = user;
+  size_t n = size * nmemb;
+  if (u->len + n > AG_PROXY_UPSTREAM_MAX) {
+    u->too_big = true;
+    return 0; /* ends the transfer */
+  }
+  if (u->len + n + 1 > u->cap) {
+    size_t cap = u->cap ? u->cap : 4096;
+    while (cap < u->len + n + 1)
+      cap *= 2;
+    char *g = realloc(u->body, cap);
+    if (g == NULL)
+      return 0;
+    u->body = g;
+    u->cap = cap;
+  }
+  memcpy(u->body + u->len, ptr, n);
+  u->len += n;
+  u->body[u->len] = '\0';
+  return n;
+}
+
+static size_t on_header(char *ptr, size_t size, size_t nmemb, void *user) {
+  upstream *u = user;
+  size_t n = size * nmemb;
+  if (n >= 5 && memcmp(ptr, "HTTP/", 5) == 0) {
+    /* a new response (after a 100 Continue): its headers only */
+    curl_slist_free_all(u->headers);
+    u->headers = NULL;
+    return n;
+  }
+  const char *colon = memchr(ptr, ':', n);
+  if (colon == NULL || is_hop(ptr, (size_t)(colon - ptr)))
+    return n;
+  size_t l = n;
+  while (l > 0 && (ptr[l - 1] == '\r' || ptr[l - 1] == '\n'))
+    l--;
+  char line[8192];
+  if (l >= sizeof line)
+    return n; /* an absurd header is dropped, not truncated */
+  memcpy(line, ptr, l);
+  line[l] = '\0';
+  struct curl_slist *s = curl_slist_append(u->headers, line);
+  if (s != NULL)
+    u->headers = s;
+  return n;
+}
+
+typedef struct hdr_walk {
+  struct curl_slist *list;
+  bool failed;
+} hdr_walk;
+
+static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
+                                      const char *key, const char *value) {
+  (void)kind;
+  hdr_walk *w = cls;
+  if (key == NULL || is_hop(key, strlen(key)))
+    return MHD_YES;
+  if (value == NULL)
+    value = "";
+  size_t n = strlen(key) + strlen(value) + 3;
+  char *line = malloc(n);
+  if (line == NULL) {
+    w->failed = true;
+    return MHD_NO;
+  }
+  snprintf(line, n, "%s: %s", key, value);
+  struct curl_slist *s = curl_slist_append(w->list, line);
+  free(line);
+  if (s == NULL) {
+    w->failed = true;
+    return MHD_NO;
+  }
+  w->list = s;
+  return MHD_YES;
+}
+
+/* Sends one request upstream with the client's headers (hop-by-hop ones
+ * removed: credentials go as they came). `json_body`: the body is ours
+ * (rewritten), sent as application/json. */
+static void send_upstream(ag_proxy *p, struct MHD_Connection *c,
+                          const char *method, const char *uri, const char *body,
+                          size_t len, bool json_body, upstream *u) {
+  memset(u, 0, sizeof(*u));
+  u->cc = CURLE_OUT_OF_MEMORY;
+  const char *path = uri;
+  if (p->upstream_v1 && strncmp(path, "/v1/", 4) == 0)
+    path += 3;
+  size_t ul = strlen(p->upstream) + strlen(path) + 1;
+  char *url = malloc(ul);
+  CURL *h = curl_easy_init();
+  hdr_walk w = {NULL, false};
+  MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &w);
+  if (json_body && !w.failed) {
+    struct curl_slist *s = curl_slist_append(w.list, "Content-Type: "
+                                                     "application/json");
+    w.failed = s == NULL;
+    if (s != NULL)
+      w.list = s;
+  }
+  if (!w.failed) {
+    /* no "Expect: 100-continue" wait, no compressed body to read */
+    struct curl_slist *s = curl_slist_append(w.list, "Expect:");
+    w.failed = s == NULL;
+    if (s != NULL)
+      w.list = s;
+  }
+  if (url == NULL || h == NULL || w.failed)
+    goto done;
+  snprintf(url, ul, "%s%s", p->upstream, path);
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)p->timeout_ms);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, w.list);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, u);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, u);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, u->errbuf);
+  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (strcmp(method, "HEAD") == 0) {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  } else {
+    if (len > 0 || strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0 ||
+        strcmp(method, "PATCH") == 0) {
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+      curl_easy_setopt(h, CURLOPT_POSTFIELDS, body != NULL ? body : "");
+    }
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+  }
+  u->cc = curl_easy_perform(h);
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
+done:
+  curl_easy_cleanup(h);
+  curl_slist_free_all(w.list);
+  free(url);
+}
+
+static void upstream_free(upstream *u) {
+  free(u->body);
+  curl_slist_free_all(u->headers);
+  memset(u, 0, sizeof(*u));
+}
+
+/* A failed transfer as a 502, else false. */
+static bool upstream_failed(ag_proxy *p, const upstream *u, reply *r) {
+  if (u->too_big) {
+    set_error(r, 502, "upstream_error", "upstream_too_large",
+              "agentguard proxy: the upstream's response is larger than %u "
+              "bytes",
+              (unsigned)AG_PROXY_UPSTREAM_MAX);
+    return true;
+  }
+  if (u->cc == CURLE_OK)
+    return false;
+  set_error(r, 502, "upstream_error", "upstream_unreachable",
+            "agentguard proxy: the upstream %s did not answer: %s", p->upstream,
+            u->errbuf[0] != '\0' ? u->errbuf : curl_easy_strerror(u->cc));
+  return true;
+}
+
+/* The upstream's answer as it came: status, headers, body. */
+static void pass_back(upstream *u, reply *r) {
+  r->status = (unsigned)u->status;
+  r->body = u->body;
+  r->len = u->len;
+  r->headers = u->headers;
+  r->ctype = NULL;
+  u->body = NULL;
+  u->headers = NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The replay: the turn through a fresh guard, as ag_auditor_run does it    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct replay_ctx {
+  const ag_traj_step *step;
+  ag_category unjudged;
+} replay_ctx;
+
+static int64_t replay_run(void *user, const ag_call *calls,
+                          const ag_call_check *checks, size_t n,
+                          ag_result *results) {
+  (void)calls;
+  const replay_ctx *c = user;
+  for (size_t i = 0; i < n && i < c->step->n_results; i++) {
+    if (checks[i].action != AG_ALLOW || !checks[i].valid)
+      continue;
+    const ag_traj_result *r = &c->step->results[i];
+    results[i].outcome = r->outcome;
+    results[i].text = r->text != NULL ? r->text : "";
+    results[i].text_len = r->text != NULL ? r->text_len : 0;
+    results[i].category =
+        r->category < AG_CAT__COUNT ? r->category : c->unjudged;
+  }
+  return 0;
+}
+
+static bool is_stop(ag_action a) {
+  return a == AG_STOP || a == AG_ESCALATE;
+}
+
+/*
+ * The same sequence of guard calls as the audit's replay (src/core/
+ * audit.c): per step ag_guard_begin_iteration, the reply's tokens, its text
+ * (content loop), then the empty / refused / no-call rules or
+ * ag_guard_run_batch with the recorded results. Untimed: time stands still.
+ * Returns the deciding action (v filled), or -1 when out of memory.
+ */
+static int replay_trajectory(ag_guard *g, const ag_trajectory *t,
+                             ag_verdict *v) {
+  const ag_config *cfg = ag_guard_config(g);
+  const ag_category unjudged =
+      cfg->errors.similar_error_limit > 0 ? AG_CAT__COUNT : AG_CAT_UNKNOWN;
+  ag_call *calls = NULL;
+  ag_call_check *checks = NULL;
+  ag_result *results = NULL;
+  size_t cap = 0;
+  ag_action act = AG_ALLOW;
+  memset(v, 0, sizeof(*v));
+  v->call_index = -1;
+  for (size_t ti = 0; ti < t->n_turns; ti++) {
+    const ag_traj_turn *turn = &t->turns[ti];
+    ag_guard_begin_turn(g, 0);
+    act = AG_ALLOW;
+    for (size_t si = 0; si < turn->n_steps && !is_stop(act); si++) {
+      const ag_traj_step *st = &turn->steps[si];
+      act = ag_guard_begin_iteration(g, 0, v);
+      if (act == AG_ALLOW && st->tokens > 0)
+        ag_guard_record_tokens(g, st->tokens);
+      if (act == AG_ALLOW && st->text != NULL && st->text_len > 0)
+        act = ag_guard_check_text(g, st->text, st->text_len, false, v);
+      if (act == AG_ALLOW && st->no_reply && !st->rejected) {
+        /* only the iteration counted */
+      } else if (act == AG_ALLOW && !st->rejected && st->n_calls == 0 &&
+                 st->text != NULL && st->text_len == 0) {
+        act = ag_guard_record_empty(g, 0, v);
+      } else if (act == AG_ALLOW && (st->rejected || st->n_calls == 0)) {
+        if (st->rejected) {
+          bool has = st->n_results > 0 && st->results[0].text != NULL;
+          act =
+              ag_guard_record_refused(g, has ? st->results[0].text : "",
+                                      has ? st->results[0].text_len : 0, 0, v);
+        } else if (cfg->loop.require_tool_call) {
+          act = ag_guard_record_refused(g, NO_TOOL_CALL_TEXT,
+                                        sizeof(NO_TOOL_CALL_TEXT) - 1, 0, v);
+        }
+      } else if (act == AG_ALLOW) {
+        if (st->n_calls > cap) {
+          free(calls);
+          free(checks);
+          free(results);
+          cap = st->n_calls;
+          calls = malloc(cap * sizeof(*calls));
+          checks = malloc(cap * sizeof(*checks));
+          results = malloc(cap * sizeof(*results));
+          if (calls == NULL || checks == NULL || results == NULL) {
+            free(calls);
+            free(checks);
+            free(results);
+            return -1;
+          }
+        }
+        for (size_t k = 0; k < st->n_calls; k++) {
+          calls[k].name = st->calls[k].name != NULL ? st->calls[k].name : "";
+          calls[k].args = st->calls[k].args;
+          calls[k].args_len = st->calls[k].args_len;
+        }
+        replay_ctx ctx = {st, unjudged};
+        act = ag_guard_run_batch(g, calls, st->n_calls, 0, replay_run, &ctx,
+                                 checks, results, v, NULL);
+      }
+    }
+  }
+  free(calls);
+  free(checks);
+  free(results);
+  return (int)act;
+}
+
+static const char *role_of(const json_t *m) {
+  return json_string_value(json_object_get(m, "role"));
+}
+
+/*
+ * Replays the turn of `msgs` (the last user message and what follows)
+ * through `g`. Returns the action (v filled), or -1 with a 400 message in
+ * `emsg` when the turn cannot be read, or -2 when out of memory.
+ */
+static int replay_turn(ag_guard *g, const json_t *msgs, ag_verdict *v,
+                       char *emsg, size_t cap) {
+  size_t n = json_array_size(msgs), start = 0;
+  for (size_t i = n; i-- > 0;)
+    if (strcmp(role_of(json_array_get(msgs, i)), "user") == 0) {
+      start = i;
+      break;
+    }
+  bool has_steps = false;
+  for (size_t i = start; i < n && !has_steps; i++)
+    has_steps = strcmp(role_of(json_array_get(msgs, i)), "assistant") == 0;
+  memset(v, 0, sizeof(*v));
+  v->call_index = -1;
+  ag_guard_begin_turn(g, 0);
+  if (!has_steps)
+    return AG_ALLOW;
+  json_t *turn = json_array();
+  int rc = -2;
+  if (turn == NULL)
+    return rc;
+  for (size_t i = start; i < n; i++)
+    if (json_array_append(turn, json_array_get(msgs, i)) != 0)
+      goto out;
+  char *text = json_dumps(turn, JSON_COMPACT);
+  if (text == NULL)
+    goto out;
+  ag_traj_opts o;
+  ag_traj_opts_init(&o);
+  o.format = AG_TRAJ_CHAT;
+  ag_trajectory *t = NULL;
+  ag_error_t err;
+  ag_err_t pr = ag_trajectory_parse(&t, text, strlen(text), &o, &err);
+  free(text);
+  if (pr == AG_ENOMEM)
+    goto out;
+  if (pr != AG_OK) {
+    snprintf(emsg, cap,
+             "messages: the turn (messages[%zu..], numbered from there) is not "
+             "a tool conversation agentguard can read: %s",
+             start, err.msg);
+    rc = -1;
+    goto out;
+  }
+  rc = replay_trajectory(g, t, v);
+  if (rc < 0)
+    rc = -2;
+  ag_trajectory_free(t);
+out:
+  json_decref(turn);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Chat Completions                                                         */
+/* ------------------------------------------------------------------------ */
+
+static void stop_text(const ag_verdict *v, char *buf, size_t cap) {
+  if (v->action == AG_ESCALATE)
+    snprintf(buf, cap,
+             "agentguard paused this turn and needs you (%s): %s%s%s Reply to "
+             "say how to go on.",
+             ag_reason_name(v->reason), v->message,
+             v->suggestion != NULL ? " " : "",
+             v->suggestion != NULL ? v->suggestion : "");
+  else
+    snprintf(buf, cap, "agentguard stopped this turn (%s): %s%s%s",
+             ag_reason_name(v->reason), v->message,
+             v->suggestion != NULL ? " " : "",
+             v->suggestion != NULL ? v->suggestion : "");
+}
+
+/* A chat.completion with one assistant message saying why the turn ended. */
+static void set_stop_reply(ag_proxy *p, const json_t *req, const ag_verdict *v,
+                           reply *r) {
+  char text[AG_VERDICT_MSG_MAX * 2 + 128];
+  stop_text(v, text, sizeof text);
+  char id[64];
+  snprintf(id, sizeof id, "chatcmpl-agentguard-%lu",
+           (unsigned long)atomic_fetch_add(&p->ids, 1));
+  const char *model = json_string_value(json_object_get(req, "model"));
+  set_json(r, 200,
+           json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:s}], "
+                     "s:{s:i, s:i, s:i}}",
+                     "id", id, "object", "chat.completion", "created",
+                     (json_int_t)time(NULL), "model",
+                     model != NULL ? model : "agentguard", "choices", "index",
+                     0, "message", "role", "assistant", "content", text,
+                     "finish_reason", "stop", "usage", "prompt_tokens", 0,
+                     "completion_tokens", 0, "total_tokens", 0));
+  if (r->status == 200)
+    r->stop = ag_reason_name(v->reason);
+}
+
+/* A copy of the request (shallow at the top) with tools taken away. */
+static json_t *without_tools(const json_t *req) {
+  json_t *b = json_copy((json_t *)req);
+  if (b == NULL)
+    return NULL;
+  json_object_del(b, "tools");
+  json_object_del(b, "tool_choice");
+  json_object_del(b, "parallel_tool_calls");
+  json_object_del(b, "functions");
+  json_object_del(b, "function_call");
+  return b;
+}
+
+/* The request with `extra` messages appended (new body, caller frees). */
+static char *with_messages(const json_t *body, const json_t *extra,
+                           size_t *len) {
+  json_t *b = json_copy((json_t *)body);
+  json_t *m = b != NULL ? json_copy(json_object_get(b, "messages")) : NULL;
+  char *text = NULL;
+  if (m != NULL && json_array_extend(m, (json_t *)extra) == 0 &&
+      json_object_set_new(b, "messages", m) == 0) {
+    m = NULL;
+    text = json_dumps(b, JSON_COMPACT);
+  }
+  json_decref(m);
+  json_decref(b);
+  if (text != NULL)
+    *len = strlen(text);
+  return text;
+}
+
+/* The upstream's reply read by the OpenAI provider's parser. false with a
+ * 502 in `r` when it is not a Chat Completions response. */
+static bool read_reply(const upstream *u, ag_reply *out, reply *r) {
+  ag_provider_error perr;
+  memset(&perr, 0, sizeof perr);
+  ag__asm a;
+  ag__asm_init(&a, NULL, NULL, &perr, "upstream");
+  ag__openai_response(&a, u->body != NULL ? u->body : "", u->len);
+  ag_err_t rc = a.failed != AG_OK ? a.failed : ag__asm_finish(&a, out);
+  ag__asm_free(&a);
+  if (rc == AG_OK)
+    return true;
+  ag_reply_clear(out);
+  set_error(r, 502, "upstream_error", "upstream_bad_reply",
+            "agentguard proxy: the upstream's reply is not a Chat Completions "
+            "response: %s",
+            rc == AG_EPROVIDER ? perr.message : ag_strerror(rc));
+  return false;
+}
+
+/* The final request without tools: the reply, tool calls stripped. */
+static void final_without_tools(ag_proxy *p, struct MHD_Connection *c,
+                                const char *uri, const json_t *req,
+                                const ag_verdict *v, reply *r) {
+  json_t *b = without_tools(req);
+  char note[AG_VERDICT_MSG_MAX + 256];
+  snprintf(note, sizeof note, FINAL_INSTRUCTION, ag_reason_name(v->reason),
+           v->message);
+  json_t *extra = json_pack("[{s:s, s:s}]", "role", "user", "content", note);
+  size_t len = 0;
+  char *body =
+      b != NULL && extra != NULL ? with_messages(b, extra, &len) : NULL;
+  json_decref(b);
+  json_decref(extra);
+  if (body == NULL) {
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return;
+  }
+  upstream u;
+  send_upstream(p, c, "POST", uri, body, len, true, &u);
+  free(body);
+  if (upstream_failed(p, &u, r)) {
+    upstream_free(&u);
+    return;
+  }
+  if (u.status < 200 || u.status >= 300) {
+    pass_back(&u, r);
+    upstream_free(&u);
+    return;
+  }
+  json_t *j = json_loadb(u.body != NULL ? u.body : "", u.len, 0, NULL);
+  json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+  json_t *m = json_object_get(ch, "message");
+  if (!json_is_object(m)) {
+    json_decref(j);
+    set_error(r, 502, "upstream_error", "upstream_bad_reply",
+              "agentguard proxy: the upstream's reply is not a Chat "
+              "Completions response: choices[0].message is missing");
+    upstream_free(&u);
+    return;
+  }
+  /* A server that ignores the missing tools still gets no call through. */
+  json_object_del(m, "tool_calls");
+  json_object_del(m, "function_call");
+  json_object_set_new(ch, "finish_reason", json_string("stop"));
+  set_json(r, 200, j);
+  upstream_free(&u);
+  if (r->status == 200)
+    r->stop = ag_reason_name(v->reason);
+}
+
+/* Checks a reply: its tokens, text and calls. Returns the action; with
+ * AG_NUDGE, checks[i].action says which calls are held back. */
+static ag_action check_reply(ag_guard *g, const ag_reply *rep,
+                             ag_call_check *checks, ag_verdict *v) {
+  if (rep->has_usage)
+    ag_guard_record_tokens(g, rep->usage.prompt_tokens +
+                                  rep->usage.completion_tokens);
+  ag_action act = AG_ALLOW;
+  if (rep->text != NULL && rep->text[0] != '\0')
+    act = ag_guard_check_text(g, rep->text, strlen(rep->text), false, v);
+  if (act != AG_ALLOW || rep->n_calls == 0)
+    return act;
+  ag_call calls[AG__CALLS_MAX];
+  for (size_t i = 0; i < rep->n_calls; i++) {
+    calls[i].name = rep->calls[i].name != NULL ? rep->calls[i].name : "";
+    calls[i].args = rep->calls[i].arguments;
+    calls[i].args_len = rep->calls[i].arguments_len;
+  }
+  act = ag_guard_check_calls(g, calls, rep->n_calls, 0, checks, v);
+  if (act != AG_ALLOW)
+    return act;
+  for (size_t i = 0; i < rep->n_calls; i++)
+    if (checks[i].action == AG_NUDGE) {
+      v->action = AG_NUDGE;
+      v->reason = checks[i].reason;
+      v->call_index = (int)i;
+      snprintf(v->tool, sizeof v->tool, "%s", calls[i].name);
+      snprintf(v->message, sizeof v->message, "%s", checks[i].message);
+      return AG_NUDGE;
+    }
+  return AG_ALLOW;
+}
+
+/* The messages that answer the held-back calls with their nudge text. */
+static json_t *nudge_messages(const ag_reply *rep,
+                              const ag_call_check *checks) {
+  json_t *tcs = json_array(), *out = json_array();
+  if (tcs == NULL || out == NULL)
+    goto fail;
+  for (size_t i = 0; i < rep->n_calls; i++) {
+    if (checks[i].action != AG_NUDGE)
+      continue;
+    const ag_tool_call *tc = &rep->calls[i];
+    json_t *call = json_pack("{s:s, s:s, s:{s:s, s:s%}}", "id", tc->id, "type",
+                             "function", "function", "name", tc->name,
+                             "arguments", tc->arguments, tc->arguments_len);
+    if (call == NULL || json_array_append_new(tcs, call) != 0)
+      goto fail;
+  }
+  json_t *am = json_pack("{s:s, s:O, s:O}", "role", "assistant", "content",
+                         json_null(), "tool_calls", tcs);
+  if (am == NULL || json_array_append_new(out, am) != 0)
+    goto fail;
+  for (size_t i = 0; i < rep->n_calls; i++) {
+    if (checks[i].action != AG_NUDGE)
+      continue;
+    json_t *tm = json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
+                           rep->calls[i].id, "content", checks[i].message);
+    if (tm == NULL || json_array_append_new(out, tm) != 0)
+      goto fail;
+  }
+  json_decref(tcs);
+  return out;
+fail:
+  json_decref(tcs);
+  json_decref(out);
+  return NULL;
+}
+
+/* Records the nudged batch (nothing ran: every call skipped) so that the
+ * re-asked reply is checked with the nudge already spent. */
+static ag_action record_nudged(ag_guard *g, const ag_reply *rep,
+                               const ag_call_check *checks, ag_verdict *v) {
+  ag_result res[AG__CALLS_MAX];
+  for (size_t i = 0; i < rep->n_calls; i++) {
+    res[i].name = rep->calls[i].name != NULL ? rep->calls[i].name : "";
+    res[i].sig = checks[i].valid ? checks[i].sig : NULL;
+    res[i].outcome = AG_OUTCOME_SKIPPED;
+    res[i].text = checks[i].message;
+    res[i].text_len = strlen(checks[i].message);
+    res[i].category = AG_CAT_UNKNOWN;
+  }
+  ag_action act = ag_guard_record_results(g, res, rep->n_calls, 0, v);
+  if (!is_stop(act))
+    act = ag_guard_begin_iteration(g, 0, v);
+  return act;
+}
+
+static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
+                 const char *path, reply *r) {
+  json_error_t je;
+  json_t *req = json_loadb(q->body != NULL ? q->body : "", q->len, 0, &je);
+  ag_guard *g = NULL;
+  ag_reply rep, rep2;
+  memset(&rep, 0, sizeof rep);
+  memset(&rep2, 0, sizeof rep2);
+  upstream u;
+  memset(&u, 0, sizeof u);
+  if (req == NULL) {
+    set_error(r, 400, "invalid_request_error", "invalid_json",
+              "agentguard proxy: the request body is not JSON: %s (line %d, "
+              "column %d)",
+              je.text, je.line, je.column);
+    return;
+  }
+  json_t *msgs = json_object_get(req, "messages");
+  if (!json_is_object(req) || !json_is_array(msgs) ||
+      json_array_size(msgs) == 0) {
+    set_error(r, 400, "invalid_request_error", "invalid_request",
+              "agentguard proxy: %s",
+              !json_is_object(req) ? "the request body must be a JSON object"
+                                   : "messages: expected a non-empty array");
+    goto out;
+  }
+  size_t i;
+  json_t *m;
+  json_array_foreach(msgs, i, m) {
+    if (!json_is_string(json_object_get(m, "role"))) {
+      set_error(r, 400, "invalid_request_error", "invalid_request",
+                "agentguard proxy: messages[%zu].role: expected a string", i);
+      goto out;
+    }
+  }
+  if (json_is_true(json_object_get(req, "stream"))) {
+    set_error(r, 400, "invalid_request_error", "unsupported_parameter",
+              "agentguard proxy: stream: true is not supported yet; send the "
+              "request without streaming (docs/proxy.md)");
+    goto out;
+  }
+  ag_error_t err;
+  if (ag_guard_new(&g, &p->cfg, NULL, &err) != AG_OK) {
+    set_error(r, 500, "server_error", "guard", "agentguard proxy: %s", err.msg);
+    goto out;
+  }
+  char emsg[ERR_MSG_MAX];
+  ag_verdict v;
+  int act = replay_turn(g, msgs, &v, emsg, sizeof emsg);
+  if (act == -1) {
+    set_error(r, 400, "invalid_request_error", "invalid_request",
+              "agentguard proxy: %s", emsg);
+    goto out;
+  }
+  if (act == -2) {
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    goto out;
+  }
+  if (!is_stop((ag_action)act))
+    act = ag_guard_begin_iteration(g, 0, &v);
+  if (is_stop((ag_action)act)) {
+    bool final = p->cfg.loop.final_request_without_tools && v.action == AG_STOP;
+    event(p, final ? "final_request_without_tools" : "stopped_before_request",
+          path, &v, NULL);
+    if (final)
+      final_without_tools(p, c, q->uri, req, &v, r);
+    else
+      set_stop_reply(p, req, &v, r);
+    goto out;
+  }
+  send_upstream(p, c, "POST", q->uri, q->body, q->len, false, &u);
+  if (upstream_failed(p, &u, r))
+    goto out;
+  if (u.status < 200 || u.status >= 300) {
+    pass_back(&u, r);
+    goto out;
+  }
+  if (!read_reply(&u, &rep, r))
+    goto out;
+  ag_call_check checks[AG__CALLS_MAX];
+  act = check_reply(g, &rep, checks, &v);
+  if (act == AG_ALLOW) {
+    pass_back(&u, r);
+    goto out;
+  }
+  if (is_stop((ag_action)act)) {
+    event(p, "reply_replaced", path, &v, NULL);
+    set_stop_reply(p, req, &v, r);
+    goto out;
+  }
+  /* A nudge: the held-back calls answered by the nudge, asked once more. */
+  event(p, "nudge", path, &v, NULL);
+  json_t *extra = nudge_messages(&rep, checks);
+  size_t len = 0;
+  char *body = extra != NULL ? with_messages(req, extra, &len) : NULL;
+  json_decref(extra);
+  if (body == NULL) {
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    goto out;
+  }
+  act = record_nudged(g, &rep, checks, &v);
+  if (is_stop((ag_action)act)) {
+    free(body);
+    event(p, "reply_replaced", path, &v, NULL);
+    set_stop_reply(p, req, &v, r);
+    goto out;
+  }
+  upstream_free(&u);
+  send_upstream(p, c, "POST", q->uri, body, len, true, &u);
+  free(body);
+  if (upstream_failed(p, &u, r))
+    goto out;
+  if (u.status < 200 || u.status >= 300) {
+    pass_back(&u, r);
+    goto out;
+  }
+  if (!read_reply(&u, &rep2, r))
+    goto out;
+  act = check_reply(g, &rep2, checks, &v);
+  if (act == AG_ALLOW) {
+    pass_back(&u, r);
+    goto out;
+  }
+  /* One nudge per request: a second one stops. */
+  if (act == AG_NUDGE)
+    v.action = AG_STOP;
+  event(p, "reply_replaced", path, &v, NULL);
+  set_stop_reply(p, req, &v, r);
+out:
+  ag_reply_clear(&rep);
+  ag_reply_clear(&rep2);
+  upstream_free(&u);
+  ag_guard_free(g);
+  json_decref(req);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Serving (libmicrohttpd)                                                  */
+/* ------------------------------------------------------------------------ */
+
+static bool guarded_path(const char *path) {
+  return strcmp(path, "/v1/chat/completions") == 0 ||
+         strcmp(path, "/chat/completions") == 0;
+}
+
+static enum MHD_Result send_reply(struct MHD_Connection *c, reply *r) {
+  struct MHD_Response *resp = MHD_create_response_from_buffer(
+      r->len, r->body != NULL ? r->body : (void *)"", MHD_RESPMEM_MUST_COPY);
+  if (resp == NULL)
+    return MHD_NO;
+  for (struct curl_slist *s = r->headers; s != NULL; s = s->next) {
+    char *colon = strchr(s->data, ':');
+    if (colon == NULL)
+      continue;
+    *colon = '\0';
+    const char *val = colon + 1;
+    while (*val == ' ' || *val == '\t')
+      val++;
+    MHD_add_response_header(resp, s->data, val);
+    *colon = ':';
+  }
+  if (r->ctype != NULL)
+    MHD_add_response_header(resp, "Content-Type", r->ctype);
+  if (r->stop != NULL)
+    MHD_add_response_header(resp, "x-agentguard-stop", r->stop);
+  enum MHD_Result ret = MHD_queue_response(c, r->status, resp);
+  MHD_destroy_response(resp);
+  return ret;
+}
+
+static bool key_ok(const ag_proxy *p, struct MHD_Connection *c) {
+  if (p->client_key == NULL)
+    return true;
+  const char *k =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-agentguard-key");
+  size_t n = strlen(p->client_key);
+  return k != NULL && strlen(k) == n && CRYPTO_memcmp(k, p->client_key, n) == 0;
+}
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+  (void)cls;
+  (void)c;
+  req_ctx *q = calloc(1, sizeof(*q));
+  if (q != NULL)
+    q->uri = dupz(uri != NULL ? uri : "/");
+  return q;
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
+                               const char *url, const char *method,
+                               const char *version, const char *upload,
+                               size_t *upload_size, void **con_cls) {
+  (void)version;
+  (void)url;
+  ag_proxy *p = cls;
+  req_ctx *q = *con_cls;
+  if (q == NULL || q->uri == NULL)
+    return MHD_NO; /* out of memory at the start */
+  if (!q->begun) {
+    q->begun = true; /* headers only: the body comes next */
+    return MHD_YES;
+  }
+  if (*upload_size > 0) {
+    size_t n = *upload_size;
+    *upload_size = 0;
+    if (q->too_big || q->len + n > p->max_body) {
+      q->too_big = true;
+      free(q->body);
+      q->body = NULL;
+      q->len = q->cap = 0;
+      return MHD_YES;
+    }
+    if (q->len + n + 1 > q->cap) {
+      size_t cap = q->cap ? q->cap : 8192;
+      while (cap < q->len + n + 1)
+        cap *= 2;
+      char *g = realloc(q->body, cap);
+      if (g == NULL)
+        return MHD_NO;
+      q->body = g;
+      q->cap = cap;
+    }
+    memcpy(q->body + q->len, upload, n);
+    q->len += n;
+    q->body[q->len] = '\0';
+    return MHD_YES;
+  }
+  reply r;
+  memset(&r, 0, sizeof r);
+  char path[2048];
+  size_t pl = strcspn(q->uri, "?");
+  snprintf(path, sizeof path, "%.*s", (int)(pl < sizeof path ? pl : 0), q->uri);
+  if (!key_ok(p, c)) {
+    set_error(&r, 401, "invalid_request_error", "agentguard_key",
+              "agentguard proxy: this proxy needs its client key in the "
+              "x-agentguard-key header");
+  } else if (q->too_big) {
+    set_error(&r, 413, "invalid_request_error", "body_too_large",
+              "agentguard proxy: the request body is larger than %zu bytes "
+              "(--max-body)",
+              p->max_body);
+  } else if (strcmp(method, "POST") == 0 && guarded_path(path)) {
+    chat(p, c, q, path, &r);
+  } else {
+    upstream u;
+    send_upstream(p, c, method, q->uri, q->body, q->len, false, &u);
+    if (!upstream_failed(p, &u, &r))
+      pass_back(&u, &r);
+    upstream_free(&u);
+  }
+  enum MHD_Result ret = send_reply(c, &r);
+  reply_free(&r);
+  return ret;
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+  (void)cls;
+  (void)c;
+  (void)toe;
+  req_ctx *q = *con_cls;
+  if (q != NULL) {
+    free(q->uri);
+    free(q->body);
+    free(q);
+  }
+  *con_cls = NULL;
+}
+
+static void quiet_log(void *cls, const char *fmt, va_list ap) {
+  (void)cls;
+  (void)fmt;
+  (void)ap;
+}
+
+void ag_proxy_opts_init(ag_proxy_opts *o) {
+  memset(o, 0, sizeof(*o));
+  o->listen_host = "127.0.0.1";
+  o->port = 8787;
+  ag_config_preset(&o->cfg, "default", NULL);
+}
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_rc = CURLE_OK;
+static void curl_init(void) {
+  curl_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static ag_err_t fail(ag_error_t *err, ag_err_t code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static ag_err_t fail(ag_error_t *err, ag_err_t code, const char *fmt, ...) {
+  if (err != NULL) {
+    ag_error_clear(err);
+    err->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
+                        ag_error_t *err) {
+  if (out == NULL || o == NULL)
+    return fail(err, AG_EINVAL, "ag_proxy_start: NULL argument");
+  *out = NULL;
+  const char *host = o->listen_host != NULL ? o->listen_host : "127.0.0.1";
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(o->port);
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+    return fail(err, AG_EINVAL,
+                "--listen: '%s' is not an IPv4 address (e.g. 127.0.0.1)", host);
+  bool loopback = (ntohl(sa.sin_addr.s_addr) >> 24) == 127;
+  if (!loopback && (o->client_key == NULL || o->client_key[0] == '\0'))
+    return fail(err, AG_EINVAL,
+                "--listen %s is not a loopback address: give --client-key-env "
+                "NAME (clients then send that key in x-agentguard-key)",
+                host);
+  if (o->upstream == NULL || (strncmp(o->upstream, "http://", 7) != 0 &&
+                              strncmp(o->upstream, "https://", 8) != 0))
+    return fail(err, AG_EINVAL,
+                "--upstream: expected an http:// or https:// URL, got '%s'",
+                o->upstream != NULL ? o->upstream : "(none)");
+  ag_guard *probe = NULL;
+  ag_err_t grc = ag_guard_new(&probe, &o->cfg, NULL, err);
+  ag_guard_free(probe);
+  if (grc != AG_OK)
+    return grc;
+  pthread_once(&curl_once, curl_init);
+  if (curl_rc != CURLE_OK)
+    return fail(err, AG_ENOMEM, "libcurl: %s", curl_easy_strerror(curl_rc));
+  ag_proxy *p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return fail(err, AG_ENOMEM, "out of memory");
+  p->upstream = dupz(o->upstream);
+  p->client_key = o->client_key != NULL ? dupz(o->client_key) : NULL;
+  if (p->upstream == NULL || (o->client_key != NULL && p->client_key == NULL)) {
+    free(p->upstream);
+    free(p->client_key);
+    free(p);
+    return fail(err, AG_ENOMEM, "out of memory");
+  }
+  size_t ul = strlen(p->upstream);
+  while (ul > 0 && p->upstream[ul - 1] == '/')
+    p->upstream[--ul] = '\0';
+  p->upstream_v1 = ul >= 3 && strcmp(p->upstream + ul - 3, "/v1") == 0;
+  p->cfg = o->cfg;
+  p->max_body = o->max_body > 0 ? o->max_body : AG_PROXY_MAX_BODY_DEFAULT;
+  p->events = o->events;
+  p->timeout_ms = o->upstream_timeout_ms > 0 ? o->upstream_timeout_ms : 600000;
+  pthread_mutex_init(&p->ev_mu, NULL);
+  atomic_init(&p->ids, 1);
+  unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections
+                                          : AG_PROXY_MAX_CONNECTIONS;
+  p->d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+          MHD_USE_ERROR_LOG,
+      o->port, NULL, NULL, handler, p, MHD_OPTION_SOCK_ADDR,
+      (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, limit,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_URI_LOG_CALLBACK,
+      on_uri, NULL, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+      MHD_OPTION_EXTERNAL_LOGGER, quiet_log, NULL, MHD_OPTION_END);
+  if (p->d == NULL) {
+    int e = errno;
+    pthread_mutex_destroy(&p->ev_mu);
+    free(p->upstream);
+    free(p->client_key);
+    free(p);
+    return fail(err, AG_EIO, "cannot listen on %s:%u: %s", host,
+                (unsigned)o->port,
+                e != 0 ? strerror(e) : "libmicrohttpd refused to start");
+  }
+  const union MHD_DaemonInfo *info =
+      MHD_get_daemon_info(p->d, MHD_DAEMON_INFO_BIND_PORT);
+  p->port = info != NULL ? info->port : o->port;
+  *out = p;
+  return AG_OK;
+}
+
+uint16_t ag_proxy_port(const ag_proxy *p) {
+  return p != NULL ? p->port : 0;
+}
+
+void ag_proxy_stop(ag_proxy *p) {
+  if (p == NULL)
+    return;
+  MHD_stop_daemon(p->d);
+  pthread_mutex_destroy(&p->ev_mu);
+  if (p->client_key != NULL)
+    OPENSSL_cleanse(p->client_key, strlen(p->client_key));
+  free(p->client_key);
+  free(p->upstream);
+  free(p);
+}

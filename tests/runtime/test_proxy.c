@@ -1,0 +1,659 @@
+/*
+ * test_proxy.c - the guard proxy (src/proxy/) in-process, in front of a
+ * fake upstream (libmicrohttpd, canned replies in order), with libcurl as
+ * the client: every decision path of docs/proxy.md.
+ */
+#include <criterion/criterion.h>
+#include <curl/curl.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "proxy/proxy.h"
+
+/* ------------------------------------------------------------------------ */
+/* The fake upstream                                                        */
+/* ------------------------------------------------------------------------ */
+
+#define MAX_CANNED 16
+#define MAX_SEEN 16
+
+typedef struct canned {
+  int status;
+  char *body;
+} canned;
+
+typedef struct seen {
+  char *url, *body, *auth, *agkey, *query;
+} seen;
+
+static struct {
+  struct MHD_Daemon *d;
+  int port;
+  pthread_mutex_t mu;
+  canned replies[MAX_CANNED];
+  int n_replies, next;
+  seen reqs[MAX_SEEN];
+  int n_reqs;
+} U;
+
+typedef struct conn {
+  char *body;
+  size_t len;
+} conn;
+
+static char *dupz(const char *s) {
+  return s != NULL ? strdup(s) : NULL;
+}
+
+static enum MHD_Result up_handler(void *cls, struct MHD_Connection *c,
+                                  const char *url, const char *method,
+                                  const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+  (void)cls;
+  (void)method;
+  (void)version;
+  conn *k = *con_cls;
+  if (k == NULL) {
+    *con_cls = calloc(1, sizeof(conn));
+    return MHD_YES;
+  }
+  if (*upload_size > 0) {
+    k->body = realloc(k->body, k->len + *upload_size + 1);
+    memcpy(k->body + k->len, upload, *upload_size);
+    k->len += *upload_size;
+    k->body[k->len] = '\0';
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  pthread_mutex_lock(&U.mu);
+  if (U.n_reqs < MAX_SEEN) {
+    seen *s = &U.reqs[U.n_reqs++];
+    s->url = dupz(url);
+    s->body = dupz(k->body != NULL ? k->body : "");
+    s->auth =
+        dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
+    s->agkey = dupz(
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-agentguard-key"));
+    s->query = dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "q"));
+  }
+  canned r = {500, "{\"error\":{\"message\":\"no canned reply left\"}}"};
+  if (U.next < U.n_replies)
+    r = U.replies[U.next++];
+  else if (U.n_replies > 0)
+    r = U.replies[U.n_replies - 1];
+  struct MHD_Response *resp = MHD_create_response_from_buffer(
+      strlen(r.body), r.body, MHD_RESPMEM_MUST_COPY);
+  pthread_mutex_unlock(&U.mu);
+  MHD_add_response_header(resp, "Content-Type", "application/json");
+  MHD_add_response_header(resp, "X-Upstream", "fake");
+  enum MHD_Result ret = MHD_queue_response(c, (unsigned)r.status, resp);
+  MHD_destroy_response(resp);
+  return ret;
+}
+
+static void up_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+  (void)cls;
+  (void)c;
+  (void)toe;
+  conn *k = *con_cls;
+  if (k != NULL) {
+    free(k->body);
+    free(k);
+  }
+  *con_cls = NULL;
+}
+
+static void quiet(void *cls, const char *fmt, va_list ap) {
+  (void)cls;
+  (void)fmt;
+  (void)ap;
+}
+
+static void canned_reset(void) {
+  pthread_mutex_lock(&U.mu);
+  for (int i = 0; i < U.n_replies; i++)
+    free(U.replies[i].body);
+  for (int i = 0; i < U.n_reqs; i++) {
+    free(U.reqs[i].url);
+    free(U.reqs[i].body);
+    free(U.reqs[i].auth);
+    free(U.reqs[i].agkey);
+    free(U.reqs[i].query);
+  }
+  U.n_replies = U.next = U.n_reqs = 0;
+  pthread_mutex_unlock(&U.mu);
+}
+
+static void canned_add(int status, const char *body) {
+  pthread_mutex_lock(&U.mu);
+  cr_assert_lt(U.n_replies, MAX_CANNED);
+  U.replies[U.n_replies].status = status;
+  U.replies[U.n_replies].body = strdup(body);
+  U.n_replies++;
+  pthread_mutex_unlock(&U.mu);
+}
+
+/* A Chat Completions reply with one call, or text when name is NULL. */
+static void canned_call(const char *name, const char *args) {
+  json_t *msg =
+      name != NULL
+          ? json_pack("{s:s, s:n, s:[{s:s, s:s, s:{s:s, s:s}}]}", "role",
+                      "assistant", "content", "tool_calls", "id", "call_up",
+                      "type", "function", "function", "name", name, "arguments",
+                      args)
+          : json_pack("{s:s, s:s}", "role", "assistant", "content", args);
+  json_t *o = json_pack(
+      "{s:s, s:s, s:i, s:s, s:[{s:i, s:o, s:s}], s:{s:i, s:i, s:i}}", "id",
+      "chatcmpl-up", "object", "chat.completion", "created", 1, "model", "m",
+      "choices", "index", 0, "message", msg, "finish_reason",
+      name != NULL ? "tool_calls" : "stop", "usage", "prompt_tokens", 10,
+      "completion_tokens", 5, "total_tokens", 15);
+  char *t = json_dumps(o, JSON_COMPACT);
+  canned_add(200, t);
+  free(t);
+  json_decref(o);
+}
+
+static int n_upstream(void) {
+  pthread_mutex_lock(&U.mu);
+  int n = U.n_reqs;
+  pthread_mutex_unlock(&U.mu);
+  return n;
+}
+
+static void up_start(void) {
+  memset(&U, 0, sizeof U);
+  pthread_mutex_init(&U.mu, NULL);
+  U.d =
+      MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD |
+                           MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
+                       0, NULL, NULL, up_handler, NULL,
+                       MHD_OPTION_NOTIFY_COMPLETED, up_completed, NULL,
+                       MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL, MHD_OPTION_END);
+  cr_assert_not_null(U.d);
+  U.port = MHD_get_daemon_info(U.d, MHD_DAEMON_INFO_BIND_PORT)->port;
+  setenv("NO_PROXY", "127.0.0.1,localhost", 1);
+  setenv("no_proxy", "127.0.0.1,localhost", 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The proxy and the client                                                 */
+/* ------------------------------------------------------------------------ */
+
+static ag_proxy *P;
+static char upstream_url[64];
+
+static ag_config test_cfg(void) {
+  ag_config c;
+  cr_assert_eq(ag_config_preset(&c, "default", NULL), AG_OK);
+  c.loop.identical_call_limit = 3;
+  c.loop.nudge_before_stop = false;
+  c.loop.final_request_without_tools = false;
+  c.errors.max_consecutive_errors = 2;
+  return c;
+}
+
+static ag_proxy *proxy_with(ag_config cfg, size_t max_body, const char *key) {
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = upstream_url;
+  o.cfg = cfg;
+  o.max_body = max_body;
+  o.client_key = key;
+  ag_proxy *p = NULL;
+  ag_error_t err;
+  cr_assert_eq(ag_proxy_start(&p, &o, &err), AG_OK, "%s", err.msg);
+  return p;
+}
+
+static void setup(void) {
+  up_start();
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1", U.port);
+  P = proxy_with(test_cfg(), 0, NULL);
+}
+
+static void teardown(void) {
+  ag_proxy_stop(P);
+  P = NULL;
+  MHD_stop_daemon(U.d);
+  canned_reset();
+  pthread_mutex_destroy(&U.mu);
+}
+
+TestSuite(proxy, .init = setup, .fini = teardown, .timeout = 60);
+
+typedef struct resp {
+  long status;
+  char body[65536];
+  size_t len;
+  char stop[64];
+  char upstream_hdr[32];
+} resp;
+
+static size_t rbody(char *p, size_t s, size_t n, void *u) {
+  resp *r = u;
+  size_t k = s * n;
+  if (r->len + k >= sizeof r->body)
+    return 0;
+  memcpy(r->body + r->len, p, k);
+  r->len += k;
+  r->body[r->len] = '\0';
+  return k;
+}
+
+static size_t rhdr(char *p, size_t s, size_t n, void *u) {
+  resp *r = u;
+  size_t k = s * n;
+  char line[256];
+  snprintf(line, sizeof line, "%.*s", (int)(k < 255 ? k : 255), p);
+  line[strcspn(line, "\r\n")] = '\0';
+  if (strncasecmp(line, "x-agentguard-stop: ", 19) == 0)
+    snprintf(r->stop, sizeof r->stop, "%.63s", line + 19);
+  if (strncasecmp(line, "x-upstream: ", 12) == 0)
+    snprintf(r->upstream_hdr, sizeof r->upstream_hdr, "%.31s", line + 12);
+  return k;
+}
+
+static resp *call(const ag_proxy *p, const char *method, const char *path,
+                  const char *body, const char *extra_header) {
+  resp *r = calloc(1, sizeof *r);
+  char url[256];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u%s", (unsigned)ag_proxy_port(p),
+           path);
+  CURL *h = curl_easy_init();
+  struct curl_slist *hs = curl_slist_append(NULL, "Authorization: Bearer "
+                                                  "sk-client-secret");
+  hs = curl_slist_append(hs, "Content-Type: application/json");
+  if (extra_header != NULL)
+    hs = curl_slist_append(hs, extra_header);
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hs);
+  curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+  if (body != NULL)
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rbody);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, rhdr);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
+  CURLcode cc = curl_easy_perform(h);
+  cr_assert_eq(cc, CURLE_OK, "%s", curl_easy_strerror(cc));
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+  curl_slist_free_all(hs);
+  curl_easy_cleanup(h);
+  return r;
+}
+
+/* A conversation: a user message, then `n` rounds of the call name(args)
+ * answered by `result`; tools offered. Caller frees. */
+static char *conversation(int n, const char *name, const char *args,
+                          const char *result) {
+  json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "system",
+                           "content", "You are helpful.", "role", "user",
+                           "content", "Read the file.");
+  for (int i = 0; i < n; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "call_%d", i);
+    json_array_append_new(
+        msgs,
+        json_pack("{s:s, s:n, s:[{s:s, s:s, s:{s:s, s:s}}]}", "role",
+                  "assistant", "content", "tool_calls", "id", id, "type",
+                  "function", "function", "name", name, "arguments", args));
+    json_array_append_new(msgs,
+                          json_pack("{s:s, s:s, s:s}", "role", "tool",
+                                    "tool_call_id", id, "content", result));
+  }
+  json_t *o =
+      json_pack("{s:s, s:o, s:[{s:s, s:{s:s, s:{s:s}}}]}", "model", "m",
+                "messages", msgs, "tools", "type", "function", "function",
+                "name", name, "parameters", "type", "object");
+  char *t = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  return t;
+}
+
+static json_t *message_of(const resp *r) {
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_assert_not_null(j, "not JSON: %s", r->body);
+  json_t *m = json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                              "message");
+  cr_assert(json_is_object(m), "no message: %s", r->body);
+  json_incref(m);
+  json_decref(j);
+  return m;
+}
+
+static const char *err_code(const resp *r, char *buf, size_t cap) {
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_assert_not_null(j, "not JSON: %s", r->body);
+  json_t *e = json_object_get(j, "error");
+  cr_assert(json_is_string(json_object_get(e, "message")), "%s", r->body);
+  cr_assert(json_is_string(json_object_get(e, "type")), "%s", r->body);
+  snprintf(buf, cap, "%s", json_string_value(json_object_get(e, "code")));
+  json_decref(j);
+  return buf;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tests                                                                    */
+/* ------------------------------------------------------------------------ */
+
+Test(proxy, other_paths_pass_through_with_credentials) {
+  canned_add(200, "{\"object\":\"list\",\"data\":[]}");
+  resp *r = call(P, "GET", "/v1/models?q=a%20b", NULL, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, "{\"object\":\"list\",\"data\":[]}");
+  cr_expect_str_eq(r->upstream_hdr, "fake");
+  cr_expect_str_empty(r->stop);
+  cr_assert_eq(n_upstream(), 1);
+  cr_expect_str_eq(U.reqs[0].url, "/v1/models");
+  cr_expect_str_eq(U.reqs[0].query, "a b");
+  cr_expect_str_eq(U.reqs[0].auth, "Bearer sk-client-secret");
+  free(r);
+}
+
+Test(proxy, allowed_reply_is_forwarded_unchanged) {
+  canned_call("read", "{\"path\":\"b\"}");
+  char *body = conversation(1, "read", "{\"path\":\"a\"}", "text of a");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, U.replies[0].body);
+  cr_expect_str_empty(r->stop);
+  cr_assert_eq(n_upstream(), 1);
+  cr_expect_str_eq(U.reqs[0].body, body, "the body goes upstream as it came");
+  cr_expect_str_eq(U.reqs[0].auth, "Bearer sk-client-secret");
+  free(body);
+  free(r);
+}
+
+Test(proxy, repeated_call_in_reply_is_replaced_by_stop) {
+  /* two identical calls in the history, the reply asks for the third */
+  canned_call("read", "{\"path\":\"a\"}");
+  char *body = conversation(2, "read", "{\"path\":\"a\"}", "text of a");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "identical_calls");
+  json_t *m = message_of(r);
+  cr_expect_null(json_object_get(m, "tool_calls"), "no call reaches the "
+                                                   "client");
+  cr_expect(strstr(json_string_value(json_object_get(m, "content")),
+                   "agentguard stopped this turn (identical_calls)") != NULL,
+            "%s", r->body);
+  json_decref(m);
+  free(body);
+  free(r);
+}
+
+Test(proxy, reordered_keys_are_still_the_same_call) {
+  canned_call("read", "{\"b\":2,\"a\":1}");
+  char *body = conversation(2, "read", "{\"a\":1,\"b\":2}", "same");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_str_eq(r->stop, "identical_calls");
+  free(body);
+  free(r);
+}
+
+Test(proxy, nudge_asks_upstream_again) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.nudge_before_stop = true;
+  P = proxy_with(c, 0, NULL);
+  canned_call("read", "{\"path\":\"a\"}");
+  canned_call(NULL, "The file says: text of a.");
+  char *body = conversation(2, "read", "{\"path\":\"a\"}", "text of a");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_empty(r->stop);
+  cr_expect_str_eq(r->body, U.replies[1].body, "the re-asked reply");
+  cr_assert_eq(n_upstream(), 2);
+  json_t *sent = json_loads(U.reqs[1].body, 0, NULL);
+  json_t *msgs = json_object_get(sent, "messages");
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  cr_expect_str_eq(json_string_value(json_object_get(last, "role")), "tool");
+  cr_expect_str_eq(json_string_value(json_object_get(last, "tool_call_id")),
+                   "call_up");
+  cr_expect(strlen(json_string_value(json_object_get(last, "content"))) > 0);
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, nudge_then_same_call_stops) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.nudge_before_stop = true;
+  P = proxy_with(c, 0, NULL);
+  canned_call("read", "{\"path\":\"a\"}");
+  canned_call("read", "{\"path\":\"a\"}");
+  char *body = conversation(2, "read", "{\"path\":\"a\"}", "text of a");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "identical_calls");
+  cr_expect_eq(n_upstream(), 2);
+  json_t *m = message_of(r);
+  cr_expect_null(json_object_get(m, "tool_calls"));
+  json_decref(m);
+  free(body);
+  free(r);
+}
+
+Test(proxy, replayed_errors_stop_before_forwarding) {
+  /* max_consecutive_errors 2: the third failing iteration stops */
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body =
+      conversation(3, "read", "{\"path\":\"x\"}", "Error: no such file");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 0, "nothing goes upstream");
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  json_t *m = message_of(r);
+  cr_expect(strstr(json_string_value(json_object_get(m, "content")),
+                   "agentguard stopped this turn") != NULL);
+  json_decref(m);
+  free(body);
+  free(r);
+}
+
+Test(proxy, replayed_stop_with_final_request_without_tools) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.final_request_without_tools = true;
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  canned_call(NULL, "I could not read x: it does not exist.");
+  char *body =
+      conversation(3, "read", "{\"path\":\"x\"}", "Error: no such file");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  cr_assert_eq(n_upstream(), 1);
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  cr_expect_null(json_object_get(sent, "tools"), "tools removed");
+  json_t *msgs = json_object_get(sent, "messages");
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  cr_expect(strstr(json_string_value(json_object_get(last, "content")),
+                   "Do not call tools") != NULL);
+  json_decref(sent);
+  json_t *m = message_of(r);
+  cr_expect_str_eq(json_string_value(json_object_get(m, "content")),
+                   "I could not read x: it does not exist.");
+  json_decref(m);
+  free(body);
+  free(r);
+}
+
+Test(proxy, malformed_json_is_400) {
+  resp *r = call(P, "POST", "/v1/chat/completions", "{\"messages\": [", NULL);
+  char code[64];
+  cr_expect_eq(r->status, 400);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "invalid_json");
+  cr_expect_eq(n_upstream(), 0);
+  free(r);
+  r = call(P, "POST", "/v1/chat/completions", "{\"model\":\"m\"}", NULL);
+  cr_expect_eq(r->status, 400);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "invalid_request");
+  cr_expect(strstr(r->body, "messages") != NULL);
+  free(r);
+  /* a tool reply without its call */
+  r = call(P, "POST", "/v1/chat/completions",
+           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+           "{\"role\":\"assistant\",\"content\":\"x\"},"
+           "{\"role\":\"tool\",\"tool_call_id\":\"nope\",\"content\":\"r\"}]}",
+           NULL);
+  cr_expect_eq(r->status, 400);
+  cr_expect(strstr(r->body, "nope") != NULL, "%s", r->body);
+  free(r);
+}
+
+Test(proxy, upstream_errors_pass_through) {
+  canned_add(429, "{\"error\":{\"message\":\"slow down\",\"type\":\"rate\"}}");
+  char *body = conversation(0, "read", "{}", "");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 429);
+  cr_expect_str_eq(r->body,
+                   "{\"error\":{\"message\":\"slow down\",\"type\":\"rate\"}}");
+  free(body);
+  free(r);
+}
+
+Test(proxy, upstream_down_is_502) {
+  ag_proxy_stop(P);
+  MHD_stop_daemon(U.d);
+  U.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+                         up_handler, NULL, MHD_OPTION_END);
+  int port = MHD_get_daemon_info(U.d, MHD_DAEMON_INFO_BIND_PORT)->port;
+  MHD_stop_daemon(U.d); /* the port is now closed */
+  U.d = NULL;
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d", port);
+  P = proxy_with(test_cfg(), 0, NULL);
+  char *body = conversation(0, "read", "{}", "");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  char code[64];
+  cr_expect_eq(r->status, 502);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "upstream_unreachable");
+  cr_expect(strstr(r->body, upstream_url) != NULL, "%s", r->body);
+  free(r);
+  r = call(P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_eq(r->status, 502);
+  free(r);
+  free(body);
+  U.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+                         up_handler, NULL, MHD_OPTION_END);
+}
+
+Test(proxy, body_cap_is_413) {
+  ag_proxy_stop(P);
+  P = proxy_with(test_cfg(), 1024, NULL);
+  char *body = conversation(20, "read", "{\"path\":\"a long path name\"}",
+                            "some result text that takes room");
+  cr_assert_gt(strlen(body), 1024);
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  char code[64];
+  cr_expect_eq(r->status, 413);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "body_too_large");
+  cr_expect_eq(n_upstream(), 0);
+  free(r);
+  free(body);
+}
+
+Test(proxy, client_key_required_and_not_forwarded) {
+  ag_proxy_stop(P);
+  P = proxy_with(test_cfg(), 0, "k3y");
+  canned_add(200, "{}");
+  resp *r = call(P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_eq(r->status, 401);
+  cr_expect_eq(n_upstream(), 0);
+  free(r);
+  r = call(P, "GET", "/v1/models", NULL, "x-agentguard-key: wrong");
+  cr_expect_eq(r->status, 401);
+  free(r);
+  r = call(P, "GET", "/v1/models", NULL, "x-agentguard-key: k3y");
+  cr_expect_eq(r->status, 200);
+  cr_assert_eq(n_upstream(), 1);
+  cr_expect_null(U.reqs[0].agkey, "the proxy's key stays here");
+  free(r);
+}
+
+Test(proxy, other_addresses_need_a_client_key) {
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.listen_host = "0.0.0.0";
+  o.port = 0;
+  o.upstream = upstream_url;
+  ag_proxy *p = NULL;
+  ag_error_t err;
+  cr_expect_eq(ag_proxy_start(&p, &o, &err), AG_EINVAL);
+  cr_expect_null(p);
+  cr_expect(strstr(err.msg, "--client-key-env") != NULL, "%s", err.msg);
+  o.listen_host = "127.0.0.1";
+  o.upstream = "ftp://x";
+  cr_expect_eq(ag_proxy_start(&p, &o, &err), AG_EINVAL);
+}
+
+/*
+ * An agent loop in the test: ask, run every call (the same result each
+ * time), ask again, until a reply without calls. The decisions (stop
+ * header per request) of proxies[k % n] must equal one proxy's.
+ */
+static int run_loop(ag_proxy *const *proxies, int n, char stops[][64],
+                    int max_steps) {
+  char *first = conversation(0, "read", "{}", "");
+  json_t *req = json_loads(first, 0, NULL);
+  free(first);
+  int steps = 0;
+  for (; steps < max_steps; steps++) {
+    char *body = json_dumps(req, JSON_COMPACT);
+    resp *r =
+        call(proxies[steps % n], "POST", "/v1/chat/completions", body, NULL);
+    free(body);
+    snprintf(stops[steps], 64, "%ld:%.40s", r->status, r->stop);
+    json_t *m = message_of(r);
+    free(r);
+    json_t *tcs = json_object_get(m, "tool_calls");
+    json_array_append(json_object_get(req, "messages"), m);
+    if (json_array_size(tcs) == 0) {
+      json_decref(m);
+      steps++;
+      break;
+    }
+    json_array_append_new(
+        json_object_get(req, "messages"),
+        json_pack("{s:s, s:O, s:s}", "role", "tool", "tool_call_id",
+                  json_object_get(json_array_get(tcs, 0), "id"), "content",
+                  "same result"));
+    json_decref(m);
+  }
+  json_decref(req);
+  return steps;
+}
+
+Test(proxy, stateless_replicas_decide_alike) {
+  ag_proxy *q = proxy_with(test_cfg(), 0, NULL);
+  char one[8][64], two[8][64];
+  memset(one, 0, sizeof one);
+  memset(two, 0, sizeof two);
+  canned_call("read", "{\"path\":\"a\"}");
+  ag_proxy *single[1] = {P};
+  int n1 = run_loop(single, 1, one, 8);
+  canned_reset();
+  canned_call("read", "{\"path\":\"a\"}");
+  ag_proxy *pair[2] = {P, q};
+  int n2 = run_loop(pair, 2, two, 8);
+  cr_expect_eq(n1, 3, "two calls run, the third is stopped");
+  cr_expect_eq(n1, n2);
+  for (int i = 0; i < n1; i++)
+    cr_expect_str_eq(one[i], two[i], "request %d", i);
+  cr_expect_str_eq(two[n2 - 1], "200:identical_calls");
+  ag_proxy_stop(q);
+}
