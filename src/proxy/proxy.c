@@ -565,18 +565,19 @@ out:
 /* ------------------------------------------------------------------------ */
 
 static void stop_text(const ag_verdict *v, char *buf, size_t cap) {
+  size_t ml = strlen(v->message);
+  const char *dot =
+      ml > 0 && strchr(".!?", v->message[ml - 1]) == NULL ? "." : "";
+  const char *sp = v->suggestion != NULL ? " " : "";
+  const char *sg = v->suggestion != NULL ? v->suggestion : "";
   if (v->action == AG_ESCALATE)
     snprintf(buf, cap,
-             "agentguard paused this turn and needs you (%s): %s%s%s Reply to "
-             "say how to go on.",
-             ag_reason_name(v->reason), v->message,
-             v->suggestion != NULL ? " " : "",
-             v->suggestion != NULL ? v->suggestion : "");
+             "agentguard paused this turn and needs you (%s): %s%s%s%s Reply "
+             "to say how to go on.",
+             ag_reason_name(v->reason), v->message, dot, sp, sg);
   else
-    snprintf(buf, cap, "agentguard stopped this turn (%s): %s%s%s",
-             ag_reason_name(v->reason), v->message,
-             v->suggestion != NULL ? " " : "",
-             v->suggestion != NULL ? v->suggestion : "");
+    snprintf(buf, cap, "agentguard stopped this turn (%s): %s%s%s%s",
+             ag_reason_name(v->reason), v->message, dot, sp, sg);
 }
 
 /* A chat.completion with one assistant message saying why the turn ended. */
