@@ -188,6 +188,7 @@ typedef struct upstream {
   size_t len, cap;
   bool too_big;
   struct curl_slist *headers; /* the final response's, hop-by-hop removed */
+  bool hdr_end;               /* the final response's headers are in */
   CURLcode cc;
   char errbuf[CURL_ERROR_SIZE];
 } upstream;
@@ -244,6 +245,11 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *user) {
     /* a new response (after a 100 Continue): its headers only */
     curl_slist_free_all(u->headers);
     u->headers = NULL;
+    u->hdr_end = false;
+    return n;
+  }
+  if (n <= 2 && (n == 0 || ptr[0] == '\r' || ptr[0] == '\n')) {
+    u->hdr_end = true;
     return n;
   }
   const char *colon = memchr(ptr, ':', n);
@@ -293,19 +299,22 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
   return MHD_YES;
 }
 
-/* Sends one request upstream with the client's headers (hop-by-hop ones
+/* A transfer to the upstream with the client's headers (hop-by-hop ones
  * removed: credentials go as they came). `json_body`: the body is ours
- * (rewritten), sent as application/json. */
-static void send_upstream(ag_proxy *p, struct MHD_Connection *c,
-                          const char *method, const char *uri, const char *body,
-                          size_t len, bool json_body, upstream *u) {
+ * (rewritten), sent as application/json. NULL when out of memory; the
+ * caller frees *hdrs and *url after the transfer. */
+static CURL *upstream_handle(ag_proxy *p, struct MHD_Connection *c,
+                             const char *method, const char *uri,
+                             const char *body, size_t len, bool json_body,
+                             upstream *u, struct curl_slist **hdrs,
+                             char **url) {
   memset(u, 0, sizeof(*u));
   u->cc = CURLE_OUT_OF_MEMORY;
   const char *path = uri;
   if (p->upstream_v1 && strncmp(path, "/v1/", 4) == 0)
     path += 3;
   size_t ul = strlen(p->upstream) + strlen(path) + 1;
-  char *url = malloc(ul);
+  *url = malloc(ul);
   CURL *h = curl_easy_init();
   hdr_walk w = {NULL, false};
   MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &w);
@@ -323,10 +332,13 @@ static void send_upstream(ag_proxy *p, struct MHD_Connection *c,
     if (s != NULL)
       w.list = s;
   }
-  if (url == NULL || h == NULL || w.failed)
-    goto done;
-  snprintf(url, ul, "%s%s", p->upstream, path);
-  curl_easy_setopt(h, CURLOPT_URL, url);
+  *hdrs = w.list;
+  if (*url == NULL || h == NULL || w.failed) {
+    curl_easy_cleanup(h);
+    return NULL;
+  }
+  snprintf(*url, ul, "%s%s", p->upstream, path);
+  curl_easy_setopt(h, CURLOPT_URL, *url);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
@@ -348,11 +360,23 @@ static void send_upstream(ag_proxy *p, struct MHD_Connection *c,
     }
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
   }
-  u->cc = curl_easy_perform(h);
-  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
-done:
+  return h;
+}
+
+/* One whole request upstream (see upstream_handle). */
+static void send_upstream(ag_proxy *p, struct MHD_Connection *c,
+                          const char *method, const char *uri, const char *body,
+                          size_t len, bool json_body, upstream *u) {
+  struct curl_slist *hdrs = NULL;
+  char *url = NULL;
+  CURL *h =
+      upstream_handle(p, c, method, uri, body, len, json_body, u, &hdrs, &url);
+  if (h != NULL) {
+    u->cc = curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
+  }
   curl_easy_cleanup(h);
-  curl_slist_free_all(w.list);
+  curl_slist_free_all(hdrs);
   free(url);
 }
 
@@ -580,6 +604,105 @@ static void stop_text(const ag_verdict *v, char *buf, size_t cap) {
              ag_reason_name(v->reason), v->message, dot, sp, sg);
 }
 
+/* ---- Server-Sent Events for stream: true ------------------------------ */
+
+#define SSE_OUT_MAX (8u << 20) /* bytes queued for the client at once */
+
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+  bool failed;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t n) {
+  if (b->failed)
+    return;
+  if (b->len + n + 1 > SSE_OUT_MAX) {
+    b->failed = true;
+    return;
+  }
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 1024;
+    while (cap < b->len + n + 1)
+      cap *= 2;
+    char *g = realloc(b->p, cap);
+    if (g == NULL) {
+      b->failed = true;
+      return;
+    }
+    b->p = g;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
+}
+
+static void sb_event(sbuf *b, const char *data, size_t n) {
+  sb_add(b, "data: ", 6);
+  sb_add(b, data, n);
+  sb_add(b, "\n\n", 2);
+}
+
+static void sb_json(sbuf *b, json_t *o) {
+  char *t = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (t == NULL) {
+    b->failed = true;
+    return;
+  }
+  sb_event(b, t, strlen(t));
+  free(t);
+}
+
+/* One chat.completion.chunk with `delta` (stolen) and a finish reason. */
+static void sb_chunk(sbuf *b, const char *id, const char *model, json_t *delta,
+                     const char *finish) {
+  sb_json(b, json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s?}]}", "id", id,
+                       "object", "chat.completion.chunk", "created",
+                       (json_int_t)time(NULL), "model", model, "choices",
+                       "index", 0, "delta", delta, "finish_reason", finish));
+}
+
+/* A reply as chunks: its text, its calls (whole), its end, [DONE]. */
+static void sb_reply(sbuf *b, const char *id, const char *model,
+                     const char *text, const ag_reply *rep,
+                     const char *finish) {
+  sb_chunk(b, id, model,
+           json_pack("{s:s, s:s}", "role", "assistant", "content",
+                     text != NULL ? text : ""),
+           NULL);
+  if (rep != NULL && rep->n_calls > 0) {
+    json_t *tcs = json_array();
+    for (size_t i = 0; tcs != NULL && i < rep->n_calls; i++) {
+      const ag_tool_call *tc = &rep->calls[i];
+      json_t *one =
+          json_pack("{s:i, s:s, s:s, s:{s:s, s:s%}}", "index", (int)i, "id",
+                    tc->id, "type", "function", "function", "name", tc->name,
+                    "arguments", tc->arguments, tc->arguments_len);
+      if (one == NULL || json_array_append_new(tcs, one) != 0)
+        b->failed = true;
+    }
+    sb_chunk(b, id, model,
+             tcs != NULL ? json_pack("{s:o}", "tool_calls", tcs) : NULL, NULL);
+  }
+  sb_chunk(b, id, model, json_object(), finish);
+  sb_add(b, "data: [DONE]\n\n", 14);
+}
+
+/* `b` as the reply's body (an event stream). */
+static void set_sse(reply *r, sbuf *b) {
+  if (b->failed) {
+    free(b->p);
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return;
+  }
+  r->status = 200;
+  r->ctype = "text/event-stream";
+  r->body = b->p;
+  r->len = b->len;
+}
+
 /* A chat.completion with one assistant message saying why the turn ended. */
 static void set_stop_reply(ag_proxy *p, const json_t *req, const ag_verdict *v,
                            reply *r) {
@@ -589,6 +712,14 @@ static void set_stop_reply(ag_proxy *p, const json_t *req, const ag_verdict *v,
   snprintf(id, sizeof id, "chatcmpl-agentguard-%lu",
            (unsigned long)atomic_fetch_add(&p->ids, 1));
   const char *model = json_string_value(json_object_get(req, "model"));
+  if (json_is_true(json_object_get(req, "stream"))) {
+    sbuf b = {NULL, 0, 0, false};
+    sb_reply(&b, id, model != NULL ? model : "agentguard", text, NULL, "stop");
+    set_sse(r, &b);
+    if (r->status == 200)
+      r->stop = ag_reason_name(v->reason);
+    return;
+  }
   set_json(r, 200,
            json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:s}], "
                      "s:{s:i, s:i, s:i}}",
@@ -658,6 +789,12 @@ static void final_without_tools(ag_proxy *p, struct MHD_Connection *c,
                                 const char *uri, const json_t *req,
                                 const ag_verdict *v, reply *r) {
   json_t *b = without_tools(req);
+  const bool stream = json_is_true(json_object_get(req, "stream"));
+  if (b != NULL && stream) {
+    /* asked whole; the client still gets a stream */
+    json_object_set_new(b, "stream", json_false());
+    json_object_del(b, "stream_options");
+  }
   char note[AG_VERDICT_MSG_MAX + 256];
   snprintf(note, sizeof note, FINAL_INSTRUCTION, ag_reason_name(v->reason),
            v->message);
@@ -698,7 +835,18 @@ static void final_without_tools(ag_proxy *p, struct MHD_Connection *c,
   json_object_del(m, "tool_calls");
   json_object_del(m, "function_call");
   json_object_set_new(ch, "finish_reason", json_string("stop"));
-  set_json(r, 200, j);
+  if (stream) {
+    sbuf sb = {NULL, 0, 0, false};
+    const char *id = json_string_value(json_object_get(j, "id"));
+    const char *model = json_string_value(json_object_get(j, "model"));
+    sb_reply(&sb, id != NULL ? id : "chatcmpl-agentguard",
+             model != NULL ? model : "agentguard",
+             json_string_value(json_object_get(m, "content")), NULL, "stop");
+    json_decref(j);
+    set_sse(r, &sb);
+  } else {
+    set_json(r, 200, j);
+  }
   upstream_free(&u);
   if (r->status == 200)
     r->stop = ag_reason_name(v->reason);
@@ -707,12 +855,13 @@ static void final_without_tools(ag_proxy *p, struct MHD_Connection *c,
 /* Checks a reply: its tokens, text and calls. Returns the action; with
  * AG_NUDGE, checks[i].action says which calls are held back. */
 static ag_action check_reply(ag_guard *g, const ag_reply *rep,
-                             ag_call_check *checks, ag_verdict *v) {
+                             bool text_checked, ag_call_check *checks,
+                             ag_verdict *v) {
   if (rep->has_usage)
     ag_guard_record_tokens(g, rep->usage.prompt_tokens +
                                   rep->usage.completion_tokens);
   ag_action act = AG_ALLOW;
-  if (rep->text != NULL && rep->text[0] != '\0')
+  if (!text_checked && rep->text != NULL && rep->text[0] != '\0')
     act = ag_guard_check_text(g, rep->text, strlen(rep->text), false, v);
   if (act != AG_ALLOW || rep->n_calls == 0)
     return act;
@@ -792,8 +941,365 @@ static ag_action record_nudged(ag_guard *g, const ag_reply *rep,
   return act;
 }
 
+/* ---- A streamed reply, relayed ---------------------------------------- */
+
+/*
+ * The upstream's stream relayed as it comes: text deltas go to the client
+ * at once (after the content-loop detector has seen them); chunks with
+ * tool-call fragments, the finish reason or only usage are held until the
+ * stream ends and the calls are checked. The transfer runs in a curl multi
+ * handle driven from the response's content reader, on the connection's
+ * own thread.
+ */
+typedef struct stream_st {
+  ag_proxy *p;
+  struct MHD_Connection *c;
+  char *uri, *path;
+  json_t *req;
+  ag_guard *g;
+  CURLM *multi;
+  CURL *h;
+  struct curl_slist *hdrs;
+  char *url;
+  upstream u;
+  ag__sse sse;
+  ag__asm asmb;
+  ag_provider_error perr;
+  bool done;     /* the transfer ended */
+  bool finished; /* the last bytes are queued */
+  bool looped;   /* the content-loop detector stopped the reply */
+  bool any_text; /* text was relayed */
+  ag_verdict loop_v;
+  sbuf out, held;
+  size_t out_pos;
+  char id[96], model[96];
+} stream_st;
+
+static void stream_free(void *cls) {
+  stream_st *st = cls;
+  if (st == NULL)
+    return;
+  if (st->multi != NULL && st->h != NULL)
+    curl_multi_remove_handle(st->multi, st->h);
+  curl_easy_cleanup(st->h);
+  curl_multi_cleanup(st->multi);
+  curl_slist_free_all(st->hdrs);
+  free(st->url);
+  upstream_free(&st->u);
+  ag__sse_free(&st->sse);
+  ag__asm_free(&st->asmb);
+  free(st->out.p);
+  free(st->held.p);
+  ag_guard_free(st->g);
+  json_decref(st->req);
+  free(st->uri);
+  free(st->path);
+  free(st);
+}
+
+static int on_sse_event(void *user, const char *event_name, const char *data,
+                        size_t len, size_t pos) {
+  stream_st *st = user;
+  if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
+    st->asmb.done = true;
+    return 0;
+  }
+  if (ag__openai_event(&st->asmb, event_name, data, len, pos) != 0)
+    return 1;
+  json_t *j = json_loadb(data, len, 0, NULL);
+  if (j == NULL)
+    return 1;
+  if (st->id[0] == '\0') {
+    const char *id = json_string_value(json_object_get(j, "id"));
+    const char *model = json_string_value(json_object_get(j, "model"));
+    snprintf(st->id, sizeof st->id, "%s", id != NULL ? id : "chatcmpl");
+    snprintf(st->model, sizeof st->model, "%s",
+             model != NULL ? model : "unknown");
+  }
+  json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+  json_t *d = json_object_get(ch, "delta");
+  size_t cl = 0;
+  const char *content = ag__jstr(d, "content", &cl);
+  json_t *fr = json_object_get(ch, "finish_reason");
+  bool hold = ch == NULL ||
+              json_array_size(json_object_get(d, "tool_calls")) > 0 ||
+              (fr != NULL && !json_is_null(fr));
+  if (content != NULL && cl > 0) {
+    ag_verdict v;
+    if (ag_guard_check_text(st->g, content, cl, true, &v) != AG_ALLOW) {
+      st->looped = true;
+      st->loop_v = v;
+      json_decref(j);
+      return 1;
+    }
+    st->any_text = true;
+  }
+  if (!hold) {
+    sb_event(&st->out, data, len);
+  } else {
+    if (content != NULL && cl > 0) {
+      /* the text now, the rest of the chunk later */
+      json_t *now = json_deep_copy(j);
+      json_t *nd = json_object_get(
+          json_array_get(json_object_get(now, "choices"), 0), "delta");
+      json_object_del(nd, "tool_calls");
+      json_object_set_new(json_array_get(json_object_get(now, "choices"), 0),
+                          "finish_reason", json_null());
+      sb_json(&st->out, now);
+      json_object_del(d, "content");
+    }
+    sb_json(&st->held, json_incref(j));
+  }
+  json_decref(j);
+  return st->out.failed || st->held.failed ? 1 : 0;
+}
+
+static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
+  stream_st *st = user;
+  long status = 0;
+  curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &status);
+  if (status < 200 || status >= 300)
+    return on_body(ptr, size, nmemb, &st->u);
+  size_t n = size * nmemb;
+  ag_err_t why = AG_OK;
+  int r = ag__sse_feed(&st->sse, ptr, n, &why);
+  if (r < 0 && st->asmb.failed == AG_OK)
+    st->asmb.failed = why;
+  return r == 0 ? n : 0;
+}
+
+/* Moves the transfer on, waiting up to wait_ms for the upstream. */
+static void pump(stream_st *st, int wait_ms) {
+  int running = 0;
+  curl_multi_perform(st->multi, &running);
+  if (running == 0) {
+    int left = 0;
+    CURLMsg *m;
+    while ((m = curl_multi_info_read(st->multi, &left)) != NULL)
+      if (m->msg == CURLMSG_DONE)
+        st->u.cc = m->data.result;
+    curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &st->u.status);
+    if (st->u.cc == CURLE_OK) {
+      ag_err_t why = AG_OK;
+      if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
+        st->asmb.failed = why;
+    }
+    st->done = true;
+    return;
+  }
+  curl_multi_poll(st->multi, NULL, 0, wait_ms, NULL);
+}
+
+/* The end of a relayed stream that was stopped: the stop message as text,
+ * a final chunk, [DONE]. */
+static void stream_stop(stream_st *st, const ag_verdict *v) {
+  char text[AG_VERDICT_MSG_MAX * 2 + 128];
+  stop_text(v, text + 2, sizeof text - 2);
+  text[0] = text[1] = '\n';
+  const char *t = st->any_text ? text : text + 2;
+  sb_chunk(&st->out, st->id, st->model,
+           json_pack("{s:s, s:s}", "role", "assistant", "content", t), NULL);
+  sb_chunk(&st->out, st->id, st->model, json_object(), "stop");
+  sb_add(&st->out, "data: [DONE]\n\n", 14);
+}
+
+static void stream_error(stream_st *st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void stream_error(stream_st *st, const char *fmt, ...) {
+  char msg[ERR_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  st->out.failed = false;
+  st->out.len = st->out_pos = 0;
+  sb_json(&st->out,
+          json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
+                    "upstream_error", "param", "code", "upstream_stream"));
+}
+
+/* The stream has ended: check the calls, then release or replace them. */
+static void stream_finish(stream_st *st) {
+  st->finished = true;
+  if (st->id[0] == '\0') {
+    snprintf(st->id, sizeof st->id, "chatcmpl-agentguard");
+    snprintf(st->model, sizeof st->model, "agentguard");
+  }
+  if (st->looped) {
+    event(st->p, "stream_stopped", st->path, &st->loop_v, NULL);
+    stream_stop(st, &st->loop_v);
+    return;
+  }
+  if (st->u.too_big || st->out.failed || st->held.failed) {
+    stream_error(st, "agentguard proxy: the upstream's stream is too large");
+    return;
+  }
+  if (st->u.cc != CURLE_OK || st->asmb.failed != AG_OK) {
+    stream_error(st, "agentguard proxy: the upstream's stream broke: %s",
+                 st->u.cc != CURLE_OK
+                     ? (st->u.errbuf[0] != '\0' ? st->u.errbuf
+                                                : curl_easy_strerror(st->u.cc))
+                 : st->asmb.failed == AG_EPROVIDER
+                     ? st->perr.message
+                     : ag_strerror(st->asmb.failed));
+    return;
+  }
+  ag_reply rep, rep2;
+  memset(&rep, 0, sizeof rep);
+  memset(&rep2, 0, sizeof rep2);
+  if (ag__asm_finish(&st->asmb, &rep) != AG_OK) {
+    stream_error(st, "agentguard proxy: out of memory");
+    return;
+  }
+  ag_call_check checks[AG__CALLS_MAX];
+  ag_verdict v;
+  ag_action act = check_reply(st->g, &rep, true, checks, &v);
+  if (act == AG_ALLOW) {
+    sb_add(&st->out, st->held.p != NULL ? st->held.p : "", st->held.len);
+    sb_add(&st->out, "data: [DONE]\n\n", 14);
+    goto out;
+  }
+  if (act != AG_NUDGE) {
+    event(st->p, "reply_replaced", st->path, &v, NULL);
+    stream_stop(st, &v);
+    goto out;
+  }
+  event(st->p, "nudge", st->path, &v, NULL);
+  json_t *b = json_copy(st->req);
+  json_t *extra = nudge_messages(&rep, checks);
+  size_t len = 0;
+  char *body = NULL;
+  if (b != NULL && extra != NULL) {
+    json_object_set_new(b, "stream", json_false());
+    json_object_del(b, "stream_options");
+    body = with_messages(b, extra, &len);
+  }
+  json_decref(b);
+  json_decref(extra);
+  if (body == NULL) {
+    stream_error(st, "agentguard proxy: out of memory");
+    goto out;
+  }
+  act = record_nudged(st->g, &rep, checks, &v);
+  upstream u;
+  memset(&u, 0, sizeof u);
+  if (!is_stop(act))
+    send_upstream(st->p, st->c, "POST", st->uri, body, len, true, &u);
+  free(body);
+  reply r;
+  memset(&r, 0, sizeof r);
+  if (is_stop(act)) {
+    /* v says why */
+  } else if (upstream_failed(st->p, &u, &r) || u.status < 200 ||
+             u.status >= 300 || !read_reply(&u, &rep2, &r)) {
+    stream_error(st, "agentguard proxy: asking the upstream again failed: %s",
+                 r.body != NULL ? r.body : (u.body != NULL ? u.body : ""));
+    reply_free(&r);
+    upstream_free(&u);
+    goto out;
+  } else {
+    act = check_reply(st->g, &rep2, false, checks, &v);
+  }
+  upstream_free(&u);
+  if (act == AG_ALLOW) {
+    sb_reply(&st->out, st->id, st->model, rep2.text, &rep2,
+             rep2.n_calls > 0 ? "tool_calls" : "stop");
+    goto out;
+  }
+  if (act == AG_NUDGE)
+    v.action = AG_STOP; /* one nudge per request */
+  event(st->p, "reply_replaced", st->path, &v, NULL);
+  stream_stop(st, &v);
+out:
+  ag_reply_clear(&rep);
+  ag_reply_clear(&rep2);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  stream_st *st = cls;
+  while (st->out_pos >= st->out.len) {
+    if (st->finished)
+      return MHD_CONTENT_READER_END_OF_STREAM;
+    st->out.len = st->out_pos = 0;
+    if (!st->done)
+      pump(st, 100);
+    else
+      stream_finish(st);
+  }
+  size_t n = st->out.len - st->out_pos;
+  if (n > max)
+    n = max;
+  memcpy(buf, st->out.p + st->out_pos, n);
+  st->out_pos += n;
+  return (ssize_t)n;
+}
+
+/* Starts relaying: the transfer runs until the upstream's status is known.
+ * Returns the stream (the guard and the request are now its), or NULL with
+ * `r` filled (502, the upstream's own error, or 500). */
+static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
+                               const req_ctx *q, const char *path, json_t **req,
+                               ag_guard **g, reply *r) {
+  stream_st *st = calloc(1, sizeof(*st));
+  if (st == NULL) {
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return NULL;
+  }
+  st->p = p;
+  st->c = c;
+  st->uri = dupz(q->uri);
+  st->path = dupz(path);
+  ag__sse_init(&st->sse, on_sse_event, st);
+  ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
+  st->h = upstream_handle(p, c, "POST", q->uri, q->body, q->len, false, &st->u,
+                          &st->hdrs, &st->url);
+  st->multi = curl_multi_init();
+  if (st->h == NULL || st->multi == NULL || st->uri == NULL ||
+      st->path == NULL) {
+    stream_free(st);
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return NULL;
+  }
+  st->req = *req;
+  st->g = *g;
+  *req = NULL;
+  *g = NULL;
+  curl_easy_setopt(st->h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->len);
+  curl_easy_setopt(st->h, CURLOPT_COPYPOSTFIELDS,
+                   q->body != NULL ? q->body : "");
+  curl_easy_setopt(st->h, CURLOPT_WRITEFUNCTION, on_stream_body);
+  curl_easy_setopt(st->h, CURLOPT_WRITEDATA, st);
+  st->u.cc = CURLE_OK;
+  curl_multi_add_handle(st->multi, st->h);
+  while (!st->u.hdr_end && !st->done)
+    pump(st, 100);
+  long status = 0;
+  curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &status);
+  if (!st->done && (status < 200 || status >= 300))
+    while (!st->done)
+      pump(st, 100);
+  if (st->done && (st->u.cc != CURLE_OK || st->u.too_big) &&
+      st->u.status == 0) {
+    upstream_failed(p, &st->u, r);
+    stream_free(st);
+    return NULL;
+  }
+  if (status < 200 || status >= 300) {
+    st->u.status = status;
+    if (!upstream_failed(p, &st->u, r))
+      pass_back(&st->u, r);
+    stream_free(st);
+    return NULL;
+  }
+  return st;
+}
+
 static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
-                 const char *path, reply *r) {
+                 const char *path, reply *r, stream_st **st_out) {
   json_error_t je;
   json_t *req = json_loadb(q->body != NULL ? q->body : "", q->len, 0, &je);
   ag_guard *g = NULL;
@@ -827,12 +1333,6 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
       goto out;
     }
   }
-  if (json_is_true(json_object_get(req, "stream"))) {
-    set_error(r, 400, "invalid_request_error", "unsupported_parameter",
-              "agentguard proxy: stream: true is not supported yet; send the "
-              "request without streaming (docs/proxy.md)");
-    goto out;
-  }
   ag_error_t err;
   if (ag_guard_new(&g, &p->cfg, NULL, &err) != AG_OK) {
     set_error(r, 500, "server_error", "guard", "agentguard proxy: %s", err.msg);
@@ -862,6 +1362,10 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
       set_stop_reply(p, req, &v, r);
     goto out;
   }
+  if (json_is_true(json_object_get(req, "stream"))) {
+    *st_out = stream_start(p, c, q, path, &req, &g, r);
+    goto out;
+  }
   send_upstream(p, c, "POST", q->uri, q->body, q->len, false, &u);
   if (upstream_failed(p, &u, r))
     goto out;
@@ -872,7 +1376,7 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
   if (!read_reply(&u, &rep, r))
     goto out;
   ag_call_check checks[AG__CALLS_MAX];
-  act = check_reply(g, &rep, checks, &v);
+  act = check_reply(g, &rep, false, checks, &v);
   if (act == AG_ALLOW) {
     pass_back(&u, r);
     goto out;
@@ -910,7 +1414,7 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
   }
   if (!read_reply(&u, &rep2, r))
     goto out;
-  act = check_reply(g, &rep2, checks, &v);
+  act = check_reply(g, &rep2, false, checks, &v);
   if (act == AG_ALLOW) {
     pass_back(&u, r);
     goto out;
@@ -1034,7 +1538,21 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
               "(--max-body)",
               p->max_body);
   } else if (strcmp(method, "POST") == 0 && guarded_path(path)) {
-    chat(p, c, q, path, &r);
+    stream_st *st = NULL;
+    chat(p, c, q, path, &r, &st);
+    if (st != NULL) {
+      struct MHD_Response *resp = MHD_create_response_from_callback(
+          MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
+      if (resp == NULL) {
+        stream_free(st);
+        return MHD_NO;
+      }
+      MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+      MHD_add_response_header(resp, "Cache-Control", "no-cache");
+      enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+      MHD_destroy_response(resp);
+      return ret;
+    }
   } else {
     upstream u;
     send_upstream(p, c, method, q->uri, q->body, q->len, false, &u);

@@ -90,7 +90,10 @@ static enum MHD_Result up_handler(void *cls, struct MHD_Connection *c,
   struct MHD_Response *resp = MHD_create_response_from_buffer(
       strlen(r.body), r.body, MHD_RESPMEM_MUST_COPY);
   pthread_mutex_unlock(&U.mu);
-  MHD_add_response_header(resp, "Content-Type", "application/json");
+  MHD_add_response_header(resp, "Content-Type",
+                          strncmp(r.body, "data:", 5) == 0
+                              ? "text/event-stream"
+                              : "application/json");
   MHD_add_response_header(resp, "X-Upstream", "fake");
   enum MHD_Result ret = MHD_queue_response(c, (unsigned)r.status, resp);
   MHD_destroy_response(resp);
@@ -656,4 +659,158 @@ Test(proxy, stateless_replicas_decide_alike) {
     cr_expect_str_eq(one[i], two[i], "request %d", i);
   cr_expect_str_eq(two[n2 - 1], "200:identical_calls");
   ag_proxy_stop(q);
+}
+
+/* ---- stream: true ------------------------------------------------------ */
+
+/* An upstream stream: "Hello", " world", then a call read(args) in two
+ * fragments, the finish reason, a usage chunk, [DONE]. */
+static void canned_stream_call(const char *args) {
+  size_t half = strlen(args) / 2;
+  char *b = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&b, &n);
+  const char *head = "{\"id\":\"chatcmpl-s\",\"object\":\"chat.completion."
+                     "chunk\",\"created\":1,\"model\":\"m\",\"choices\":";
+  fprintf(f,
+          "data: %s[{\"index\":0,\"delta\":{\"role\":\"assistant\","
+          "\"content\":\"Hello\"},\"finish_reason\":null}]}\n\n",
+          head);
+  fprintf(f,
+          "data: %s[{\"index\":0,\"delta\":{\"content\":\" world\"},"
+          "\"finish_reason\":null}]}\n\n",
+          head);
+  json_t *a1 = json_stringn(args, half), *a2 = json_string(args + half);
+  char *s1 = json_dumps(a1, JSON_ENCODE_ANY),
+       *s2 = json_dumps(a2, JSON_ENCODE_ANY);
+  fprintf(f,
+          "data: %s[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,"
+          "\"id\":\"call_s\",\"type\":\"function\",\"function\":{\"name\":"
+          "\"read\",\"arguments\":%s}}]},\"finish_reason\":null}]}\n\n",
+          head, s1);
+  fprintf(f,
+          "data: %s[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,"
+          "\"function\":{\"arguments\":%s}}]},\"finish_reason\":null}]}\n\n",
+          head, s2);
+  fprintf(f,
+          "data: %s[{\"index\":0,\"delta\":{},\"finish_reason\":"
+          "\"tool_calls\"}]}\n\n",
+          head);
+  fprintf(f,
+          "data: %s[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":"
+          "5,\"total_tokens\":15}}\n\ndata: [DONE]\n\n",
+          head);
+  fclose(f);
+  canned_add(200, b);
+  free(b);
+  free(s1);
+  free(s2);
+  json_decref(a1);
+  json_decref(a2);
+}
+
+static char *streaming(char *body) {
+  json_t *j = json_loads(body, 0, NULL);
+  free(body);
+  json_object_set_new(j, "stream", json_true());
+  char *t = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  return t;
+}
+
+static bool ends_with_done(const resp *r) {
+  return r->len >= 14 && strcmp(r->body + r->len - 14, "data: [DONE]\n\n") == 0;
+}
+
+Test(proxy, stream_allowed_relays_text_then_calls) {
+  canned_stream_call("{\"path\":\"b\"}");
+  char *body =
+      streaming(conversation(1, "read", "{\"path\":\"a\"}", "text of a"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_empty(r->stop);
+  char *hello = strstr(r->body, "Hello"), *calls = strstr(r->body, "call_s");
+  cr_expect(hello != NULL && calls != NULL && hello < calls, "%s", r->body);
+  cr_expect(strstr(r->body, "\"tool_calls\"}") != NULL, "finish reason kept");
+  cr_expect(strstr(r->body, "\"usage\"") != NULL, "usage kept");
+  cr_expect(ends_with_done(r), "%s", r->body);
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  cr_expect(json_is_true(json_object_get(sent, "stream")));
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, stream_repeated_call_is_replaced) {
+  canned_stream_call("{\"path\":\"a\"}");
+  char *body =
+      streaming(conversation(2, "read", "{\"path\":\"a\"}", "text of a"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "Hello") != NULL, "the text went through");
+  cr_expect(strstr(r->body, "call_s") == NULL, "the call is held back: %s",
+            r->body);
+  cr_expect(strstr(r->body, "agentguard stopped this turn (identical_calls)") !=
+                NULL,
+            "%s", r->body);
+  cr_expect(strstr(r->body, "\"finish_reason\":\"stop\"") != NULL);
+  cr_expect(ends_with_done(r));
+  free(body);
+  free(r);
+}
+
+Test(proxy, stream_content_loop_ends_the_stream) {
+  char *b = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&b, &n);
+  for (int i = 0; i < 60; i++)
+    fprintf(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\","
+               "\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,"
+               "\"delta\":{\"content\":\"I will check the file again to be "
+               "sure it is right. \"},\"finish_reason\":null}]}\n\n");
+  fprintf(f, "data: [DONE]\n\n");
+  fclose(f);
+  canned_add(200, b);
+  free(b);
+  char *body = streaming(conversation(0, "read", "{}", ""));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "agentguard stopped this turn (content_loop)") !=
+                NULL,
+            "%s", r->body);
+  int relayed = 0;
+  for (const char *q = r->body; (q = strstr(q, "to be sure")) != NULL; q++)
+    relayed++;
+  cr_expect_lt(relayed, 60, "the loop was cut short");
+  cr_expect(ends_with_done(r));
+  free(body);
+  free(r);
+}
+
+Test(proxy, stream_replayed_stop_is_a_stream) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body = streaming(
+      conversation(3, "read", "{\"path\":\"x\"}", "Error: no such file"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 0);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  cr_expect(strncmp(r->body, "data: {", 7) == 0, "%s", r->body);
+  cr_expect(strstr(r->body, "chat.completion.chunk") != NULL);
+  cr_expect(ends_with_done(r));
+  free(body);
+  free(r);
+}
+
+Test(proxy, stream_upstream_error_passes_through) {
+  canned_add(401, "{\"error\":{\"message\":\"bad key\"}}");
+  char *body = streaming(conversation(0, "read", "{}", ""));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 401);
+  cr_expect_str_eq(r->body, "{\"error\":{\"message\":\"bad key\"}}");
+  free(body);
+  free(r);
 }
