@@ -1,17 +1,22 @@
-// tests/proxy/openai_client.mjs AGENTGUARD PREFIX - a tool loop written the
-// way OpenAI's docs write it, with the official `openai` package, through
-// `agentguard proxy`. The fake upstream's model asks for read_file({"path":
-// "a.txt"}) on every request; the proxy must end the loop: the client gets
-// an ordinary reply without tool calls whose text says why, and the header
-// x-agentguard-stop. Exits 0 on success, 1 with a message otherwise.
+// tests/proxy/openai_client.mjs AGENTGUARD PREFIX MODE - a tool loop through
+// `agentguard proxy`, written the way the clients' docs write it. MODE:
+//   plain   the official `openai` package, chat.completions.create
+//   stream  the same with stream: true, tool calls gathered from the chunks
+//   agents  the OpenAI Agents SDK (@openai/agents) running its own loop
+//           over Chat Completions with a read_file tool
+// The fake upstream's model asks for read_file({"path":"a.txt"}) on every
+// request; the proxy must end the loop: the client gets an ordinary reply
+// without tool calls whose text says why (and, plain, the header
+// x-agentguard-stop). Exits 0 on success, 1 with a message otherwise.
 import { spawn } from "node:child_process";
 import { createServer } from "node:http";
 import { createRequire } from "node:module";
 import path from "node:path";
 
-const [bin, prefix] = process.argv.slice(2);
+const [bin, prefix, mode = "plain"] = process.argv.slice(2);
 const require = createRequire(path.resolve(prefix, "node_modules", "x.js"));
 const OpenAI = require("openai").default ?? require("openai");
+const STOP = /agentguard stopped this turn \(identical_calls\)/;
 
 function fail(msg) {
   console.error("FAIL: " + msg);
@@ -26,6 +31,19 @@ const upstream = createServer((req, res) => {
     upstreamRequests++;
     if (req.headers.authorization !== "Bearer sk-node-test")
       fail("the client's key did not reach the upstream as it came");
+    const call = { id: "call_" + upstreamRequests, type: "function",
+      function: { name: "read_file", arguments: '{"path":"a.txt"}' } };
+    if (JSON.parse(body).stream) {
+      res.setHeader("content-type", "text/event-stream");
+      const chunk = (delta, finish) => "data: " + JSON.stringify({
+        id: "chatcmpl-" + upstreamRequests, object: "chat.completion.chunk",
+        created: 1, model: "fake",
+        choices: [{ index: 0, delta, finish_reason: finish }] }) + "\n\n";
+      res.write(chunk({ role: "assistant", content: "Reading. " }, null));
+      res.write(chunk({ tool_calls: [{ index: 0, ...call }] }, null));
+      res.end(chunk({}, "tool_calls") + "data: [DONE]\n\n");
+      return;
+    }
     res.setHeader("content-type", "application/json");
     res.end(JSON.stringify({
       id: "chatcmpl-" + upstreamRequests, object: "chat.completion",
@@ -54,32 +72,74 @@ const proxyPort = await new Promise((resolve, reject) => {
   proxy.on("exit", (code) => reject(new Error(`proxy exited ${code}: ${err}`)));
 }).catch((e) => fail(e.message));
 
-try {
-  const client = new OpenAI({ apiKey: "sk-node-test",
-    baseURL: `http://127.0.0.1:${proxyPort}/v1`, maxRetries: 0 });
+async function plainLoop(client, stream) {
   const tools = [{ type: "function", function: { name: "read_file",
     parameters: { type: "object", properties: { path: { type: "string" } } } } }];
   const messages = [{ role: "user", content: "Summarise a.txt" }];
-  let final = null, stop = null, steps = 0;
+  let steps = 0;
   while (steps++ < 20) {
-    const { data, response } = await client.chat.completions
-      .create({ model: "fake", messages, tools }).withResponse();
-    const msg = data.choices[0].message;
+    let msg, stop = null;
+    if (stream) {
+      const s = await client.chat.completions.create({ model: "fake",
+        messages, tools, stream: true });
+      msg = { role: "assistant", content: "", tool_calls: [] };
+      for await (const ch of s) {
+        const d = ch.choices[0]?.delta ?? {};
+        if (d.content) msg.content += d.content;
+        for (const tc of d.tool_calls ?? []) {
+          const t = (msg.tool_calls[tc.index] ??= { id: "", type: "function",
+            function: { name: "", arguments: "" } });
+          if (tc.id) t.id = tc.id;
+          if (tc.function?.name) t.function.name += tc.function.name;
+          if (tc.function?.arguments) t.function.arguments += tc.function.arguments;
+        }
+      }
+      if (msg.tool_calls.length === 0) delete msg.tool_calls;
+    } else {
+      const { data, response } = await client.chat.completions
+        .create({ model: "fake", messages, tools }).withResponse();
+      msg = data.choices[0].message;
+      stop = response.headers.get("x-agentguard-stop");
+    }
     messages.push(msg);
     if (!msg.tool_calls || msg.tool_calls.length === 0) {
-      final = msg.content;
-      stop = response.headers.get("x-agentguard-stop");
-      break;
+      if (!stream && stop !== "identical_calls")
+        fail("x-agentguard-stop: " + stop);
+      return [msg.content, steps];
     }
     for (const tc of msg.tool_calls)
       messages.push({ role: "tool", tool_call_id: tc.id, content: "hello" });
   }
-  if (final === null) fail("the loop was never stopped");
-  if (stop !== "identical_calls") fail("x-agentguard-stop: " + stop);
-  if (!/agentguard stopped this turn \(identical_calls\)/.test(final))
-    fail("final message: " + final);
-  console.log(`ok: stopped after ${steps} requests (${upstreamRequests} ` +
-    `upstream): ${final}`);
+  fail("the loop was never stopped");
+}
+
+async function agentsLoop(baseURL) {
+  const agents = require("@openai/agents");
+  const { z } = require("zod");
+  const AgentsOpenAI = require("openai").default ?? require("openai");
+  agents.setDefaultOpenAIClient(new AgentsOpenAI({ apiKey: "sk-node-test",
+    baseURL, maxRetries: 0 }));
+  agents.setOpenAIAPI("chat_completions");
+  agents.setTracingDisabled(true);
+  let runs = 0;
+  const readFile = agents.tool({ name: "read_file",
+    description: "Read a file", parameters: z.object({ path: z.string() }),
+    execute: async () => { runs++; return "hello"; } });
+  const agent = new agents.Agent({ name: "reader", model: "fake",
+    instructions: "Summarise files.", tools: [readFile] });
+  const result = await agents.run(agent, "Summarise a.txt", { maxTurns: 30 });
+  return [result.finalOutput, runs + 1];
+}
+
+try {
+  const baseURL = `http://127.0.0.1:${proxyPort}/v1`;
+  const client = new OpenAI({ apiKey: "sk-node-test", baseURL, maxRetries: 0 });
+  const [final, steps] = mode === "agents" ? await agentsLoop(baseURL)
+    : await plainLoop(client, mode === "stream");
+  if (typeof final !== "string" || !STOP.test(final))
+    fail("final output: " + JSON.stringify(final));
+  console.log(`ok (${mode}): stopped after ${steps} requests ` +
+    `(${upstreamRequests} upstream): ${final}`);
 } catch (e) {
   fail(e.stack ?? String(e));
 } finally {

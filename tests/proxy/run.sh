@@ -1,27 +1,40 @@
 #!/bin/sh
-# tests/proxy/run.sh AGENTGUARD BUILD_DIR - the proxy with a real client: the
-# official `openai` npm package (pinned, installed into BUILD_DIR/node-proxy
-# with Debian's node and npm) drives a tool loop through `agentguard proxy`
-# in front of a fake upstream whose model calls the same tool forever
-# (openai_client.mjs). Exits 77 (a visible skip for CTest) when node or npm
-# is missing or the package cannot be installed (no network); 1 on failure.
+# tests/proxy/run.sh AGENTGUARD BUILD_DIR MODE - the proxy with real clients
+# (openai_client.mjs): MODE plain or stream uses the official `openai` npm
+# package; agents the OpenAI Agents SDK (@openai/agents, with zod). The
+# packages are pinned and installed into BUILD_DIR/node-proxy-MODE with
+# Debian's node and npm. Exits 77 (a visible skip for CTest) when node or
+# npm is missing or the packages cannot be installed (no network); 1 on
+# failure.
 set -u
 bin=$1
 build=$2
+mode=$3
 OPENAI_VERSION=4.95.0
+AGENTS_VERSION=0.20.0
+ZOD_VERSION=4.1.12
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "SKIP: node and npm are needed (apt-get install nodejs npm)"
   exit 77
 fi
-prefix=$build/node-proxy
-if ! grep -q "\"version\": \"$OPENAI_VERSION\"" \
-    "$prefix/node_modules/openai/package.json" 2>/dev/null; then
+if [ "$mode" = agents ]; then
+  prefix=$build/node-proxy-agents
+  pkgs="@openai/agents@$AGENTS_VERSION zod@$ZOD_VERSION"
+  check=$prefix/node_modules/@openai/agents/package.json
+  want=$AGENTS_VERSION
+else
+  prefix=$build/node-proxy-openai
+  pkgs="openai@$OPENAI_VERSION"
+  check=$prefix/node_modules/openai/package.json
+  want=$OPENAI_VERSION
+fi
+if ! grep -q "\"version\": \"$want\"" "$check" 2>/dev/null; then
   mkdir -p "$prefix"
+  # shellcheck disable=SC2086
   if ! npm install --no-audit --no-fund --silent --prefix "$prefix" \
-      "openai@$OPENAI_VERSION" >/dev/null 2>&1; then
-    echo "SKIP: could not install openai@$OPENAI_VERSION from npm (offline?)"
+      $pkgs >/dev/null 2>&1; then
+    echo "SKIP: could not install $pkgs from npm (offline?)"
     exit 77
   fi
 fi
-NODE_PATH=$prefix/node_modules exec node "$(dirname "$0")/openai_client.mjs" \
-  "$bin" "$prefix"
+exec node "$(dirname "$0")/openai_client.mjs" "$bin" "$prefix" "$mode"
