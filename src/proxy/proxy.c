@@ -82,6 +82,7 @@ typedef struct reply {
   const char *ctype;          /* static */
   struct curl_slist *headers; /* "Name: value" from the upstream, or NULL */
   const char *stop;           /* x-agentguard-stop, or NULL */
+  bool anthropic;             /* errors in Anthropic's shape (/v1/messages) */
 } reply;
 
 /* ------------------------------------------------------------------------ */
@@ -99,6 +100,7 @@ static char *dupz(const char *s) {
 }
 
 static void set_json(reply *r, unsigned status, json_t *o) {
+  free(r->body);
   r->status = status;
   r->ctype = "application/json";
   r->body = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -126,6 +128,20 @@ static void set_error(reply *r, unsigned status, const char *type,
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  if (r->anthropic) {
+    /* {"type":"error","error":{"type","message"}}; the code joins the
+     * message, Anthropic's errors have no code field */
+    const char *at = status == 401   ? "authentication_error"
+                     : status == 413 ? "request_too_large"
+                     : status < 500  ? "invalid_request_error"
+                                     : "api_error";
+    char full[ERR_MSG_MAX + 64];
+    snprintf(full, sizeof full, "%s [%s]", msg, code);
+    set_json(r, status,
+             json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                       at, "message", full));
+    return;
+  }
   set_json(r, status,
            json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg,
                      "type", type, "param", "code", code));
@@ -712,6 +728,21 @@ static void set_stop_reply(ag_proxy *p, const json_t *req, const ag_verdict *v,
   snprintf(id, sizeof id, "chatcmpl-agentguard-%lu",
            (unsigned long)atomic_fetch_add(&p->ids, 1));
   const char *model = json_string_value(json_object_get(req, "model"));
+  if (r->anthropic) {
+    snprintf(id, sizeof id, "msg_agentguard_%lu",
+             (unsigned long)atomic_fetch_add(&p->ids, 1));
+    set_json(r, 200,
+             json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s}], s:s, s:n, "
+                       "s:{s:i, s:i}}",
+                       "id", id, "type", "message", "role", "assistant",
+                       "model", model != NULL ? model : "agentguard", "content",
+                       "type", "text", "text", text, "stop_reason", "end_turn",
+                       "stop_sequence", "usage", "input_tokens", 0,
+                       "output_tokens", 0));
+    if (r->status == 200)
+      r->stop = ag_reason_name(v->reason);
+    return;
+  }
   if (json_is_true(json_object_get(req, "stream"))) {
     sbuf b = {NULL, 0, 0, false};
     sb_reply(&b, id, model != NULL ? model : "agentguard", text, NULL, "stop");
@@ -771,15 +802,18 @@ static bool read_reply(const upstream *u, ag_reply *out, reply *r) {
   memset(&perr, 0, sizeof perr);
   ag__asm a;
   ag__asm_init(&a, NULL, NULL, &perr, "upstream");
-  ag__openai_response(&a, u->body != NULL ? u->body : "", u->len);
+  if (r->anthropic)
+    ag__anthropic_response(&a, u->body != NULL ? u->body : "", u->len);
+  else
+    ag__openai_response(&a, u->body != NULL ? u->body : "", u->len);
   ag_err_t rc = a.failed != AG_OK ? a.failed : ag__asm_finish(&a, out);
   ag__asm_free(&a);
   if (rc == AG_OK)
     return true;
   ag_reply_clear(out);
   set_error(r, 502, "upstream_error", "upstream_bad_reply",
-            "agentguard proxy: the upstream's reply is not a Chat Completions "
-            "response: %s",
+            "agentguard proxy: the upstream's reply is not a %s response: %s",
+            r->anthropic ? "Messages" : "Chat Completions",
             rc == AG_EPROVIDER ? perr.message : ag_strerror(rc));
   return false;
 }
@@ -789,8 +823,9 @@ static void final_without_tools(ag_proxy *p, struct MHD_Connection *c,
                                 const char *uri, const json_t *req,
                                 const ag_verdict *v, reply *r) {
   json_t *b = without_tools(req);
-  const bool stream = json_is_true(json_object_get(req, "stream"));
-  if (b != NULL && stream) {
+  const bool stream =
+      !r->anthropic && json_is_true(json_object_get(req, "stream"));
+  if (b != NULL && (stream || r->anthropic)) {
     /* asked whole; the client still gets a stream */
     json_object_set_new(b, "stream", json_false());
     json_object_del(b, "stream_options");
@@ -821,6 +856,29 @@ static void final_without_tools(ag_proxy *p, struct MHD_Connection *c,
     return;
   }
   json_t *j = json_loadb(u.body != NULL ? u.body : "", u.len, 0, NULL);
+  if (r->anthropic) {
+    json_t *content = json_object_get(j, "content");
+    if (!json_is_array(content)) {
+      json_decref(j);
+      set_error(r, 502, "upstream_error", "upstream_bad_reply",
+                "agentguard proxy: the upstream's reply is not a Messages "
+                "response: no content array");
+      upstream_free(&u);
+      return;
+    }
+    for (size_t k = json_array_size(content); k-- > 0;) {
+      const char *bt = json_string_value(
+          json_object_get(json_array_get(content, k), "type"));
+      if (bt != NULL && strcmp(bt, "tool_use") == 0)
+        json_array_remove(content, k);
+    }
+    json_object_set_new(j, "stop_reason", json_string("end_turn"));
+    set_json(r, 200, j);
+    upstream_free(&u);
+    if (r->status == 200)
+      r->stop = ag_reason_name(v->reason);
+    return;
+  }
   json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
   json_t *m = json_object_get(ch, "message");
   if (!json_is_object(m)) {
@@ -887,6 +945,37 @@ static ag_action check_reply(ag_guard *g, const ag_reply *rep,
 }
 
 /* The messages that answer the held-back calls with their nudge text. */
+static json_t *nudge_messages_anthropic(const ag_reply *rep,
+                                        const ag_call_check *checks) {
+  json_t *uses = json_array(), *results = json_array();
+  json_t *out = NULL;
+  for (size_t i = 0; uses != NULL && results != NULL && i < rep->n_calls; i++) {
+    if (checks[i].action != AG_NUDGE)
+      continue;
+    const ag_tool_call *tc = &rep->calls[i];
+    json_t *input = json_loadb(tc->arguments, tc->arguments_len, 0, NULL);
+    if (!json_is_object(input)) {
+      json_decref(input);
+      input = json_object();
+    }
+    if (json_array_append_new(uses, json_pack("{s:s, s:s, s:s, s:o}", "type",
+                                              "tool_use", "id", tc->id, "name",
+                                              tc->name, "input", input)) != 0 ||
+        json_array_append_new(results,
+                              json_pack("{s:s, s:s, s:s}", "type",
+                                        "tool_result", "tool_use_id", tc->id,
+                                        "content", checks[i].message)) != 0)
+      goto done;
+  }
+  if (uses != NULL && results != NULL)
+    out = json_pack("[{s:s, s:O}, {s:s, s:O}]", "role", "assistant", "content",
+                    uses, "role", "user", "content", results);
+done:
+  json_decref(uses);
+  json_decref(results);
+  return out;
+}
+
 static json_t *nudge_messages(const ag_reply *rep,
                               const ag_call_check *checks) {
   json_t *tcs = json_array(), *out = json_array();
@@ -1298,8 +1387,216 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   return st;
 }
 
+/* ---- Anthropic Messages (/v1/messages) -------------------------------- */
+
+/* The text of a content value: a string, or the text blocks of an array. */
+static json_t *blocks_text(const json_t *content) {
+  if (json_is_string(content))
+    return json_incref((json_t *)content);
+  char *acc = NULL;
+  size_t len = 0, i;
+  json_t *b;
+  json_array_foreach(content, i, b) {
+    size_t l = 0;
+    const char *t = ag__jstr(b, "text", &l);
+    if (t == NULL)
+      continue;
+    char *g = realloc(acc, len + l + 2);
+    if (g == NULL) {
+      free(acc);
+      return NULL;
+    }
+    acc = g;
+    if (len > 0)
+      acc[len++] = '\n';
+    memcpy(acc + len, t, l);
+    len += l;
+  }
+  json_t *out = json_stringn(acc != NULL ? acc : "", len);
+  free(acc);
+  return out;
+}
+
+/*
+ * Anthropic messages as Chat Completions messages, for the replay: a
+ * tool_use block is a tool call (its input the arguments), a tool_result
+ * block a tool message (is_error kept), text blocks the message's text. A
+ * user message holding only tool results is no user message: it does not
+ * start a turn. NULL with emsg set on a bad shape; NULL with emsg "" when
+ * out of memory.
+ */
+static json_t *anthropic_to_chat(const json_t *msgs, char *emsg, size_t cap) {
+  emsg[0] = '\0';
+  json_t *out = json_array();
+  size_t i;
+  json_t *m;
+  json_array_foreach(msgs, i, m) {
+    if (out == NULL)
+      return NULL;
+    const char *role = json_string_value(json_object_get(m, "role"));
+    json_t *content = json_object_get(m, "content");
+    if (role == NULL ||
+        (strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0)) {
+      snprintf(emsg, cap, "messages[%zu].role: expected user or assistant", i);
+      goto bad;
+    }
+    if (!json_is_string(content) && !json_is_array(content)) {
+      snprintf(emsg, cap,
+               "messages[%zu].content: expected a string or an array of "
+               "content blocks",
+               i);
+      goto bad;
+    }
+    bool has_text = json_is_string(content);
+    json_t *calls = json_array();
+    size_t k;
+    json_t *b;
+    json_array_foreach(content, k, b) {
+      const char *bt = json_string_value(json_object_get(b, "type"));
+      if (bt == NULL) {
+        json_decref(calls);
+        snprintf(emsg, cap,
+                 "messages[%zu].content[%zu].type: expected a "
+                 "string",
+                 i, k);
+        goto bad;
+      }
+      if (strcmp(bt, "text") == 0) {
+        has_text = true;
+      } else if (strcmp(bt, "tool_use") == 0) {
+        const char *id = json_string_value(json_object_get(b, "id"));
+        const char *name = json_string_value(json_object_get(b, "name"));
+        json_t *input = json_object_get(b, "input");
+        if (id == NULL || name == NULL) {
+          json_decref(calls);
+          snprintf(emsg, cap,
+                   "messages[%zu].content[%zu]: a tool_use block needs an id "
+                   "and a name",
+                   i, k);
+          goto bad;
+        }
+        char *args = json_dumps(input != NULL ? input : json_object(),
+                                JSON_COMPACT | JSON_ENCODE_ANY);
+        json_array_append_new(
+            calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+                             "function", "function", "name", name, "arguments",
+                             args != NULL ? args : "{}"));
+        free(args);
+      } else if (strcmp(bt, "tool_result") == 0) {
+        const char *id = json_string_value(json_object_get(b, "tool_use_id"));
+        if (id == NULL) {
+          json_decref(calls);
+          snprintf(emsg, cap,
+                   "messages[%zu].content[%zu]: a tool_result block needs a "
+                   "tool_use_id",
+                   i, k);
+          goto bad;
+        }
+        json_t *t = blocks_text(json_object_get(b, "content"));
+        json_array_append_new(
+            out, json_pack("{s:s, s:s, s:o, s:b}", "role", "tool",
+                           "tool_call_id", id, "content",
+                           t != NULL ? t : json_string(""), "is_error",
+                           json_is_true(json_object_get(b, "is_error"))));
+      }
+    }
+    if (strcmp(role, "assistant") == 0) {
+      json_t *t = blocks_text(content);
+      json_t *am = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                             t != NULL ? t : json_string(""));
+      if (json_array_size(calls) > 0)
+        json_object_set(am, "tool_calls", calls);
+      json_array_append_new(out, am);
+    } else if (has_text) {
+      json_t *t = blocks_text(content);
+      json_array_append_new(out,
+                            json_pack("{s:s, s:o}", "role", "user", "content",
+                                      t != NULL ? t : json_string("")));
+    }
+    json_decref(calls);
+  }
+  return out;
+bad:
+  json_decref(out);
+  return NULL;
+}
+
+/* An Anthropic message object as the events of a stream. */
+static void anthropic_sse(reply *r) {
+  json_t *msg = json_loadb(r->body != NULL ? r->body : "", r->len, 0, NULL);
+  sbuf b = {NULL, 0, 0, false};
+  json_t *content = json_object_get(msg, "content");
+  if (!json_is_array(content)) {
+    json_decref(msg);
+    set_error(r, 502, "upstream_error", "upstream_bad_reply",
+              "agentguard proxy: the upstream's reply is not a Messages "
+              "response: no content array");
+    return;
+  }
+  json_t *usage = json_object_get(msg, "usage");
+  json_t *start = json_deep_copy(msg);
+  json_object_set_new(start, "content", json_array());
+  json_object_set_new(start, "stop_reason", json_null());
+#define EV(name, obj)                                                          \
+  do {                                                                         \
+    sb_add(&b, "event: " name "\n", sizeof("event: " name "\n") - 1);          \
+    sb_json(&b, obj);                                                          \
+  } while (0)
+  EV("message_start",
+     json_pack("{s:s, s:o}", "type", "message_start", "message", start));
+  size_t i;
+  json_t *blk;
+  json_array_foreach(content, i, blk) {
+    const char *bt = json_string_value(json_object_get(blk, "type"));
+    json_t *head = json_deep_copy(blk);
+    json_t *delta = NULL;
+    if (bt != NULL && strcmp(bt, "text") == 0) {
+      json_object_set_new(head, "text", json_string(""));
+      delta = json_pack("{s:s, s:O}", "type", "text_delta", "text",
+                        json_object_get(blk, "text"));
+    } else if (bt != NULL && strcmp(bt, "tool_use") == 0) {
+      char *in = json_dumps(json_object_get(blk, "input"),
+                            JSON_COMPACT | JSON_ENCODE_ANY);
+      json_object_set_new(head, "input", json_object());
+      delta = json_pack("{s:s, s:s}", "type", "input_json_delta",
+                        "partial_json", in != NULL ? in : "{}");
+      free(in);
+    }
+    EV("content_block_start",
+       json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index",
+                 (int)i, "content_block", head));
+    if (delta != NULL)
+      EV("content_block_delta",
+         json_pack("{s:s, s:i, s:o}", "type", "content_block_delta", "index",
+                   (int)i, "delta", delta));
+    EV("content_block_stop",
+       json_pack("{s:s, s:i}", "type", "content_block_stop", "index", (int)i));
+  }
+  json_t *out_tokens = json_object_get(usage, "output_tokens");
+  EV("message_delta",
+     json_pack("{s:s, s:{s:O, s:n}, s:{s:I}}", "type", "message_delta", "delta",
+               "stop_reason", json_object_get(msg, "stop_reason"),
+               "stop_sequence", "usage", "output_tokens",
+               (json_int_t)(json_is_integer(out_tokens)
+                                ? json_integer_value(out_tokens)
+                                : 0)));
+  EV("message_stop", json_pack("{s:s}", "type", "message_stop"));
+#undef EV
+  json_decref(msg);
+  free(r->body);
+  r->body = NULL;
+  curl_slist_free_all(r->headers);
+  r->headers = NULL;
+  set_sse(r, &b);
+}
+
 static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
                  const char *path, reply *r, stream_st **st_out) {
+  const bool anth = r->anthropic;
+  bool anth_stream = false;
+  json_t *chat_msgs = NULL;
+  char *fwd = NULL;
+  size_t fwd_len = 0;
   json_error_t je;
   json_t *req = json_loadb(q->body != NULL ? q->body : "", q->len, 0, &je);
   ag_guard *g = NULL;
@@ -1333,14 +1630,36 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
       goto out;
     }
   }
+  char emsg[ERR_MSG_MAX];
+  if (anth) {
+    chat_msgs = anthropic_to_chat(msgs, emsg, sizeof emsg);
+    if (chat_msgs == NULL) {
+      if (emsg[0] != '\0')
+        set_error(r, 400, "invalid_request_error", "invalid_request",
+                  "agentguard proxy: %s", emsg);
+      else
+        set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+      goto out;
+    }
+    if (json_is_true(json_object_get(req, "stream"))) {
+      /* asked whole, checked, then told to the client as a stream */
+      anth_stream = true;
+      json_object_set_new(req, "stream", json_false());
+    }
+    fwd = json_dumps(req, JSON_COMPACT);
+    if (fwd == NULL) {
+      set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+      goto out;
+    }
+    fwd_len = strlen(fwd);
+  }
   ag_error_t err;
   if (ag_guard_new(&g, &p->cfg, NULL, &err) != AG_OK) {
     set_error(r, 500, "server_error", "guard", "agentguard proxy: %s", err.msg);
     goto out;
   }
-  char emsg[ERR_MSG_MAX];
   ag_verdict v;
-  int act = replay_turn(g, msgs, &v, emsg, sizeof emsg);
+  int act = replay_turn(g, anth ? chat_msgs : msgs, &v, emsg, sizeof emsg);
   if (act == -1) {
     set_error(r, 400, "invalid_request_error", "invalid_request",
               "agentguard proxy: %s", emsg);
@@ -1362,11 +1681,12 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
       set_stop_reply(p, req, &v, r);
     goto out;
   }
-  if (json_is_true(json_object_get(req, "stream"))) {
+  if (!anth && json_is_true(json_object_get(req, "stream"))) {
     *st_out = stream_start(p, c, q, path, &req, &g, r);
     goto out;
   }
-  send_upstream(p, c, "POST", q->uri, q->body, q->len, false, &u);
+  send_upstream(p, c, "POST", q->uri, anth ? fwd : q->body,
+                anth ? fwd_len : q->len, anth, &u);
   if (upstream_failed(p, &u, r))
     goto out;
   if (u.status < 200 || u.status >= 300) {
@@ -1388,7 +1708,8 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
   }
   /* A nudge: the held-back calls answered by the nudge, asked once more. */
   event(p, "nudge", path, &v, NULL);
-  json_t *extra = nudge_messages(&rep, checks);
+  json_t *extra = anth ? nudge_messages_anthropic(&rep, checks)
+                       : nudge_messages(&rep, checks);
   size_t len = 0;
   char *body = extra != NULL ? with_messages(req, extra, &len) : NULL;
   json_decref(extra);
@@ -1425,11 +1746,15 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
   event(p, "reply_replaced", path, &v, NULL);
   set_stop_reply(p, req, &v, r);
 out:
+  if (anth_stream && r->status == 200)
+    anthropic_sse(r);
   ag_reply_clear(&rep);
   ag_reply_clear(&rep2);
   upstream_free(&u);
   ag_guard_free(g);
   json_decref(req);
+  json_decref(chat_msgs);
+  free(fwd);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1438,7 +1763,8 @@ out:
 
 static bool guarded_path(const char *path) {
   return strcmp(path, "/v1/chat/completions") == 0 ||
-         strcmp(path, "/chat/completions") == 0;
+         strcmp(path, "/chat/completions") == 0 ||
+         strcmp(path, "/v1/messages") == 0;
 }
 
 static enum MHD_Result send_reply(struct MHD_Connection *c, reply *r) {
@@ -1528,6 +1854,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
   char path[2048];
   size_t pl = strcspn(q->uri, "?");
   snprintf(path, sizeof path, "%.*s", (int)(pl < sizeof path ? pl : 0), q->uri);
+  r.anthropic = strcmp(path, "/v1/messages") == 0;
   if (!key_ok(p, c)) {
     set_error(&r, 401, "invalid_request_error", "agentguard_key",
               "agentguard proxy: this proxy needs its client key in the "

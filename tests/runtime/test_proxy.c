@@ -814,3 +814,171 @@ Test(proxy, stream_upstream_error_passes_through) {
   free(body);
   free(r);
 }
+
+/* ---- Anthropic Messages (/v1/messages) --------------------------------- */
+
+/* A Messages conversation: a user message, then `n` rounds of the call
+ * name(args) answered by `result` (is_error as given). Caller frees. */
+static char *messages_conv(int n, const char *args, const char *result,
+                           bool is_error, bool stream) {
+  json_t *msgs =
+      json_pack("[{s:s, s:s}]", "role", "user", "content", "Read the file.");
+  for (int i = 0; i < n; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "toolu_%d", i);
+    json_array_append_new(
+        msgs, json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:s, s:s, s:o}]}", "role",
+                        "assistant", "content", "type", "text", "text",
+                        "Reading.", "type", "tool_use", "id", id, "name",
+                        "read", "input", json_loads(args, 0, NULL)));
+    json_array_append_new(
+        msgs, json_pack("{s:s, s:[{s:s, s:s, s:s, s:b}]}", "role", "user",
+                        "content", "type", "tool_result", "tool_use_id", id,
+                        "content", result, "is_error", is_error));
+  }
+  json_t *o =
+      json_pack("{s:s, s:i, s:o, s:b, s:[{s:s, s:{s:s}}]}", "model", "claude",
+                "max_tokens", 1024, "messages", msgs, "stream", stream, "tools",
+                "name", "read", "input_schema", "type", "object");
+  char *t = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  return t;
+}
+
+static void canned_message_call(const char *args) {
+  json_t *o = json_pack(
+      "{s:s, s:s, s:s, s:s, s:[{s:s, s:s}, {s:s, s:s, s:s, s:o}], s:s, "
+      "s:n, s:{s:i, s:i}}",
+      "id", "msg_up", "type", "message", "role", "assistant", "model", "claude",
+      "content", "type", "text", "text", "Let me read it.", "type", "tool_use",
+      "id", "toolu_up", "name", "read", "input", json_loads(args, 0, NULL),
+      "stop_reason", "tool_use", "stop_sequence", "usage", "input_tokens", 10,
+      "output_tokens", 5);
+  char *t = json_dumps(o, JSON_COMPACT);
+  canned_add(200, t);
+  free(t);
+  json_decref(o);
+}
+
+static json_t *text_of_message(const resp *r) {
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_assert_not_null(j, "not JSON: %s", r->body);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "message");
+  return j;
+}
+
+Test(proxy, anthropic_allowed_reply_is_forwarded) {
+  canned_message_call("{\"path\":\"b\"}");
+  char *body = messages_conv(1, "{\"path\":\"a\"}", "text", false, false);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, U.replies[0].body);
+  cr_expect_str_empty(r->stop);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_repeated_call_is_replaced) {
+  canned_message_call("{\"path\":\"a\"}");
+  char *body = messages_conv(2, "{\"path\":\"a\"}", "text", false, false);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "identical_calls");
+  json_t *j = text_of_message(r);
+  json_t *content = json_object_get(j, "content");
+  cr_expect_eq(json_array_size(content), 1);
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_array_get(content, 0), "type")),
+      "text");
+  cr_expect(strstr(json_string_value(
+                       json_object_get(json_array_get(content, 0), "text")),
+                   "agentguard stopped this turn (identical_calls)") != NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "stop_reason")),
+                   "end_turn");
+  json_decref(j);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_replayed_errors_stop) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body =
+      messages_conv(3, "{\"path\":\"x\"}", "no such file", true, false);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 0);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  json_decref(text_of_message(r));
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_nudge_answers_with_tool_result) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.nudge_before_stop = true;
+  P = proxy_with(c, 0, NULL);
+  canned_message_call("{\"path\":\"a\"}");
+  canned_add(200, "{\"id\":\"msg_2\",\"type\":\"message\",\"role\":"
+                  "\"assistant\",\"model\":\"claude\",\"content\":[{\"type\":"
+                  "\"text\",\"text\":\"Done.\"}],\"stop_reason\":\"end_turn\","
+                  "\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}");
+  char *body = messages_conv(2, "{\"path\":\"a\"}", "text", false, false);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, U.replies[1].body);
+  cr_assert_eq(n_upstream(), 2);
+  json_t *sent = json_loads(U.reqs[1].body, 0, NULL);
+  json_t *msgs = json_object_get(sent, "messages");
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  json_t *blk = json_array_get(json_object_get(last, "content"), 0);
+  cr_expect_str_eq(json_string_value(json_object_get(blk, "type")),
+                   "tool_result");
+  cr_expect_str_eq(json_string_value(json_object_get(blk, "tool_use_id")),
+                   "toolu_up");
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_stream_is_told_as_events) {
+  canned_message_call("{\"path\":\"b\"}");
+  char *body = messages_conv(1, "{\"path\":\"a\"}", "text", false, true);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  const char *order[] = {"event: message_start", "event: content_block_start",
+                         "text_delta",           "input_json_delta",
+                         "event: message_delta", "event: message_stop"};
+  const char *at = r->body;
+  for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+    const char *f = strstr(at, order[i]);
+    cr_expect_not_null(f, "%s missing or out of order: %s", order[i], r->body);
+    if (f != NULL)
+      at = f;
+  }
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  cr_expect(json_is_false(json_object_get(sent, "stream")));
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_errors_have_anthropic_shape) {
+  resp *r = call(P, "POST", "/v1/messages", "{\"messages\":[", NULL);
+  cr_expect_eq(r->status, 400);
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "error");
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_object_get(j, "error"), "type")),
+      "invalid_request_error");
+  json_decref(j);
+  free(r);
+  r = call(P, "POST", "/v1/messages",
+           "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", NULL);
+  cr_expect_eq(r->status, 400);
+  cr_expect(strstr(r->body, "messages[0].content") != NULL, "%s", r->body);
+  free(r);
+}
