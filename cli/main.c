@@ -25,7 +25,7 @@ static const command commands[] = {
     {"simulate", cli_simulate,
      "run a scenario (scripted model and tools) through the guarded loop"},
     {"proxy", cli_proxy,
-     "an OpenAI-compatible proxy that guards any agent's tool loop"},
+     "an OpenAI/Anthropic-compatible proxy that guards any agent's tool loop"},
     {"audit", cli_audit,
      "replay recorded agent runs through the guard: where would it stop?"},
     {"presets", cli_presets, "list the presets, or print one as JSON"},

@@ -1,6 +1,7 @@
 /*
- * cli/proxy.c - `agentguard proxy`: an OpenAI-compatible HTTP proxy that
- * guards the tool loop passing through it (src/proxy/, docs/proxy.md).
+ * cli/proxy.c - `agentguard proxy`: an OpenAI- and Anthropic-compatible
+ * HTTP proxy that guards the tool loop passing through it (src/proxy/,
+ * docs/proxy.md).
  *
  * Serves until SIGINT or SIGTERM: both are blocked before the server's
  * threads start (they inherit the mask) and taken here with sigwait, so no
@@ -21,11 +22,10 @@ static void usage(FILE *f) {
   fprintf(
       f,
       "usage: agentguard proxy --upstream URL [options]\n\n"
-      "An OpenAI-compatible proxy that guards the tool loop of any agent: "
-      "point\n"
-      "the agent's base URL (OPENAI_BASE_URL) at it. POST "
-      "/v1/chat/completions\n"
-      "is guarded; every other request is passed through unchanged.\n\n"
+      "An OpenAI- and Anthropic-compatible proxy that guards the tool loop of\n"
+      "any agent: point the agent's base URL (OPENAI_BASE_URL,\n"
+      "ANTHROPIC_BASE_URL) at it. POST /v1/chat/completions and POST\n"
+      "/v1/messages are guarded; every other request is passed through.\n\n"
       "options:\n"
       "  --listen HOST:PORT     address to serve on (default 127.0.0.1:8787)\n"
       "  --upstream URL         the real API, e.g. https://api.openai.com/v1\n"

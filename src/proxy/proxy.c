@@ -1,7 +1,9 @@
 /*
  * src/proxy/proxy.c - the guard proxy (proxy.h; docs/proxy.md).
  *
- * One request, guarded (POST /v1/chat/completions):
+ * One request, guarded (POST /v1/chat/completions; POST /v1/messages the
+ * same way in Anthropic's shapes, its messages converted to chat form for
+ * the replay by anthropic_to_chat):
  *   1. the body is read (capped), parsed, and its shape checked (400 in
  *      OpenAI's error shape otherwise);
  *   2. the turn (the last user message and everything after it) is parsed

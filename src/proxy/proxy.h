@@ -1,13 +1,14 @@
 /*
- * src/proxy/proxy.h - the OpenAI-compatible guard proxy (`agentguard
- * proxy`, docs/proxy.md). Not installed: the library `agentguard_proxy`
- * (src/proxy/, linked with libmicrohttpd) is built for the program and the
- * tests only, so that the installed libagentguard does not depend on an
- * HTTP server.
+ * src/proxy/proxy.h - the OpenAI- and Anthropic-compatible guard proxy
+ * (`agentguard proxy`, docs/proxy.md). Not installed: the library
+ * `agentguard_proxy` (src/proxy/, linked with libmicrohttpd) is built for the
+ * program and the tests only, so that the installed libagentguard does not
+ * depend on an HTTP server.
  *
  * The proxy serves HTTP with libmicrohttpd (one thread per connection,
  * connections capped) and talks to the upstream with libcurl.
- *   - POST /v1/chat/completions is guarded: the request's turn (everything
+ *   - POST /v1/chat/completions and POST /v1/messages (Anthropic, its
+ *     messages read as chat form) are guarded: the request's turn (everything
  *     after the last user message) is parsed as a chat transcript
  *     (ag_trajectory_parse) and replayed through a fresh guard with the
  *     same calls the audit makes; a turn that already stops is answered
