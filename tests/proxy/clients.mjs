@@ -1,9 +1,11 @@
-// tests/proxy/openai_client.mjs AGENTGUARD PREFIX MODE - a tool loop through
+// tests/proxy/clients.mjs AGENTGUARD PREFIX MODE - a tool loop through
 // `agentguard proxy`, written the way the clients' docs write it. MODE:
 //   plain   the official `openai` package, chat.completions.create
 //   stream  the same with stream: true, tool calls gathered from the chunks
 //   agents  the OpenAI Agents SDK (@openai/agents) running its own loop
 //           over Chat Completions with a read_file tool
+//   anthropic, anthropic-stream  the official @anthropic-ai/sdk against
+//           /v1/messages (streaming: messages.stream and finalMessage)
 // The fake upstream's model asks for read_file({"path":"a.txt"}) on every
 // request; the proxy must end the loop: the client gets an ordinary reply
 // without tool calls whose text says why (and, plain, the header
@@ -15,7 +17,8 @@ import path from "node:path";
 
 const [bin, prefix, mode = "plain"] = process.argv.slice(2);
 const require = createRequire(path.resolve(prefix, "node_modules", "x.js"));
-const OpenAI = require("openai").default ?? require("openai");
+const OpenAI = mode.startsWith("anthropic") ? null
+  : (require("openai").default ?? require("openai"));
 const STOP = /agentguard stopped this turn \(identical_calls\)/;
 
 function fail(msg) {
@@ -29,8 +32,18 @@ const upstream = createServer((req, res) => {
   req.on("data", (c) => (body += c));
   req.on("end", () => {
     upstreamRequests++;
-    if (req.headers.authorization !== "Bearer sk-node-test")
+    if (req.headers.authorization !== "Bearer sk-node-test" &&
+        req.headers["x-api-key"] !== "sk-node-test")
       fail("the client's key did not reach the upstream as it came");
+    if (req.url.endsWith("/messages")) {
+      res.setHeader("content-type", "application/json");
+      res.end(JSON.stringify({ id: "msg_" + upstreamRequests, type: "message",
+        role: "assistant", model: "fake", stop_reason: "tool_use",
+        stop_sequence: null, usage: { input_tokens: 10, output_tokens: 5 },
+        content: [{ type: "tool_use", id: "toolu_" + upstreamRequests,
+          name: "read_file", input: { path: "a.txt" } }] }));
+      return;
+    }
     const call = { id: "call_" + upstreamRequests, type: "function",
       function: { name: "read_file", arguments: '{"path":"a.txt"}' } };
     if (JSON.parse(body).stream) {
@@ -131,11 +144,38 @@ async function agentsLoop(baseURL) {
   return [result.finalOutput, runs + 1];
 }
 
+async function anthropicLoop(stream) {
+  const sdk = require("@anthropic-ai/sdk");
+  const Anthropic = sdk.default ?? sdk.Anthropic ?? sdk;
+  const client = new Anthropic({ apiKey: "sk-node-test", maxRetries: 0,
+    baseURL: `http://127.0.0.1:${proxyPort}` });
+  const tools = [{ name: "read_file", description: "Read a file",
+    input_schema: { type: "object", properties: { path: { type: "string" } } } }];
+  const messages = [{ role: "user", content: "Summarise a.txt" }];
+  let steps = 0;
+  while (steps++ < 20) {
+    const params = { model: "fake", max_tokens: 512, messages, tools };
+    const msg = stream ? await client.messages.stream(params).finalMessage()
+      : await client.messages.create(params);
+    messages.push({ role: "assistant", content: msg.content });
+    const uses = msg.content.filter((b) => b.type === "tool_use");
+    if (uses.length === 0)
+      return [msg.content.filter((b) => b.type === "text")
+        .map((b) => b.text).join(""), steps];
+    messages.push({ role: "user", content: uses.map((u) => ({
+      type: "tool_result", tool_use_id: u.id, content: "hello" })) });
+  }
+  fail("the loop was never stopped");
+}
+
 try {
   const baseURL = `http://127.0.0.1:${proxyPort}/v1`;
-  const client = new OpenAI({ apiKey: "sk-node-test", baseURL, maxRetries: 0 });
+  const client = OpenAI ? new OpenAI({ apiKey: "sk-node-test", baseURL,
+    maxRetries: 0 }) : null;
   const [final, steps] = mode === "agents" ? await agentsLoop(baseURL)
-    : await plainLoop(client, mode === "stream");
+    : mode.startsWith("anthropic")
+      ? await anthropicLoop(mode === "anthropic-stream")
+      : await plainLoop(client, mode === "stream");
   if (typeof final !== "string" || !STOP.test(final))
     fail("final output: " + JSON.stringify(final));
   console.log(`ok (${mode}): stopped after ${steps} requests ` +
