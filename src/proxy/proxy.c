@@ -149,6 +149,12 @@ static void set_error(reply *r, unsigned status, const char *type,
                      "type", type, "param", "code", code));
 }
 
+static ag_err_t fail(ag_error_t *err, ag_err_t code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
 static void reply_free(reply *r) {
   free(r->body);
   curl_slist_free_all(r->headers);
@@ -1759,6 +1765,58 @@ out:
   free(fwd);
 }
 
+int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
+                    bool anthropic, ag_verdict *v, ag_error_t *err) {
+  json_error_t je;
+  json_t *req = json_loadb(body, len, 0, &je);
+  if (req == NULL) {
+    fail(err, AG_EJSON, "the request body is not JSON: %s (line %d, column %d)",
+         je.text, je.line, je.column);
+    return -1;
+  }
+  json_t *msgs = json_object_get(req, "messages");
+  json_t *chat_msgs = NULL;
+  ag_guard *g = NULL;
+  char emsg[ERR_MSG_MAX];
+  int act = -1;
+  if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+    fail(err, AG_EINVAL, "messages: expected a non-empty array");
+    goto out;
+  }
+  size_t i;
+  json_t *m;
+  json_array_foreach(msgs, i, m) {
+    if (!json_is_string(json_object_get(m, "role"))) {
+      fail(err, AG_EINVAL, "messages[%zu].role: expected a string", i);
+      goto out;
+    }
+  }
+  if (anthropic) {
+    chat_msgs = anthropic_to_chat(msgs, emsg, sizeof emsg);
+    if (chat_msgs == NULL) {
+      fail(err, emsg[0] != '\0' ? AG_EINVAL : AG_ENOMEM, "%s",
+           emsg[0] != '\0' ? emsg : "out of memory");
+      goto out;
+    }
+  }
+  if (ag_guard_new(&g, cfg, NULL, err) != AG_OK)
+    goto out;
+  act = replay_turn(g, anthropic ? chat_msgs : msgs, v, emsg, sizeof emsg);
+  if (act == -1)
+    fail(err, AG_EINVAL, "%s", emsg);
+  else if (act == -2)
+    fail(err, AG_ENOMEM, "out of memory");
+  else if (!is_stop((ag_action)act))
+    act = ag_guard_begin_iteration(g, 0, v);
+  if (act < 0)
+    act = -1;
+out:
+  ag_guard_free(g);
+  json_decref(chat_msgs);
+  json_decref(req);
+  return act;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Serving (libmicrohttpd)                                                  */
 /* ------------------------------------------------------------------------ */
@@ -1927,11 +1985,6 @@ static void curl_init(void) {
   curl_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-static ag_err_t fail(ag_error_t *err, ag_err_t code, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
 static ag_err_t fail(ag_error_t *err, ag_err_t code, const char *fmt, ...) {
   if (err != NULL) {
     ag_error_clear(err);

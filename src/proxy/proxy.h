@@ -67,6 +67,18 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
                         ag_error_t *err);
 /* The port it listens on. */
 uint16_t ag_proxy_port(const ag_proxy *p);
+/*
+ * The decision before forwarding, alone (for benchmarks and tests): parses
+ * the request body (`len` bytes; Chat Completions, or Messages when
+ * `anthropic`), replays its turn through a fresh guard for `cfg` and counts
+ * the coming request, exactly as a served request does. Returns the action
+ * (AG_ALLOW: it would be forwarded; AG_STOP / AG_ESCALATE with v filled),
+ * or -1 with err filled (AG_EJSON, AG_EINVAL: the 400 the client would get;
+ * AG_ENOMEM; AG_ECONFIG).
+ */
+int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
+                    bool anthropic, ag_verdict *v, ag_error_t *err);
+
 /* Stops serving (waits for the connections' threads) and frees. NULL does
  * nothing. */
 void ag_proxy_stop(ag_proxy *p);

@@ -982,3 +982,21 @@ Test(proxy, anthropic_errors_have_anthropic_shape) {
   cr_expect(strstr(r->body, "messages[0].content") != NULL, "%s", r->body);
   free(r);
 }
+
+Test(proxy, decide_alone_matches_the_served_decision) {
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  char *body = conversation(3, "read", "{\"path\":\"x\"}", "Error: nope");
+  ag_verdict v;
+  ag_error_t err;
+  cr_expect_eq(ag_proxy_decide(&c, body, strlen(body), false, &v, &err),
+               AG_STOP);
+  cr_expect_eq(v.reason, AG_REASON_CONSECUTIVE_ERRORS);
+  free(body);
+  body = conversation(2, "read", "{\"path\":\"x\"}", "Error: nope");
+  cr_expect_eq(ag_proxy_decide(&c, body, strlen(body), false, &v, &err),
+               AG_ALLOW);
+  free(body);
+  cr_expect_eq(ag_proxy_decide(&c, "{", 1, false, &v, &err), -1);
+  cr_expect_eq(err.code, AG_EJSON);
+}
