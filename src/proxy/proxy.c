@@ -1339,7 +1339,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
  * Returns the stream (the guard and the request are now its), or NULL with
  * `r` filled (502, the upstream's own error, or 500). */
 static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
-                               const req_ctx *q, const char *path, json_t **req,
+                               const req_ctx *q, const char *body, size_t len,
+                               bool ours, const char *path, json_t **req,
                                ag_guard **g, reply *r) {
   stream_st *st = calloc(1, sizeof(*st));
   if (st == NULL) {
@@ -1352,7 +1353,7 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   st->path = dupz(path);
   ag__sse_init(&st->sse, on_sse_event, st);
   ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
-  st->h = upstream_handle(p, c, "POST", q->uri, q->body, q->len, false, &st->u,
+  st->h = upstream_handle(p, c, "POST", q->uri, body, len, ours, &st->u,
                           &st->hdrs, &st->url);
   st->multi = curl_multi_init();
   if (st->h == NULL || st->multi == NULL || st->uri == NULL ||
@@ -1365,9 +1366,8 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   st->g = *g;
   *req = NULL;
   *g = NULL;
-  curl_easy_setopt(st->h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->len);
-  curl_easy_setopt(st->h, CURLOPT_COPYPOSTFIELDS,
-                   q->body != NULL ? q->body : "");
+  curl_easy_setopt(st->h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+  curl_easy_setopt(st->h, CURLOPT_COPYPOSTFIELDS, body != NULL ? body : "");
   curl_easy_setopt(st->h, CURLOPT_WRITEFUNCTION, on_stream_body);
   curl_easy_setopt(st->h, CURLOPT_WRITEDATA, st);
   st->u.cc = CURLE_OK;
@@ -1689,12 +1689,33 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
       set_stop_reply(p, req, &v, r);
     goto out;
   }
+  /* The error context of the replayed errors, for this request only (the
+   * loop's rule: it never enters the conversation the client keeps). */
+  if (p->cfg.errors.error_context) {
+    char ectx[8192];
+    size_t need = ag_guard_error_context(g, AG_RECOVER_EXECUTION, NULL, 0, ectx,
+                                         sizeof ectx);
+    if (need > 0 && ectx[0] != '\0') {
+      json_t *extra =
+          json_pack("[{s:s, s:s}]", "role", "user", "content", ectx);
+      free(fwd);
+      fwd = extra != NULL ? with_messages(req, extra, &fwd_len) : NULL;
+      json_decref(extra);
+      if (fwd == NULL) {
+        set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+        goto out;
+      }
+      event(p, "error_context", path, NULL, NULL);
+    }
+  }
   if (!anth && json_is_true(json_object_get(req, "stream"))) {
-    *st_out = stream_start(p, c, q, path, &req, &g, r);
+    *st_out = stream_start(p, c, q, fwd != NULL ? fwd : q->body,
+                           fwd != NULL ? fwd_len : q->len, fwd != NULL, path,
+                           &req, &g, r);
     goto out;
   }
-  send_upstream(p, c, "POST", q->uri, anth ? fwd : q->body,
-                anth ? fwd_len : q->len, anth, &u);
+  send_upstream(p, c, "POST", q->uri, fwd != NULL ? fwd : q->body,
+                fwd != NULL ? fwd_len : q->len, fwd != NULL, &u);
   if (upstream_failed(p, &u, r))
     goto out;
   if (u.status < 200 || u.status >= 300) {

@@ -1000,3 +1000,50 @@ Test(proxy, decide_alone_matches_the_served_decision) {
   cr_expect_eq(ag_proxy_decide(&c, "{", 1, false, &v, &err), -1);
   cr_expect_eq(err.code, AG_EJSON);
 }
+
+Test(proxy, error_context_goes_with_the_request_only) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.errors.error_context = true;
+  P = proxy_with(c, 0, NULL);
+  canned_call(NULL, "It does not exist.");
+  char *body =
+      conversation(1, "read", "{\"path\":\"x\"}", "Error: no such file x");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_assert_eq(n_upstream(), 1);
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  json_t *msgs = json_object_get(sent, "messages");
+  json_t *orig_req = json_loads(body, 0, NULL);
+  json_t *orig = json_object_get(orig_req, "messages");
+  cr_expect_eq(json_array_size(msgs), json_array_size(orig) + 1);
+  json_decref(orig_req);
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  cr_expect_str_eq(json_string_value(json_object_get(last, "role")), "user");
+  cr_expect(strstr(json_string_value(json_object_get(last, "content")),
+                   "no such file x") != NULL,
+            "%s", U.reqs[0].body);
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, escalation_asks_the_user) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  c.errors.on_trip = AG_TRIP_ESCALATE;
+  P = proxy_with(c, 0, NULL);
+  char *body = conversation(3, "read", "{\"path\":\"x\"}", "Error: nope");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  json_t *m = message_of(r);
+  cr_expect(strstr(json_string_value(json_object_get(m, "content")),
+                   "needs you") != NULL,
+            "%s", r->body);
+  cr_expect_null(json_object_get(m, "tool_calls"));
+  json_decref(m);
+  free(body);
+  free(r);
+}
