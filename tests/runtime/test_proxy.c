@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/wait.h>
 
 #include "proxy/proxy.h"
 
@@ -1046,4 +1047,45 @@ Test(proxy, escalation_asks_the_user) {
   json_decref(m);
   free(body);
   free(r);
+}
+
+/* ---- the command line -----------------------------------------------------
+ */
+
+/* Runs `agentguard proxy ARGS` (which must fail before serving); returns
+ * the exit code, stderr in err. */
+static int cli(const char *args, char *err, size_t cap) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s/agentguard proxy %s 2>&1 >/dev/null",
+           AG_BINARY_DIR, args);
+  FILE *f = popen(cmd, "r");
+  cr_assert_not_null(f);
+  size_t n = fread(err, 1, cap - 1, f);
+  err[n] = '\0';
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(proxy, cli_refuses_bad_options) {
+  char err[4096];
+  cr_expect_eq(cli("", err, sizeof err), 2);
+  cr_expect(strstr(err, "--upstream URL is required") != NULL, "%s", err);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --listen 0.0.0.0:0", err, sizeof err),
+      2);
+  cr_expect(strstr(err, "--client-key-env") != NULL, "%s", err);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --listen nope", err, sizeof err), 2);
+  cr_expect(strstr(err, "HOST:PORT") != NULL, "%s", err);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --client-key-env AG_PROXY_TEST_UNSET",
+          err, sizeof err),
+      2);
+  cr_expect(strstr(err, "AG_PROXY_TEST_UNSET") != NULL, "%s", err);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --max-body -5", err, sizeof err), 2);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --preset nosuch", err, sizeof err), 2);
+  cr_expect_eq(cli("--upstream ftp://x", err, sizeof err), 2);
+  cr_expect(strstr(err, "http://") != NULL, "%s", err);
 }
