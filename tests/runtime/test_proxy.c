@@ -1089,3 +1089,15 @@ Test(proxy, cli_refuses_bad_options) {
   cr_expect_eq(cli("--upstream ftp://x", err, sizeof err), 2);
   cr_expect(strstr(err, "http://") != NULL, "%s", err);
 }
+
+Test(proxy, upstream_reply_of_wrong_shape_is_502) {
+  canned_add(200, "{\"choices\":\"no\"}");
+  char *body = conversation(0, "read", "{}", "");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  char code[64];
+  cr_expect_eq(r->status, 502);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "upstream_bad_reply");
+  cr_expect(strstr(r->body, "choices") != NULL, "%s", r->body);
+  free(body);
+  free(r);
+}
