@@ -6,8 +6,10 @@
  * the replay by anthropic_to_chat):
  *   1. the body is read (capped), parsed, and its shape checked (400 in
  *      OpenAI's error shape otherwise);
- *   2. the turn (the last user message and everything after it) is parsed
- *      as a chat transcript by ag_trajectory_parse and replayed through a
+ *   2. the turn (the last user message and everything after it) becomes
+ *      an ag_trajectory - built straight from the parsed request for the
+ *      plain shape (fast_turn), else written out and read by
+ *      ag_trajectory_parse, the audit's parser - and is replayed through a
  *      fresh guard with the audit's sequence of calls (replay_turn), then
  *      the coming model request is counted (ag_guard_begin_iteration);
  *   3. a stop there is answered without tool calls: directly (a synthetic
@@ -21,9 +23,9 @@
  *      the nudge text.
  * Every stop sets `x-agentguard-stop: REASON` and writes an event.
  *
- * Rejected: keeping sessions keyed by conversation. Replaying the turn
- * costs microseconds (bench/bench_proxy.c) and makes every replica decide
- * alike behind any load balancer.
+ * Rejected: keeping sessions keyed by conversation. Replaying a 500-message
+ * turn costs about 0.1 ms beyond parsing the request (bench/bench_proxy.c)
+ * and makes every replica decide alike behind any load balancer.
  */
 #include "proxy.h"
 
@@ -552,6 +554,145 @@ static const char *role_of(const json_t *m) {
 }
 
 /*
+ * The turn msgs[start..n) as a hand-built ag_trajectory (audit.h allows
+ * them), read straight from the parsed request: no second parse. Only the
+ * plain shape every client sends is taken: assistant content a string or
+ * null, tool calls with string ids, names and arguments; tool messages with
+ * a string tool_call_id and content, is_error absent or boolean; system
+ * and developer messages; no "usage". Anything else, and every broken turn,
+ * returns 0: the caller then uses ag_trajectory_parse, whose reading (and
+ * error message) is the audit's. On this shape both give the same steps
+ * (test_proxy's parity test replays both). Returns 1 and fills *t (free
+ * t->turns' arrays with fast_free), or 0, or -1 when out of memory.
+ */
+typedef struct fast_traj {
+  ag_trajectory t;
+  ag_traj_turn turn;
+  ag_traj_step *steps;
+  ag_traj_call *calls;
+  ag_traj_result *results;
+  const char **ids;
+  bool *answered;
+} fast_traj;
+
+static void fast_free(fast_traj *f) {
+  free(f->steps);
+  free(f->calls);
+  free(f->results);
+  free(f->ids);
+  free(f->answered);
+}
+
+static int fast_turn(const json_t *msgs, size_t start, fast_traj *f) {
+  memset(f, 0, sizeof(*f));
+  size_t n = json_array_size(msgs), n_calls = 0, n_steps = 0;
+  for (size_t i = start; i < n; i++) {
+    const json_t *m = json_array_get(msgs, i);
+    if (strcmp(role_of(m), "assistant") == 0) {
+      n_steps++;
+      n_calls += json_array_size(json_object_get(m, "tool_calls"));
+    }
+  }
+  f->steps = calloc(n_steps + 1, sizeof(*f->steps));
+  f->calls = calloc(n_calls + 1, sizeof(*f->calls));
+  f->results = calloc(n_calls + 1, sizeof(*f->results));
+  f->ids = calloc(n_calls + 1, sizeof(*f->ids));
+  f->answered = calloc(n_calls + 1, sizeof(*f->answered));
+  if (f->steps == NULL || f->calls == NULL || f->results == NULL ||
+      f->ids == NULL || f->answered == NULL) {
+    fast_free(f);
+    return -1;
+  }
+  size_t si = 0, ci = 0, step0 = 0; /* step0: first call of the step */
+  bool in_step = false;
+  for (size_t i = start; i < n; i++) {
+    const json_t *m = json_array_get(msgs, i);
+    const char *role = role_of(m);
+    if (json_object_get(m, "usage") != NULL)
+      goto slow;
+    if (strcmp(role, "assistant") == 0) {
+      for (size_t k = step0; in_step && k < ci; k++)
+        if (!f->answered[k])
+          goto slow;
+      const json_t *content = json_object_get(m, "content");
+      const json_t *tcs = json_object_get(m, "tool_calls");
+      if ((!json_is_string(content) && !json_is_null(content)) ||
+          json_object_get(m, "function_call") != NULL ||
+          (tcs != NULL && !json_is_null(tcs) && !json_is_array(tcs)))
+        goto slow;
+      ag_traj_step *st = &f->steps[si++];
+      in_step = true;
+      step0 = ci;
+      st->text = json_is_string(content) ? json_string_value(content) : "";
+      st->text_len = json_is_string(content) ? json_string_length(content) : 0;
+      st->tokens = -1;
+      st->t_request_ms = st->t_response_ms = st->t_done_ms = -1;
+      st->calls = &f->calls[ci];
+      st->results = &f->results[ci];
+      size_t k;
+      const json_t *tc;
+      json_array_foreach(tcs, k, tc) {
+        const json_t *fn = json_object_get(tc, "function");
+        const json_t *id = json_object_get(tc, "id");
+        const json_t *name = json_object_get(fn, "name");
+        const json_t *args = json_object_get(fn, "arguments");
+        if (!json_is_string(id) || !json_is_string(name) ||
+            !json_is_string(args))
+          goto slow;
+        for (size_t q = step0; q < ci; q++)
+          if (strcmp(f->ids[q], json_string_value(id)) == 0)
+            goto slow; /* a repeated id */
+        f->ids[ci] = json_string_value(id);
+        f->calls[ci].name = json_string_value(name);
+        f->calls[ci].args = json_string_value(args);
+        f->calls[ci].args_len = json_string_length(args);
+        f->results[ci].text = "";
+        ci++;
+      }
+      st->n_calls = st->n_results = ci - step0;
+    } else if (strcmp(role, "tool") == 0) {
+      const json_t *id = json_object_get(m, "tool_call_id");
+      const json_t *content = json_object_get(m, "content");
+      const json_t *ie = json_object_get(m, "is_error");
+      if (!in_step || !json_is_string(id) || !json_is_string(content) ||
+          (ie != NULL && !json_is_boolean(ie)))
+        goto slow;
+      size_t q = step0;
+      while (q < ci && strcmp(f->ids[q], json_string_value(id)) != 0)
+        q++;
+      if (q == ci || f->answered[q])
+        goto slow;
+      f->answered[q] = true;
+      f->results[q].outcome =
+          json_is_true(ie) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
+      f->results[q].category = AG_CAT_AUTO;
+      f->results[q].text = json_string_value(content);
+      f->results[q].text_len = json_string_length(content);
+    } else if (strcmp(role, "user") == 0) {
+      if (i != start)
+        goto slow;
+    } else if (strcmp(role, "system") != 0 && strcmp(role, "developer") != 0) {
+      goto slow;
+    }
+  }
+  for (size_t k = step0; in_step && k < ci; k++)
+    if (!f->answered[k])
+      goto slow;
+  f->turn.steps = f->steps;
+  f->turn.n_steps = si;
+  f->turn.t_start_ms = -1;
+  f->t.format = AG_TRAJ_CHAT;
+  f->t.turns = &f->turn;
+  f->t.n_turns = 1;
+  f->t.n_steps = si;
+  f->t.n_calls = ci;
+  return 1;
+slow:
+  fast_free(f);
+  return 0;
+}
+
+/*
  * Replays the turn of `msgs` (the last user message and what follows)
  * through `g`. Returns the action (v filled), or -1 with a 400 message in
  * `emsg` when the turn cannot be read, or -2 when out of memory.
@@ -572,6 +713,15 @@ static int replay_turn(ag_guard *g, const json_t *msgs, ag_verdict *v,
   ag_guard_begin_turn(g, 0);
   if (!has_steps)
     return AG_ALLOW;
+  fast_traj f;
+  int fr = fast_turn(msgs, start, &f);
+  if (fr < 0)
+    return -2;
+  if (fr > 0) {
+    int act = replay_trajectory(g, &f.t, v);
+    fast_free(&f);
+    return act < 0 ? -2 : act;
+  }
   json_t *turn = json_array();
   int rc = -2;
   if (turn == NULL)

@@ -1101,3 +1101,105 @@ Test(proxy, upstream_reply_of_wrong_shape_is_502) {
   free(body);
   free(r);
 }
+
+/* ---- parity with the audit ------------------------------------------------
+ */
+
+static unsigned long rng_state = 12345;
+static unsigned rnd(unsigned n) {
+  rng_state = rng_state * 6364136223846793005UL + 1442695040888963407UL;
+  return (unsigned)((rng_state >> 33) % n);
+}
+
+/* A random turn: rounds of 0-3 calls from a small set (so that repeats,
+ * cycles and error runs happen), results ok, "Error: ..." or is_error. */
+static json_t *random_turn(int rounds) {
+  static const char *const names[] = {"read", "write", "run"};
+  static const char *const args[] = {"{\"p\":1}", "{\"p\":2}", "{\"p\": 1}",
+                                     "{\"q\":[1,2]}"};
+  json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "system",
+                           "content", "sys", "role", "user", "content", "go");
+  int id = 0;
+  for (int r = 0; r < rounds; r++) {
+    unsigned nc = rnd(4);
+    json_t *tcs = json_array();
+    for (unsigned k = 0; k < nc; k++) {
+      char cid[16];
+      snprintf(cid, sizeof cid, "c%d", id + (int)k);
+      json_array_append_new(tcs, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id",
+                                           cid, "type", "function", "function",
+                                           "name", names[rnd(3)], "arguments",
+                                           args[rnd(4)]));
+    }
+    json_t *am = json_pack("{s:s, s:s}", "role", "assistant", "content",
+                           rnd(3) == 0 ? "thinking" : "");
+    if (nc > 0)
+      json_object_set_new(am, "tool_calls", tcs);
+    else
+      json_decref(tcs);
+    json_array_append_new(msgs, am);
+    for (unsigned k = 0; k < nc; k++) {
+      char cid[16];
+      snprintf(cid, sizeof cid, "c%d", id + (int)k);
+      unsigned kind = rnd(4);
+      json_t *tm = json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
+                             cid, "content",
+                             kind == 0   ? "Error: file not found"
+                             : kind == 1 ? "failed hard"
+                                         : "ok");
+      if (kind == 1)
+        json_object_set_new(tm, "is_error", json_true());
+      json_array_append_new(msgs, tm);
+    }
+    id += (int)nc;
+  }
+  return msgs;
+}
+
+Test(proxy, decisions_equal_the_audits) {
+  ag_config cfgs[3];
+  cfgs[0] = test_cfg();
+  cr_assert_eq(ag_config_preset(&cfgs[1], "default", NULL), AG_OK);
+  cfgs[2] = test_cfg();
+  cfgs[2].loop.nudge_before_stop = true;
+  cfgs[2].loop.cycle_limit = 2;
+  int stops = 0;
+  for (int c = 0; c < 3; c++) {
+    cfgs[c].loop.max_iterations = 0; /* the coming request never trips */
+    cfgs[c].loop.max_tokens_per_turn = 0;
+    ag_auditor *a = NULL;
+    cr_assert_eq(ag_auditor_new(&a, &cfgs[c], NULL, NULL), AG_OK);
+    for (int i = 0; i < 200; i++) {
+      json_t *msgs = random_turn(1 + (int)rnd(12));
+      char *transcript = json_dumps(msgs, JSON_COMPACT);
+      json_t *req = json_pack("{s:s, s:o}", "model", "m", "messages", msgs);
+      char *body = json_dumps(req, JSON_COMPACT);
+      json_decref(req);
+      ag_trajectory *t = NULL;
+      ag_error_t err;
+      cr_assert_eq(
+          ag_trajectory_parse(&t, transcript, strlen(transcript), NULL, &err),
+          AG_OK, "%s", err.msg);
+      ag_audit_finding f;
+      cr_assert_eq(ag_auditor_run(a, t, &f, &err), AG_OK);
+      ag_verdict v;
+      int act = ag_proxy_decide(&cfgs[c], body, strlen(body), false, &v, &err);
+      if (f.stop.stopped) {
+        stops++;
+        cr_expect(act == AG_STOP || act == AG_ESCALATE, "cfg %d run %d: %s", c,
+                  i, transcript);
+        cr_expect_eq(v.reason, f.stop.reason, "cfg %d run %d: %s vs %s: %s", c,
+                     i, ag_reason_name(v.reason), ag_reason_name(f.stop.reason),
+                     transcript);
+      } else {
+        cr_expect_eq(act, AG_ALLOW, "cfg %d run %d: %s (%s)", c, i,
+                     ag_reason_name(v.reason), transcript);
+      }
+      ag_trajectory_free(t);
+      free(transcript);
+      free(body);
+    }
+    ag_auditor_free(a);
+  }
+  cr_expect_gt(stops, 50, "the random turns exercise stops (%d)", stops);
+}
