@@ -3,7 +3,7 @@
  *
  * One request, guarded (POST /v1/chat/completions; POST /v1/messages the
  * same way in Anthropic's shapes, its messages converted to chat form for
- * the replay by anthropic_to_chat):
+ * the replay by anthropic_to_chat, its streams relayed by on_anth_event):
  *   1. the body is read (capped), parsed, and its shape checked (400 in
  *      OpenAI's error shape otherwise);
  *   2. the turn (the last user message and everything after it) becomes
@@ -1220,6 +1220,13 @@ typedef struct stream_st {
   sbuf out, held;
   size_t out_pos;
   char id[96], model[96];
+  /* Anthropic: blocks are renumbered for the client (held tool_use blocks
+   * take their numbers when released); map[upstream index] is the client's
+   * index, -1 while held or unseen */
+  bool anth;
+  int next_index;
+  int map[256];
+  json_t *held_ev; /* [[event name, data object], ...] held back */
 } stream_st;
 
 static void stream_free(void *cls) {
@@ -1237,6 +1244,7 @@ static void stream_free(void *cls) {
   ag__asm_free(&st->asmb);
   free(st->out.p);
   free(st->held.p);
+  json_decref(st->held_ev);
   ag_guard_free(st->g);
   json_decref(st->req);
   free(st->uri);
@@ -1368,9 +1376,265 @@ static void stream_error(stream_st *st, const char *fmt, ...) {
                     "upstream_error", "param", "code", "upstream_stream"));
 }
 
+/* ---- Anthropic streams ------------------------------------------------- */
+
+static void sb_named(sbuf *b, const char *name, json_t *o) {
+  sb_add(b, "event: ", 7);
+  sb_add(b, name, strlen(name));
+  sb_add(b, "\n", 1);
+  sb_json(b, o);
+}
+
+/* The client's index for upstream block `idx` (assigned on first use). */
+static int client_index(stream_st *st, json_int_t idx) {
+  if (idx < 0 || idx >= (json_int_t)(sizeof(st->map) / sizeof(st->map[0])))
+    return -1;
+  if (st->map[idx] < 0)
+    st->map[idx] = st->next_index++;
+  return st->map[idx];
+}
+
+static bool is_held_index(const stream_st *st, json_int_t idx) {
+  return idx >= 0 && idx < (json_int_t)(sizeof(st->map) / sizeof(st->map[0])) &&
+         st->map[idx] == -2;
+}
+
+static int on_anth_event(void *user, const char *event_name, const char *data,
+                         size_t len, size_t pos) {
+  stream_st *st = user;
+  if (ag__anthropic_event(&st->asmb, event_name, data, len, pos) != 0)
+    return 1;
+  json_t *j = json_loadb(data, len, 0, NULL);
+  if (j == NULL)
+    return 1;
+  const char *type = json_string_value(json_object_get(j, "type"));
+  const char *name = event_name[0] != '\0' ? event_name
+                     : type != NULL        ? type
+                                           : "message";
+  json_t *ix = json_object_get(j, "index");
+  json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : -1;
+  bool hold = false;
+  if (type == NULL) {
+    /* forwarded as it came */
+  } else if (strcmp(type, "message_start") == 0) {
+    json_t *m = json_object_get(j, "message");
+    const char *id = json_string_value(json_object_get(m, "id"));
+    const char *model = json_string_value(json_object_get(m, "model"));
+    snprintf(st->id, sizeof st->id, "%s", id != NULL ? id : "msg");
+    snprintf(st->model, sizeof st->model, "%s",
+             model != NULL ? model : "unknown");
+  } else if (strcmp(type, "content_block_start") == 0) {
+    const char *bt = json_string_value(
+        json_object_get(json_object_get(j, "content_block"), "type"));
+    if (idx < 0 || idx >= (json_int_t)(sizeof(st->map) / sizeof(st->map[0]))) {
+      json_decref(j);
+      ag__asm_bad(&st->asmb, (long)pos, "a content block index out of range");
+      return 1;
+    }
+    if (bt != NULL && strstr(bt, "tool_use") != NULL) {
+      st->map[idx] = -2; /* held until the calls are checked */
+      hold = true;
+    }
+  } else if (strcmp(type, "content_block_delta") == 0 ||
+             strcmp(type, "content_block_stop") == 0) {
+    hold = is_held_index(st, idx);
+    json_t *d = json_object_get(j, "delta");
+    size_t tl = 0;
+    const char *text = ag__jstr(d, "text", &tl);
+    if (!hold && text != NULL && tl > 0) {
+      ag_verdict v;
+      if (ag_guard_check_text(st->g, text, tl, true, &v) != AG_ALLOW) {
+        st->looped = true;
+        st->loop_v = v;
+        json_decref(j);
+        return 1;
+      }
+      st->any_text = true;
+    }
+  } else if (strcmp(type, "message_delta") == 0 ||
+             strcmp(type, "message_stop") == 0) {
+    hold = true;
+  }
+  if (hold) {
+    json_t *pair = json_pack("[s, O]", name, j);
+    if (pair == NULL || json_array_append_new(st->held_ev, pair) != 0)
+      st->held.failed = true;
+  } else {
+    if (idx >= 0 && type != NULL && strncmp(type, "content_block", 13) == 0)
+      json_object_set_new(j, "index", json_integer(client_index(st, idx)));
+    sb_named(&st->out, name, json_incref(j));
+  }
+  json_decref(j);
+  return st->out.failed || st->held.failed ? 1 : 0;
+}
+
+/* A text block with `text` at the client's next index. */
+static void anth_text_block(stream_st *st, const char *text) {
+  int ci = st->next_index++;
+  sb_named(&st->out, "content_block_start",
+           json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start",
+                     "index", ci, "content_block", "type", "text", "text", ""));
+  sb_named(&st->out, "content_block_delta",
+           json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta",
+                     "index", ci, "delta", "type", "text_delta", "text", text));
+  sb_named(&st->out, "content_block_stop",
+           json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
+}
+
+static void anth_end(stream_st *st, const char *stop_reason) {
+  sb_named(&st->out, "message_delta",
+           json_pack("{s:s, s:{s:s, s:n}, s:{s:i}}", "type", "message_delta",
+                     "delta", "stop_reason", stop_reason, "stop_sequence",
+                     "usage", "output_tokens", 0));
+  sb_named(&st->out, "message_stop",
+           json_pack("{s:s}", "type", "message_stop"));
+}
+
+static void anth_stop(stream_st *st, const ag_verdict *v) {
+  char text[AG_VERDICT_MSG_MAX * 2 + 128];
+  stop_text(v, text, sizeof text);
+  anth_text_block(st, text);
+  anth_end(st, "end_turn");
+}
+
+static void anth_error(stream_st *st, const char *msg) {
+  st->out.failed = false;
+  sb_named(&st->out, "error",
+           json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                     "api_error", "message", msg));
+}
+
+/* The end of a relayed Anthropic stream (stream_finish's counterpart). */
+static void stream_finish_anth(stream_st *st) {
+  char msg[ERR_MSG_MAX];
+  if (st->looped) {
+    event(st->p, "stream_stopped", st->path, &st->loop_v, NULL);
+    anth_stop(st, &st->loop_v);
+    return;
+  }
+  if (st->u.too_big || st->out.failed || st->held.failed ||
+      st->u.cc != CURLE_OK || st->asmb.failed != AG_OK) {
+    snprintf(msg, sizeof msg,
+             "agentguard proxy: the upstream's stream broke: %s",
+             st->u.too_big || st->out.failed || st->held.failed ? "too large"
+             : st->u.cc != CURLE_OK
+                 ? (st->u.errbuf[0] != '\0' ? st->u.errbuf
+                                            : curl_easy_strerror(st->u.cc))
+             : st->asmb.failed == AG_EPROVIDER ? st->perr.message
+                                               : ag_strerror(st->asmb.failed));
+    anth_error(st, msg);
+    return;
+  }
+  ag_reply rep, rep2;
+  memset(&rep, 0, sizeof rep);
+  memset(&rep2, 0, sizeof rep2);
+  if (ag__asm_finish(&st->asmb, &rep) != AG_OK) {
+    anth_error(st, "agentguard proxy: out of memory");
+    return;
+  }
+  ag_call_check checks[AG__CALLS_MAX];
+  ag_verdict v;
+  ag_action act = check_reply(st->g, &rep, true, checks, &v);
+  if (act == AG_ALLOW) {
+    size_t i;
+    json_t *pair;
+    json_array_foreach(st->held_ev, i, pair) {
+      json_t *o = json_array_get(pair, 1);
+      json_t *ix = json_object_get(o, "index");
+      if (json_is_integer(ix)) {
+        json_int_t idx = json_integer_value(ix);
+        if (is_held_index(st, idx))
+          st->map[idx] = st->next_index++;
+        json_object_set_new(o, "index", json_integer(st->map[idx]));
+      }
+      sb_named(&st->out, json_string_value(json_array_get(pair, 0)),
+               json_incref(o));
+    }
+    goto out;
+  }
+  if (act != AG_NUDGE) {
+    event(st->p, "reply_replaced", st->path, &v, NULL);
+    anth_stop(st, &v);
+    goto out;
+  }
+  event(st->p, "nudge", st->path, &v, NULL);
+  json_t *b = json_copy(st->req);
+  json_t *extra = nudge_messages_anthropic(&rep, checks);
+  size_t len = 0;
+  char *body = NULL;
+  if (b != NULL && extra != NULL) {
+    json_object_set_new(b, "stream", json_false());
+    body = with_messages(b, extra, &len);
+  }
+  json_decref(b);
+  json_decref(extra);
+  if (body == NULL) {
+    anth_error(st, "agentguard proxy: out of memory");
+    goto out;
+  }
+  act = record_nudged(st->g, &rep, checks, &v);
+  upstream u;
+  memset(&u, 0, sizeof u);
+  reply r;
+  memset(&r, 0, sizeof r);
+  r.anthropic = true;
+  if (!is_stop(act))
+    send_upstream(st->p, st->c, "POST", st->uri, body, len, true, &u);
+  free(body);
+  if (is_stop(act)) {
+    /* v says why */
+  } else if (upstream_failed(st->p, &u, &r) || u.status < 200 ||
+             u.status >= 300 || !read_reply(&u, &rep2, &r)) {
+    snprintf(msg, sizeof msg,
+             "agentguard proxy: asking the upstream again failed: %s",
+             r.body != NULL ? r.body : (u.body != NULL ? u.body : ""));
+    anth_error(st, msg);
+    reply_free(&r);
+    upstream_free(&u);
+    goto out;
+  } else {
+    act = check_reply(st->g, &rep2, false, checks, &v);
+  }
+  upstream_free(&u);
+  if (act == AG_ALLOW) {
+    if (rep2.text != NULL && rep2.text[0] != '\0')
+      anth_text_block(st, rep2.text);
+    for (size_t k = 0; k < rep2.n_calls; k++) {
+      const ag_tool_call *tc = &rep2.calls[k];
+      int ci = st->next_index++;
+      sb_named(&st->out, "content_block_start",
+               json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type",
+                         "content_block_start", "index", ci, "content_block",
+                         "type", "tool_use", "id", tc->id, "name", tc->name,
+                         "input"));
+      sb_named(&st->out, "content_block_delta",
+               json_pack("{s:s, s:i, s:{s:s, s:s%}}", "type",
+                         "content_block_delta", "index", ci, "delta", "type",
+                         "input_json_delta", "partial_json", tc->arguments,
+                         tc->arguments_len));
+      sb_named(
+          &st->out, "content_block_stop",
+          json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
+    }
+    anth_end(st, rep2.n_calls > 0 ? "tool_use" : "end_turn");
+    goto out;
+  }
+  if (act == AG_NUDGE)
+    v.action = AG_STOP; /* one nudge per request */
+  event(st->p, "reply_replaced", st->path, &v, NULL);
+  anth_stop(st, &v);
+out:
+  ag_reply_clear(&rep);
+  ag_reply_clear(&rep2);
+}
+
 /* The stream has ended: check the calls, then release or replace them. */
 static void stream_finish(stream_st *st) {
   st->finished = true;
+  if (st->anth) {
+    stream_finish_anth(st);
+    return;
+  }
   if (st->id[0] == '\0') {
     snprintf(st->id, sizeof st->id, "chatcmpl-agentguard");
     snprintf(st->model, sizeof st->model, "agentguard");
@@ -1490,8 +1754,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
  * `r` filled (502, the upstream's own error, or 500). */
 static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
                                const req_ctx *q, const char *body, size_t len,
-                               bool ours, const char *path, json_t **req,
-                               ag_guard **g, reply *r) {
+                               bool ours, bool anth, const char *path,
+                               json_t **req, ag_guard **g, reply *r) {
   stream_st *st = calloc(1, sizeof(*st));
   if (st == NULL) {
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
@@ -1501,13 +1765,17 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   st->c = c;
   st->uri = dupz(q->uri);
   st->path = dupz(path);
-  ag__sse_init(&st->sse, on_sse_event, st);
+  st->anth = anth;
+  for (size_t k = 0; k < sizeof(st->map) / sizeof(st->map[0]); k++)
+    st->map[k] = -1;
+  st->held_ev = json_array();
+  ag__sse_init(&st->sse, anth ? on_anth_event : on_sse_event, st);
   ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
   st->h = upstream_handle(p, c, "POST", q->uri, body, len, ours, &st->u,
                           &st->hdrs, &st->url);
   st->multi = curl_multi_init();
   if (st->h == NULL || st->multi == NULL || st->uri == NULL ||
-      st->path == NULL) {
+      st->path == NULL || st->held_ev == NULL) {
     stream_free(st);
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return NULL;
@@ -1799,11 +2067,9 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
         set_error(r, 500, "server_error", "out_of_memory", "out of memory");
       goto out;
     }
-    if (json_is_true(json_object_get(req, "stream"))) {
-      /* asked whole, checked, then told to the client as a stream */
-      anth_stream = true;
-      json_object_set_new(req, "stream", json_false());
-    }
+    /* a stream relayed (stream_start); a reply the proxy makes itself is
+     * told as a stream at the end (anthropic_sse) */
+    anth_stream = json_is_true(json_object_get(req, "stream"));
     fwd = json_dumps(req, JSON_COMPACT);
     if (fwd == NULL) {
       set_error(r, 500, "server_error", "out_of_memory", "out of memory");
@@ -1858,10 +2124,10 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
       event(p, "error_context", path, NULL, NULL);
     }
   }
-  if (!anth && json_is_true(json_object_get(req, "stream"))) {
+  if (json_is_true(json_object_get(req, "stream"))) {
     *st_out = stream_start(p, c, q, fwd != NULL ? fwd : q->body,
-                           fwd != NULL ? fwd_len : q->len, fwd != NULL, path,
-                           &req, &g, r);
+                           fwd != NULL ? fwd_len : q->len, fwd != NULL, anth,
+                           path, &req, &g, r);
     goto out;
   }
   send_upstream(p, c, "POST", q->uri, fwd != NULL ? fwd : q->body,

@@ -36,12 +36,37 @@ const upstream = createServer((req, res) => {
         req.headers["x-api-key"] !== "sk-node-test")
       fail("the client's key did not reach the upstream as it came");
     if (req.url.endsWith("/messages")) {
+      const id = "toolu_" + upstreamRequests;
+      if (JSON.parse(body).stream) {
+        res.setHeader("content-type", "text/event-stream");
+        const ev = (o) => `event: ${o.type}\ndata: ${JSON.stringify(o)}\n\n`;
+        res.write(ev({ type: "message_start", message: { id: "msg_" +
+          upstreamRequests, type: "message", role: "assistant", model: "fake",
+          content: [], stop_reason: null, stop_sequence: null,
+          usage: { input_tokens: 10, output_tokens: 1 } } }));
+        res.write(ev({ type: "content_block_start", index: 0,
+          content_block: { type: "text", text: "" } }));
+        res.write(ev({ type: "content_block_delta", index: 0,
+          delta: { type: "text_delta", text: "Reading. " } }));
+        res.write(ev({ type: "content_block_stop", index: 0 }));
+        res.write(ev({ type: "content_block_start", index: 1,
+          content_block: { type: "tool_use", id, name: "read_file", input: {} } }));
+        res.write(ev({ type: "content_block_delta", index: 1,
+          delta: { type: "input_json_delta", partial_json: '{"path":' } }));
+        res.write(ev({ type: "content_block_delta", index: 1,
+          delta: { type: "input_json_delta", partial_json: '"a.txt"}' } }));
+        res.write(ev({ type: "content_block_stop", index: 1 }));
+        res.write(ev({ type: "message_delta", delta: { stop_reason: "tool_use",
+          stop_sequence: null }, usage: { output_tokens: 9 } }));
+        res.end(ev({ type: "message_stop" }));
+        return;
+      }
       res.setHeader("content-type", "application/json");
       res.end(JSON.stringify({ id: "msg_" + upstreamRequests, type: "message",
         role: "assistant", model: "fake", stop_reason: "tool_use",
         stop_sequence: null, usage: { input_tokens: 10, output_tokens: 5 },
-        content: [{ type: "tool_use", id: "toolu_" + upstreamRequests,
-          name: "read_file", input: { path: "a.txt" } }] }));
+        content: [{ type: "tool_use", id, name: "read_file",
+          input: { path: "a.txt" } }] }));
       return;
     }
     const call = { id: "call_" + upstreamRequests, type: "function",

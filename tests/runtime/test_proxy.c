@@ -945,24 +945,112 @@ Test(proxy, anthropic_nudge_answers_with_tool_result) {
   free(r);
 }
 
-Test(proxy, anthropic_stream_is_told_as_events) {
-  canned_message_call("{\"path\":\"b\"}");
+/* An Anthropic stream: a text block "Let me read it.", then a tool_use
+ * read(args) in two input_json_delta fragments, message_delta, stop. */
+static void canned_message_stream(const char *args) {
+  size_t half = strlen(args) / 2;
+  json_t *a1 = json_stringn(args, half), *a2 = json_string(args + half);
+  char *s1 = json_dumps(a1, JSON_ENCODE_ANY);
+  char *s2 = json_dumps(a2, JSON_ENCODE_ANY);
+  char *b = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&b, &n);
+  fprintf(f,
+          "event: message_start\ndata: {\"type\":\"message_start\","
+          "\"message\":{\"id\":\"msg_s\",\"type\":\"message\",\"role\":"
+          "\"assistant\",\"model\":\"claude\",\"content\":[],\"stop_reason\":"
+          "null,\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}\n\n"
+          "event: content_block_start\ndata: {\"type\":\"content_block_start\","
+          "\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"
+          "event: ping\ndata: {\"type\":\"ping\"}\n\n"
+          "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+          "\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Let me "
+          "read it.\"}}\n\n"
+          "event: content_block_stop\ndata: {\"type\":\"content_block_stop\","
+          "\"index\":0}\n\n"
+          "event: content_block_start\ndata: {\"type\":\"content_block_start\","
+          "\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":"
+          "\"toolu_s\",\"name\":\"read\",\"input\":{}}}\n\n"
+          "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+          "\"index\":1,\"delta\":{\"type\":\"input_json_delta\","
+          "\"partial_json\":%s}}\n\n"
+          "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+          "\"index\":1,\"delta\":{\"type\":\"input_json_delta\","
+          "\"partial_json\":%s}}\n\n"
+          "event: content_block_stop\ndata: {\"type\":\"content_block_stop\","
+          "\"index\":1}\n\n"
+          "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":"
+          "{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":"
+          "{\"output_tokens\":9}}\n\n"
+          "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+          s1, s2);
+  fclose(f);
+  canned_add(200, b);
+  free(b);
+  free(s1);
+  free(s2);
+  json_decref(a1);
+  json_decref(a2);
+}
+
+static void expect_in_order(const resp *r, const char *const *parts, size_t n) {
+  const char *at = r->body;
+  for (size_t i = 0; i < n; i++) {
+    const char *f = strstr(at, parts[i]);
+    cr_expect_not_null(f, "'%s' missing or out of order: %s", parts[i],
+                       r->body);
+    if (f == NULL)
+      return;
+    at = f + strlen(parts[i]);
+  }
+}
+
+Test(proxy, anthropic_stream_relayed_then_calls_released) {
+  canned_message_stream("{\"path\":\"b\"}");
   char *body = messages_conv(1, "{\"path\":\"a\"}", "text", false, true);
   resp *r = call(P, "POST", "/v1/messages", body, NULL);
   cr_expect_eq(r->status, 200);
-  const char *order[] = {"event: message_start", "event: content_block_start",
-                         "text_delta",           "input_json_delta",
-                         "event: message_delta", "event: message_stop"};
-  const char *at = r->body;
-  for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
-    const char *f = strstr(at, order[i]);
-    cr_expect_not_null(f, "%s missing or out of order: %s", order[i], r->body);
-    if (f != NULL)
-      at = f;
-  }
+  const char *order[] = {
+      "event: message_start",       "Let me read it.",
+      "event: content_block_start", "toolu_s",
+      "input_json_delta",           "\"stop_reason\":\"tool_use\"",
+      "event: message_stop"};
+  expect_in_order(r, order, sizeof order / sizeof order[0]);
   json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
-  cr_expect(json_is_false(json_object_get(sent, "stream")));
+  cr_expect(json_is_true(json_object_get(sent, "stream")), "relayed");
   json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_stream_repeated_call_replaced) {
+  canned_message_stream("{\"path\":\"a\"}");
+  char *body = messages_conv(2, "{\"path\":\"a\"}", "text", false, true);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "toolu_s") == NULL, "the call is held: %s",
+            r->body);
+  const char *order[] = {"Let me read it.", "\"index\":1",
+                         "agentguard stopped this turn (identical_calls)",
+                         "\"stop_reason\":\"end_turn\"", "event: message_stop"};
+  expect_in_order(r, order, sizeof order / sizeof order[0]);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_stream_stop_before_request_is_events) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body = messages_conv(3, "{\"path\":\"x\"}", "no such file", true, true);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 0);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  const char *order[] = {"event: message_start", "event: content_block_start",
+                         "agentguard stopped this turn", "event: message_stop"};
+  expect_in_order(r, order, sizeof order / sizeof order[0]);
   free(body);
   free(r);
 }
