@@ -27,5 +27,6 @@ int cli_presets(int argc, char **argv);      /* cli/presets.c */
 int cli_check_config(int argc, char **argv); /* cli/check_config.c */
 int cli_audit(int argc, char **argv);        /* cli/audit.c */
 int cli_run(int argc, char **argv);          /* cli/run.c */
+int cli_proxy(int argc, char **argv);        /* cli/proxy.c */
 
 #endif /* AG_CLI_H */

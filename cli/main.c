@@ -24,6 +24,8 @@ static const command commands[] = {
     {"run", cli_run, "run a guarded agent against a real model, in a workdir"},
     {"simulate", cli_simulate,
      "run a scenario (scripted model and tools) through the guarded loop"},
+    {"proxy", cli_proxy,
+     "an OpenAI/Anthropic-compatible proxy that guards any agent's tool loop"},
     {"audit", cli_audit,
      "replay recorded agent runs through the guard: where would it stop?"},
     {"presets", cli_presets, "list the presets, or print one as JSON"},

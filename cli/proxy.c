@@ -1,0 +1,226 @@
+/*
+ * cli/proxy.c - `agentguard proxy`: an OpenAI- and Anthropic-compatible
+ * HTTP proxy that guards the tool loop passing through it (src/proxy/,
+ * docs/proxy.md).
+ *
+ * Serves until SIGINT or SIGTERM: both are blocked before the server's
+ * threads start (they inherit the mask) and taken here with sigwait, so no
+ * handler runs on another thread.
+ */
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "proxy.h"
+#include "scenario.h"
+
+#define CONFIG_MAX (1u << 20)
+
+static void usage(FILE *f) {
+  fprintf(
+      f,
+      "usage: agentguard proxy --upstream URL [options]\n\n"
+      "An OpenAI- and Anthropic-compatible proxy that guards the tool loop of\n"
+      "any agent: point the agent's base URL (OPENAI_BASE_URL,\n"
+      "ANTHROPIC_BASE_URL) at it. POST /v1/chat/completions and POST\n"
+      "/v1/messages are guarded; every other request is passed through.\n\n"
+      "options:\n"
+      "  --listen HOST:PORT     address to serve on (default 127.0.0.1:8787)\n"
+      "  --upstream URL         the real API, e.g. https://api.openai.com/v1\n"
+      "  --openai-upstream URL  the same as --upstream\n"
+      "  --preset NAME          the guard's preset (default: default)\n"
+      "  --config FILE          a config file (its keys on top of the preset)\n"
+      "  --events FILE          append the proxy's decisions as JSON Lines\n"
+      "  --max-body BYTES       request body cap (default 8388608)\n"
+      "  --client-key-env NAME  clients must send the key in $NAME as\n"
+      "                         x-agentguard-key (required off loopback)\n"
+      "\nSee docs/proxy.md.\n");
+}
+
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "agentguard proxy: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n(see 'agentguard proxy --help')\n");
+  va_end(ap);
+  return AG_EXIT_USAGE;
+}
+
+typedef struct proxy_args {
+  const char *listen, *upstream, *openai_upstream, *preset, *config, *events,
+      *max_body, *key_env;
+} proxy_args;
+
+static int parse_args(int argc, char **argv, proxy_args *a) {
+  static const char *const names[] = {
+      "--listen", "--upstream", "--openai-upstream", "--preset",
+      "--config", "--events",   "--max-body",        "--client-key-env"};
+  const char **slot[] = {&a->listen,   &a->upstream, &a->openai_upstream,
+                         &a->preset,   &a->config,   &a->events,
+                         &a->max_body, &a->key_env};
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+      usage(stdout);
+      return AG_EXIT_OK;
+    }
+    bool known = false;
+    for (size_t k = 0; k < sizeof(names) / sizeof(names[0]) && !known; k++) {
+      size_t n = strlen(names[k]);
+      if (strncmp(arg, names[k], n) != 0 || (arg[n] != '\0' && arg[n] != '='))
+        continue;
+      known = true;
+      const char *value;
+      if (arg[n] == '=') {
+        value = arg + n + 1;
+      } else {
+        if (i + 1 >= argc)
+          return usage_error("option '%s' needs a value", arg);
+        value = argv[++i];
+      }
+      if (value[0] == '\0')
+        return usage_error("option '%s' needs a non-empty value", names[k]);
+      if (*slot[k] != NULL)
+        return usage_error("option '%s' given twice", names[k]);
+      *slot[k] = value;
+    }
+    if (!known)
+      return usage_error("unknown %s '%s'",
+                         arg[0] == '-' ? "option" : "argument", arg);
+  }
+  if (a->upstream != NULL && a->openai_upstream != NULL)
+    return usage_error("give --upstream or --openai-upstream, not both");
+  if (a->upstream == NULL)
+    a->upstream = a->openai_upstream;
+  if (a->upstream == NULL)
+    return usage_error("--upstream URL is required");
+  return -1;
+}
+
+/* The guard's config: the file, with --preset winning over its "preset". */
+static int load_config(const proxy_args *a, ag_config *cfg) {
+  ag_error_t err;
+  json_t *root = NULL;
+  if (a->config != NULL) {
+    char *buf = NULL, msg[256];
+    size_t len = 0;
+    if (cli_read_file(a->config, CONFIG_MAX, &buf, &len, msg, sizeof msg) !=
+        0) {
+      fprintf(stderr, "agentguard proxy: --config %s: %s\n", a->config, msg);
+      return AG_EXIT_USAGE;
+    }
+    if (ag_config_parse(cfg, buf, len, &err) != AG_OK) {
+      fprintf(stderr, "%s: %s\n", a->config, err.msg);
+      free(buf);
+      return AG_EXIT_USAGE;
+    }
+    root = json_loadb(buf, len, 0, NULL);
+    free(buf);
+  } else {
+    root = json_object();
+  }
+  if (root == NULL) {
+    fprintf(stderr, "agentguard proxy: out of memory\n");
+    return AG_EXIT_FAILURE;
+  }
+  if (a->preset != NULL)
+    json_object_set_new(root, "preset", json_string(a->preset));
+  char *text = json_dumps(root, JSON_COMPACT);
+  json_decref(root);
+  int rc = 0;
+  if (text == NULL) {
+    fprintf(stderr, "agentguard proxy: out of memory\n");
+    rc = AG_EXIT_FAILURE;
+  } else if (ag_config_parse(cfg, text, strlen(text), &err) != AG_OK) {
+    fprintf(stderr, "agentguard proxy: %s\n", err.msg);
+    rc = AG_EXIT_USAGE;
+  }
+  free(text);
+  return rc;
+}
+
+int cli_proxy(int argc, char **argv) {
+  proxy_args a;
+  memset(&a, 0, sizeof a);
+  int rc = parse_args(argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.upstream = a.upstream;
+  char host[64] = "127.0.0.1";
+  if (a.listen != NULL) {
+    const char *colon = strrchr(a.listen, ':');
+    char *end = NULL;
+    long port = colon != NULL ? strtol(colon + 1, &end, 10) : -1;
+    if (colon == NULL || colon == a.listen ||
+        (size_t)(colon - a.listen) >= sizeof host || end == colon + 1 ||
+        *end != '\0' || port < 0 || port > 65535)
+      return usage_error("--listen %s: expected HOST:PORT, e.g. 127.0.0.1:8787",
+                         a.listen);
+    memcpy(host, a.listen, (size_t)(colon - a.listen));
+    host[colon - a.listen] = '\0';
+    o.port = (uint16_t)port;
+  }
+  o.listen_host = host;
+  if (a.max_body != NULL) {
+    char *end = NULL;
+    unsigned long long v = strtoull(a.max_body, &end, 10);
+    if (end == a.max_body || *end != '\0' || v == 0 || v > (1ull << 30) ||
+        a.max_body[0] == '-')
+      return usage_error("--max-body %s: expected a number of bytes from 1 to "
+                         "1073741824",
+                         a.max_body);
+    o.max_body = (size_t)v;
+  }
+  if (a.key_env != NULL) {
+    const char *k = getenv(a.key_env);
+    if (k == NULL || k[0] == '\0')
+      return usage_error("--client-key-env %s: the variable is not set or "
+                         "empty",
+                         a.key_env);
+    o.client_key = k;
+  }
+  rc = load_config(&a, &o.cfg);
+  if (rc != 0)
+    return rc;
+  FILE *events = NULL;
+  if (a.events != NULL) {
+    events = fopen(a.events, "a");
+    if (events == NULL) {
+      perror(a.events);
+      return AG_EXIT_USAGE;
+    }
+    o.events = events;
+  }
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  ag_proxy *p = NULL;
+  ag_error_t err;
+  if (ag_proxy_start(&p, &o, &err) != AG_OK) {
+    fprintf(stderr, "agentguard proxy: %s\n", err.msg);
+    if (events != NULL)
+      fclose(events);
+    return err.code == AG_EIO ? AG_EXIT_FAILURE : AG_EXIT_USAGE;
+  }
+  fprintf(stderr,
+          "agentguard proxy: listening on http://%s:%u (upstream %s, preset "
+          "%s); Ctrl-C stops\n",
+          host, (unsigned)ag_proxy_port(p), a.upstream, o.cfg.preset);
+  int sig = 0;
+  sigwait(&set, &sig);
+  ag_proxy_stop(p);
+  fprintf(stderr, "agentguard proxy: stopped\n");
+  if (events != NULL && fclose(events) != 0) {
+    perror(a.events);
+    return AG_EXIT_FAILURE;
+  }
+  return AG_EXIT_OK;
+}

@@ -1,0 +1,2531 @@
+/*
+ * src/proxy/proxy.c - the guard proxy (proxy.h; docs/proxy.md).
+ *
+ * One request, guarded (POST /v1/chat/completions; POST /v1/messages the
+ * same way in Anthropic's shapes, its messages converted to chat form for
+ * the replay by anthropic_to_chat, its streams relayed by on_anth_event):
+ *   1. the body is read (capped), parsed, and its shape checked (400 in
+ *      OpenAI's error shape otherwise);
+ *   2. the turn (the last user message and everything after it) becomes
+ *      an ag_trajectory - built straight from the parsed request for the
+ *      plain shape (fast_turn), else written out and read by
+ *      ag_trajectory_parse, the audit's parser - and is replayed through a
+ *      fresh guard with the audit's sequence of calls (replay_turn), then
+ *      the coming model request is counted (ag_guard_begin_iteration);
+ *   3. a stop there is answered without tool calls: directly (a synthetic
+ *      chat.completion whose message says why), or, with
+ *      loop.final_request_without_tools, by the upstream asked without
+ *      tools and told to answer with what it has;
+ *   4. otherwise the body goes upstream unchanged; the reply is read with
+ *      the OpenAI provider's own parser (ag__openai_response) and its tool
+ *      calls checked (ag_guard_check_calls): a stop replaces it, a nudge
+ *      asks the upstream once more with the held-back calls answered by
+ *      the nudge text.
+ * Every stop sets `x-agentguard-stop: REASON` and writes an event.
+ *
+ * Rejected: keeping sessions keyed by conversation. Replaying a 500-message
+ * turn costs about 0.1 ms beyond parsing the request (bench/bench_proxy.c)
+ * and makes every replica decide alike behind any load balancer.
+ */
+#include "proxy.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <openssl/crypto.h>
+
+#include "providers/internal.h"
+
+#define NO_TOOL_CALL_TEXT "Your response contained no tool call."
+#define FINAL_INSTRUCTION                                                      \
+  "The tool loop was stopped by agentguard (%s: %s). Do not call tools. "      \
+  "Answer now with what you have: say what you found, what is left, and why "  \
+  "you stopped."
+#define ERR_MSG_MAX 1024
+
+struct ag_proxy {
+  struct MHD_Daemon *d;
+  char *upstream; /* without a trailing slash */
+  bool upstream_v1;
+  ag_config cfg;
+  size_t max_body;
+  char *client_key;
+  FILE *events;
+  pthread_mutex_t ev_mu;
+  int64_t timeout_ms;
+  uint16_t port;
+  atomic_ulong ids;
+};
+
+/* One request being read. */
+typedef struct req_ctx {
+  char *uri; /* as the client sent it: path and query */
+  char *body;
+  size_t len, cap;
+  bool too_big;
+  bool begun; /* the handler has seen the headers */
+} req_ctx;
+
+/* What goes back to the client. */
+typedef struct reply {
+  unsigned status;
+  char *body; /* owned */
+  size_t len;
+  const char *ctype;          /* static */
+  struct curl_slist *headers; /* "Name: value" from the upstream, or NULL */
+  const char *stop;           /* x-agentguard-stop, or NULL */
+  bool anthropic;             /* errors in Anthropic's shape (/v1/messages) */
+} reply;
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static char *dupz(const char *s) {
+  if (s == NULL)
+    return NULL;
+  size_t n = strlen(s);
+  char *d = malloc(n + 1);
+  if (d != NULL)
+    memcpy(d, s, n + 1);
+  return d;
+}
+
+static void set_json(reply *r, unsigned status, json_t *o) {
+  free(r->body);
+  r->status = status;
+  r->ctype = "application/json";
+  r->body = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+  r->len = r->body != NULL ? strlen(r->body) : 0;
+  json_decref(o);
+  if (r->body == NULL) {
+    r->status = 500;
+    r->body = dupz("{\"error\":{\"message\":\"out of memory\",\"type\":"
+                   "\"server_error\",\"code\":\"out_of_memory\"}}");
+    r->len = r->body != NULL ? strlen(r->body) : 0;
+  }
+}
+
+/* An error in OpenAI's shape: {"error":{"message","type","param","code"}}. */
+static void set_error(reply *r, unsigned status, const char *type,
+                      const char *code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 5, 6)))
+#endif
+    ;
+static void set_error(reply *r, unsigned status, const char *type,
+                      const char *code, const char *fmt, ...) {
+  char msg[ERR_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (r->anthropic) {
+    /* {"type":"error","error":{"type","message"}}; the code joins the
+     * message, Anthropic's errors have no code field */
+    const char *at = status == 401   ? "authentication_error"
+                     : status == 413 ? "request_too_large"
+                     : status < 500  ? "invalid_request_error"
+                                     : "api_error";
+    char full[ERR_MSG_MAX + 64];
+    snprintf(full, sizeof full, "%s [%s]", msg, code);
+    set_json(r, status,
+             json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                       at, "message", full));
+    return;
+  }
+  set_json(r, status,
+           json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg,
+                     "type", type, "param", "code", code));
+}
+
+static ag_err_t fail(ag_error_t *err, ag_err_t code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static void reply_free(reply *r) {
+  free(r->body);
+  curl_slist_free_all(r->headers);
+  memset(r, 0, sizeof(*r));
+}
+
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One event line: {"event":"proxy_decision","ts_ms",...}. Never holds a
+ * header: credentials cannot reach the log. */
+static void event(ag_proxy *p, const char *decision, const char *path,
+                  const ag_verdict *v, const char *detail) {
+  if (p->events == NULL)
+    return;
+  json_t *o =
+      json_pack("{s:s, s:I, s:s, s:s}", "event", "proxy_decision", "ts_ms",
+                (json_int_t)wall_ms(), "decision", decision, "path", path);
+  if (o == NULL)
+    return;
+  if (v != NULL) {
+    json_object_set_new(o, "action",
+                        json_string(v->action == AG_ESCALATE ? "escalate"
+                                    : v->action == AG_NUDGE  ? "nudge"
+                                                             : "stop"));
+    json_object_set_new(o, "reason", json_string(ag_reason_name(v->reason)));
+    json_object_set_new(o, "message", json_string(v->message));
+    if (v->tool[0] != '\0')
+      json_object_set_new(o, "tool", json_string(v->tool));
+  }
+  if (detail != NULL)
+    json_object_set_new(o, "detail", json_string(detail));
+  char *line = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  if (line == NULL)
+    return;
+  pthread_mutex_lock(&p->ev_mu);
+  fputs(line, p->events);
+  fputc('\n', p->events);
+  fflush(p->events);
+  pthread_mutex_unlock(&p->ev_mu);
+  free(line);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The upstream (libcurl)                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct upstream {
+  long status;
+  char *body;
+  size_t len, cap;
+  bool too_big;
+  struct curl_slist *headers; /* the final response's, hop-by-hop removed */
+  bool hdr_end;               /* the final response's headers are in */
+  CURLcode cc;
+  char errbuf[CURL_ERROR_SIZE];
+} upstream;
+
+static const char *const hop_by_hop[] = {"connection",
+                                         "keep-alive",
+                                         "proxy-authenticate",
+                                         "proxy-authorization",
+                                         "proxy-connection",
+                                         "te",
+                                         "trailer",
+                                         "transfer-encoding",
+                                         "upgrade",
+                                         "host",
+                                         "content-length",
+                                         "expect",
+                                         "accept-encoding",
+                                         "x-agentguard-key"};
+
+static bool is_hop(const char *name, size_t n) {
+  for (size_t i = 0; i < sizeof(hop_by_hop) / sizeof(hop_by_hop[0]); i++)
+    if (strlen(hop_by_hop[i]) == n && strncasecmp(name, hop_by_hop[i], n) == 0)
+      return true;
+  return false;
+}
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *user) {
+  upstream *u = user;
+  size_t n = size * nmemb;
+  if (u->len + n > AG_PROXY_UPSTREAM_MAX) {
+    u->too_big = true;
+    return 0; /* ends the transfer */
+  }
+  if (u->len + n + 1 > u->cap) {
+    size_t cap = u->cap ? u->cap : 4096;
+    while (cap < u->len + n + 1)
+      cap *= 2;
+    char *g = realloc(u->body, cap);
+    if (g == NULL)
+      return 0;
+    u->body = g;
+    u->cap = cap;
+  }
+  memcpy(u->body + u->len, ptr, n);
+  u->len += n;
+  u->body[u->len] = '\0';
+  return n;
+}
+
+static size_t on_header(char *ptr, size_t size, size_t nmemb, void *user) {
+  upstream *u = user;
+  size_t n = size * nmemb;
+  if (n >= 5 && memcmp(ptr, "HTTP/", 5) == 0) {
+    /* a new response (after a 100 Continue): its headers only */
+    curl_slist_free_all(u->headers);
+    u->headers = NULL;
+    u->hdr_end = false;
+    return n;
+  }
+  if (n <= 2 && (n == 0 || ptr[0] == '\r' || ptr[0] == '\n')) {
+    u->hdr_end = true;
+    return n;
+  }
+  const char *colon = memchr(ptr, ':', n);
+  if (colon == NULL || is_hop(ptr, (size_t)(colon - ptr)))
+    return n;
+  size_t l = n;
+  while (l > 0 && (ptr[l - 1] == '\r' || ptr[l - 1] == '\n'))
+    l--;
+  char line[8192];
+  if (l >= sizeof line)
+    return n; /* an absurd header is dropped, not truncated */
+  memcpy(line, ptr, l);
+  line[l] = '\0';
+  struct curl_slist *s = curl_slist_append(u->headers, line);
+  if (s != NULL)
+    u->headers = s;
+  return n;
+}
+
+typedef struct hdr_walk {
+  struct curl_slist *list;
+  bool failed;
+} hdr_walk;
+
+static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
+                                      const char *key, const char *value) {
+  (void)kind;
+  hdr_walk *w = cls;
+  if (key == NULL || is_hop(key, strlen(key)))
+    return MHD_YES;
+  if (value == NULL)
+    value = "";
+  size_t n = strlen(key) + strlen(value) + 3;
+  char *line = malloc(n);
+  if (line == NULL) {
+    w->failed = true;
+    return MHD_NO;
+  }
+  snprintf(line, n, "%s: %s", key, value);
+  struct curl_slist *s = curl_slist_append(w->list, line);
+  free(line);
+  if (s == NULL) {
+    w->failed = true;
+    return MHD_NO;
+  }
+  w->list = s;
+  return MHD_YES;
+}
+
+/* A transfer to the upstream with the client's headers (hop-by-hop ones
+ * removed: credentials go as they came). `json_body`: the body is ours
+ * (rewritten), sent as application/json. NULL when out of memory; the
+ * caller frees *hdrs and *url after the transfer. */
+static CURL *upstream_handle(ag_proxy *p, struct MHD_Connection *c,
+                             const char *method, const char *uri,
+                             const char *body, size_t len, bool json_body,
+                             upstream *u, struct curl_slist **hdrs,
+                             char **url) {
+  memset(u, 0, sizeof(*u));
+  u->cc = CURLE_OUT_OF_MEMORY;
+  const char *path = uri;
+  if (p->upstream_v1 && strncmp(path, "/v1/", 4) == 0)
+    path += 3;
+  size_t ul = strlen(p->upstream) + strlen(path) + 1;
+  *url = malloc(ul);
+  CURL *h = curl_easy_init();
+  hdr_walk w = {NULL, false};
+  MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &w);
+  if (json_body && !w.failed) {
+    struct curl_slist *s = curl_slist_append(w.list, "Content-Type: "
+                                                     "application/json");
+    w.failed = s == NULL;
+    if (s != NULL)
+      w.list = s;
+  }
+  if (!w.failed) {
+    /* no "Expect: 100-continue" wait, no compressed body to read */
+    struct curl_slist *s = curl_slist_append(w.list, "Expect:");
+    w.failed = s == NULL;
+    if (s != NULL)
+      w.list = s;
+  }
+  *hdrs = w.list;
+  if (*url == NULL || h == NULL || w.failed) {
+    curl_easy_cleanup(h);
+    return NULL;
+  }
+  snprintf(*url, ul, "%s%s", p->upstream, path);
+  curl_easy_setopt(h, CURLOPT_URL, *url);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)p->timeout_ms);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, w.list);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, u);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, u);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, u->errbuf);
+  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (strcmp(method, "HEAD") == 0) {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  } else {
+    if (len > 0 || strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0 ||
+        strcmp(method, "PATCH") == 0) {
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+      curl_easy_setopt(h, CURLOPT_POSTFIELDS, body != NULL ? body : "");
+    }
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+  }
+  return h;
+}
+
+/* One whole request upstream (see upstream_handle). */
+static void send_upstream(ag_proxy *p, struct MHD_Connection *c,
+                          const char *method, const char *uri, const char *body,
+                          size_t len, bool json_body, upstream *u) {
+  struct curl_slist *hdrs = NULL;
+  char *url = NULL;
+  CURL *h =
+      upstream_handle(p, c, method, uri, body, len, json_body, u, &hdrs, &url);
+  if (h != NULL) {
+    u->cc = curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
+  }
+  curl_easy_cleanup(h);
+  curl_slist_free_all(hdrs);
+  free(url);
+}
+
+static void upstream_free(upstream *u) {
+  free(u->body);
+  curl_slist_free_all(u->headers);
+  memset(u, 0, sizeof(*u));
+}
+
+/* A failed transfer as a 502, else false. */
+static bool upstream_failed(ag_proxy *p, const upstream *u, reply *r) {
+  if (u->too_big) {
+    set_error(r, 502, "upstream_error", "upstream_too_large",
+              "agentguard proxy: the upstream's response is larger than %u "
+              "bytes",
+              (unsigned)AG_PROXY_UPSTREAM_MAX);
+    return true;
+  }
+  if (u->cc == CURLE_OK)
+    return false;
+  set_error(r, 502, "upstream_error", "upstream_unreachable",
+            "agentguard proxy: the upstream %s did not answer: %s", p->upstream,
+            u->errbuf[0] != '\0' ? u->errbuf : curl_easy_strerror(u->cc));
+  return true;
+}
+
+/* The upstream's answer as it came: status, headers, body. */
+static void pass_back(upstream *u, reply *r) {
+  r->status = (unsigned)u->status;
+  r->body = u->body;
+  r->len = u->len;
+  r->headers = u->headers;
+  r->ctype = NULL;
+  u->body = NULL;
+  u->headers = NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The replay: the turn through a fresh guard, as ag_auditor_run does it    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct replay_ctx {
+  const ag_traj_step *step;
+  ag_category unjudged;
+} replay_ctx;
+
+static int64_t replay_run(void *user, const ag_call *calls,
+                          const ag_call_check *checks, size_t n,
+                          ag_result *results) {
+  (void)calls;
+  const replay_ctx *c = user;
+  for (size_t i = 0; i < n && i < c->step->n_results; i++) {
+    if (checks[i].action != AG_ALLOW || !checks[i].valid)
+      continue;
+    const ag_traj_result *r = &c->step->results[i];
+    results[i].outcome = r->outcome;
+    results[i].text = r->text != NULL ? r->text : "";
+    results[i].text_len = r->text != NULL ? r->text_len : 0;
+    results[i].category =
+        r->category < AG_CAT__COUNT ? r->category : c->unjudged;
+  }
+  return 0;
+}
+
+static bool is_stop(ag_action a) {
+  return a == AG_STOP || a == AG_ESCALATE;
+}
+
+/*
+ * The same sequence of guard calls as the audit's replay (src/core/
+ * audit.c): per step ag_guard_begin_iteration, the reply's tokens, its text
+ * (content loop), then the empty / refused / no-call rules or
+ * ag_guard_run_batch with the recorded results. Untimed: time stands still.
+ * Returns the deciding action (v filled), or -1 when out of memory.
+ */
+static int replay_trajectory(ag_guard *g, const ag_trajectory *t,
+                             ag_verdict *v) {
+  const ag_config *cfg = ag_guard_config(g);
+  const ag_category unjudged =
+      cfg->errors.similar_error_limit > 0 ? AG_CAT__COUNT : AG_CAT_UNKNOWN;
+  ag_call *calls = NULL;
+  ag_call_check *checks = NULL;
+  ag_result *results = NULL;
+  size_t cap = 0;
+  ag_action act = AG_ALLOW;
+  memset(v, 0, sizeof(*v));
+  v->call_index = -1;
+  for (size_t ti = 0; ti < t->n_turns; ti++) {
+    const ag_traj_turn *turn = &t->turns[ti];
+    ag_guard_begin_turn(g, 0);
+    act = AG_ALLOW;
+    for (size_t si = 0; si < turn->n_steps && !is_stop(act); si++) {
+      const ag_traj_step *st = &turn->steps[si];
+      act = ag_guard_begin_iteration(g, 0, v);
+      if (act == AG_ALLOW && st->tokens > 0)
+        ag_guard_record_tokens(g, st->tokens);
+      if (act == AG_ALLOW && st->text != NULL && st->text_len > 0)
+        act = ag_guard_check_text(g, st->text, st->text_len, false, v);
+      if (act == AG_ALLOW && st->no_reply && !st->rejected) {
+        /* only the iteration counted */
+      } else if (act == AG_ALLOW && !st->rejected && st->n_calls == 0 &&
+                 st->text != NULL && st->text_len == 0) {
+        act = ag_guard_record_empty(g, 0, v);
+      } else if (act == AG_ALLOW && (st->rejected || st->n_calls == 0)) {
+        if (st->rejected) {
+          bool has = st->n_results > 0 && st->results[0].text != NULL;
+          act =
+              ag_guard_record_refused(g, has ? st->results[0].text : "",
+                                      has ? st->results[0].text_len : 0, 0, v);
+        } else if (cfg->loop.require_tool_call) {
+          act = ag_guard_record_refused(g, NO_TOOL_CALL_TEXT,
+                                        sizeof(NO_TOOL_CALL_TEXT) - 1, 0, v);
+        }
+      } else if (act == AG_ALLOW) {
+        if (st->n_calls > cap) {
+          free(calls);
+          free(checks);
+          free(results);
+          cap = st->n_calls;
+          calls = malloc(cap * sizeof(*calls));
+          checks = malloc(cap * sizeof(*checks));
+          results = malloc(cap * sizeof(*results));
+          if (calls == NULL || checks == NULL || results == NULL) {
+            free(calls);
+            free(checks);
+            free(results);
+            return -1;
+          }
+        }
+        for (size_t k = 0; k < st->n_calls; k++) {
+          calls[k].name = st->calls[k].name != NULL ? st->calls[k].name : "";
+          calls[k].args = st->calls[k].args;
+          calls[k].args_len = st->calls[k].args_len;
+        }
+        replay_ctx ctx = {st, unjudged};
+        act = ag_guard_run_batch(g, calls, st->n_calls, 0, replay_run, &ctx,
+                                 checks, results, v, NULL);
+      }
+    }
+  }
+  free(calls);
+  free(checks);
+  free(results);
+  return (int)act;
+}
+
+static const char *role_of(const json_t *m) {
+  return json_string_value(json_object_get(m, "role"));
+}
+
+/*
+ * The turn msgs[start..n) as a hand-built ag_trajectory (audit.h allows
+ * them), read straight from the parsed request: no second parse. Only the
+ * plain shape every client sends is taken: assistant content a string or
+ * null, tool calls with string ids, names and arguments; tool messages with
+ * a string tool_call_id and content, is_error absent or boolean; system
+ * and developer messages; no "usage". Anything else, and every broken turn,
+ * returns 0: the caller then uses ag_trajectory_parse, whose reading (and
+ * error message) is the audit's. On this shape both give the same steps
+ * (test_proxy's parity test replays both). Returns 1 and fills *t (free
+ * t->turns' arrays with fast_free), or 0, or -1 when out of memory.
+ */
+typedef struct fast_traj {
+  ag_trajectory t;
+  ag_traj_turn turn;
+  ag_traj_step *steps;
+  ag_traj_call *calls;
+  ag_traj_result *results;
+  const char **ids;
+  bool *answered;
+} fast_traj;
+
+static void fast_free(fast_traj *f) {
+  free(f->steps);
+  free(f->calls);
+  free(f->results);
+  free(f->ids);
+  free(f->answered);
+}
+
+static int fast_turn(const json_t *msgs, size_t start, fast_traj *f) {
+  memset(f, 0, sizeof(*f));
+  size_t n = json_array_size(msgs), n_calls = 0, n_steps = 0;
+  for (size_t i = start; i < n; i++) {
+    const json_t *m = json_array_get(msgs, i);
+    if (strcmp(role_of(m), "assistant") == 0) {
+      n_steps++;
+      n_calls += json_array_size(json_object_get(m, "tool_calls"));
+    }
+  }
+  f->steps = calloc(n_steps + 1, sizeof(*f->steps));
+  f->calls = calloc(n_calls + 1, sizeof(*f->calls));
+  f->results = calloc(n_calls + 1, sizeof(*f->results));
+  f->ids = calloc(n_calls + 1, sizeof(*f->ids));
+  f->answered = calloc(n_calls + 1, sizeof(*f->answered));
+  if (f->steps == NULL || f->calls == NULL || f->results == NULL ||
+      f->ids == NULL || f->answered == NULL) {
+    fast_free(f);
+    return -1;
+  }
+  size_t si = 0, ci = 0, step0 = 0; /* step0: first call of the step */
+  bool in_step = false;
+  for (size_t i = start; i < n; i++) {
+    const json_t *m = json_array_get(msgs, i);
+    const char *role = role_of(m);
+    if (json_object_get(m, "usage") != NULL)
+      goto slow;
+    if (strcmp(role, "assistant") == 0) {
+      for (size_t k = step0; in_step && k < ci; k++)
+        if (!f->answered[k])
+          goto slow;
+      const json_t *content = json_object_get(m, "content");
+      const json_t *tcs = json_object_get(m, "tool_calls");
+      if ((!json_is_string(content) && !json_is_null(content)) ||
+          json_object_get(m, "function_call") != NULL ||
+          (tcs != NULL && !json_is_null(tcs) && !json_is_array(tcs)))
+        goto slow;
+      ag_traj_step *st = &f->steps[si++];
+      in_step = true;
+      step0 = ci;
+      st->text = json_is_string(content) ? json_string_value(content) : "";
+      st->text_len = json_is_string(content) ? json_string_length(content) : 0;
+      st->tokens = -1;
+      st->t_request_ms = st->t_response_ms = st->t_done_ms = -1;
+      st->calls = &f->calls[ci];
+      st->results = &f->results[ci];
+      size_t k;
+      const json_t *tc;
+      json_array_foreach(tcs, k, tc) {
+        const json_t *fn = json_object_get(tc, "function");
+        const json_t *id = json_object_get(tc, "id");
+        const json_t *name = json_object_get(fn, "name");
+        const json_t *args = json_object_get(fn, "arguments");
+        if (!json_is_string(id) || !json_is_string(name) ||
+            !json_is_string(args))
+          goto slow;
+        for (size_t q = step0; q < ci; q++)
+          if (strcmp(f->ids[q], json_string_value(id)) == 0)
+            goto slow; /* a repeated id */
+        f->ids[ci] = json_string_value(id);
+        f->calls[ci].name = json_string_value(name);
+        f->calls[ci].args = json_string_value(args);
+        f->calls[ci].args_len = json_string_length(args);
+        f->results[ci].text = "";
+        ci++;
+      }
+      st->n_calls = st->n_results = ci - step0;
+    } else if (strcmp(role, "tool") == 0) {
+      const json_t *id = json_object_get(m, "tool_call_id");
+      const json_t *content = json_object_get(m, "content");
+      const json_t *ie = json_object_get(m, "is_error");
+      if (!in_step || !json_is_string(id) || !json_is_string(content) ||
+          (ie != NULL && !json_is_boolean(ie)))
+        goto slow;
+      size_t q = step0;
+      while (q < ci && strcmp(f->ids[q], json_string_value(id)) != 0)
+        q++;
+      if (q == ci || f->answered[q])
+        goto slow;
+      f->answered[q] = true;
+      f->results[q].outcome =
+          json_is_true(ie) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
+      f->results[q].category = AG_CAT_AUTO;
+      f->results[q].text = json_string_value(content);
+      f->results[q].text_len = json_string_length(content);
+    } else if (strcmp(role, "user") == 0) {
+      if (i != start)
+        goto slow;
+    } else if (strcmp(role, "system") != 0 && strcmp(role, "developer") != 0) {
+      goto slow;
+    }
+  }
+  for (size_t k = step0; in_step && k < ci; k++)
+    if (!f->answered[k])
+      goto slow;
+  f->turn.steps = f->steps;
+  f->turn.n_steps = si;
+  f->turn.t_start_ms = -1;
+  f->t.format = AG_TRAJ_CHAT;
+  f->t.turns = &f->turn;
+  f->t.n_turns = 1;
+  f->t.n_steps = si;
+  f->t.n_calls = ci;
+  return 1;
+slow:
+  fast_free(f);
+  return 0;
+}
+
+/*
+ * Replays the turn of `msgs` (the last user message and what follows)
+ * through `g`. Returns the action (v filled), or -1 with a 400 message in
+ * `emsg` when the turn cannot be read, or -2 when out of memory.
+ */
+static int replay_turn(ag_guard *g, const json_t *msgs, ag_verdict *v,
+                       char *emsg, size_t cap) {
+  size_t n = json_array_size(msgs), start = 0;
+  for (size_t i = n; i-- > 0;)
+    if (strcmp(role_of(json_array_get(msgs, i)), "user") == 0) {
+      start = i;
+      break;
+    }
+  bool has_steps = false;
+  for (size_t i = start; i < n && !has_steps; i++)
+    has_steps = strcmp(role_of(json_array_get(msgs, i)), "assistant") == 0;
+  memset(v, 0, sizeof(*v));
+  v->call_index = -1;
+  ag_guard_begin_turn(g, 0);
+  if (!has_steps)
+    return AG_ALLOW;
+  fast_traj f;
+  int fr = fast_turn(msgs, start, &f);
+  if (fr < 0)
+    return -2;
+  if (fr > 0) {
+    int act = replay_trajectory(g, &f.t, v);
+    fast_free(&f);
+    return act < 0 ? -2 : act;
+  }
+  json_t *turn = json_array();
+  int rc = -2;
+  if (turn == NULL)
+    return rc;
+  for (size_t i = start; i < n; i++)
+    if (json_array_append(turn, json_array_get(msgs, i)) != 0)
+      goto out;
+  char *text = json_dumps(turn, JSON_COMPACT);
+  if (text == NULL)
+    goto out;
+  ag_traj_opts o;
+  ag_traj_opts_init(&o);
+  o.format = AG_TRAJ_CHAT;
+  ag_trajectory *t = NULL;
+  ag_error_t err;
+  ag_err_t pr = ag_trajectory_parse(&t, text, strlen(text), &o, &err);
+  free(text);
+  if (pr == AG_ENOMEM)
+    goto out;
+  if (pr != AG_OK) {
+    snprintf(emsg, cap,
+             "messages: the turn (messages[%zu..], numbered from there) is not "
+             "a tool conversation agentguard can read: %s",
+             start, err.msg);
+    rc = -1;
+    goto out;
+  }
+  rc = replay_trajectory(g, t, v);
+  if (rc < 0)
+    rc = -2;
+  ag_trajectory_free(t);
+out:
+  json_decref(turn);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Chat Completions                                                         */
+/* ------------------------------------------------------------------------ */
+
+static void stop_text(const ag_verdict *v, char *buf, size_t cap) {
+  size_t ml = strlen(v->message);
+  const char *dot =
+      ml > 0 && strchr(".!?", v->message[ml - 1]) == NULL ? "." : "";
+  const char *sp = v->suggestion != NULL ? " " : "";
+  const char *sg = v->suggestion != NULL ? v->suggestion : "";
+  if (v->action == AG_ESCALATE)
+    snprintf(buf, cap,
+             "agentguard paused this turn and needs you (%s): %s%s%s%s Reply "
+             "to say how to go on.",
+             ag_reason_name(v->reason), v->message, dot, sp, sg);
+  else
+    snprintf(buf, cap, "agentguard stopped this turn (%s): %s%s%s%s",
+             ag_reason_name(v->reason), v->message, dot, sp, sg);
+}
+
+/* ---- Server-Sent Events for stream: true ------------------------------ */
+
+#define SSE_OUT_MAX (8u << 20) /* bytes queued for the client at once */
+
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+  bool failed;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t n) {
+  if (b->failed)
+    return;
+  if (b->len + n + 1 > SSE_OUT_MAX) {
+    b->failed = true;
+    return;
+  }
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 1024;
+    while (cap < b->len + n + 1)
+      cap *= 2;
+    char *g = realloc(b->p, cap);
+    if (g == NULL) {
+      b->failed = true;
+      return;
+    }
+    b->p = g;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
+}
+
+static void sb_event(sbuf *b, const char *data, size_t n) {
+  sb_add(b, "data: ", 6);
+  sb_add(b, data, n);
+  sb_add(b, "\n\n", 2);
+}
+
+static void sb_json(sbuf *b, json_t *o) {
+  char *t = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (t == NULL) {
+    b->failed = true;
+    return;
+  }
+  sb_event(b, t, strlen(t));
+  free(t);
+}
+
+/* One chat.completion.chunk with `delta` (stolen) and a finish reason. */
+static void sb_chunk(sbuf *b, const char *id, const char *model, json_t *delta,
+                     const char *finish) {
+  sb_json(b, json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s?}]}", "id", id,
+                       "object", "chat.completion.chunk", "created",
+                       (json_int_t)time(NULL), "model", model, "choices",
+                       "index", 0, "delta", delta, "finish_reason", finish));
+}
+
+/* A reply as chunks: its text, its calls (whole), its end, [DONE]. */
+static void sb_reply(sbuf *b, const char *id, const char *model,
+                     const char *text, const ag_reply *rep,
+                     const char *finish) {
+  sb_chunk(b, id, model,
+           json_pack("{s:s, s:s}", "role", "assistant", "content",
+                     text != NULL ? text : ""),
+           NULL);
+  if (rep != NULL && rep->n_calls > 0) {
+    json_t *tcs = json_array();
+    for (size_t i = 0; tcs != NULL && i < rep->n_calls; i++) {
+      const ag_tool_call *tc = &rep->calls[i];
+      json_t *one =
+          json_pack("{s:i, s:s, s:s, s:{s:s, s:s%}}", "index", (int)i, "id",
+                    tc->id, "type", "function", "function", "name", tc->name,
+                    "arguments", tc->arguments, tc->arguments_len);
+      if (one == NULL || json_array_append_new(tcs, one) != 0)
+        b->failed = true;
+    }
+    sb_chunk(b, id, model,
+             tcs != NULL ? json_pack("{s:o}", "tool_calls", tcs) : NULL, NULL);
+  }
+  sb_chunk(b, id, model, json_object(), finish);
+  sb_add(b, "data: [DONE]\n\n", 14);
+}
+
+/* `b` as the reply's body (an event stream). */
+static void set_sse(reply *r, sbuf *b) {
+  if (b->failed) {
+    free(b->p);
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return;
+  }
+  r->status = 200;
+  r->ctype = "text/event-stream";
+  r->body = b->p;
+  r->len = b->len;
+}
+
+/* A chat.completion with one assistant message saying why the turn ended. */
+static void set_stop_reply(ag_proxy *p, const json_t *req, const ag_verdict *v,
+                           reply *r) {
+  char text[AG_VERDICT_MSG_MAX * 2 + 128];
+  stop_text(v, text, sizeof text);
+  char id[64];
+  snprintf(id, sizeof id, "chatcmpl-agentguard-%lu",
+           (unsigned long)atomic_fetch_add(&p->ids, 1));
+  const char *model = json_string_value(json_object_get(req, "model"));
+  if (r->anthropic) {
+    snprintf(id, sizeof id, "msg_agentguard_%lu",
+             (unsigned long)atomic_fetch_add(&p->ids, 1));
+    set_json(r, 200,
+             json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s}], s:s, s:n, "
+                       "s:{s:i, s:i}}",
+                       "id", id, "type", "message", "role", "assistant",
+                       "model", model != NULL ? model : "agentguard", "content",
+                       "type", "text", "text", text, "stop_reason", "end_turn",
+                       "stop_sequence", "usage", "input_tokens", 0,
+                       "output_tokens", 0));
+    if (r->status == 200)
+      r->stop = ag_reason_name(v->reason);
+    return;
+  }
+  if (json_is_true(json_object_get(req, "stream"))) {
+    sbuf b = {NULL, 0, 0, false};
+    sb_reply(&b, id, model != NULL ? model : "agentguard", text, NULL, "stop");
+    set_sse(r, &b);
+    if (r->status == 200)
+      r->stop = ag_reason_name(v->reason);
+    return;
+  }
+  set_json(r, 200,
+           json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:s}], "
+                     "s:{s:i, s:i, s:i}}",
+                     "id", id, "object", "chat.completion", "created",
+                     (json_int_t)time(NULL), "model",
+                     model != NULL ? model : "agentguard", "choices", "index",
+                     0, "message", "role", "assistant", "content", text,
+                     "finish_reason", "stop", "usage", "prompt_tokens", 0,
+                     "completion_tokens", 0, "total_tokens", 0));
+  if (r->status == 200)
+    r->stop = ag_reason_name(v->reason);
+}
+
+/* A copy of the request (shallow at the top) with tools taken away. */
+static json_t *without_tools(const json_t *req) {
+  json_t *b = json_copy((json_t *)req);
+  if (b == NULL)
+    return NULL;
+  json_object_del(b, "tools");
+  json_object_del(b, "tool_choice");
+  json_object_del(b, "parallel_tool_calls");
+  json_object_del(b, "functions");
+  json_object_del(b, "function_call");
+  return b;
+}
+
+/* The request with `extra` messages appended (new body, caller frees). */
+static char *with_messages(const json_t *body, const json_t *extra,
+                           size_t *len) {
+  json_t *b = json_copy((json_t *)body);
+  json_t *m = b != NULL ? json_copy(json_object_get(b, "messages")) : NULL;
+  char *text = NULL;
+  if (m != NULL && json_array_extend(m, (json_t *)extra) == 0 &&
+      json_object_set_new(b, "messages", m) == 0) {
+    m = NULL;
+    text = json_dumps(b, JSON_COMPACT);
+  }
+  json_decref(m);
+  json_decref(b);
+  if (text != NULL)
+    *len = strlen(text);
+  return text;
+}
+
+/* The upstream's reply read by the OpenAI provider's parser. false with a
+ * 502 in `r` when it is not a Chat Completions response. */
+static bool read_reply(const upstream *u, ag_reply *out, reply *r) {
+  ag_provider_error perr;
+  memset(&perr, 0, sizeof perr);
+  ag__asm a;
+  ag__asm_init(&a, NULL, NULL, &perr, "upstream");
+  if (r->anthropic)
+    ag__anthropic_response(&a, u->body != NULL ? u->body : "", u->len);
+  else
+    ag__openai_response(&a, u->body != NULL ? u->body : "", u->len);
+  ag_err_t rc = a.failed != AG_OK ? a.failed : ag__asm_finish(&a, out);
+  ag__asm_free(&a);
+  if (rc == AG_OK)
+    return true;
+  ag_reply_clear(out);
+  set_error(r, 502, "upstream_error", "upstream_bad_reply",
+            "agentguard proxy: the upstream's reply is not a %s response: %s",
+            r->anthropic ? "Messages" : "Chat Completions",
+            rc == AG_EPROVIDER ? perr.message : ag_strerror(rc));
+  return false;
+}
+
+/* The final request without tools: the reply, tool calls stripped. */
+static void final_without_tools(ag_proxy *p, struct MHD_Connection *c,
+                                const char *uri, const json_t *req,
+                                const ag_verdict *v, reply *r) {
+  json_t *b = without_tools(req);
+  const bool stream =
+      !r->anthropic && json_is_true(json_object_get(req, "stream"));
+  if (b != NULL && (stream || r->anthropic)) {
+    /* asked whole; the client still gets a stream */
+    json_object_set_new(b, "stream", json_false());
+    json_object_del(b, "stream_options");
+  }
+  char note[AG_VERDICT_MSG_MAX + 256];
+  snprintf(note, sizeof note, FINAL_INSTRUCTION, ag_reason_name(v->reason),
+           v->message);
+  json_t *extra = json_pack("[{s:s, s:s}]", "role", "user", "content", note);
+  size_t len = 0;
+  char *body =
+      b != NULL && extra != NULL ? with_messages(b, extra, &len) : NULL;
+  json_decref(b);
+  json_decref(extra);
+  if (body == NULL) {
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return;
+  }
+  upstream u;
+  send_upstream(p, c, "POST", uri, body, len, true, &u);
+  free(body);
+  if (upstream_failed(p, &u, r)) {
+    upstream_free(&u);
+    return;
+  }
+  if (u.status < 200 || u.status >= 300) {
+    pass_back(&u, r);
+    upstream_free(&u);
+    return;
+  }
+  json_t *j = json_loadb(u.body != NULL ? u.body : "", u.len, 0, NULL);
+  if (r->anthropic) {
+    json_t *content = json_object_get(j, "content");
+    if (!json_is_array(content)) {
+      json_decref(j);
+      set_error(r, 502, "upstream_error", "upstream_bad_reply",
+                "agentguard proxy: the upstream's reply is not a Messages "
+                "response: no content array");
+      upstream_free(&u);
+      return;
+    }
+    for (size_t k = json_array_size(content); k-- > 0;) {
+      const char *bt = json_string_value(
+          json_object_get(json_array_get(content, k), "type"));
+      if (bt != NULL && strcmp(bt, "tool_use") == 0)
+        json_array_remove(content, k);
+    }
+    json_object_set_new(j, "stop_reason", json_string("end_turn"));
+    set_json(r, 200, j);
+    upstream_free(&u);
+    if (r->status == 200)
+      r->stop = ag_reason_name(v->reason);
+    return;
+  }
+  json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+  json_t *m = json_object_get(ch, "message");
+  if (!json_is_object(m)) {
+    json_decref(j);
+    set_error(r, 502, "upstream_error", "upstream_bad_reply",
+              "agentguard proxy: the upstream's reply is not a Chat "
+              "Completions response: choices[0].message is missing");
+    upstream_free(&u);
+    return;
+  }
+  /* A server that ignores the missing tools still gets no call through. */
+  json_object_del(m, "tool_calls");
+  json_object_del(m, "function_call");
+  json_object_set_new(ch, "finish_reason", json_string("stop"));
+  if (stream) {
+    sbuf sb = {NULL, 0, 0, false};
+    const char *id = json_string_value(json_object_get(j, "id"));
+    const char *model = json_string_value(json_object_get(j, "model"));
+    sb_reply(&sb, id != NULL ? id : "chatcmpl-agentguard",
+             model != NULL ? model : "agentguard",
+             json_string_value(json_object_get(m, "content")), NULL, "stop");
+    json_decref(j);
+    set_sse(r, &sb);
+  } else {
+    set_json(r, 200, j);
+  }
+  upstream_free(&u);
+  if (r->status == 200)
+    r->stop = ag_reason_name(v->reason);
+}
+
+/* Checks a reply: its tokens, text and calls. Returns the action; with
+ * AG_NUDGE, checks[i].action says which calls are held back. */
+static ag_action check_reply(ag_guard *g, const ag_reply *rep,
+                             bool text_checked, ag_call_check *checks,
+                             ag_verdict *v) {
+  if (rep->has_usage)
+    ag_guard_record_tokens(g, rep->usage.prompt_tokens +
+                                  rep->usage.completion_tokens);
+  ag_action act = AG_ALLOW;
+  if (!text_checked && rep->text != NULL && rep->text[0] != '\0')
+    act = ag_guard_check_text(g, rep->text, strlen(rep->text), false, v);
+  if (act != AG_ALLOW || rep->n_calls == 0)
+    return act;
+  ag_call calls[AG__CALLS_MAX];
+  for (size_t i = 0; i < rep->n_calls; i++) {
+    calls[i].name = rep->calls[i].name != NULL ? rep->calls[i].name : "";
+    calls[i].args = rep->calls[i].arguments;
+    calls[i].args_len = rep->calls[i].arguments_len;
+  }
+  act = ag_guard_check_calls(g, calls, rep->n_calls, 0, checks, v);
+  if (act != AG_ALLOW)
+    return act;
+  for (size_t i = 0; i < rep->n_calls; i++)
+    if (checks[i].action == AG_NUDGE) {
+      v->action = AG_NUDGE;
+      v->reason = checks[i].reason;
+      v->call_index = (int)i;
+      snprintf(v->tool, sizeof v->tool, "%s", calls[i].name);
+      snprintf(v->message, sizeof v->message, "%s", checks[i].message);
+      return AG_NUDGE;
+    }
+  return AG_ALLOW;
+}
+
+/* The messages that answer the held-back calls with their nudge text. */
+static json_t *nudge_messages_anthropic(const ag_reply *rep,
+                                        const ag_call_check *checks) {
+  json_t *uses = json_array(), *results = json_array();
+  json_t *out = NULL;
+  for (size_t i = 0; uses != NULL && results != NULL && i < rep->n_calls; i++) {
+    if (checks[i].action != AG_NUDGE)
+      continue;
+    const ag_tool_call *tc = &rep->calls[i];
+    json_t *input = json_loadb(tc->arguments, tc->arguments_len, 0, NULL);
+    if (!json_is_object(input)) {
+      json_decref(input);
+      input = json_object();
+    }
+    if (json_array_append_new(uses, json_pack("{s:s, s:s, s:s, s:o}", "type",
+                                              "tool_use", "id", tc->id, "name",
+                                              tc->name, "input", input)) != 0 ||
+        json_array_append_new(results,
+                              json_pack("{s:s, s:s, s:s}", "type",
+                                        "tool_result", "tool_use_id", tc->id,
+                                        "content", checks[i].message)) != 0)
+      goto done;
+  }
+  if (uses != NULL && results != NULL)
+    out = json_pack("[{s:s, s:O}, {s:s, s:O}]", "role", "assistant", "content",
+                    uses, "role", "user", "content", results);
+done:
+  json_decref(uses);
+  json_decref(results);
+  return out;
+}
+
+static json_t *nudge_messages(const ag_reply *rep,
+                              const ag_call_check *checks) {
+  json_t *tcs = json_array(), *out = json_array();
+  if (tcs == NULL || out == NULL)
+    goto fail;
+  for (size_t i = 0; i < rep->n_calls; i++) {
+    if (checks[i].action != AG_NUDGE)
+      continue;
+    const ag_tool_call *tc = &rep->calls[i];
+    json_t *call = json_pack("{s:s, s:s, s:{s:s, s:s%}}", "id", tc->id, "type",
+                             "function", "function", "name", tc->name,
+                             "arguments", tc->arguments, tc->arguments_len);
+    if (call == NULL || json_array_append_new(tcs, call) != 0)
+      goto fail;
+  }
+  json_t *am = json_pack("{s:s, s:O, s:O}", "role", "assistant", "content",
+                         json_null(), "tool_calls", tcs);
+  if (am == NULL || json_array_append_new(out, am) != 0)
+    goto fail;
+  for (size_t i = 0; i < rep->n_calls; i++) {
+    if (checks[i].action != AG_NUDGE)
+      continue;
+    json_t *tm = json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
+                           rep->calls[i].id, "content", checks[i].message);
+    if (tm == NULL || json_array_append_new(out, tm) != 0)
+      goto fail;
+  }
+  json_decref(tcs);
+  return out;
+fail:
+  json_decref(tcs);
+  json_decref(out);
+  return NULL;
+}
+
+/* Records the nudged batch (nothing ran: every call skipped) so that the
+ * re-asked reply is checked with the nudge already spent. */
+static ag_action record_nudged(ag_guard *g, const ag_reply *rep,
+                               const ag_call_check *checks, ag_verdict *v) {
+  ag_result res[AG__CALLS_MAX];
+  for (size_t i = 0; i < rep->n_calls; i++) {
+    res[i].name = rep->calls[i].name != NULL ? rep->calls[i].name : "";
+    res[i].sig = checks[i].valid ? checks[i].sig : NULL;
+    res[i].outcome = AG_OUTCOME_SKIPPED;
+    res[i].text = checks[i].message;
+    res[i].text_len = strlen(checks[i].message);
+    res[i].category = AG_CAT_UNKNOWN;
+  }
+  ag_action act = ag_guard_record_results(g, res, rep->n_calls, 0, v);
+  if (!is_stop(act))
+    act = ag_guard_begin_iteration(g, 0, v);
+  return act;
+}
+
+/* ---- A streamed reply, relayed ---------------------------------------- */
+
+/*
+ * The upstream's stream relayed as it comes: text deltas go to the client
+ * at once (after the content-loop detector has seen them); chunks with
+ * tool-call fragments, the finish reason or only usage are held until the
+ * stream ends and the calls are checked. The transfer runs in a curl multi
+ * handle driven from the response's content reader, on the connection's
+ * own thread.
+ */
+typedef struct stream_st {
+  ag_proxy *p;
+  struct MHD_Connection *c;
+  char *uri, *path;
+  json_t *req;
+  ag_guard *g;
+  CURLM *multi;
+  CURL *h;
+  struct curl_slist *hdrs;
+  char *url;
+  upstream u;
+  ag__sse sse;
+  ag__asm asmb;
+  ag_provider_error perr;
+  bool done;     /* the transfer ended */
+  bool finished; /* the last bytes are queued */
+  bool looped;   /* the content-loop detector stopped the reply */
+  bool any_text; /* text was relayed */
+  ag_verdict loop_v;
+  sbuf out, held;
+  size_t out_pos;
+  char id[96], model[96];
+  /* Anthropic: blocks are renumbered for the client (held tool_use blocks
+   * take their numbers when released); map[upstream index] is the client's
+   * index, -1 while held or unseen */
+  bool anth;
+  int next_index;
+  int map[256];
+  json_t *held_ev; /* [[event name, data object], ...] held back */
+} stream_st;
+
+static void stream_free(void *cls) {
+  stream_st *st = cls;
+  if (st == NULL)
+    return;
+  if (st->multi != NULL && st->h != NULL)
+    curl_multi_remove_handle(st->multi, st->h);
+  curl_easy_cleanup(st->h);
+  curl_multi_cleanup(st->multi);
+  curl_slist_free_all(st->hdrs);
+  free(st->url);
+  upstream_free(&st->u);
+  ag__sse_free(&st->sse);
+  ag__asm_free(&st->asmb);
+  free(st->out.p);
+  free(st->held.p);
+  json_decref(st->held_ev);
+  ag_guard_free(st->g);
+  json_decref(st->req);
+  free(st->uri);
+  free(st->path);
+  free(st);
+}
+
+static int on_sse_event(void *user, const char *event_name, const char *data,
+                        size_t len, size_t pos) {
+  stream_st *st = user;
+  if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
+    st->asmb.done = true;
+    return 0;
+  }
+  if (ag__openai_event(&st->asmb, event_name, data, len, pos) != 0)
+    return 1;
+  json_t *j = json_loadb(data, len, 0, NULL);
+  if (j == NULL)
+    return 1;
+  if (st->id[0] == '\0') {
+    const char *id = json_string_value(json_object_get(j, "id"));
+    const char *model = json_string_value(json_object_get(j, "model"));
+    snprintf(st->id, sizeof st->id, "%s", id != NULL ? id : "chatcmpl");
+    snprintf(st->model, sizeof st->model, "%s",
+             model != NULL ? model : "unknown");
+  }
+  json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+  json_t *d = json_object_get(ch, "delta");
+  size_t cl = 0;
+  const char *content = ag__jstr(d, "content", &cl);
+  json_t *fr = json_object_get(ch, "finish_reason");
+  bool hold = ch == NULL ||
+              json_array_size(json_object_get(d, "tool_calls")) > 0 ||
+              (fr != NULL && !json_is_null(fr));
+  if (content != NULL && cl > 0) {
+    ag_verdict v;
+    if (ag_guard_check_text(st->g, content, cl, true, &v) != AG_ALLOW) {
+      st->looped = true;
+      st->loop_v = v;
+      json_decref(j);
+      return 1;
+    }
+    st->any_text = true;
+  }
+  if (!hold) {
+    sb_event(&st->out, data, len);
+  } else {
+    if (content != NULL && cl > 0) {
+      /* the text now, the rest of the chunk later */
+      json_t *now = json_deep_copy(j);
+      json_t *nd = json_object_get(
+          json_array_get(json_object_get(now, "choices"), 0), "delta");
+      json_object_del(nd, "tool_calls");
+      json_object_set_new(json_array_get(json_object_get(now, "choices"), 0),
+                          "finish_reason", json_null());
+      sb_json(&st->out, now);
+      json_object_del(d, "content");
+    }
+    sb_json(&st->held, json_incref(j));
+  }
+  json_decref(j);
+  return st->out.failed || st->held.failed ? 1 : 0;
+}
+
+static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
+  stream_st *st = user;
+  long status = 0;
+  curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &status);
+  if (status < 200 || status >= 300)
+    return on_body(ptr, size, nmemb, &st->u);
+  size_t n = size * nmemb;
+  ag_err_t why = AG_OK;
+  int r = ag__sse_feed(&st->sse, ptr, n, &why);
+  if (r < 0 && st->asmb.failed == AG_OK)
+    st->asmb.failed = why;
+  return r == 0 ? n : 0;
+}
+
+/* Moves the transfer on, waiting up to wait_ms for the upstream. */
+static void pump(stream_st *st, int wait_ms) {
+  int running = 0;
+  curl_multi_perform(st->multi, &running);
+  if (running == 0) {
+    int left = 0;
+    CURLMsg *m;
+    while ((m = curl_multi_info_read(st->multi, &left)) != NULL)
+      if (m->msg == CURLMSG_DONE)
+        st->u.cc = m->data.result;
+    curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &st->u.status);
+    if (st->u.cc == CURLE_OK) {
+      ag_err_t why = AG_OK;
+      if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
+        st->asmb.failed = why;
+    }
+    st->done = true;
+    return;
+  }
+  curl_multi_poll(st->multi, NULL, 0, wait_ms, NULL);
+}
+
+/* The end of a relayed stream that was stopped: the stop message as text,
+ * a final chunk, [DONE]. */
+static void stream_stop(stream_st *st, const ag_verdict *v) {
+  char text[AG_VERDICT_MSG_MAX * 2 + 128];
+  stop_text(v, text + 2, sizeof text - 2);
+  text[0] = text[1] = '\n';
+  const char *t = st->any_text ? text : text + 2;
+  sb_chunk(&st->out, st->id, st->model,
+           json_pack("{s:s, s:s}", "role", "assistant", "content", t), NULL);
+  sb_chunk(&st->out, st->id, st->model, json_object(), "stop");
+  sb_add(&st->out, "data: [DONE]\n\n", 14);
+}
+
+static void stream_error(stream_st *st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void stream_error(stream_st *st, const char *fmt, ...) {
+  char msg[ERR_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  st->out.failed = false;
+  st->out.len = st->out_pos = 0;
+  sb_json(&st->out,
+          json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
+                    "upstream_error", "param", "code", "upstream_stream"));
+}
+
+/* ---- Anthropic streams ------------------------------------------------- */
+
+static void sb_named(sbuf *b, const char *name, json_t *o) {
+  sb_add(b, "event: ", 7);
+  sb_add(b, name, strlen(name));
+  sb_add(b, "\n", 1);
+  sb_json(b, o);
+}
+
+/* The client's index for upstream block `idx` (assigned on first use). */
+static int client_index(stream_st *st, json_int_t idx) {
+  if (idx < 0 || idx >= (json_int_t)(sizeof(st->map) / sizeof(st->map[0])))
+    return -1;
+  if (st->map[idx] < 0)
+    st->map[idx] = st->next_index++;
+  return st->map[idx];
+}
+
+static bool is_held_index(const stream_st *st, json_int_t idx) {
+  return idx >= 0 && idx < (json_int_t)(sizeof(st->map) / sizeof(st->map[0])) &&
+         st->map[idx] == -2;
+}
+
+static int on_anth_event(void *user, const char *event_name, const char *data,
+                         size_t len, size_t pos) {
+  stream_st *st = user;
+  if (ag__anthropic_event(&st->asmb, event_name, data, len, pos) != 0)
+    return 1;
+  json_t *j = json_loadb(data, len, 0, NULL);
+  if (j == NULL)
+    return 1;
+  const char *type = json_string_value(json_object_get(j, "type"));
+  const char *name = event_name[0] != '\0' ? event_name
+                     : type != NULL        ? type
+                                           : "message";
+  json_t *ix = json_object_get(j, "index");
+  json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : -1;
+  bool hold = false;
+  if (type == NULL) {
+    /* forwarded as it came */
+  } else if (strcmp(type, "message_start") == 0) {
+    json_t *m = json_object_get(j, "message");
+    const char *id = json_string_value(json_object_get(m, "id"));
+    const char *model = json_string_value(json_object_get(m, "model"));
+    snprintf(st->id, sizeof st->id, "%s", id != NULL ? id : "msg");
+    snprintf(st->model, sizeof st->model, "%s",
+             model != NULL ? model : "unknown");
+  } else if (strcmp(type, "content_block_start") == 0) {
+    const char *bt = json_string_value(
+        json_object_get(json_object_get(j, "content_block"), "type"));
+    if (idx < 0 || idx >= (json_int_t)(sizeof(st->map) / sizeof(st->map[0]))) {
+      json_decref(j);
+      ag__asm_bad(&st->asmb, (long)pos, "a content block index out of range");
+      return 1;
+    }
+    if (bt != NULL && strstr(bt, "tool_use") != NULL) {
+      st->map[idx] = -2; /* held until the calls are checked */
+      hold = true;
+    }
+  } else if (strcmp(type, "content_block_delta") == 0 ||
+             strcmp(type, "content_block_stop") == 0) {
+    hold = is_held_index(st, idx);
+    json_t *d = json_object_get(j, "delta");
+    size_t tl = 0;
+    const char *text = ag__jstr(d, "text", &tl);
+    if (!hold && text != NULL && tl > 0) {
+      ag_verdict v;
+      if (ag_guard_check_text(st->g, text, tl, true, &v) != AG_ALLOW) {
+        st->looped = true;
+        st->loop_v = v;
+        json_decref(j);
+        return 1;
+      }
+      st->any_text = true;
+    }
+  } else if (strcmp(type, "message_delta") == 0 ||
+             strcmp(type, "message_stop") == 0) {
+    hold = true;
+  }
+  if (hold) {
+    json_t *pair = json_pack("[s, O]", name, j);
+    if (pair == NULL || json_array_append_new(st->held_ev, pair) != 0)
+      st->held.failed = true;
+  } else {
+    if (idx >= 0 && type != NULL && strncmp(type, "content_block", 13) == 0)
+      json_object_set_new(j, "index", json_integer(client_index(st, idx)));
+    sb_named(&st->out, name, json_incref(j));
+  }
+  json_decref(j);
+  return st->out.failed || st->held.failed ? 1 : 0;
+}
+
+/* A text block with `text` at the client's next index. */
+static void anth_text_block(stream_st *st, const char *text) {
+  int ci = st->next_index++;
+  sb_named(&st->out, "content_block_start",
+           json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start",
+                     "index", ci, "content_block", "type", "text", "text", ""));
+  sb_named(&st->out, "content_block_delta",
+           json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta",
+                     "index", ci, "delta", "type", "text_delta", "text", text));
+  sb_named(&st->out, "content_block_stop",
+           json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
+}
+
+static void anth_end(stream_st *st, const char *stop_reason) {
+  sb_named(&st->out, "message_delta",
+           json_pack("{s:s, s:{s:s, s:n}, s:{s:i}}", "type", "message_delta",
+                     "delta", "stop_reason", stop_reason, "stop_sequence",
+                     "usage", "output_tokens", 0));
+  sb_named(&st->out, "message_stop",
+           json_pack("{s:s}", "type", "message_stop"));
+}
+
+static void anth_stop(stream_st *st, const ag_verdict *v) {
+  char text[AG_VERDICT_MSG_MAX * 2 + 128];
+  stop_text(v, text, sizeof text);
+  anth_text_block(st, text);
+  anth_end(st, "end_turn");
+}
+
+static void anth_error(stream_st *st, const char *msg) {
+  st->out.failed = false;
+  sb_named(&st->out, "error",
+           json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                     "api_error", "message", msg));
+}
+
+/* The end of a relayed Anthropic stream (stream_finish's counterpart). */
+static void stream_finish_anth(stream_st *st) {
+  char msg[ERR_MSG_MAX];
+  if (st->looped) {
+    event(st->p, "stream_stopped", st->path, &st->loop_v, NULL);
+    anth_stop(st, &st->loop_v);
+    return;
+  }
+  if (st->u.too_big || st->out.failed || st->held.failed ||
+      st->u.cc != CURLE_OK || st->asmb.failed != AG_OK) {
+    snprintf(msg, sizeof msg,
+             "agentguard proxy: the upstream's stream broke: %s",
+             st->u.too_big || st->out.failed || st->held.failed ? "too large"
+             : st->u.cc != CURLE_OK
+                 ? (st->u.errbuf[0] != '\0' ? st->u.errbuf
+                                            : curl_easy_strerror(st->u.cc))
+             : st->asmb.failed == AG_EPROVIDER ? st->perr.message
+                                               : ag_strerror(st->asmb.failed));
+    anth_error(st, msg);
+    return;
+  }
+  ag_reply rep, rep2;
+  memset(&rep, 0, sizeof rep);
+  memset(&rep2, 0, sizeof rep2);
+  if (ag__asm_finish(&st->asmb, &rep) != AG_OK) {
+    anth_error(st, "agentguard proxy: out of memory");
+    return;
+  }
+  ag_call_check checks[AG__CALLS_MAX];
+  ag_verdict v;
+  ag_action act = check_reply(st->g, &rep, true, checks, &v);
+  if (act == AG_ALLOW) {
+    size_t i;
+    json_t *pair;
+    json_array_foreach(st->held_ev, i, pair) {
+      json_t *o = json_array_get(pair, 1);
+      json_t *ix = json_object_get(o, "index");
+      if (json_is_integer(ix)) {
+        json_int_t idx = json_integer_value(ix);
+        if (is_held_index(st, idx))
+          st->map[idx] = st->next_index++;
+        json_object_set_new(o, "index", json_integer(st->map[idx]));
+      }
+      sb_named(&st->out, json_string_value(json_array_get(pair, 0)),
+               json_incref(o));
+    }
+    goto out;
+  }
+  if (act != AG_NUDGE) {
+    event(st->p, "reply_replaced", st->path, &v, NULL);
+    anth_stop(st, &v);
+    goto out;
+  }
+  event(st->p, "nudge", st->path, &v, NULL);
+  json_t *b = json_copy(st->req);
+  json_t *extra = nudge_messages_anthropic(&rep, checks);
+  size_t len = 0;
+  char *body = NULL;
+  if (b != NULL && extra != NULL) {
+    json_object_set_new(b, "stream", json_false());
+    body = with_messages(b, extra, &len);
+  }
+  json_decref(b);
+  json_decref(extra);
+  if (body == NULL) {
+    anth_error(st, "agentguard proxy: out of memory");
+    goto out;
+  }
+  act = record_nudged(st->g, &rep, checks, &v);
+  upstream u;
+  memset(&u, 0, sizeof u);
+  reply r;
+  memset(&r, 0, sizeof r);
+  r.anthropic = true;
+  if (!is_stop(act))
+    send_upstream(st->p, st->c, "POST", st->uri, body, len, true, &u);
+  free(body);
+  if (is_stop(act)) {
+    /* v says why */
+  } else if (upstream_failed(st->p, &u, &r) || u.status < 200 ||
+             u.status >= 300 || !read_reply(&u, &rep2, &r)) {
+    snprintf(msg, sizeof msg,
+             "agentguard proxy: asking the upstream again failed: %s",
+             r.body != NULL ? r.body : (u.body != NULL ? u.body : ""));
+    anth_error(st, msg);
+    reply_free(&r);
+    upstream_free(&u);
+    goto out;
+  } else {
+    act = check_reply(st->g, &rep2, false, checks, &v);
+  }
+  upstream_free(&u);
+  if (act == AG_ALLOW) {
+    if (rep2.text != NULL && rep2.text[0] != '\0')
+      anth_text_block(st, rep2.text);
+    for (size_t k = 0; k < rep2.n_calls; k++) {
+      const ag_tool_call *tc = &rep2.calls[k];
+      int ci = st->next_index++;
+      sb_named(&st->out, "content_block_start",
+               json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type",
+                         "content_block_start", "index", ci, "content_block",
+                         "type", "tool_use", "id", tc->id, "name", tc->name,
+                         "input"));
+      sb_named(&st->out, "content_block_delta",
+               json_pack("{s:s, s:i, s:{s:s, s:s%}}", "type",
+                         "content_block_delta", "index", ci, "delta", "type",
+                         "input_json_delta", "partial_json", tc->arguments,
+                         tc->arguments_len));
+      sb_named(
+          &st->out, "content_block_stop",
+          json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
+    }
+    anth_end(st, rep2.n_calls > 0 ? "tool_use" : "end_turn");
+    goto out;
+  }
+  if (act == AG_NUDGE)
+    v.action = AG_STOP; /* one nudge per request */
+  event(st->p, "reply_replaced", st->path, &v, NULL);
+  anth_stop(st, &v);
+out:
+  ag_reply_clear(&rep);
+  ag_reply_clear(&rep2);
+}
+
+/* The stream has ended: check the calls, then release or replace them. */
+static void stream_finish(stream_st *st) {
+  st->finished = true;
+  if (st->anth) {
+    stream_finish_anth(st);
+    return;
+  }
+  if (st->id[0] == '\0') {
+    snprintf(st->id, sizeof st->id, "chatcmpl-agentguard");
+    snprintf(st->model, sizeof st->model, "agentguard");
+  }
+  if (st->looped) {
+    event(st->p, "stream_stopped", st->path, &st->loop_v, NULL);
+    stream_stop(st, &st->loop_v);
+    return;
+  }
+  if (st->u.too_big || st->out.failed || st->held.failed) {
+    stream_error(st, "agentguard proxy: the upstream's stream is too large");
+    return;
+  }
+  if (st->u.cc != CURLE_OK || st->asmb.failed != AG_OK) {
+    stream_error(st, "agentguard proxy: the upstream's stream broke: %s",
+                 st->u.cc != CURLE_OK
+                     ? (st->u.errbuf[0] != '\0' ? st->u.errbuf
+                                                : curl_easy_strerror(st->u.cc))
+                 : st->asmb.failed == AG_EPROVIDER
+                     ? st->perr.message
+                     : ag_strerror(st->asmb.failed));
+    return;
+  }
+  ag_reply rep, rep2;
+  memset(&rep, 0, sizeof rep);
+  memset(&rep2, 0, sizeof rep2);
+  if (ag__asm_finish(&st->asmb, &rep) != AG_OK) {
+    stream_error(st, "agentguard proxy: out of memory");
+    return;
+  }
+  ag_call_check checks[AG__CALLS_MAX];
+  ag_verdict v;
+  ag_action act = check_reply(st->g, &rep, true, checks, &v);
+  if (act == AG_ALLOW) {
+    sb_add(&st->out, st->held.p != NULL ? st->held.p : "", st->held.len);
+    sb_add(&st->out, "data: [DONE]\n\n", 14);
+    goto out;
+  }
+  if (act != AG_NUDGE) {
+    event(st->p, "reply_replaced", st->path, &v, NULL);
+    stream_stop(st, &v);
+    goto out;
+  }
+  event(st->p, "nudge", st->path, &v, NULL);
+  json_t *b = json_copy(st->req);
+  json_t *extra = nudge_messages(&rep, checks);
+  size_t len = 0;
+  char *body = NULL;
+  if (b != NULL && extra != NULL) {
+    json_object_set_new(b, "stream", json_false());
+    json_object_del(b, "stream_options");
+    body = with_messages(b, extra, &len);
+  }
+  json_decref(b);
+  json_decref(extra);
+  if (body == NULL) {
+    stream_error(st, "agentguard proxy: out of memory");
+    goto out;
+  }
+  act = record_nudged(st->g, &rep, checks, &v);
+  upstream u;
+  memset(&u, 0, sizeof u);
+  if (!is_stop(act))
+    send_upstream(st->p, st->c, "POST", st->uri, body, len, true, &u);
+  free(body);
+  reply r;
+  memset(&r, 0, sizeof r);
+  if (is_stop(act)) {
+    /* v says why */
+  } else if (upstream_failed(st->p, &u, &r) || u.status < 200 ||
+             u.status >= 300 || !read_reply(&u, &rep2, &r)) {
+    stream_error(st, "agentguard proxy: asking the upstream again failed: %s",
+                 r.body != NULL ? r.body : (u.body != NULL ? u.body : ""));
+    reply_free(&r);
+    upstream_free(&u);
+    goto out;
+  } else {
+    act = check_reply(st->g, &rep2, false, checks, &v);
+  }
+  upstream_free(&u);
+  if (act == AG_ALLOW) {
+    sb_reply(&st->out, st->id, st->model, rep2.text, &rep2,
+             rep2.n_calls > 0 ? "tool_calls" : "stop");
+    goto out;
+  }
+  if (act == AG_NUDGE)
+    v.action = AG_STOP; /* one nudge per request */
+  event(st->p, "reply_replaced", st->path, &v, NULL);
+  stream_stop(st, &v);
+out:
+  ag_reply_clear(&rep);
+  ag_reply_clear(&rep2);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  stream_st *st = cls;
+  while (st->out_pos >= st->out.len) {
+    if (st->finished)
+      return MHD_CONTENT_READER_END_OF_STREAM;
+    st->out.len = st->out_pos = 0;
+    if (!st->done)
+      pump(st, 100);
+    else
+      stream_finish(st);
+  }
+  size_t n = st->out.len - st->out_pos;
+  if (n > max)
+    n = max;
+  memcpy(buf, st->out.p + st->out_pos, n);
+  st->out_pos += n;
+  return (ssize_t)n;
+}
+
+/* Starts relaying: the transfer runs until the upstream's status is known.
+ * Returns the stream (the guard and the request are now its), or NULL with
+ * `r` filled (502, the upstream's own error, or 500). */
+static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
+                               const req_ctx *q, const char *body, size_t len,
+                               bool ours, bool anth, const char *path,
+                               json_t **req, ag_guard **g, reply *r) {
+  stream_st *st = calloc(1, sizeof(*st));
+  if (st == NULL) {
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return NULL;
+  }
+  st->p = p;
+  st->c = c;
+  st->uri = dupz(q->uri);
+  st->path = dupz(path);
+  st->anth = anth;
+  for (size_t k = 0; k < sizeof(st->map) / sizeof(st->map[0]); k++)
+    st->map[k] = -1;
+  st->held_ev = json_array();
+  ag__sse_init(&st->sse, anth ? on_anth_event : on_sse_event, st);
+  ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
+  st->h = upstream_handle(p, c, "POST", q->uri, body, len, ours, &st->u,
+                          &st->hdrs, &st->url);
+  st->multi = curl_multi_init();
+  if (st->h == NULL || st->multi == NULL || st->uri == NULL ||
+      st->path == NULL || st->held_ev == NULL) {
+    stream_free(st);
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return NULL;
+  }
+  st->req = *req;
+  st->g = *g;
+  *req = NULL;
+  *g = NULL;
+  curl_easy_setopt(st->h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+  curl_easy_setopt(st->h, CURLOPT_COPYPOSTFIELDS, body != NULL ? body : "");
+  curl_easy_setopt(st->h, CURLOPT_WRITEFUNCTION, on_stream_body);
+  curl_easy_setopt(st->h, CURLOPT_WRITEDATA, st);
+  st->u.cc = CURLE_OK;
+  curl_multi_add_handle(st->multi, st->h);
+  while (!st->u.hdr_end && !st->done)
+    pump(st, 100);
+  long status = 0;
+  curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &status);
+  if (!st->done && (status < 200 || status >= 300))
+    while (!st->done)
+      pump(st, 100);
+  if (st->done && (st->u.cc != CURLE_OK || st->u.too_big) &&
+      st->u.status == 0) {
+    upstream_failed(p, &st->u, r);
+    stream_free(st);
+    return NULL;
+  }
+  if (status < 200 || status >= 300) {
+    st->u.status = status;
+    if (!upstream_failed(p, &st->u, r))
+      pass_back(&st->u, r);
+    stream_free(st);
+    return NULL;
+  }
+  return st;
+}
+
+/* ---- Anthropic Messages (/v1/messages) -------------------------------- */
+
+/* The text of a content value: a string, or the text blocks of an array. */
+static json_t *blocks_text(const json_t *content) {
+  if (json_is_string(content))
+    return json_incref((json_t *)content);
+  char *acc = NULL;
+  size_t len = 0, i;
+  json_t *b;
+  json_array_foreach(content, i, b) {
+    size_t l = 0;
+    const char *t = ag__jstr(b, "text", &l);
+    if (t == NULL)
+      continue;
+    char *g = realloc(acc, len + l + 2);
+    if (g == NULL) {
+      free(acc);
+      return NULL;
+    }
+    acc = g;
+    if (len > 0)
+      acc[len++] = '\n';
+    memcpy(acc + len, t, l);
+    len += l;
+  }
+  json_t *out = json_stringn(acc != NULL ? acc : "", len);
+  free(acc);
+  return out;
+}
+
+/*
+ * Anthropic messages as Chat Completions messages, for the replay: a
+ * tool_use block is a tool call (its input the arguments), a tool_result
+ * block a tool message (is_error kept), text blocks the message's text. A
+ * user message holding only tool results is no user message: it does not
+ * start a turn. NULL with emsg set on a bad shape; NULL with emsg "" when
+ * out of memory.
+ */
+static json_t *anthropic_to_chat(const json_t *msgs, char *emsg, size_t cap) {
+  emsg[0] = '\0';
+  json_t *out = json_array();
+  size_t i;
+  json_t *m;
+  json_array_foreach(msgs, i, m) {
+    if (out == NULL)
+      return NULL;
+    const char *role = json_string_value(json_object_get(m, "role"));
+    json_t *content = json_object_get(m, "content");
+    if (role == NULL ||
+        (strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0)) {
+      snprintf(emsg, cap, "messages[%zu].role: expected user or assistant", i);
+      goto bad;
+    }
+    if (!json_is_string(content) && !json_is_array(content)) {
+      snprintf(emsg, cap,
+               "messages[%zu].content: expected a string or an array of "
+               "content blocks",
+               i);
+      goto bad;
+    }
+    bool has_text = json_is_string(content);
+    json_t *calls = json_array();
+    size_t k;
+    json_t *b;
+    json_array_foreach(content, k, b) {
+      const char *bt = json_string_value(json_object_get(b, "type"));
+      if (bt == NULL) {
+        json_decref(calls);
+        snprintf(emsg, cap,
+                 "messages[%zu].content[%zu].type: expected a "
+                 "string",
+                 i, k);
+        goto bad;
+      }
+      if (strcmp(bt, "text") == 0) {
+        has_text = true;
+      } else if (strcmp(bt, "tool_use") == 0) {
+        const char *id = json_string_value(json_object_get(b, "id"));
+        const char *name = json_string_value(json_object_get(b, "name"));
+        json_t *input = json_object_get(b, "input");
+        if (id == NULL || name == NULL) {
+          json_decref(calls);
+          snprintf(emsg, cap,
+                   "messages[%zu].content[%zu]: a tool_use block needs an id "
+                   "and a name",
+                   i, k);
+          goto bad;
+        }
+        char *args = json_dumps(input != NULL ? input : json_object(),
+                                JSON_COMPACT | JSON_ENCODE_ANY);
+        json_array_append_new(
+            calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+                             "function", "function", "name", name, "arguments",
+                             args != NULL ? args : "{}"));
+        free(args);
+      } else if (strcmp(bt, "tool_result") == 0) {
+        const char *id = json_string_value(json_object_get(b, "tool_use_id"));
+        if (id == NULL) {
+          json_decref(calls);
+          snprintf(emsg, cap,
+                   "messages[%zu].content[%zu]: a tool_result block needs a "
+                   "tool_use_id",
+                   i, k);
+          goto bad;
+        }
+        json_t *t = blocks_text(json_object_get(b, "content"));
+        json_array_append_new(
+            out, json_pack("{s:s, s:s, s:o, s:b}", "role", "tool",
+                           "tool_call_id", id, "content",
+                           t != NULL ? t : json_string(""), "is_error",
+                           json_is_true(json_object_get(b, "is_error"))));
+      }
+    }
+    if (strcmp(role, "assistant") == 0) {
+      json_t *t = blocks_text(content);
+      json_t *am = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                             t != NULL ? t : json_string(""));
+      if (json_array_size(calls) > 0)
+        json_object_set(am, "tool_calls", calls);
+      json_array_append_new(out, am);
+    } else if (has_text) {
+      json_t *t = blocks_text(content);
+      json_array_append_new(out,
+                            json_pack("{s:s, s:o}", "role", "user", "content",
+                                      t != NULL ? t : json_string("")));
+    }
+    json_decref(calls);
+  }
+  return out;
+bad:
+  json_decref(out);
+  return NULL;
+}
+
+/* An Anthropic message object as the events of a stream. */
+static void anthropic_sse(reply *r) {
+  json_t *msg = json_loadb(r->body != NULL ? r->body : "", r->len, 0, NULL);
+  sbuf b = {NULL, 0, 0, false};
+  json_t *content = json_object_get(msg, "content");
+  if (!json_is_array(content)) {
+    json_decref(msg);
+    set_error(r, 502, "upstream_error", "upstream_bad_reply",
+              "agentguard proxy: the upstream's reply is not a Messages "
+              "response: no content array");
+    return;
+  }
+  json_t *usage = json_object_get(msg, "usage");
+  json_t *start = json_deep_copy(msg);
+  json_object_set_new(start, "content", json_array());
+  json_object_set_new(start, "stop_reason", json_null());
+#define EV(name, obj)                                                          \
+  do {                                                                         \
+    sb_add(&b, "event: " name "\n", sizeof("event: " name "\n") - 1);          \
+    sb_json(&b, obj);                                                          \
+  } while (0)
+  EV("message_start",
+     json_pack("{s:s, s:o}", "type", "message_start", "message", start));
+  size_t i;
+  json_t *blk;
+  json_array_foreach(content, i, blk) {
+    const char *bt = json_string_value(json_object_get(blk, "type"));
+    json_t *head = json_deep_copy(blk);
+    json_t *delta = NULL;
+    if (bt != NULL && strcmp(bt, "text") == 0) {
+      json_object_set_new(head, "text", json_string(""));
+      delta = json_pack("{s:s, s:O}", "type", "text_delta", "text",
+                        json_object_get(blk, "text"));
+    } else if (bt != NULL && strcmp(bt, "tool_use") == 0) {
+      char *in = json_dumps(json_object_get(blk, "input"),
+                            JSON_COMPACT | JSON_ENCODE_ANY);
+      json_object_set_new(head, "input", json_object());
+      delta = json_pack("{s:s, s:s}", "type", "input_json_delta",
+                        "partial_json", in != NULL ? in : "{}");
+      free(in);
+    }
+    EV("content_block_start",
+       json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index",
+                 (int)i, "content_block", head));
+    if (delta != NULL)
+      EV("content_block_delta",
+         json_pack("{s:s, s:i, s:o}", "type", "content_block_delta", "index",
+                   (int)i, "delta", delta));
+    EV("content_block_stop",
+       json_pack("{s:s, s:i}", "type", "content_block_stop", "index", (int)i));
+  }
+  json_t *out_tokens = json_object_get(usage, "output_tokens");
+  EV("message_delta",
+     json_pack("{s:s, s:{s:O, s:n}, s:{s:I}}", "type", "message_delta", "delta",
+               "stop_reason", json_object_get(msg, "stop_reason"),
+               "stop_sequence", "usage", "output_tokens",
+               (json_int_t)(json_is_integer(out_tokens)
+                                ? json_integer_value(out_tokens)
+                                : 0)));
+  EV("message_stop", json_pack("{s:s}", "type", "message_stop"));
+#undef EV
+  json_decref(msg);
+  free(r->body);
+  r->body = NULL;
+  curl_slist_free_all(r->headers);
+  r->headers = NULL;
+  set_sse(r, &b);
+}
+
+static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
+                 const char *path, reply *r, stream_st **st_out) {
+  const bool anth = r->anthropic;
+  bool anth_stream = false;
+  json_t *chat_msgs = NULL;
+  char *fwd = NULL;
+  size_t fwd_len = 0;
+  json_error_t je;
+  json_t *req = json_loadb(q->body != NULL ? q->body : "", q->len, 0, &je);
+  ag_guard *g = NULL;
+  ag_reply rep, rep2;
+  memset(&rep, 0, sizeof rep);
+  memset(&rep2, 0, sizeof rep2);
+  upstream u;
+  memset(&u, 0, sizeof u);
+  if (req == NULL) {
+    set_error(r, 400, "invalid_request_error", "invalid_json",
+              "agentguard proxy: the request body is not JSON: %s (line %d, "
+              "column %d)",
+              je.text, je.line, je.column);
+    return;
+  }
+  json_t *msgs = json_object_get(req, "messages");
+  if (!json_is_object(req) || !json_is_array(msgs) ||
+      json_array_size(msgs) == 0) {
+    set_error(r, 400, "invalid_request_error", "invalid_request",
+              "agentguard proxy: %s",
+              !json_is_object(req) ? "the request body must be a JSON object"
+                                   : "messages: expected a non-empty array");
+    goto out;
+  }
+  size_t i;
+  json_t *m;
+  json_array_foreach(msgs, i, m) {
+    if (!json_is_string(json_object_get(m, "role"))) {
+      set_error(r, 400, "invalid_request_error", "invalid_request",
+                "agentguard proxy: messages[%zu].role: expected a string", i);
+      goto out;
+    }
+  }
+  char emsg[ERR_MSG_MAX];
+  if (anth) {
+    chat_msgs = anthropic_to_chat(msgs, emsg, sizeof emsg);
+    if (chat_msgs == NULL) {
+      if (emsg[0] != '\0')
+        set_error(r, 400, "invalid_request_error", "invalid_request",
+                  "agentguard proxy: %s", emsg);
+      else
+        set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+      goto out;
+    }
+    /* a stream relayed (stream_start); a reply the proxy makes itself is
+     * told as a stream at the end (anthropic_sse) */
+    anth_stream = json_is_true(json_object_get(req, "stream"));
+    fwd = json_dumps(req, JSON_COMPACT);
+    if (fwd == NULL) {
+      set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+      goto out;
+    }
+    fwd_len = strlen(fwd);
+  }
+  ag_error_t err;
+  if (ag_guard_new(&g, &p->cfg, NULL, &err) != AG_OK) {
+    set_error(r, 500, "server_error", "guard", "agentguard proxy: %s", err.msg);
+    goto out;
+  }
+  ag_verdict v;
+  int act = replay_turn(g, anth ? chat_msgs : msgs, &v, emsg, sizeof emsg);
+  if (act == -1) {
+    set_error(r, 400, "invalid_request_error", "invalid_request",
+              "agentguard proxy: %s", emsg);
+    goto out;
+  }
+  if (act == -2) {
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    goto out;
+  }
+  if (!is_stop((ag_action)act))
+    act = ag_guard_begin_iteration(g, 0, &v);
+  if (is_stop((ag_action)act)) {
+    bool final = p->cfg.loop.final_request_without_tools && v.action == AG_STOP;
+    event(p, final ? "final_request_without_tools" : "stopped_before_request",
+          path, &v, NULL);
+    if (final)
+      final_without_tools(p, c, q->uri, req, &v, r);
+    else
+      set_stop_reply(p, req, &v, r);
+    goto out;
+  }
+  /* The error context of the replayed errors, for this request only (the
+   * loop's rule: it never enters the conversation the client keeps). */
+  if (p->cfg.errors.error_context) {
+    char ectx[8192];
+    size_t need = ag_guard_error_context(g, AG_RECOVER_EXECUTION, NULL, 0, ectx,
+                                         sizeof ectx);
+    if (need > 0 && ectx[0] != '\0') {
+      json_t *extra =
+          json_pack("[{s:s, s:s}]", "role", "user", "content", ectx);
+      free(fwd);
+      fwd = extra != NULL ? with_messages(req, extra, &fwd_len) : NULL;
+      json_decref(extra);
+      if (fwd == NULL) {
+        set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+        goto out;
+      }
+      event(p, "error_context", path, NULL, NULL);
+    }
+  }
+  if (json_is_true(json_object_get(req, "stream"))) {
+    *st_out = stream_start(p, c, q, fwd != NULL ? fwd : q->body,
+                           fwd != NULL ? fwd_len : q->len, fwd != NULL, anth,
+                           path, &req, &g, r);
+    goto out;
+  }
+  send_upstream(p, c, "POST", q->uri, fwd != NULL ? fwd : q->body,
+                fwd != NULL ? fwd_len : q->len, fwd != NULL, &u);
+  if (upstream_failed(p, &u, r))
+    goto out;
+  if (u.status < 200 || u.status >= 300) {
+    pass_back(&u, r);
+    goto out;
+  }
+  if (!read_reply(&u, &rep, r))
+    goto out;
+  ag_call_check checks[AG__CALLS_MAX];
+  act = check_reply(g, &rep, false, checks, &v);
+  if (act == AG_ALLOW) {
+    pass_back(&u, r);
+    goto out;
+  }
+  if (is_stop((ag_action)act)) {
+    event(p, "reply_replaced", path, &v, NULL);
+    set_stop_reply(p, req, &v, r);
+    goto out;
+  }
+  /* A nudge: the held-back calls answered by the nudge, asked once more. */
+  event(p, "nudge", path, &v, NULL);
+  json_t *extra = anth ? nudge_messages_anthropic(&rep, checks)
+                       : nudge_messages(&rep, checks);
+  size_t len = 0;
+  char *body = extra != NULL ? with_messages(req, extra, &len) : NULL;
+  json_decref(extra);
+  if (body == NULL) {
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    goto out;
+  }
+  act = record_nudged(g, &rep, checks, &v);
+  if (is_stop((ag_action)act)) {
+    free(body);
+    event(p, "reply_replaced", path, &v, NULL);
+    set_stop_reply(p, req, &v, r);
+    goto out;
+  }
+  upstream_free(&u);
+  send_upstream(p, c, "POST", q->uri, body, len, true, &u);
+  free(body);
+  if (upstream_failed(p, &u, r))
+    goto out;
+  if (u.status < 200 || u.status >= 300) {
+    pass_back(&u, r);
+    goto out;
+  }
+  if (!read_reply(&u, &rep2, r))
+    goto out;
+  act = check_reply(g, &rep2, false, checks, &v);
+  if (act == AG_ALLOW) {
+    pass_back(&u, r);
+    goto out;
+  }
+  /* One nudge per request: a second one stops. */
+  if (act == AG_NUDGE)
+    v.action = AG_STOP;
+  event(p, "reply_replaced", path, &v, NULL);
+  set_stop_reply(p, req, &v, r);
+out:
+  if (anth_stream && r->status == 200)
+    anthropic_sse(r);
+  ag_reply_clear(&rep);
+  ag_reply_clear(&rep2);
+  upstream_free(&u);
+  ag_guard_free(g);
+  json_decref(req);
+  json_decref(chat_msgs);
+  free(fwd);
+}
+
+int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
+                    bool anthropic, ag_verdict *v, ag_error_t *err) {
+  json_error_t je;
+  json_t *req = json_loadb(body, len, 0, &je);
+  if (req == NULL) {
+    fail(err, AG_EJSON, "the request body is not JSON: %s (line %d, column %d)",
+         je.text, je.line, je.column);
+    return -1;
+  }
+  json_t *msgs = json_object_get(req, "messages");
+  json_t *chat_msgs = NULL;
+  ag_guard *g = NULL;
+  char emsg[ERR_MSG_MAX];
+  int act = -1;
+  if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+    fail(err, AG_EINVAL, "messages: expected a non-empty array");
+    goto out;
+  }
+  size_t i;
+  json_t *m;
+  json_array_foreach(msgs, i, m) {
+    if (!json_is_string(json_object_get(m, "role"))) {
+      fail(err, AG_EINVAL, "messages[%zu].role: expected a string", i);
+      goto out;
+    }
+  }
+  if (anthropic) {
+    chat_msgs = anthropic_to_chat(msgs, emsg, sizeof emsg);
+    if (chat_msgs == NULL) {
+      fail(err, emsg[0] != '\0' ? AG_EINVAL : AG_ENOMEM, "%s",
+           emsg[0] != '\0' ? emsg : "out of memory");
+      goto out;
+    }
+  }
+  if (ag_guard_new(&g, cfg, NULL, err) != AG_OK)
+    goto out;
+  act = replay_turn(g, anthropic ? chat_msgs : msgs, v, emsg, sizeof emsg);
+  if (act == -1)
+    fail(err, AG_EINVAL, "%s", emsg);
+  else if (act == -2)
+    fail(err, AG_ENOMEM, "out of memory");
+  else if (!is_stop((ag_action)act))
+    act = ag_guard_begin_iteration(g, 0, v);
+  if (act < 0)
+    act = -1;
+out:
+  ag_guard_free(g);
+  json_decref(chat_msgs);
+  json_decref(req);
+  return act;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Serving (libmicrohttpd)                                                  */
+/* ------------------------------------------------------------------------ */
+
+static bool guarded_path(const char *path) {
+  return strcmp(path, "/v1/chat/completions") == 0 ||
+         strcmp(path, "/chat/completions") == 0 ||
+         strcmp(path, "/v1/messages") == 0;
+}
+
+static enum MHD_Result send_reply(struct MHD_Connection *c, reply *r) {
+  struct MHD_Response *resp = MHD_create_response_from_buffer(
+      r->len, r->body != NULL ? r->body : (void *)"", MHD_RESPMEM_MUST_COPY);
+  if (resp == NULL)
+    return MHD_NO;
+  for (struct curl_slist *s = r->headers; s != NULL; s = s->next) {
+    char *colon = strchr(s->data, ':');
+    if (colon == NULL)
+      continue;
+    *colon = '\0';
+    const char *val = colon + 1;
+    while (*val == ' ' || *val == '\t')
+      val++;
+    MHD_add_response_header(resp, s->data, val);
+    *colon = ':';
+  }
+  if (r->ctype != NULL)
+    MHD_add_response_header(resp, "Content-Type", r->ctype);
+  if (r->stop != NULL)
+    MHD_add_response_header(resp, "x-agentguard-stop", r->stop);
+  enum MHD_Result ret = MHD_queue_response(c, r->status, resp);
+  MHD_destroy_response(resp);
+  return ret;
+}
+
+static bool key_ok(const ag_proxy *p, struct MHD_Connection *c) {
+  if (p->client_key == NULL)
+    return true;
+  const char *k =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-agentguard-key");
+  size_t n = strlen(p->client_key);
+  return k != NULL && strlen(k) == n && CRYPTO_memcmp(k, p->client_key, n) == 0;
+}
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+  (void)cls;
+  (void)c;
+  req_ctx *q = calloc(1, sizeof(*q));
+  if (q != NULL)
+    q->uri = dupz(uri != NULL ? uri : "/");
+  return q;
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
+                               const char *url, const char *method,
+                               const char *version, const char *upload,
+                               size_t *upload_size, void **con_cls) {
+  (void)version;
+  (void)url;
+  ag_proxy *p = cls;
+  req_ctx *q = *con_cls;
+  if (q == NULL || q->uri == NULL)
+    return MHD_NO; /* out of memory at the start */
+  if (!q->begun) {
+    q->begun = true; /* headers only: the body comes next */
+    return MHD_YES;
+  }
+  if (*upload_size > 0) {
+    size_t n = *upload_size;
+    *upload_size = 0;
+    if (q->too_big || q->len + n > p->max_body) {
+      q->too_big = true;
+      free(q->body);
+      q->body = NULL;
+      q->len = q->cap = 0;
+      return MHD_YES;
+    }
+    if (q->len + n + 1 > q->cap) {
+      size_t cap = q->cap ? q->cap : 8192;
+      while (cap < q->len + n + 1)
+        cap *= 2;
+      char *g = realloc(q->body, cap);
+      if (g == NULL)
+        return MHD_NO;
+      q->body = g;
+      q->cap = cap;
+    }
+    memcpy(q->body + q->len, upload, n);
+    q->len += n;
+    q->body[q->len] = '\0';
+    return MHD_YES;
+  }
+  reply r;
+  memset(&r, 0, sizeof r);
+  char path[2048];
+  size_t pl = strcspn(q->uri, "?");
+  snprintf(path, sizeof path, "%.*s", (int)(pl < sizeof path ? pl : 0), q->uri);
+  r.anthropic = strcmp(path, "/v1/messages") == 0;
+  if (!key_ok(p, c)) {
+    set_error(&r, 401, "invalid_request_error", "agentguard_key",
+              "agentguard proxy: this proxy needs its client key in the "
+              "x-agentguard-key header");
+  } else if (q->too_big) {
+    set_error(&r, 413, "invalid_request_error", "body_too_large",
+              "agentguard proxy: the request body is larger than %zu bytes "
+              "(--max-body)",
+              p->max_body);
+  } else if (strcmp(method, "POST") == 0 && guarded_path(path)) {
+    stream_st *st = NULL;
+    chat(p, c, q, path, &r, &st);
+    if (st != NULL) {
+      struct MHD_Response *resp = MHD_create_response_from_callback(
+          MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
+      if (resp == NULL) {
+        stream_free(st);
+        return MHD_NO;
+      }
+      MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+      MHD_add_response_header(resp, "Cache-Control", "no-cache");
+      enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+      MHD_destroy_response(resp);
+      return ret;
+    }
+  } else {
+    upstream u;
+    send_upstream(p, c, method, q->uri, q->body, q->len, false, &u);
+    if (!upstream_failed(p, &u, &r))
+      pass_back(&u, &r);
+    upstream_free(&u);
+  }
+  enum MHD_Result ret = send_reply(c, &r);
+  reply_free(&r);
+  return ret;
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+  (void)cls;
+  (void)c;
+  (void)toe;
+  req_ctx *q = *con_cls;
+  if (q != NULL) {
+    free(q->uri);
+    free(q->body);
+    free(q);
+  }
+  *con_cls = NULL;
+}
+
+static void quiet_log(void *cls, const char *fmt, va_list ap) {
+  (void)cls;
+  (void)fmt;
+  (void)ap;
+}
+
+void ag_proxy_opts_init(ag_proxy_opts *o) {
+  memset(o, 0, sizeof(*o));
+  o->listen_host = "127.0.0.1";
+  o->port = 8787;
+  ag_config_preset(&o->cfg, "default", NULL);
+}
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_rc = CURLE_OK;
+static void curl_init(void) {
+  curl_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static ag_err_t fail(ag_error_t *err, ag_err_t code, const char *fmt, ...) {
+  if (err != NULL) {
+    ag_error_clear(err);
+    err->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
+                        ag_error_t *err) {
+  if (out == NULL || o == NULL)
+    return fail(err, AG_EINVAL, "ag_proxy_start: NULL argument");
+  *out = NULL;
+  const char *host = o->listen_host != NULL ? o->listen_host : "127.0.0.1";
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(o->port);
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+    return fail(err, AG_EINVAL,
+                "--listen: '%s' is not an IPv4 address (e.g. 127.0.0.1)", host);
+  bool loopback = (ntohl(sa.sin_addr.s_addr) >> 24) == 127;
+  if (!loopback && (o->client_key == NULL || o->client_key[0] == '\0'))
+    return fail(err, AG_EINVAL,
+                "--listen %s is not a loopback address: give --client-key-env "
+                "NAME (clients then send that key in x-agentguard-key)",
+                host);
+  if (o->upstream == NULL || (strncmp(o->upstream, "http://", 7) != 0 &&
+                              strncmp(o->upstream, "https://", 8) != 0))
+    return fail(err, AG_EINVAL,
+                "--upstream: expected an http:// or https:// URL, got '%s'",
+                o->upstream != NULL ? o->upstream : "(none)");
+  ag_guard *probe = NULL;
+  ag_err_t grc = ag_guard_new(&probe, &o->cfg, NULL, err);
+  ag_guard_free(probe);
+  if (grc != AG_OK)
+    return grc;
+  pthread_once(&curl_once, curl_init);
+  if (curl_rc != CURLE_OK)
+    return fail(err, AG_ENOMEM, "libcurl: %s", curl_easy_strerror(curl_rc));
+  ag_proxy *p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return fail(err, AG_ENOMEM, "out of memory");
+  p->upstream = dupz(o->upstream);
+  p->client_key = o->client_key != NULL ? dupz(o->client_key) : NULL;
+  if (p->upstream == NULL || (o->client_key != NULL && p->client_key == NULL)) {
+    free(p->upstream);
+    free(p->client_key);
+    free(p);
+    return fail(err, AG_ENOMEM, "out of memory");
+  }
+  size_t ul = strlen(p->upstream);
+  while (ul > 0 && p->upstream[ul - 1] == '/')
+    p->upstream[--ul] = '\0';
+  p->upstream_v1 = ul >= 3 && strcmp(p->upstream + ul - 3, "/v1") == 0;
+  p->cfg = o->cfg;
+  p->max_body = o->max_body > 0 ? o->max_body : AG_PROXY_MAX_BODY_DEFAULT;
+  p->events = o->events;
+  p->timeout_ms = o->upstream_timeout_ms > 0 ? o->upstream_timeout_ms : 600000;
+  pthread_mutex_init(&p->ev_mu, NULL);
+  atomic_init(&p->ids, 1);
+  unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections
+                                          : AG_PROXY_MAX_CONNECTIONS;
+  p->d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+          MHD_USE_ERROR_LOG,
+      o->port, NULL, NULL, handler, p, MHD_OPTION_SOCK_ADDR,
+      (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, limit,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_URI_LOG_CALLBACK,
+      on_uri, NULL, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+      MHD_OPTION_EXTERNAL_LOGGER, quiet_log, NULL, MHD_OPTION_END);
+  if (p->d == NULL) {
+    int e = errno;
+    pthread_mutex_destroy(&p->ev_mu);
+    free(p->upstream);
+    free(p->client_key);
+    free(p);
+    return fail(err, AG_EIO, "cannot listen on %s:%u: %s", host,
+                (unsigned)o->port,
+                e != 0 ? strerror(e) : "libmicrohttpd refused to start");
+  }
+  const union MHD_DaemonInfo *info =
+      MHD_get_daemon_info(p->d, MHD_DAEMON_INFO_BIND_PORT);
+  p->port = info != NULL ? info->port : o->port;
+  *out = p;
+  return AG_OK;
+}
+
+uint16_t ag_proxy_port(const ag_proxy *p) {
+  return p != NULL ? p->port : 0;
+}
+
+void ag_proxy_stop(ag_proxy *p) {
+  if (p == NULL)
+    return;
+  MHD_stop_daemon(p->d);
+  pthread_mutex_destroy(&p->ev_mu);
+  if (p->client_key != NULL)
+    OPENSSL_cleanse(p->client_key, strlen(p->client_key));
+  free(p->client_key);
+  free(p->upstream);
+  free(p);
+}

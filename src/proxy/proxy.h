@@ -1,0 +1,86 @@
+/*
+ * src/proxy/proxy.h - the OpenAI- and Anthropic-compatible guard proxy
+ * (`agentguard proxy`, docs/proxy.md). Not installed: the library
+ * `agentguard_proxy` (src/proxy/, linked with libmicrohttpd) is built for the
+ * program and the tests only, so that the installed libagentguard does not
+ * depend on an HTTP server.
+ *
+ * The proxy serves HTTP with libmicrohttpd (one thread per connection,
+ * connections capped) and talks to the upstream with libcurl.
+ *   - POST /v1/chat/completions and POST /v1/messages (Anthropic, its
+ *     messages read as chat form) are guarded: the request's turn (everything
+ *     after the last user message) is parsed as a chat transcript
+ *     (ag_trajectory_parse) and replayed through a fresh guard with the
+ *     same calls the audit makes; a turn that already stops is answered
+ *     without tool calls (directly, or by the upstream without tools under
+ *     loop.final_request_without_tools); the upstream's reply has its tool
+ *     calls checked before the client sees them.
+ *   - Every other path is passed through: method, headers (minus hop-by-hop
+ *     ones) and body; the upstream's status, headers and body come back.
+ * Nothing is kept between requests: replicas decide alike.
+ *
+ * Thread-safety: ag_proxy_start and ag_proxy_stop from one thread; the
+ * proxy's own threads share nothing but the events file (under a mutex).
+ */
+#ifndef AG_PROXY_H
+#define AG_PROXY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "agentguard.h"
+
+#define AG_PROXY_MAX_BODY_DEFAULT (8u << 20)
+#define AG_PROXY_MAX_CONNECTIONS 512
+/* An upstream response body kept (pass-through or guarded): past it, 502. */
+#define AG_PROXY_UPSTREAM_MAX (32u << 20)
+
+typedef struct ag_proxy_opts {
+  const char *listen_host; /* an IPv4 address; NULL: 127.0.0.1 */
+  uint16_t port;           /* 0: any free port (ag_proxy_port says which) */
+  /* Where requests go: the upstream's origin and path prefix, to which the
+   * client's path is appended ("http://127.0.0.1:8080" + "/v1/chat/
+   * completions"). A trailing "/v1" is dropped when the client's path
+   * starts with "/v1/" ("https://api.openai.com/v1" works too). Required. */
+  const char *upstream;
+  ag_config cfg;       /* the guard's config */
+  size_t max_body;     /* request body cap; 0: AG_PROXY_MAX_BODY_DEFAULT */
+  int max_connections; /* 0: AG_PROXY_MAX_CONNECTIONS */
+  /* The key clients must send in "x-agentguard-key" (never forwarded), or
+   * NULL: none. Required when listen_host is not a loopback address. */
+  const char *client_key;
+  FILE *events; /* JSON Lines of the proxy's decisions, or NULL */
+  int64_t upstream_timeout_ms; /* whole upstream request; 0: 600000 */
+} ag_proxy_opts;
+
+/* Fills the defaults (loopback, port 8787, the default preset). */
+void ag_proxy_opts_init(ag_proxy_opts *o);
+
+typedef struct ag_proxy ag_proxy;
+
+/* Starts serving. AG_OK and *out, or AG_EINVAL (bad options: err says
+ * which), AG_EIO (cannot listen: the address is taken or not ours),
+ * AG_ECONFIG (the guard's config), AG_ENOMEM. Strings are copied. */
+ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
+                        ag_error_t *err);
+/* The port it listens on. */
+uint16_t ag_proxy_port(const ag_proxy *p);
+/*
+ * The decision before forwarding, alone (for benchmarks and tests): parses
+ * the request body (`len` bytes; Chat Completions, or Messages when
+ * `anthropic`), replays its turn through a fresh guard for `cfg` and counts
+ * the coming request, exactly as a served request does. Returns the action
+ * (AG_ALLOW: it would be forwarded; AG_STOP / AG_ESCALATE with v filled),
+ * or -1 with err filled (AG_EJSON, AG_EINVAL: the 400 the client would get;
+ * AG_ENOMEM; AG_ECONFIG).
+ */
+int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
+                    bool anthropic, ag_verdict *v, ag_error_t *err);
+
+/* Stops serving (waits for the connections' threads) and frees. NULL does
+ * nothing. */
+void ag_proxy_stop(ag_proxy *p);
+
+#endif /* AG_PROXY_H */

@@ -1,0 +1,213 @@
+// tests/proxy/clients.mjs AGENTGUARD PREFIX MODE - a tool loop through
+// `agentguard proxy`, written the way the clients' docs write it. MODE:
+//   plain   the official `openai` package, chat.completions.create
+//   stream  the same with stream: true, tool calls gathered from the chunks
+//   agents  the OpenAI Agents SDK (@openai/agents) running its own loop
+//           over Chat Completions with a read_file tool
+//   anthropic, anthropic-stream  the official @anthropic-ai/sdk against
+//           /v1/messages (streaming: messages.stream and finalMessage)
+// The fake upstream's model asks for read_file({"path":"a.txt"}) on every
+// request; the proxy must end the loop: the client gets an ordinary reply
+// without tool calls whose text says why (and, plain, the header
+// x-agentguard-stop). Exits 0 on success, 1 with a message otherwise.
+import { spawn } from "node:child_process";
+import { createServer } from "node:http";
+import { createRequire } from "node:module";
+import path from "node:path";
+
+const [bin, prefix, mode = "plain"] = process.argv.slice(2);
+const require = createRequire(path.resolve(prefix, "node_modules", "x.js"));
+const OpenAI = mode.startsWith("anthropic") ? null
+  : (require("openai").default ?? require("openai"));
+const STOP = /agentguard stopped this turn \(identical_calls\)/;
+
+function fail(msg) {
+  console.error("FAIL: " + msg);
+  process.exit(1);
+}
+
+let upstreamRequests = 0;
+const upstream = createServer((req, res) => {
+  let body = "";
+  req.on("data", (c) => (body += c));
+  req.on("end", () => {
+    upstreamRequests++;
+    if (req.headers.authorization !== "Bearer sk-node-test" &&
+        req.headers["x-api-key"] !== "sk-node-test")
+      fail("the client's key did not reach the upstream as it came");
+    if (req.url.endsWith("/messages")) {
+      const id = "toolu_" + upstreamRequests;
+      if (JSON.parse(body).stream) {
+        res.setHeader("content-type", "text/event-stream");
+        const ev = (o) => `event: ${o.type}\ndata: ${JSON.stringify(o)}\n\n`;
+        res.write(ev({ type: "message_start", message: { id: "msg_" +
+          upstreamRequests, type: "message", role: "assistant", model: "fake",
+          content: [], stop_reason: null, stop_sequence: null,
+          usage: { input_tokens: 10, output_tokens: 1 } } }));
+        res.write(ev({ type: "content_block_start", index: 0,
+          content_block: { type: "text", text: "" } }));
+        res.write(ev({ type: "content_block_delta", index: 0,
+          delta: { type: "text_delta", text: "Reading. " } }));
+        res.write(ev({ type: "content_block_stop", index: 0 }));
+        res.write(ev({ type: "content_block_start", index: 1,
+          content_block: { type: "tool_use", id, name: "read_file", input: {} } }));
+        res.write(ev({ type: "content_block_delta", index: 1,
+          delta: { type: "input_json_delta", partial_json: '{"path":' } }));
+        res.write(ev({ type: "content_block_delta", index: 1,
+          delta: { type: "input_json_delta", partial_json: '"a.txt"}' } }));
+        res.write(ev({ type: "content_block_stop", index: 1 }));
+        res.write(ev({ type: "message_delta", delta: { stop_reason: "tool_use",
+          stop_sequence: null }, usage: { output_tokens: 9 } }));
+        res.end(ev({ type: "message_stop" }));
+        return;
+      }
+      res.setHeader("content-type", "application/json");
+      res.end(JSON.stringify({ id: "msg_" + upstreamRequests, type: "message",
+        role: "assistant", model: "fake", stop_reason: "tool_use",
+        stop_sequence: null, usage: { input_tokens: 10, output_tokens: 5 },
+        content: [{ type: "tool_use", id, name: "read_file",
+          input: { path: "a.txt" } }] }));
+      return;
+    }
+    const call = { id: "call_" + upstreamRequests, type: "function",
+      function: { name: "read_file", arguments: '{"path":"a.txt"}' } };
+    if (JSON.parse(body).stream) {
+      res.setHeader("content-type", "text/event-stream");
+      const chunk = (delta, finish) => "data: " + JSON.stringify({
+        id: "chatcmpl-" + upstreamRequests, object: "chat.completion.chunk",
+        created: 1, model: "fake",
+        choices: [{ index: 0, delta, finish_reason: finish }] }) + "\n\n";
+      res.write(chunk({ role: "assistant", content: "Reading. " }, null));
+      res.write(chunk({ tool_calls: [{ index: 0, ...call }] }, null));
+      res.end(chunk({}, "tool_calls") + "data: [DONE]\n\n");
+      return;
+    }
+    res.setHeader("content-type", "application/json");
+    res.end(JSON.stringify({
+      id: "chatcmpl-" + upstreamRequests, object: "chat.completion",
+      created: 1, model: "fake",
+      choices: [{ index: 0, finish_reason: "tool_calls", message: {
+        role: "assistant", content: null,
+        tool_calls: [{ id: "call_" + upstreamRequests, type: "function",
+          function: { name: "read_file", arguments: '{"path":"a.txt"}' } }] } }],
+      usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 },
+    }));
+  });
+});
+await new Promise((r) => upstream.listen(0, "127.0.0.1", r));
+const upPort = upstream.address().port;
+
+const proxy = spawn(bin, ["proxy", "--listen", "127.0.0.1:0", "--upstream",
+  `http://127.0.0.1:${upPort}/v1`], { stdio: ["ignore", "ignore", "pipe"] });
+const proxyPort = await new Promise((resolve, reject) => {
+  let err = "";
+  const timer = setTimeout(() => reject(new Error("no port: " + err)), 10000);
+  proxy.stderr.on("data", (c) => {
+    err += c;
+    const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(err);
+    if (m) { clearTimeout(timer); resolve(Number(m[1])); }
+  });
+  proxy.on("exit", (code) => reject(new Error(`proxy exited ${code}: ${err}`)));
+}).catch((e) => fail(e.message));
+
+async function plainLoop(client, stream) {
+  const tools = [{ type: "function", function: { name: "read_file",
+    parameters: { type: "object", properties: { path: { type: "string" } } } } }];
+  const messages = [{ role: "user", content: "Summarise a.txt" }];
+  let steps = 0;
+  while (steps++ < 20) {
+    let msg, stop = null;
+    if (stream) {
+      const s = await client.chat.completions.create({ model: "fake",
+        messages, tools, stream: true });
+      msg = { role: "assistant", content: "", tool_calls: [] };
+      for await (const ch of s) {
+        const d = ch.choices[0]?.delta ?? {};
+        if (d.content) msg.content += d.content;
+        for (const tc of d.tool_calls ?? []) {
+          const t = (msg.tool_calls[tc.index] ??= { id: "", type: "function",
+            function: { name: "", arguments: "" } });
+          if (tc.id) t.id = tc.id;
+          if (tc.function?.name) t.function.name += tc.function.name;
+          if (tc.function?.arguments) t.function.arguments += tc.function.arguments;
+        }
+      }
+      if (msg.tool_calls.length === 0) delete msg.tool_calls;
+    } else {
+      const { data, response } = await client.chat.completions
+        .create({ model: "fake", messages, tools }).withResponse();
+      msg = data.choices[0].message;
+      stop = response.headers.get("x-agentguard-stop");
+    }
+    messages.push(msg);
+    if (!msg.tool_calls || msg.tool_calls.length === 0) {
+      if (!stream && stop !== "identical_calls")
+        fail("x-agentguard-stop: " + stop);
+      return [msg.content, steps];
+    }
+    for (const tc of msg.tool_calls)
+      messages.push({ role: "tool", tool_call_id: tc.id, content: "hello" });
+  }
+  fail("the loop was never stopped");
+}
+
+async function agentsLoop(baseURL) {
+  const agents = require("@openai/agents");
+  const { z } = require("zod");
+  const AgentsOpenAI = require("openai").default ?? require("openai");
+  agents.setDefaultOpenAIClient(new AgentsOpenAI({ apiKey: "sk-node-test",
+    baseURL, maxRetries: 0 }));
+  agents.setOpenAIAPI("chat_completions");
+  agents.setTracingDisabled(true);
+  let runs = 0;
+  const readFile = agents.tool({ name: "read_file",
+    description: "Read a file", parameters: z.object({ path: z.string() }),
+    execute: async () => { runs++; return "hello"; } });
+  const agent = new agents.Agent({ name: "reader", model: "fake",
+    instructions: "Summarise files.", tools: [readFile] });
+  const result = await agents.run(agent, "Summarise a.txt", { maxTurns: 30 });
+  return [result.finalOutput, runs + 1];
+}
+
+async function anthropicLoop(stream) {
+  const sdk = require("@anthropic-ai/sdk");
+  const Anthropic = sdk.default ?? sdk.Anthropic ?? sdk;
+  const client = new Anthropic({ apiKey: "sk-node-test", maxRetries: 0,
+    baseURL: `http://127.0.0.1:${proxyPort}` });
+  const tools = [{ name: "read_file", description: "Read a file",
+    input_schema: { type: "object", properties: { path: { type: "string" } } } }];
+  const messages = [{ role: "user", content: "Summarise a.txt" }];
+  let steps = 0;
+  while (steps++ < 20) {
+    const params = { model: "fake", max_tokens: 512, messages, tools };
+    const msg = stream ? await client.messages.stream(params).finalMessage()
+      : await client.messages.create(params);
+    messages.push({ role: "assistant", content: msg.content });
+    const uses = msg.content.filter((b) => b.type === "tool_use");
+    if (uses.length === 0)
+      return [msg.content.filter((b) => b.type === "text")
+        .map((b) => b.text).join(""), steps];
+    messages.push({ role: "user", content: uses.map((u) => ({
+      type: "tool_result", tool_use_id: u.id, content: "hello" })) });
+  }
+  fail("the loop was never stopped");
+}
+
+try {
+  const baseURL = `http://127.0.0.1:${proxyPort}/v1`;
+  const client = OpenAI ? new OpenAI({ apiKey: "sk-node-test", baseURL,
+    maxRetries: 0 }) : null;
+  const [final, steps] = mode === "agents" ? await agentsLoop(baseURL)
+    : mode.startsWith("anthropic")
+      ? await anthropicLoop(mode === "anthropic-stream")
+      : await plainLoop(client, mode === "stream");
+  if (typeof final !== "string" || !STOP.test(final))
+    fail("final output: " + JSON.stringify(final));
+  console.log(`ok (${mode}): stopped after ${steps} requests ` +
+    `(${upstreamRequests} upstream): ${final}`);
+} catch (e) {
+  fail(e.stack ?? String(e));
+} finally {
+  proxy.kill("SIGTERM");
+  upstream.close();
+}

@@ -1,0 +1,1293 @@
+/*
+ * test_proxy.c - the guard proxy (src/proxy/) in-process, in front of a
+ * fake upstream (libmicrohttpd, canned replies in order), with libcurl as
+ * the client: every decision path of docs/proxy.md.
+ */
+#include <criterion/criterion.h>
+#include <curl/curl.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/wait.h>
+
+#include "proxy/proxy.h"
+
+/* ------------------------------------------------------------------------ */
+/* The fake upstream                                                        */
+/* ------------------------------------------------------------------------ */
+
+#define MAX_CANNED 16
+#define MAX_SEEN 16
+
+typedef struct canned {
+  int status;
+  char *body;
+} canned;
+
+typedef struct seen {
+  char *url, *body, *auth, *agkey, *query;
+} seen;
+
+static struct {
+  struct MHD_Daemon *d;
+  int port;
+  pthread_mutex_t mu;
+  canned replies[MAX_CANNED];
+  int n_replies, next;
+  seen reqs[MAX_SEEN];
+  int n_reqs;
+} U;
+
+typedef struct conn {
+  char *body;
+  size_t len;
+} conn;
+
+static char *dupz(const char *s) {
+  return s != NULL ? strdup(s) : NULL;
+}
+
+static enum MHD_Result up_handler(void *cls, struct MHD_Connection *c,
+                                  const char *url, const char *method,
+                                  const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+  (void)cls;
+  (void)method;
+  (void)version;
+  conn *k = *con_cls;
+  if (k == NULL) {
+    *con_cls = calloc(1, sizeof(conn));
+    return MHD_YES;
+  }
+  if (*upload_size > 0) {
+    k->body = realloc(k->body, k->len + *upload_size + 1);
+    memcpy(k->body + k->len, upload, *upload_size);
+    k->len += *upload_size;
+    k->body[k->len] = '\0';
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  pthread_mutex_lock(&U.mu);
+  if (U.n_reqs < MAX_SEEN) {
+    seen *s = &U.reqs[U.n_reqs++];
+    s->url = dupz(url);
+    s->body = dupz(k->body != NULL ? k->body : "");
+    s->auth =
+        dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
+    s->agkey = dupz(
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-agentguard-key"));
+    s->query = dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "q"));
+  }
+  canned r = {500, "{\"error\":{\"message\":\"no canned reply left\"}}"};
+  if (U.next < U.n_replies)
+    r = U.replies[U.next++];
+  else if (U.n_replies > 0)
+    r = U.replies[U.n_replies - 1];
+  struct MHD_Response *resp = MHD_create_response_from_buffer(
+      strlen(r.body), r.body, MHD_RESPMEM_MUST_COPY);
+  pthread_mutex_unlock(&U.mu);
+  MHD_add_response_header(resp, "Content-Type",
+                          strncmp(r.body, "data:", 5) == 0
+                              ? "text/event-stream"
+                              : "application/json");
+  MHD_add_response_header(resp, "X-Upstream", "fake");
+  enum MHD_Result ret = MHD_queue_response(c, (unsigned)r.status, resp);
+  MHD_destroy_response(resp);
+  return ret;
+}
+
+static void up_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+  (void)cls;
+  (void)c;
+  (void)toe;
+  conn *k = *con_cls;
+  if (k != NULL) {
+    free(k->body);
+    free(k);
+  }
+  *con_cls = NULL;
+}
+
+static void quiet(void *cls, const char *fmt, va_list ap) {
+  (void)cls;
+  (void)fmt;
+  (void)ap;
+}
+
+static void canned_reset(void) {
+  pthread_mutex_lock(&U.mu);
+  for (int i = 0; i < U.n_replies; i++)
+    free(U.replies[i].body);
+  for (int i = 0; i < U.n_reqs; i++) {
+    free(U.reqs[i].url);
+    free(U.reqs[i].body);
+    free(U.reqs[i].auth);
+    free(U.reqs[i].agkey);
+    free(U.reqs[i].query);
+  }
+  U.n_replies = U.next = U.n_reqs = 0;
+  pthread_mutex_unlock(&U.mu);
+}
+
+static void canned_add(int status, const char *body) {
+  pthread_mutex_lock(&U.mu);
+  cr_assert_lt(U.n_replies, MAX_CANNED);
+  U.replies[U.n_replies].status = status;
+  U.replies[U.n_replies].body = strdup(body);
+  U.n_replies++;
+  pthread_mutex_unlock(&U.mu);
+}
+
+/* A Chat Completions reply with one call, or text when name is NULL. */
+static void canned_call(const char *name, const char *args) {
+  json_t *msg =
+      name != NULL
+          ? json_pack("{s:s, s:n, s:[{s:s, s:s, s:{s:s, s:s}}]}", "role",
+                      "assistant", "content", "tool_calls", "id", "call_up",
+                      "type", "function", "function", "name", name, "arguments",
+                      args)
+          : json_pack("{s:s, s:s}", "role", "assistant", "content", args);
+  json_t *o = json_pack(
+      "{s:s, s:s, s:i, s:s, s:[{s:i, s:o, s:s}], s:{s:i, s:i, s:i}}", "id",
+      "chatcmpl-up", "object", "chat.completion", "created", 1, "model", "m",
+      "choices", "index", 0, "message", msg, "finish_reason",
+      name != NULL ? "tool_calls" : "stop", "usage", "prompt_tokens", 10,
+      "completion_tokens", 5, "total_tokens", 15);
+  char *t = json_dumps(o, JSON_COMPACT);
+  canned_add(200, t);
+  free(t);
+  json_decref(o);
+}
+
+static int n_upstream(void) {
+  pthread_mutex_lock(&U.mu);
+  int n = U.n_reqs;
+  pthread_mutex_unlock(&U.mu);
+  return n;
+}
+
+static void up_start(void) {
+  memset(&U, 0, sizeof U);
+  pthread_mutex_init(&U.mu, NULL);
+  U.d =
+      MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD |
+                           MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
+                       0, NULL, NULL, up_handler, NULL,
+                       MHD_OPTION_NOTIFY_COMPLETED, up_completed, NULL,
+                       MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL, MHD_OPTION_END);
+  cr_assert_not_null(U.d);
+  U.port = MHD_get_daemon_info(U.d, MHD_DAEMON_INFO_BIND_PORT)->port;
+  setenv("NO_PROXY", "127.0.0.1,localhost", 1);
+  setenv("no_proxy", "127.0.0.1,localhost", 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The proxy and the client                                                 */
+/* ------------------------------------------------------------------------ */
+
+static ag_proxy *P;
+static char upstream_url[64];
+
+static ag_config test_cfg(void) {
+  ag_config c;
+  cr_assert_eq(ag_config_preset(&c, "default", NULL), AG_OK);
+  c.loop.identical_call_limit = 3;
+  c.loop.nudge_before_stop = false;
+  c.loop.final_request_without_tools = false;
+  c.errors.max_consecutive_errors = 2;
+  return c;
+}
+
+static ag_proxy *proxy_with(ag_config cfg, size_t max_body, const char *key) {
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = upstream_url;
+  o.cfg = cfg;
+  o.max_body = max_body;
+  o.client_key = key;
+  ag_proxy *p = NULL;
+  ag_error_t err;
+  cr_assert_eq(ag_proxy_start(&p, &o, &err), AG_OK, "%s", err.msg);
+  return p;
+}
+
+static void setup(void) {
+  up_start();
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1", U.port);
+  P = proxy_with(test_cfg(), 0, NULL);
+}
+
+static void teardown(void) {
+  ag_proxy_stop(P);
+  P = NULL;
+  MHD_stop_daemon(U.d);
+  canned_reset();
+  pthread_mutex_destroy(&U.mu);
+}
+
+TestSuite(proxy, .init = setup, .fini = teardown, .timeout = 60);
+
+typedef struct resp {
+  long status;
+  char body[65536];
+  size_t len;
+  char stop[64];
+  char upstream_hdr[32];
+} resp;
+
+static size_t rbody(char *p, size_t s, size_t n, void *u) {
+  resp *r = u;
+  size_t k = s * n;
+  if (r->len + k >= sizeof r->body)
+    return 0;
+  memcpy(r->body + r->len, p, k);
+  r->len += k;
+  r->body[r->len] = '\0';
+  return k;
+}
+
+static size_t rhdr(char *p, size_t s, size_t n, void *u) {
+  resp *r = u;
+  size_t k = s * n;
+  char line[256];
+  snprintf(line, sizeof line, "%.*s", (int)(k < 255 ? k : 255), p);
+  line[strcspn(line, "\r\n")] = '\0';
+  if (strncasecmp(line, "x-agentguard-stop: ", 19) == 0)
+    snprintf(r->stop, sizeof r->stop, "%.63s", line + 19);
+  if (strncasecmp(line, "x-upstream: ", 12) == 0)
+    snprintf(r->upstream_hdr, sizeof r->upstream_hdr, "%.31s", line + 12);
+  return k;
+}
+
+static resp *call(const ag_proxy *p, const char *method, const char *path,
+                  const char *body, const char *extra_header) {
+  resp *r = calloc(1, sizeof *r);
+  char url[256];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u%s", (unsigned)ag_proxy_port(p),
+           path);
+  CURL *h = curl_easy_init();
+  struct curl_slist *hs = curl_slist_append(NULL, "Authorization: Bearer "
+                                                  "sk-client-secret");
+  hs = curl_slist_append(hs, "Content-Type: application/json");
+  if (extra_header != NULL)
+    hs = curl_slist_append(hs, extra_header);
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hs);
+  curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+  if (body != NULL)
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rbody);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, rhdr);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
+  CURLcode cc = curl_easy_perform(h);
+  cr_assert_eq(cc, CURLE_OK, "%s", curl_easy_strerror(cc));
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+  curl_slist_free_all(hs);
+  curl_easy_cleanup(h);
+  return r;
+}
+
+/* A conversation: a user message, then `n` rounds of the call name(args)
+ * answered by `result`; tools offered. Caller frees. */
+static char *conversation(int n, const char *name, const char *args,
+                          const char *result) {
+  json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "system",
+                           "content", "You are helpful.", "role", "user",
+                           "content", "Read the file.");
+  for (int i = 0; i < n; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "call_%d", i);
+    json_array_append_new(
+        msgs,
+        json_pack("{s:s, s:n, s:[{s:s, s:s, s:{s:s, s:s}}]}", "role",
+                  "assistant", "content", "tool_calls", "id", id, "type",
+                  "function", "function", "name", name, "arguments", args));
+    json_array_append_new(msgs,
+                          json_pack("{s:s, s:s, s:s}", "role", "tool",
+                                    "tool_call_id", id, "content", result));
+  }
+  json_t *o =
+      json_pack("{s:s, s:o, s:[{s:s, s:{s:s, s:{s:s}}}]}", "model", "m",
+                "messages", msgs, "tools", "type", "function", "function",
+                "name", name, "parameters", "type", "object");
+  char *t = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  return t;
+}
+
+static json_t *message_of(const resp *r) {
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_assert_not_null(j, "not JSON: %s", r->body);
+  json_t *m = json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                              "message");
+  cr_assert(json_is_object(m), "no message: %s", r->body);
+  json_incref(m);
+  json_decref(j);
+  return m;
+}
+
+static const char *err_code(const resp *r, char *buf, size_t cap) {
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_assert_not_null(j, "not JSON: %s", r->body);
+  json_t *e = json_object_get(j, "error");
+  cr_assert(json_is_string(json_object_get(e, "message")), "%s", r->body);
+  cr_assert(json_is_string(json_object_get(e, "type")), "%s", r->body);
+  snprintf(buf, cap, "%s", json_string_value(json_object_get(e, "code")));
+  json_decref(j);
+  return buf;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tests                                                                    */
+/* ------------------------------------------------------------------------ */
+
+Test(proxy, other_paths_pass_through_with_credentials) {
+  canned_add(200, "{\"object\":\"list\",\"data\":[]}");
+  resp *r = call(P, "GET", "/v1/models?q=a%20b", NULL, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, "{\"object\":\"list\",\"data\":[]}");
+  cr_expect_str_eq(r->upstream_hdr, "fake");
+  cr_expect_str_empty(r->stop);
+  cr_assert_eq(n_upstream(), 1);
+  cr_expect_str_eq(U.reqs[0].url, "/v1/models");
+  cr_expect_str_eq(U.reqs[0].query, "a b");
+  cr_expect_str_eq(U.reqs[0].auth, "Bearer sk-client-secret");
+  free(r);
+}
+
+Test(proxy, allowed_reply_is_forwarded_unchanged) {
+  canned_call("read", "{\"path\":\"b\"}");
+  char *body = conversation(1, "read", "{\"path\":\"a\"}", "text of a");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, U.replies[0].body);
+  cr_expect_str_empty(r->stop);
+  cr_assert_eq(n_upstream(), 1);
+  cr_expect_str_eq(U.reqs[0].body, body, "the body goes upstream as it came");
+  cr_expect_str_eq(U.reqs[0].auth, "Bearer sk-client-secret");
+  free(body);
+  free(r);
+}
+
+Test(proxy, repeated_call_in_reply_is_replaced_by_stop) {
+  /* two identical calls in the history, the reply asks for the third */
+  canned_call("read", "{\"path\":\"a\"}");
+  char *body = conversation(2, "read", "{\"path\":\"a\"}", "text of a");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "identical_calls");
+  json_t *m = message_of(r);
+  cr_expect_null(json_object_get(m, "tool_calls"), "no call reaches the "
+                                                   "client");
+  cr_expect(strstr(json_string_value(json_object_get(m, "content")),
+                   "agentguard stopped this turn (identical_calls)") != NULL,
+            "%s", r->body);
+  json_decref(m);
+  free(body);
+  free(r);
+}
+
+Test(proxy, reordered_keys_are_still_the_same_call) {
+  canned_call("read", "{\"b\":2,\"a\":1}");
+  char *body = conversation(2, "read", "{\"a\":1,\"b\":2}", "same");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_str_eq(r->stop, "identical_calls");
+  free(body);
+  free(r);
+}
+
+Test(proxy, nudge_asks_upstream_again) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.nudge_before_stop = true;
+  P = proxy_with(c, 0, NULL);
+  canned_call("read", "{\"path\":\"a\"}");
+  canned_call(NULL, "The file says: text of a.");
+  char *body = conversation(2, "read", "{\"path\":\"a\"}", "text of a");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_empty(r->stop);
+  cr_expect_str_eq(r->body, U.replies[1].body, "the re-asked reply");
+  cr_assert_eq(n_upstream(), 2);
+  json_t *sent = json_loads(U.reqs[1].body, 0, NULL);
+  json_t *msgs = json_object_get(sent, "messages");
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  cr_expect_str_eq(json_string_value(json_object_get(last, "role")), "tool");
+  cr_expect_str_eq(json_string_value(json_object_get(last, "tool_call_id")),
+                   "call_up");
+  cr_expect(strlen(json_string_value(json_object_get(last, "content"))) > 0);
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, nudge_then_same_call_stops) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.nudge_before_stop = true;
+  P = proxy_with(c, 0, NULL);
+  canned_call("read", "{\"path\":\"a\"}");
+  canned_call("read", "{\"path\":\"a\"}");
+  char *body = conversation(2, "read", "{\"path\":\"a\"}", "text of a");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "identical_calls");
+  cr_expect_eq(n_upstream(), 2);
+  json_t *m = message_of(r);
+  cr_expect_null(json_object_get(m, "tool_calls"));
+  json_decref(m);
+  free(body);
+  free(r);
+}
+
+Test(proxy, replayed_errors_stop_before_forwarding) {
+  /* max_consecutive_errors 2: the third failing iteration stops */
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body =
+      conversation(3, "read", "{\"path\":\"x\"}", "Error: no such file");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 0, "nothing goes upstream");
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  json_t *m = message_of(r);
+  cr_expect(strstr(json_string_value(json_object_get(m, "content")),
+                   "agentguard stopped this turn") != NULL);
+  json_decref(m);
+  free(body);
+  free(r);
+}
+
+Test(proxy, replayed_stop_with_final_request_without_tools) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.final_request_without_tools = true;
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  canned_call(NULL, "I could not read x: it does not exist.");
+  char *body =
+      conversation(3, "read", "{\"path\":\"x\"}", "Error: no such file");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  cr_assert_eq(n_upstream(), 1);
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  cr_expect_null(json_object_get(sent, "tools"), "tools removed");
+  json_t *msgs = json_object_get(sent, "messages");
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  cr_expect(strstr(json_string_value(json_object_get(last, "content")),
+                   "Do not call tools") != NULL);
+  json_decref(sent);
+  json_t *m = message_of(r);
+  cr_expect_str_eq(json_string_value(json_object_get(m, "content")),
+                   "I could not read x: it does not exist.");
+  json_decref(m);
+  free(body);
+  free(r);
+}
+
+Test(proxy, malformed_json_is_400) {
+  resp *r = call(P, "POST", "/v1/chat/completions", "{\"messages\": [", NULL);
+  char code[64];
+  cr_expect_eq(r->status, 400);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "invalid_json");
+  cr_expect_eq(n_upstream(), 0);
+  free(r);
+  r = call(P, "POST", "/v1/chat/completions", "{\"model\":\"m\"}", NULL);
+  cr_expect_eq(r->status, 400);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "invalid_request");
+  cr_expect(strstr(r->body, "messages") != NULL);
+  free(r);
+  /* a tool reply without its call */
+  r = call(P, "POST", "/v1/chat/completions",
+           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+           "{\"role\":\"assistant\",\"content\":\"x\"},"
+           "{\"role\":\"tool\",\"tool_call_id\":\"nope\",\"content\":\"r\"}]}",
+           NULL);
+  cr_expect_eq(r->status, 400);
+  cr_expect(strstr(r->body, "nope") != NULL, "%s", r->body);
+  free(r);
+}
+
+Test(proxy, upstream_errors_pass_through) {
+  canned_add(429, "{\"error\":{\"message\":\"slow down\",\"type\":\"rate\"}}");
+  char *body = conversation(0, "read", "{}", "");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 429);
+  cr_expect_str_eq(r->body,
+                   "{\"error\":{\"message\":\"slow down\",\"type\":\"rate\"}}");
+  free(body);
+  free(r);
+}
+
+Test(proxy, upstream_down_is_502) {
+  ag_proxy_stop(P);
+  MHD_stop_daemon(U.d);
+  U.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+                         up_handler, NULL, MHD_OPTION_END);
+  int port = MHD_get_daemon_info(U.d, MHD_DAEMON_INFO_BIND_PORT)->port;
+  MHD_stop_daemon(U.d); /* the port is now closed */
+  U.d = NULL;
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d", port);
+  P = proxy_with(test_cfg(), 0, NULL);
+  char *body = conversation(0, "read", "{}", "");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  char code[64];
+  cr_expect_eq(r->status, 502);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "upstream_unreachable");
+  cr_expect(strstr(r->body, upstream_url) != NULL, "%s", r->body);
+  free(r);
+  r = call(P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_eq(r->status, 502);
+  free(r);
+  free(body);
+  U.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+                         up_handler, NULL, MHD_OPTION_END);
+}
+
+Test(proxy, body_cap_is_413) {
+  ag_proxy_stop(P);
+  P = proxy_with(test_cfg(), 1024, NULL);
+  char *body = conversation(20, "read", "{\"path\":\"a long path name\"}",
+                            "some result text that takes room");
+  cr_assert_gt(strlen(body), 1024);
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  char code[64];
+  cr_expect_eq(r->status, 413);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "body_too_large");
+  cr_expect_eq(n_upstream(), 0);
+  free(r);
+  free(body);
+}
+
+Test(proxy, client_key_required_and_not_forwarded) {
+  ag_proxy_stop(P);
+  P = proxy_with(test_cfg(), 0, "k3y");
+  canned_add(200, "{}");
+  resp *r = call(P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_eq(r->status, 401);
+  cr_expect_eq(n_upstream(), 0);
+  free(r);
+  r = call(P, "GET", "/v1/models", NULL, "x-agentguard-key: wrong");
+  cr_expect_eq(r->status, 401);
+  free(r);
+  r = call(P, "GET", "/v1/models", NULL, "x-agentguard-key: k3y");
+  cr_expect_eq(r->status, 200);
+  cr_assert_eq(n_upstream(), 1);
+  cr_expect_null(U.reqs[0].agkey, "the proxy's key stays here");
+  free(r);
+}
+
+Test(proxy, other_addresses_need_a_client_key) {
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.listen_host = "0.0.0.0";
+  o.port = 0;
+  o.upstream = upstream_url;
+  ag_proxy *p = NULL;
+  ag_error_t err;
+  cr_expect_eq(ag_proxy_start(&p, &o, &err), AG_EINVAL);
+  cr_expect_null(p);
+  cr_expect(strstr(err.msg, "--client-key-env") != NULL, "%s", err.msg);
+  o.listen_host = "127.0.0.1";
+  o.upstream = "ftp://x";
+  cr_expect_eq(ag_proxy_start(&p, &o, &err), AG_EINVAL);
+}
+
+/*
+ * An agent loop in the test: ask, run every call (the same result each
+ * time), ask again, until a reply without calls. The decisions (stop
+ * header per request) of proxies[k % n] must equal one proxy's.
+ */
+static int run_loop(ag_proxy *const *proxies, int n, char stops[][64],
+                    int max_steps) {
+  char *first = conversation(0, "read", "{}", "");
+  json_t *req = json_loads(first, 0, NULL);
+  free(first);
+  int steps = 0;
+  for (; steps < max_steps; steps++) {
+    char *body = json_dumps(req, JSON_COMPACT);
+    resp *r =
+        call(proxies[steps % n], "POST", "/v1/chat/completions", body, NULL);
+    free(body);
+    snprintf(stops[steps], 64, "%ld:%.40s", r->status, r->stop);
+    json_t *m = message_of(r);
+    free(r);
+    json_t *tcs = json_object_get(m, "tool_calls");
+    json_array_append(json_object_get(req, "messages"), m);
+    if (json_array_size(tcs) == 0) {
+      json_decref(m);
+      steps++;
+      break;
+    }
+    json_array_append_new(
+        json_object_get(req, "messages"),
+        json_pack("{s:s, s:O, s:s}", "role", "tool", "tool_call_id",
+                  json_object_get(json_array_get(tcs, 0), "id"), "content",
+                  "same result"));
+    json_decref(m);
+  }
+  json_decref(req);
+  return steps;
+}
+
+Test(proxy, stateless_replicas_decide_alike) {
+  ag_proxy *q = proxy_with(test_cfg(), 0, NULL);
+  char one[8][64], two[8][64];
+  memset(one, 0, sizeof one);
+  memset(two, 0, sizeof two);
+  canned_call("read", "{\"path\":\"a\"}");
+  ag_proxy *single[1] = {P};
+  int n1 = run_loop(single, 1, one, 8);
+  canned_reset();
+  canned_call("read", "{\"path\":\"a\"}");
+  ag_proxy *pair[2] = {P, q};
+  int n2 = run_loop(pair, 2, two, 8);
+  cr_expect_eq(n1, 3, "two calls run, the third is stopped");
+  cr_expect_eq(n1, n2);
+  for (int i = 0; i < n1; i++)
+    cr_expect_str_eq(one[i], two[i], "request %d", i);
+  cr_expect_str_eq(two[n2 - 1], "200:identical_calls");
+  ag_proxy_stop(q);
+}
+
+/* ---- stream: true ------------------------------------------------------ */
+
+/* An upstream stream: "Hello", " world", then a call read(args) in two
+ * fragments, the finish reason, a usage chunk, [DONE]. */
+static void canned_stream_call(const char *args) {
+  size_t half = strlen(args) / 2;
+  char *b = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&b, &n);
+  const char *head = "{\"id\":\"chatcmpl-s\",\"object\":\"chat.completion."
+                     "chunk\",\"created\":1,\"model\":\"m\",\"choices\":";
+  fprintf(f,
+          "data: %s[{\"index\":0,\"delta\":{\"role\":\"assistant\","
+          "\"content\":\"Hello\"},\"finish_reason\":null}]}\n\n",
+          head);
+  fprintf(f,
+          "data: %s[{\"index\":0,\"delta\":{\"content\":\" world\"},"
+          "\"finish_reason\":null}]}\n\n",
+          head);
+  json_t *a1 = json_stringn(args, half), *a2 = json_string(args + half);
+  char *s1 = json_dumps(a1, JSON_ENCODE_ANY),
+       *s2 = json_dumps(a2, JSON_ENCODE_ANY);
+  fprintf(f,
+          "data: %s[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,"
+          "\"id\":\"call_s\",\"type\":\"function\",\"function\":{\"name\":"
+          "\"read\",\"arguments\":%s}}]},\"finish_reason\":null}]}\n\n",
+          head, s1);
+  fprintf(f,
+          "data: %s[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,"
+          "\"function\":{\"arguments\":%s}}]},\"finish_reason\":null}]}\n\n",
+          head, s2);
+  fprintf(f,
+          "data: %s[{\"index\":0,\"delta\":{},\"finish_reason\":"
+          "\"tool_calls\"}]}\n\n",
+          head);
+  fprintf(f,
+          "data: %s[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":"
+          "5,\"total_tokens\":15}}\n\ndata: [DONE]\n\n",
+          head);
+  fclose(f);
+  canned_add(200, b);
+  free(b);
+  free(s1);
+  free(s2);
+  json_decref(a1);
+  json_decref(a2);
+}
+
+static char *streaming(char *body) {
+  json_t *j = json_loads(body, 0, NULL);
+  free(body);
+  json_object_set_new(j, "stream", json_true());
+  char *t = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  return t;
+}
+
+static bool ends_with_done(const resp *r) {
+  return r->len >= 14 && strcmp(r->body + r->len - 14, "data: [DONE]\n\n") == 0;
+}
+
+Test(proxy, stream_allowed_relays_text_then_calls) {
+  canned_stream_call("{\"path\":\"b\"}");
+  char *body =
+      streaming(conversation(1, "read", "{\"path\":\"a\"}", "text of a"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_empty(r->stop);
+  char *hello = strstr(r->body, "Hello"), *calls = strstr(r->body, "call_s");
+  cr_expect(hello != NULL && calls != NULL && hello < calls, "%s", r->body);
+  cr_expect(strstr(r->body, "\"tool_calls\"}") != NULL, "finish reason kept");
+  cr_expect(strstr(r->body, "\"usage\"") != NULL, "usage kept");
+  cr_expect(ends_with_done(r), "%s", r->body);
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  cr_expect(json_is_true(json_object_get(sent, "stream")));
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, stream_repeated_call_is_replaced) {
+  canned_stream_call("{\"path\":\"a\"}");
+  char *body =
+      streaming(conversation(2, "read", "{\"path\":\"a\"}", "text of a"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "Hello") != NULL, "the text went through");
+  cr_expect(strstr(r->body, "call_s") == NULL, "the call is held back: %s",
+            r->body);
+  cr_expect(strstr(r->body, "agentguard stopped this turn (identical_calls)") !=
+                NULL,
+            "%s", r->body);
+  cr_expect(strstr(r->body, "\"finish_reason\":\"stop\"") != NULL);
+  cr_expect(ends_with_done(r));
+  free(body);
+  free(r);
+}
+
+Test(proxy, stream_content_loop_ends_the_stream) {
+  char *b = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&b, &n);
+  for (int i = 0; i < 60; i++)
+    fprintf(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\","
+               "\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,"
+               "\"delta\":{\"content\":\"I will check the file again to be "
+               "sure it is right. \"},\"finish_reason\":null}]}\n\n");
+  fprintf(f, "data: [DONE]\n\n");
+  fclose(f);
+  canned_add(200, b);
+  free(b);
+  char *body = streaming(conversation(0, "read", "{}", ""));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "agentguard stopped this turn (content_loop)") !=
+                NULL,
+            "%s", r->body);
+  int relayed = 0;
+  for (const char *q = r->body; (q = strstr(q, "to be sure")) != NULL; q++)
+    relayed++;
+  cr_expect_lt(relayed, 60, "the loop was cut short");
+  cr_expect(ends_with_done(r));
+  free(body);
+  free(r);
+}
+
+Test(proxy, stream_replayed_stop_is_a_stream) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body = streaming(
+      conversation(3, "read", "{\"path\":\"x\"}", "Error: no such file"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 0);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  cr_expect(strncmp(r->body, "data: {", 7) == 0, "%s", r->body);
+  cr_expect(strstr(r->body, "chat.completion.chunk") != NULL);
+  cr_expect(ends_with_done(r));
+  free(body);
+  free(r);
+}
+
+Test(proxy, stream_upstream_error_passes_through) {
+  canned_add(401, "{\"error\":{\"message\":\"bad key\"}}");
+  char *body = streaming(conversation(0, "read", "{}", ""));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 401);
+  cr_expect_str_eq(r->body, "{\"error\":{\"message\":\"bad key\"}}");
+  free(body);
+  free(r);
+}
+
+/* ---- Anthropic Messages (/v1/messages) --------------------------------- */
+
+/* A Messages conversation: a user message, then `n` rounds of the call
+ * name(args) answered by `result` (is_error as given). Caller frees. */
+static char *messages_conv(int n, const char *args, const char *result,
+                           bool is_error, bool stream) {
+  json_t *msgs =
+      json_pack("[{s:s, s:s}]", "role", "user", "content", "Read the file.");
+  for (int i = 0; i < n; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "toolu_%d", i);
+    json_array_append_new(
+        msgs, json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:s, s:s, s:o}]}", "role",
+                        "assistant", "content", "type", "text", "text",
+                        "Reading.", "type", "tool_use", "id", id, "name",
+                        "read", "input", json_loads(args, 0, NULL)));
+    json_array_append_new(
+        msgs, json_pack("{s:s, s:[{s:s, s:s, s:s, s:b}]}", "role", "user",
+                        "content", "type", "tool_result", "tool_use_id", id,
+                        "content", result, "is_error", is_error));
+  }
+  json_t *o =
+      json_pack("{s:s, s:i, s:o, s:b, s:[{s:s, s:{s:s}}]}", "model", "claude",
+                "max_tokens", 1024, "messages", msgs, "stream", stream, "tools",
+                "name", "read", "input_schema", "type", "object");
+  char *t = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  return t;
+}
+
+static void canned_message_call(const char *args) {
+  json_t *o = json_pack(
+      "{s:s, s:s, s:s, s:s, s:[{s:s, s:s}, {s:s, s:s, s:s, s:o}], s:s, "
+      "s:n, s:{s:i, s:i}}",
+      "id", "msg_up", "type", "message", "role", "assistant", "model", "claude",
+      "content", "type", "text", "text", "Let me read it.", "type", "tool_use",
+      "id", "toolu_up", "name", "read", "input", json_loads(args, 0, NULL),
+      "stop_reason", "tool_use", "stop_sequence", "usage", "input_tokens", 10,
+      "output_tokens", 5);
+  char *t = json_dumps(o, JSON_COMPACT);
+  canned_add(200, t);
+  free(t);
+  json_decref(o);
+}
+
+static json_t *text_of_message(const resp *r) {
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_assert_not_null(j, "not JSON: %s", r->body);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "message");
+  return j;
+}
+
+Test(proxy, anthropic_allowed_reply_is_forwarded) {
+  canned_message_call("{\"path\":\"b\"}");
+  char *body = messages_conv(1, "{\"path\":\"a\"}", "text", false, false);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, U.replies[0].body);
+  cr_expect_str_empty(r->stop);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_repeated_call_is_replaced) {
+  canned_message_call("{\"path\":\"a\"}");
+  char *body = messages_conv(2, "{\"path\":\"a\"}", "text", false, false);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "identical_calls");
+  json_t *j = text_of_message(r);
+  json_t *content = json_object_get(j, "content");
+  cr_expect_eq(json_array_size(content), 1);
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_array_get(content, 0), "type")),
+      "text");
+  cr_expect(strstr(json_string_value(
+                       json_object_get(json_array_get(content, 0), "text")),
+                   "agentguard stopped this turn (identical_calls)") != NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "stop_reason")),
+                   "end_turn");
+  json_decref(j);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_replayed_errors_stop) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body =
+      messages_conv(3, "{\"path\":\"x\"}", "no such file", true, false);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 0);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  json_decref(text_of_message(r));
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_nudge_answers_with_tool_result) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.nudge_before_stop = true;
+  P = proxy_with(c, 0, NULL);
+  canned_message_call("{\"path\":\"a\"}");
+  canned_add(200, "{\"id\":\"msg_2\",\"type\":\"message\",\"role\":"
+                  "\"assistant\",\"model\":\"claude\",\"content\":[{\"type\":"
+                  "\"text\",\"text\":\"Done.\"}],\"stop_reason\":\"end_turn\","
+                  "\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}");
+  char *body = messages_conv(2, "{\"path\":\"a\"}", "text", false, false);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, U.replies[1].body);
+  cr_assert_eq(n_upstream(), 2);
+  json_t *sent = json_loads(U.reqs[1].body, 0, NULL);
+  json_t *msgs = json_object_get(sent, "messages");
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  json_t *blk = json_array_get(json_object_get(last, "content"), 0);
+  cr_expect_str_eq(json_string_value(json_object_get(blk, "type")),
+                   "tool_result");
+  cr_expect_str_eq(json_string_value(json_object_get(blk, "tool_use_id")),
+                   "toolu_up");
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+/* An Anthropic stream: a text block "Let me read it.", then a tool_use
+ * read(args) in two input_json_delta fragments, message_delta, stop. */
+static void canned_message_stream(const char *args) {
+  size_t half = strlen(args) / 2;
+  json_t *a1 = json_stringn(args, half), *a2 = json_string(args + half);
+  char *s1 = json_dumps(a1, JSON_ENCODE_ANY);
+  char *s2 = json_dumps(a2, JSON_ENCODE_ANY);
+  char *b = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&b, &n);
+  fprintf(f,
+          "event: message_start\ndata: {\"type\":\"message_start\","
+          "\"message\":{\"id\":\"msg_s\",\"type\":\"message\",\"role\":"
+          "\"assistant\",\"model\":\"claude\",\"content\":[],\"stop_reason\":"
+          "null,\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}\n\n"
+          "event: content_block_start\ndata: {\"type\":\"content_block_start\","
+          "\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"
+          "event: ping\ndata: {\"type\":\"ping\"}\n\n"
+          "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+          "\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Let me "
+          "read it.\"}}\n\n"
+          "event: content_block_stop\ndata: {\"type\":\"content_block_stop\","
+          "\"index\":0}\n\n"
+          "event: content_block_start\ndata: {\"type\":\"content_block_start\","
+          "\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":"
+          "\"toolu_s\",\"name\":\"read\",\"input\":{}}}\n\n"
+          "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+          "\"index\":1,\"delta\":{\"type\":\"input_json_delta\","
+          "\"partial_json\":%s}}\n\n"
+          "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+          "\"index\":1,\"delta\":{\"type\":\"input_json_delta\","
+          "\"partial_json\":%s}}\n\n"
+          "event: content_block_stop\ndata: {\"type\":\"content_block_stop\","
+          "\"index\":1}\n\n"
+          "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":"
+          "{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":"
+          "{\"output_tokens\":9}}\n\n"
+          "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+          s1, s2);
+  fclose(f);
+  canned_add(200, b);
+  free(b);
+  free(s1);
+  free(s2);
+  json_decref(a1);
+  json_decref(a2);
+}
+
+static void expect_in_order(const resp *r, const char *const *parts, size_t n) {
+  const char *at = r->body;
+  for (size_t i = 0; i < n; i++) {
+    const char *f = strstr(at, parts[i]);
+    cr_expect_not_null(f, "'%s' missing or out of order: %s", parts[i],
+                       r->body);
+    if (f == NULL)
+      return;
+    at = f + strlen(parts[i]);
+  }
+}
+
+Test(proxy, anthropic_stream_relayed_then_calls_released) {
+  canned_message_stream("{\"path\":\"b\"}");
+  char *body = messages_conv(1, "{\"path\":\"a\"}", "text", false, true);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  const char *order[] = {
+      "event: message_start",       "Let me read it.",
+      "event: content_block_start", "toolu_s",
+      "input_json_delta",           "\"stop_reason\":\"tool_use\"",
+      "event: message_stop"};
+  expect_in_order(r, order, sizeof order / sizeof order[0]);
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  cr_expect(json_is_true(json_object_get(sent, "stream")), "relayed");
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_stream_repeated_call_replaced) {
+  canned_message_stream("{\"path\":\"a\"}");
+  char *body = messages_conv(2, "{\"path\":\"a\"}", "text", false, true);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "toolu_s") == NULL, "the call is held: %s",
+            r->body);
+  const char *order[] = {"Let me read it.", "\"index\":1",
+                         "agentguard stopped this turn (identical_calls)",
+                         "\"stop_reason\":\"end_turn\"", "event: message_stop"};
+  expect_in_order(r, order, sizeof order / sizeof order[0]);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_stream_stop_before_request_is_events) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body = messages_conv(3, "{\"path\":\"x\"}", "no such file", true, true);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 0);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  const char *order[] = {"event: message_start", "event: content_block_start",
+                         "agentguard stopped this turn", "event: message_stop"};
+  expect_in_order(r, order, sizeof order / sizeof order[0]);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_errors_have_anthropic_shape) {
+  resp *r = call(P, "POST", "/v1/messages", "{\"messages\":[", NULL);
+  cr_expect_eq(r->status, 400);
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "type")), "error");
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_object_get(j, "error"), "type")),
+      "invalid_request_error");
+  json_decref(j);
+  free(r);
+  r = call(P, "POST", "/v1/messages",
+           "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", NULL);
+  cr_expect_eq(r->status, 400);
+  cr_expect(strstr(r->body, "messages[0].content") != NULL, "%s", r->body);
+  free(r);
+}
+
+Test(proxy, decide_alone_matches_the_served_decision) {
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  char *body = conversation(3, "read", "{\"path\":\"x\"}", "Error: nope");
+  ag_verdict v;
+  ag_error_t err;
+  cr_expect_eq(ag_proxy_decide(&c, body, strlen(body), false, &v, &err),
+               AG_STOP);
+  cr_expect_eq(v.reason, AG_REASON_CONSECUTIVE_ERRORS);
+  free(body);
+  body = conversation(2, "read", "{\"path\":\"x\"}", "Error: nope");
+  cr_expect_eq(ag_proxy_decide(&c, body, strlen(body), false, &v, &err),
+               AG_ALLOW);
+  free(body);
+  cr_expect_eq(ag_proxy_decide(&c, "{", 1, false, &v, &err), -1);
+  cr_expect_eq(err.code, AG_EJSON);
+}
+
+Test(proxy, error_context_goes_with_the_request_only) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.errors.error_context = true;
+  P = proxy_with(c, 0, NULL);
+  canned_call(NULL, "It does not exist.");
+  char *body =
+      conversation(1, "read", "{\"path\":\"x\"}", "Error: no such file x");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_assert_eq(n_upstream(), 1);
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  json_t *msgs = json_object_get(sent, "messages");
+  json_t *orig_req = json_loads(body, 0, NULL);
+  json_t *orig = json_object_get(orig_req, "messages");
+  cr_expect_eq(json_array_size(msgs), json_array_size(orig) + 1);
+  json_decref(orig_req);
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  cr_expect_str_eq(json_string_value(json_object_get(last, "role")), "user");
+  cr_expect(strstr(json_string_value(json_object_get(last, "content")),
+                   "no such file x") != NULL,
+            "%s", U.reqs[0].body);
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, escalation_asks_the_user) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  c.errors.on_trip = AG_TRIP_ESCALATE;
+  P = proxy_with(c, 0, NULL);
+  char *body = conversation(3, "read", "{\"path\":\"x\"}", "Error: nope");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  json_t *m = message_of(r);
+  cr_expect(strstr(json_string_value(json_object_get(m, "content")),
+                   "needs you") != NULL,
+            "%s", r->body);
+  cr_expect_null(json_object_get(m, "tool_calls"));
+  json_decref(m);
+  free(body);
+  free(r);
+}
+
+/* ---- the command line -----------------------------------------------------
+ */
+
+/* Runs `agentguard proxy ARGS` (which must fail before serving); returns
+ * the exit code, stderr in err. */
+static int cli(const char *args, char *err, size_t cap) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s/agentguard proxy %s 2>&1 >/dev/null",
+           AG_BINARY_DIR, args);
+  FILE *f = popen(cmd, "r");
+  cr_assert_not_null(f);
+  size_t n = fread(err, 1, cap - 1, f);
+  err[n] = '\0';
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(proxy, cli_refuses_bad_options) {
+  char err[4096];
+  cr_expect_eq(cli("", err, sizeof err), 2);
+  cr_expect(strstr(err, "--upstream URL is required") != NULL, "%s", err);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --listen 0.0.0.0:0", err, sizeof err),
+      2);
+  cr_expect(strstr(err, "--client-key-env") != NULL, "%s", err);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --listen nope", err, sizeof err), 2);
+  cr_expect(strstr(err, "HOST:PORT") != NULL, "%s", err);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --client-key-env AG_PROXY_TEST_UNSET",
+          err, sizeof err),
+      2);
+  cr_expect(strstr(err, "AG_PROXY_TEST_UNSET") != NULL, "%s", err);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --max-body -5", err, sizeof err), 2);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --preset nosuch", err, sizeof err), 2);
+  cr_expect_eq(cli("--upstream ftp://x", err, sizeof err), 2);
+  cr_expect(strstr(err, "http://") != NULL, "%s", err);
+}
+
+Test(proxy, upstream_reply_of_wrong_shape_is_502) {
+  canned_add(200, "{\"choices\":\"no\"}");
+  char *body = conversation(0, "read", "{}", "");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  char code[64];
+  cr_expect_eq(r->status, 502);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "upstream_bad_reply");
+  cr_expect(strstr(r->body, "choices") != NULL, "%s", r->body);
+  free(body);
+  free(r);
+}
+
+/* ---- parity with the audit ------------------------------------------------
+ */
+
+static unsigned long rng_state = 12345;
+static unsigned rnd(unsigned n) {
+  rng_state = rng_state * 6364136223846793005UL + 1442695040888963407UL;
+  return (unsigned)((rng_state >> 33) % n);
+}
+
+/* A random turn: rounds of 0-3 calls from a small set (so that repeats,
+ * cycles and error runs happen), results ok, "Error: ..." or is_error. */
+static json_t *random_turn(int rounds) {
+  static const char *const names[] = {"read", "write", "run"};
+  static const char *const args[] = {"{\"p\":1}", "{\"p\":2}", "{\"p\": 1}",
+                                     "{\"q\":[1,2]}"};
+  json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "system",
+                           "content", "sys", "role", "user", "content", "go");
+  int id = 0;
+  for (int r = 0; r < rounds; r++) {
+    unsigned nc = rnd(4);
+    json_t *tcs = json_array();
+    for (unsigned k = 0; k < nc; k++) {
+      char cid[16];
+      snprintf(cid, sizeof cid, "c%d", id + (int)k);
+      json_array_append_new(tcs, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id",
+                                           cid, "type", "function", "function",
+                                           "name", names[rnd(3)], "arguments",
+                                           args[rnd(4)]));
+    }
+    json_t *am = json_pack("{s:s, s:s}", "role", "assistant", "content",
+                           rnd(3) == 0 ? "thinking" : "");
+    if (nc > 0)
+      json_object_set_new(am, "tool_calls", tcs);
+    else
+      json_decref(tcs);
+    json_array_append_new(msgs, am);
+    for (unsigned k = 0; k < nc; k++) {
+      char cid[16];
+      snprintf(cid, sizeof cid, "c%d", id + (int)k);
+      unsigned kind = rnd(4);
+      json_t *tm = json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
+                             cid, "content",
+                             kind == 0   ? "Error: file not found"
+                             : kind == 1 ? "failed hard"
+                                         : "ok");
+      if (kind == 1)
+        json_object_set_new(tm, "is_error", json_true());
+      json_array_append_new(msgs, tm);
+    }
+    id += (int)nc;
+  }
+  return msgs;
+}
+
+Test(proxy, decisions_equal_the_audits) {
+  ag_config cfgs[3];
+  cfgs[0] = test_cfg();
+  cr_assert_eq(ag_config_preset(&cfgs[1], "default", NULL), AG_OK);
+  cfgs[2] = test_cfg();
+  cfgs[2].loop.nudge_before_stop = true;
+  cfgs[2].loop.cycle_limit = 2;
+  int stops = 0;
+  for (int c = 0; c < 3; c++) {
+    cfgs[c].loop.max_iterations = 0; /* the coming request never trips */
+    cfgs[c].loop.max_tokens_per_turn = 0;
+    ag_auditor *a = NULL;
+    cr_assert_eq(ag_auditor_new(&a, &cfgs[c], NULL, NULL), AG_OK);
+    for (int i = 0; i < 200; i++) {
+      json_t *msgs = random_turn(1 + (int)rnd(12));
+      char *transcript = json_dumps(msgs, JSON_COMPACT);
+      json_t *req = json_pack("{s:s, s:o}", "model", "m", "messages", msgs);
+      char *body = json_dumps(req, JSON_COMPACT);
+      json_decref(req);
+      ag_trajectory *t = NULL;
+      ag_error_t err;
+      cr_assert_eq(
+          ag_trajectory_parse(&t, transcript, strlen(transcript), NULL, &err),
+          AG_OK, "%s", err.msg);
+      ag_audit_finding f;
+      cr_assert_eq(ag_auditor_run(a, t, &f, &err), AG_OK);
+      ag_verdict v;
+      int act = ag_proxy_decide(&cfgs[c], body, strlen(body), false, &v, &err);
+      if (f.stop.stopped) {
+        stops++;
+        cr_expect(act == AG_STOP || act == AG_ESCALATE, "cfg %d run %d: %s", c,
+                  i, transcript);
+        cr_expect_eq(v.reason, f.stop.reason, "cfg %d run %d: %s vs %s: %s", c,
+                     i, ag_reason_name(v.reason), ag_reason_name(f.stop.reason),
+                     transcript);
+      } else {
+        cr_expect_eq(act, AG_ALLOW, "cfg %d run %d: %s (%s)", c, i,
+                     ag_reason_name(v.reason), transcript);
+      }
+      ag_trajectory_free(t);
+      free(transcript);
+      free(body);
+    }
+    ag_auditor_free(a);
+  }
+  cr_expect_gt(stops, 50, "the random turns exercise stops (%d)", stops);
+}
