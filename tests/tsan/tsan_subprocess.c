@@ -238,7 +238,9 @@ static bool pid_runs(int pid) {
 /* Cancelled, then forced while it ignores SIGTERM: all gone at once. */
 static void forced_round(int id, int round) {
   ag_cancel *t = new_token(INT64_MAX, AG_CANCEL_TIMEOUT);
-  canceller k1 = {t, 60}, k2 = {t, 120};
+  /* wide margins: the shell must have printed both pids first, on a
+   * loaded machine under a sanitizer */
+  canceller k1 = {t, 600}, k2 = {t, 1200};
   pthread_t th1, th2;
   int rc = pthread_create(&th1, NULL, cancel_later, &k1);
   CHECK(rc == 0, "pthread_create: %d", rc);
@@ -254,7 +256,7 @@ static void forced_round(int id, int round) {
   pthread_join(th2, NULL);
   CHECK_STATUS(&r, AG_TOOL_CANCELLED, "forced");
   CHECK(r.took_ms < 5000,
-        "thread %d round %d: forced after 120 ms, returned after %lld ms "
+        "thread %d round %d: forced after 1200 ms, returned after %lld ms "
         "(grace 20 s)",
         id, round, r.took_ms);
   int sh = 0, escapee = 0;
