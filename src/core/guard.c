@@ -268,9 +268,11 @@ AG_EXTERN ag_err_t ag_guard_new(ag_guard **out, const ag_config *cfg,
                    err);
   if (rc != AG_OK)
     goto fail;
-  if (ag__sha256_new(&g->sha) != AG_OK) {
-    rc =
-        ag__set_error(err, AG_ECRYPTO, -1, "ag_guard_new: SHA-256 unavailable");
+  rc = ag__sha256_new(&g->sha);
+  if (rc != AG_OK) {
+    rc = ag__set_error(err, rc, -1,
+                       rc == AG_ENOMEM ? "ag_guard_new: out of memory"
+                                       : "ag_guard_new: SHA-256 unavailable");
     goto fail;
   }
   g->tools = calloc((size_t)o.max_tools, sizeof(*g->tools));
