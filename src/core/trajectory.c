@@ -1182,8 +1182,11 @@ static ag_err_t load_lines(const char *buf, size_t len, json_t **out,
         free(lines);
         return json_fail(err, &je, lineno - 1, (long)pos, "");
       }
-      if (grow((void **)&lines, &cap, n + 1, sizeof(*lines)) ||
-          json_array_append_new(arr, v) != 0) {
+      if (grow((void **)&lines, &cap, n + 1, sizeof(*lines)) != 0) {
+        json_decref(v); /* not appended yet: not stolen */
+        v = NULL;
+      }
+      if (v == NULL || json_array_append_new(arr, v) != 0) {
         json_decref(arr);
         free(lines);
         return ag__set_error(err, AG_ENOMEM, -1, "out of memory");

@@ -414,6 +414,258 @@ done:
   return res;
 }
 
+static ag_tool_status failing_tool(void *user, const json_t *args,
+                                   ag_cancel *cancel, ag_output *out) {
+  (void)user;
+  (void)args;
+  (void)cancel;
+  ag_output_printf(out, "Error: build failed at src/main.c:42: expected ';'");
+  ag_output_set_transient(out, false);
+  return AG_TOOL_ERROR;
+}
+
+static int events_seen;
+
+static void on_event(void *user, const json_t *ev) {
+  (void)user;
+  (void)ev;
+  __atomic_add_fetch(&events_seen, 1, __ATOMIC_RELAXED);
+}
+
+static ag_approval approve_all(void *user, const char *tool, const char *args,
+                               size_t args_len, char *reason, size_t cap) {
+  (void)user;
+  (void)tool;
+  (void)args;
+  (void)args_len;
+  (void)reason;
+  (void)cap;
+  return AG_APPROVE_ONCE;
+}
+
+/* Turn 1: the same failing build four times (the guard stops it); turn 2:
+ * a provider error retried, then an answer. */
+static const char STUCK_SCRIPT[] =
+    "[{\"user\": \"Build it\", \"model\": [\n"
+    "  {\"tool_calls\": [{\"id\": \"b\", \"name\": \"build\", \"arguments\": "
+    "{\"target\": \"all\"}}]}], \"repeat_last\": true},\n"
+    " {\"user\": \"Why?\", \"model\": [\n"
+    "  {\"provider_error\": {\"status\": 503, \"retry_after_ms\": 1, "
+    "\"message\": \"Service Unavailable\"}},\n"
+    "  {\"text\": \"The build fails on a missing semicolon.\"}]}]";
+
+/* The guard stopping a stuck agent, with events, approvals, the error
+ * context and a retried provider error, over two turns of one session. */
+static result op_agent_stuck(char *why, size_t cap) {
+  result res = R_OK;
+  ag_error_t err = {0};
+  ag_registry *r = NULL;
+  ag_provider *p = NULL;
+  ag_agent *a = NULL;
+  json_t *turns = NULL;
+  ag_turn_outcome o;
+  memset(&o, 0, sizeof(o));
+  json_error_t jerr;
+  turns = json_loads(STUCK_SCRIPT, 0, &jerr);
+  if (turns == NULL) {
+    EXPECT(fm_failed(NULL), "the script: %s", jerr.text);
+    res = R_NOMEM;
+    goto done;
+  }
+  CHECK(ag_registry_new(&r, &err), "ag_registry_new");
+  ag_tool_def d;
+  ag_tool_def_init(&d);
+  d.name = "build";
+  d.description = "Builds a target";
+  d.fn = failing_tool;
+  d.requires_approval = true;
+  CHECK(ag_registry_add(r, &d, &err), "ag_registry_add");
+  CHECK(ag_provider_scripted_new(&p, turns, &err), "ag_provider_scripted_new");
+  ag_agent_opts ao;
+  ag_agent_opts_init(&ao);
+  CHECK(ag_config_preset(&ao.config, "default", &err), "ag_config_preset");
+  ao.config.loop.identical_call_limit = 3;
+  ao.config.retry.max_retries = 0;
+  ao.config.network.max_retries = 2;
+  ao.config.network.delay_ms = 1;
+  ao.config.network.max_delay_ms = 1;
+  ao.provider = p;
+  ao.tools = r;
+  ao.approve = approve_all;
+  ao.on_event = on_event;
+  ao.events_full = true;
+  ao.seed = 1;
+  CHECK(ag_agent_new(&a, &ao, &err), "ag_agent_new");
+  static const char *const USER[2] = {"Build it", "Why?"};
+  static const ag_turn_status WANT[2] = {AG_TURN_STOPPED, AG_TURN_COMPLETED};
+  for (int t = 0; t < 2; t++) {
+    ag_turn_outcome_clear(&o);
+    CHECK(ag_agent_run_turn(a, USER[t], NULL, &o, &err), "ag_agent_run_turn");
+    if (o.status == AG_TURN_FAILED && strcmp(o.reason, "out_of_memory") == 0) {
+      EXPECT(fm_failed(NULL), "out_of_memory with no failed allocation");
+      res = R_NOMEM;
+      goto done;
+    }
+    EXPECT(o.status == WANT[t], "turn %d: %s (%s: %s)", t + 1,
+           ag_turn_status_name(o.status), o.reason, o.message);
+  }
+  EXPECT(o.final_text != NULL &&
+             strcmp(o.final_text, "The build fails on a missing semicolon.") ==
+                 0,
+         "answer %s", o.final_text != NULL ? o.final_text : "(none)");
+done:
+  ag_turn_outcome_clear(&o);
+  ag_agent_free(a);
+  ag_provider_free(p);
+  ag_registry_free(r);
+  json_decref(turns);
+  return res;
+}
+
+static char workdir[256]; /* made by main for op_builtin */
+
+static const char BUILTIN_SCRIPT[] =
+    "[{\"user\": \"Fix the typo\", \"model\": [\n"
+    " {\"tool_calls\": [{\"id\": \"w\", \"name\": \"write_file\", "
+    "\"arguments\": {\"path\": \"notes/a.txt\", \"content\": "
+    "\"helo world\\nsecond line\\n\"}}]},\n"
+    " {\"tool_calls\": [{\"id\": \"e\", \"name\": \"edit_file\", "
+    "\"arguments\": {\"path\": \"notes/a.txt\", \"old_string\": \"helo\", "
+    "\"new_string\": \"hello\"}}]},\n"
+    " {\"tool_calls\": [\n"
+    "  {\"id\": \"r\", \"name\": \"read_file\", \"arguments\": {\"path\": "
+    "\"notes/a.txt\", \"start_line\": 1}},\n"
+    "  {\"id\": \"l\", \"name\": \"list_dir\", \"arguments\": {\"path\": "
+    "\"notes\"}},\n"
+    "  {\"id\": \"s\", \"name\": \"search_text\", \"arguments\": "
+    "{\"pattern\": \"w.rld\", \"regex\": true}},\n"
+    "  {\"id\": \"x\", \"name\": \"read_file\", \"arguments\": {\"path\": "
+    "\"../etc/passwd\"}}]},\n"
+    " {\"text\": \"Fixed.\"}]}]";
+
+/* The built-in file tools in a workdir, driven by an agent. */
+static result op_builtin(char *why, size_t cap) {
+  result res = R_OK;
+  ag_error_t err = {0};
+  ag_registry *r = NULL;
+  ag_provider *p = NULL;
+  ag_agent *a = NULL;
+  json_t *turns = NULL;
+  ag_turn_outcome o;
+  memset(&o, 0, sizeof(o));
+  json_error_t jerr;
+  turns = json_loads(BUILTIN_SCRIPT, 0, &jerr);
+  if (turns == NULL) {
+    EXPECT(fm_failed(NULL), "the script: %s", jerr.text);
+    res = R_NOMEM;
+    goto done;
+  }
+  CHECK(ag_registry_new(&r, &err), "ag_registry_new");
+  ag_builtin_opts bo;
+  ag_builtin_opts_init(&bo);
+  bo.workdir = workdir;
+  CHECK(ag_builtin_register(r, &bo, &err), "ag_builtin_register");
+  CHECK(ag_provider_scripted_new(&p, turns, &err), "ag_provider_scripted_new");
+  ag_agent_opts ao;
+  ag_agent_opts_init(&ao);
+  CHECK(ag_config_preset(&ao.config, "default", &err), "ag_config_preset");
+  ao.config.retry.max_retries = 0;
+  ao.provider = p;
+  ao.tools = r;
+  ao.seed = 1;
+  CHECK(ag_agent_new(&a, &ao, &err), "ag_agent_new");
+  CHECK(ag_agent_run_turn(a, "Fix the typo", NULL, &o, &err),
+        "ag_agent_run_turn");
+  if (o.status == AG_TURN_FAILED && strcmp(o.reason, "out_of_memory") == 0) {
+    EXPECT(fm_failed(NULL), "out_of_memory with no failed allocation");
+    res = R_NOMEM;
+    goto done;
+  }
+  EXPECT(o.status == AG_TURN_COMPLETED && o.tool_calls == 6,
+         "turn %s (%s: %s), %d calls", ag_turn_status_name(o.status), o.reason,
+         o.message, o.tool_calls);
+  /* Without a failure the edit went through; with one, a tool may have
+   * answered with an error the model saw. */
+  if (!fm_failed(NULL)) {
+    const json_t *h = ag_agent_history(a);
+    json_t *m = json_array_get(h, 6); /* read_file's result */
+    const char *text = json_string_value(json_object_get(m, "content"));
+    EXPECT(text != NULL && strstr(text, "hello world") != NULL, "read_file: %s",
+           text != NULL ? text : "(none)");
+  }
+done:
+  ag_turn_outcome_clear(&o);
+  ag_agent_free(a);
+  ag_provider_free(p);
+  ag_registry_free(r);
+  json_decref(turns);
+  return res;
+}
+
+/* An agentguard event log (JSON Lines), audited, with the JSON reports. */
+static const char EVENT_LOG[] =
+    "{\"event\":\"turn_start\",\"turn\":1,\"iteration\":0,\"t_ms\":1,"
+    "\"user\":\"Deploy.\"}\n"
+    "{\"event\":\"model_response\",\"turn\":1,\"iteration\":1,\"t_ms\":5,"
+    "\"text\":null,\"tool_calls\":[{\"id\":\"c1\",\"name\":\"deploy\","
+    "\"arguments\":\"{\\\"env\\\":\\\"prod\\\"}\"}]}\n"
+    "{\"event\":\"tool_call\",\"turn\":1,\"iteration\":1,\"t_ms\":6,"
+    "\"call_id\":\"c1\",\"name\":\"deploy\",\"arguments\":"
+    "\"{\\\"env\\\":\\\"prod\\\"}\"}\n"
+    "{\"event\":\"tool_result\",\"turn\":1,\"iteration\":1,\"t_ms\":9,"
+    "\"call_id\":\"c1\",\"name\":\"deploy\",\"ok\":false,\"attempts\":1,"
+    "\"category\":\"network\",\"text\":\"Error: connection refused\"}\n"
+    "{\"event\":\"model_response\",\"turn\":1,\"iteration\":2,\"t_ms\":15,"
+    "\"text\":null,\"tool_calls\":[{\"id\":\"c2\",\"name\":\"deploy\","
+    "\"arguments\":\"{\\\"env\\\": \\\"prod\\\"}\"}]}\n"
+    "{\"event\":\"tool_call\",\"turn\":1,\"iteration\":2,\"t_ms\":16,"
+    "\"call_id\":\"c2\",\"name\":\"deploy\",\"arguments\":"
+    "\"{\\\"env\\\": \\\"prod\\\"}\"}\n"
+    "{\"event\":\"tool_result\",\"turn\":1,\"iteration\":2,\"t_ms\":19,"
+    "\"call_id\":\"c2\",\"name\":\"deploy\",\"ok\":false,\"attempts\":1,"
+    "\"category\":\"network\",\"text\":\"Error: connection refused\"}\n"
+    "{\"event\":\"model_response\",\"turn\":1,\"iteration\":3,\"t_ms\":25,"
+    "\"text\":\"It is down.\",\"tool_calls\":[]}\n"
+    "{\"event\":\"turn_end\",\"turn\":1,\"iteration\":3,\"t_ms\":26,"
+    "\"status\":\"completed\",\"reason\":\"final_answer\",\"message\":\"The "
+    "model answered.\",\"iterations\":3,\"tool_calls\":2,\"final_text\":\"It "
+    "is down.\"}\n";
+
+static result op_audit_events(char *why, size_t cap) {
+  result res = R_OK;
+  ag_error_t err = {0};
+  ag_trajectory *t = NULL;
+  ag_auditor *a = NULL;
+  char *line = NULL, *sum = NULL;
+  ag_config cfg;
+  CHECK(ag_trajectory_parse(&t, EVENT_LOG, strlen(EVENT_LOG), NULL, &err),
+        "ag_trajectory_parse");
+  CHECK(ag_config_preset(&cfg, "default", &err), "ag_config_preset");
+  cfg.errors.max_identical_errors = 2;
+  CHECK(ag_auditor_new(&a, &cfg, NULL, &err), "ag_auditor_new");
+  ag_audit_finding f;
+  CHECK(ag_auditor_run(a, t, &f, &err), "ag_auditor_run");
+  EXPECT(f.steps == 3 && f.stop.stopped && f.stop.step == 2,
+         "steps %d, stopped %d at step %d (%s)", f.steps, f.stop.stopped,
+         f.stop.step, ag_reason_name(f.stop.reason));
+  CHECK(ag_audit_finding_json("deploy.jsonl", "default", t, &f, &line, &err),
+        "ag_audit_finding_json");
+  ag_audit_summary s;
+  ag_audit_summary_init(&s);
+  ag_audit_summary_add(&s, t, &f);
+  CHECK(ag_audit_summary_json("default", &s, &sum, &err),
+        "ag_audit_summary_json");
+  EXPECT(strstr(line, "\"type\":\"run\"") != NULL &&
+             strstr(sum, "\"type\":\"summary\"") != NULL,
+         "reports %s / %s", line, sum);
+done:
+  ag_free(sum);
+  ag_free(line);
+  ag_auditor_free(a);
+  ag_trajectory_free(t);
+  return res;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The driver                                                               */
 /* ------------------------------------------------------------------------ */
@@ -424,9 +676,11 @@ typedef struct operation {
 } operation;
 
 static const operation OPS[] = {
-    {"config", op_config},   {"guard", op_guard},       {"jcs", op_jcs},
-    {"audit", op_audit},     {"registry", op_registry}, {"agent", op_agent},
-    {"content", op_content},
+    {"config", op_config},     {"guard", op_guard},
+    {"jcs", op_jcs},           {"audit", op_audit},
+    {"registry", op_registry}, {"agent", op_agent},
+    {"content", op_content},   {"agent_stuck", op_agent_stuck},
+    {"builtin", op_builtin},   {"audit_events", op_audit_events},
 };
 
 static bool verbose;
@@ -508,6 +762,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   verbose = getenv("OOM_VERBOSE") != NULL;
+  /* op_builtin's workdir: made (and removed) outside any run. */
+  const char *tmp = getenv("TMPDIR");
+  snprintf(workdir, sizeof(workdir), "%s/agentguard-oom-XXXXXX",
+           tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+  if (mkdtemp(workdir) == NULL) {
+    perror("oom: mkdtemp");
+    return 1;
+  }
   bool all_ok = true;
   long points = 0;
   size_t nops = sizeof(OPS) / sizeof(OPS[0]);
@@ -518,6 +780,10 @@ int main(int argc, char **argv) {
     if (wanted && !run_op(&OPS[i], &points))
       all_ok = false;
   }
+  char cmd[300];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", workdir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "oom: could not remove %s\n", workdir);
   printf("%ld injection points, %s\n", points,
          all_ok ? "all passed" : "FAILURES");
   return all_ok ? 0 : 1;
