@@ -369,6 +369,7 @@ static result op_agent(char *why, size_t cap) {
   ao.tools = r;
   ao.system_prompt = "You read files.";
   ao.seed = 1;
+  ao.config.loop.max_parallel = 2; /* fewer threads to start per run */
   CHECK(ag_agent_new(&a, &ao, &err), "ag_agent_new");
   CHECK(ag_agent_run_turn(a, "Read a.c and b.c", NULL, &o, &err),
         "ag_agent_run_turn");
@@ -495,6 +496,7 @@ static result op_agent_stuck(char *why, size_t cap) {
   ao.on_event = on_event;
   ao.events_full = true;
   ao.seed = 1;
+  ao.config.loop.max_parallel = 2; /* fewer threads to start per run */
   CHECK(ag_agent_new(&a, &ao, &err), "ag_agent_new");
   static const char *const USER[2] = {"Build it", "Why?"};
   static const ag_turn_status WANT[2] = {AG_TURN_STOPPED, AG_TURN_COMPLETED};
@@ -513,6 +515,95 @@ static result op_agent_stuck(char *why, size_t cap) {
              strcmp(o.final_text, "The build fails on a missing semicolon.") ==
                  0,
          "answer %s", o.final_text != NULL ? o.final_text : "(none)");
+done:
+  ag_turn_outcome_clear(&o);
+  ag_agent_free(a);
+  ag_provider_free(p);
+  ag_registry_free(r);
+  json_decref(turns);
+  return res;
+}
+
+static ag_tool_status flaky_tool(void *user, const json_t *args,
+                                 ag_cancel *cancel, ag_output *out) {
+  (void)user;
+  (void)args;
+  (void)cancel;
+  ag_output_printf(out, "503 Service Unavailable");
+  return AG_TOOL_ERROR;
+}
+
+static int human_calls;
+
+static ag_human_action human(void *user, const char *record, char *hint,
+                             size_t cap) {
+  (void)user;
+  (void)record;
+  if (human_calls++ == 0) {
+    snprintf(hint, cap, "Use the cached copy instead.");
+    return AG_HUMAN_CONTINUE;
+  }
+  return AG_HUMAN_STOP;
+}
+
+static const char ESCALATE_SCRIPT[] =
+    "[{\"user\": \"Fetch the report\", \"model\": [\n"
+    "  {\"text\": \"Fetching.\", \"tool_calls\": [{\"id\": \"f\", \"name\": "
+    "\"fetch\", \"arguments\": {\"url\": \"https://example.com/r\"}}]}],\n"
+    "  \"repeat_last\": true}]";
+
+/* A transient tool error retried (retry.c), the guard escalating to a
+ * human who first continues with a hint, then stops. */
+static result op_escalate(char *why, size_t cap) {
+  result res = R_OK;
+  ag_error_t err = {0};
+  ag_registry *r = NULL;
+  ag_provider *p = NULL;
+  ag_agent *a = NULL;
+  json_t *turns = NULL;
+  ag_turn_outcome o;
+  memset(&o, 0, sizeof(o));
+  human_calls = 0;
+  json_error_t jerr;
+  turns = json_loads(ESCALATE_SCRIPT, 0, &jerr);
+  if (turns == NULL) {
+    EXPECT(fm_failed(NULL), "the script: %s", jerr.text);
+    res = R_NOMEM;
+    goto done;
+  }
+  CHECK(ag_registry_new(&r, &err), "ag_registry_new");
+  ag_tool_def d;
+  ag_tool_def_init(&d);
+  d.name = "fetch";
+  d.description = "Fetches a URL";
+  d.fn = flaky_tool;
+  d.idempotent = true;
+  CHECK(ag_registry_add(r, &d, &err), "ag_registry_add");
+  CHECK(ag_provider_scripted_new(&p, turns, &err), "ag_provider_scripted_new");
+  ag_agent_opts ao;
+  ag_agent_opts_init(&ao);
+  CHECK(ag_config_preset(&ao.config, "default", &err), "ag_config_preset");
+  ao.config.loop.identical_call_limit = 3;
+  ao.config.errors.on_trip = AG_TRIP_ESCALATE;
+  ao.config.retry.max_retries = 1;
+  ao.config.retry.delay_ms = 1;
+  ao.config.retry.max_delay_ms = 1;
+  ao.provider = p;
+  ao.tools = r;
+  ao.human = human;
+  ao.seed = 1;
+  ao.config.loop.max_parallel = 2; /* fewer threads to start per run */
+  CHECK(ag_agent_new(&a, &ao, &err), "ag_agent_new");
+  CHECK(ag_agent_run_turn(a, "Fetch the report", NULL, &o, &err),
+        "ag_agent_run_turn");
+  if (o.status == AG_TURN_FAILED && strcmp(o.reason, "out_of_memory") == 0) {
+    EXPECT(fm_failed(NULL), "out_of_memory with no failed allocation");
+    res = R_NOMEM;
+    goto done;
+  }
+  EXPECT(o.status == AG_TURN_ESCALATED && human_calls == 2,
+         "turn %s (%s: %s), the human asked %d times",
+         ag_turn_status_name(o.status), o.reason, o.message, human_calls);
 done:
   ag_turn_outcome_clear(&o);
   ag_agent_free(a);
@@ -573,6 +664,7 @@ static result op_builtin(char *why, size_t cap) {
   ao.provider = p;
   ao.tools = r;
   ao.seed = 1;
+  ao.config.loop.max_parallel = 2; /* fewer threads to start per run */
   CHECK(ag_agent_new(&a, &ao, &err), "ag_agent_new");
   CHECK(ag_agent_run_turn(a, "Fix the typo", NULL, &o, &err),
         "ag_agent_run_turn");
@@ -591,6 +683,72 @@ static result op_builtin(char *why, size_t cap) {
     json_t *m = json_array_get(h, 6); /* read_file's result */
     const char *text = json_string_value(json_object_get(m, "content"));
     EXPECT(text != NULL && strstr(text, "hello world") != NULL, "read_file: %s",
+           text != NULL ? text : "(none)");
+  }
+done:
+  ag_turn_outcome_clear(&o);
+  ag_agent_free(a);
+  ag_provider_free(p);
+  ag_registry_free(r);
+  json_decref(turns);
+  return res;
+}
+
+static const char CMD_TOOLS[] =
+    "{\"echo_args\": {\"description\": \"Prints its arguments\",\n"
+    "  \"command\": [\"cat\"], \"env\": {\"LC_ALL\": \"C\"},\n"
+    "  \"parameters\": {\"type\": \"object\", \"properties\": {\"n\": "
+    "{\"type\": \"integer\"}}}}}";
+
+static const char CMD_SCRIPT[] =
+    "[{\"user\": \"Echo\", \"model\": [\n"
+    " {\"tool_calls\": [{\"id\": \"a\", \"name\": \"echo_args\", "
+    "\"arguments\": {\"n\": 1}}]},\n"
+    " {\"text\": \"Done.\"}]}]";
+
+/* A subprocess tool from a tools file: fork, exec, stdin, captured output. */
+static result op_subprocess(char *why, size_t cap) {
+  result res = R_OK;
+  ag_error_t err = {0};
+  ag_registry *r = NULL;
+  ag_provider *p = NULL;
+  ag_agent *a = NULL;
+  json_t *turns = NULL;
+  ag_turn_outcome o;
+  memset(&o, 0, sizeof(o));
+  json_error_t jerr;
+  turns = json_loads(CMD_SCRIPT, 0, &jerr);
+  if (turns == NULL) {
+    EXPECT(fm_failed(NULL), "the script: %s", jerr.text);
+    res = R_NOMEM;
+    goto done;
+  }
+  CHECK(ag_registry_new(&r, &err), "ag_registry_new");
+  CHECK(ag_tools_file_load(r, CMD_TOOLS, strlen(CMD_TOOLS), &err),
+        "ag_tools_file_load");
+  CHECK(ag_provider_scripted_new(&p, turns, &err), "ag_provider_scripted_new");
+  ag_agent_opts ao;
+  ag_agent_opts_init(&ao);
+  CHECK(ag_config_preset(&ao.config, "default", &err), "ag_config_preset");
+  ao.config.retry.max_retries = 0;
+  ao.provider = p;
+  ao.tools = r;
+  ao.seed = 1;
+  ao.config.loop.max_parallel = 2; /* fewer threads to start per run */
+  CHECK(ag_agent_new(&a, &ao, &err), "ag_agent_new");
+  CHECK(ag_agent_run_turn(a, "Echo", NULL, &o, &err), "ag_agent_run_turn");
+  if (o.status == AG_TURN_FAILED && strcmp(o.reason, "out_of_memory") == 0) {
+    EXPECT(fm_failed(NULL), "out_of_memory with no failed allocation");
+    res = R_NOMEM;
+    goto done;
+  }
+  EXPECT(o.status == AG_TURN_COMPLETED && o.tool_calls == 1,
+         "turn %s (%s: %s), %d calls", ag_turn_status_name(o.status), o.reason,
+         o.message, o.tool_calls);
+  if (!fm_failed(NULL)) {
+    json_t *m = json_array_get(ag_agent_history(a), 2); /* the result */
+    const char *text = json_string_value(json_object_get(m, "content"));
+    EXPECT(text != NULL && strstr(text, "\"n\"") != NULL, "cat said %s",
            text != NULL ? text : "(none)");
   }
 done:
@@ -676,11 +834,18 @@ typedef struct operation {
 } operation;
 
 static const operation OPS[] = {
-    {"config", op_config},     {"guard", op_guard},
-    {"jcs", op_jcs},           {"audit", op_audit},
-    {"registry", op_registry}, {"agent", op_agent},
-    {"content", op_content},   {"agent_stuck", op_agent_stuck},
-    {"builtin", op_builtin},   {"audit_events", op_audit_events},
+    {"config", op_config},
+    {"guard", op_guard},
+    {"jcs", op_jcs},
+    {"audit", op_audit},
+    {"registry", op_registry},
+    {"agent", op_agent},
+    {"content", op_content},
+    {"agent_stuck", op_agent_stuck},
+    {"builtin", op_builtin},
+    {"audit_events", op_audit_events},
+    {"subprocess", op_subprocess},
+    {"escalate", op_escalate},
 };
 
 static bool verbose;
