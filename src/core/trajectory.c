@@ -1124,6 +1124,8 @@ static ag_err_t json_fail(ag_error_t *err, const json_error_t *je,
                           long line_base, long pos_base, const char *what) {
   /* jansson says "real number overflow near '1e999'": say what is wrong
    * with the recording in its terms (docs/audit.md, Inputs). */
+  if (AG__JSON_NOMEM(je))
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
   char text[JSON_ERROR_TEXT_LENGTH + 64];
   const char *near = strstr(je->text, " near ");
   if (json_error_code(je) == json_error_numeric_overflow)

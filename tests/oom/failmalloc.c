@@ -63,8 +63,10 @@ static bool failed;
 static fm_source failed_from;
 static long live;
 static bool show_stack;
-/* Inside json_loadb / json_loads on this thread (see fm_install). */
+/* Inside json_loadb / json_loads on this thread, and jansson allocations
+ * seen so far there (see __wrap_json_loadb). */
 static _Thread_local int in_json_load;
+static _Thread_local long load_allocs;
 /* Inside json_dumps on this thread: jansson allocations seen so far. */
 static _Thread_local int in_json_dumps;
 static _Thread_local long dumps_allocs;
@@ -131,8 +133,9 @@ static bool should_fail(fm_source from) {
 
 static void *alloc_from(size_t n, fm_source from) {
   pthread_mutex_lock(&mu);
-  bool spared = from == FM_FROM_JANSSON &&
-                (in_json_load || (in_json_dumps && dumps_allocs++ > 0));
+  bool spared =
+      from == FM_FROM_JANSSON && ((in_json_load && load_allocs++ > 0) ||
+                                  (in_json_dumps && dumps_allocs++ > 0));
   bool fail = !spared && should_fail(from);
   pthread_mutex_unlock(&mu);
   if (fail)
@@ -227,9 +230,11 @@ char *__wrap_strndup(const char *s, size_t max) {
  * drops a failed growth of its token buffer and goes on with the token cut
  * short (a heap overflow in lex_scan_string, or an assert), and a failed
  * string copy comes out as a syntax error, not json_error_out_of_memory
- * (akheron/jansson#362, unfixed in 2.14). So the allocations jansson makes
- * while parsing are never failed; those the library makes around a parse,
- * and jansson's own everywhere else (building, dumping), are.
+ * (akheron/jansson#362, unfixed in 2.14). So inside a parse only its first
+ * allocation may fail (the lexer's buffer: the parse then returns NULL with
+ * no error text, which the library must take as out of memory); those the
+ * library makes around a parse, and jansson's own everywhere else
+ * (building, dumping), all may.
  *
  * json_dumps has the same flaw: do_dump ignores a failed write of an
  * object's key, so a failed growth of its output buffer gives text with
@@ -248,14 +253,20 @@ char *__wrap_json_dumps(const json_t *j, size_t f) {
 
 json_t *__wrap_json_loadb(const char *b, size_t n, size_t f, json_error_t *e) {
   in_json_load++;
+  long saved = load_allocs;
+  load_allocs = 0;
   json_t *j = __real_json_loadb(b, n, f, e);
+  load_allocs = saved;
   in_json_load--;
   return j;
 }
 
 json_t *__wrap_json_loads(const char *s, size_t f, json_error_t *e) {
   in_json_load++;
+  long saved = load_allocs;
+  load_allocs = 0;
   json_t *j = __real_json_loads(s, f, e);
+  load_allocs = saved;
   in_json_load--;
   return j;
 }
