@@ -426,11 +426,22 @@ static ag_tool_status failing_tool(void *user, const json_t *args,
 }
 
 static int events_seen;
+static char bad_event[256]; /* the first event without its common fields */
 
+/* Under the agent's event lock (never concurrent). */
 static void on_event(void *user, const json_t *ev) {
   (void)user;
-  (void)ev;
-  __atomic_add_fetch(&events_seen, 1, __ATOMIC_RELAXED);
+  events_seen++;
+  if (bad_event[0] == '\0' &&
+      (!json_is_string(json_object_get(ev, "event")) ||
+       !json_is_integer(json_object_get(ev, "turn")) ||
+       !json_is_integer(json_object_get(ev, "iteration")) ||
+       !json_is_integer(json_object_get(ev, "t_ms")))) {
+    const char *name = json_string_value(json_object_get(ev, "event"));
+    snprintf(bad_event, sizeof(bad_event), "event %d (%s) without %s",
+             events_seen, name != NULL ? name : "no name",
+             name == NULL ? "\"event\"" : "turn, iteration or t_ms");
+  }
 }
 
 static ag_approval approve_all(void *user, const char *tool, const char *args,
@@ -459,6 +470,8 @@ static const char STUCK_SCRIPT[] =
  * context and a retried provider error, over two turns of one session. */
 static result op_agent_stuck(char *why, size_t cap) {
   result res = R_OK;
+  events_seen = 0;
+  bad_event[0] = '\0';
   ag_error_t err = {0};
   ag_registry *r = NULL;
   ag_provider *p = NULL;
@@ -516,6 +529,10 @@ static result op_agent_stuck(char *why, size_t cap) {
                  0,
          "answer %s", o.final_text != NULL ? o.final_text : "(none)");
 done:
+  if (bad_event[0] != '\0' && res != R_WRONG) { /* also after ENOMEM */
+    snprintf(why, cap, "%s", bad_event);
+    res = R_WRONG;
+  }
   ag_turn_outcome_clear(&o);
   ag_agent_free(a);
   ag_provider_free(p);
