@@ -334,6 +334,40 @@ static const char SCRIPT[] =
     "\"arguments\": {\"path\": \"a.c\"}}]},\n"
     " {\"text\": \"Both files hold an empty main.\"}]}]";
 
+/* Whether every history message is whole: a string "role"; an assistant's
+ * calls with ids, names and argument strings; a tool message with the id
+ * of a call before it. Writes what is wrong to why[]. */
+static bool history_whole(const ag_agent *a, char *why, size_t cap) {
+  const json_t *h = ag_agent_history(a);
+  size_t i;
+  json_t *m;
+  json_array_foreach(h, i, m) {
+    const char *role = json_string_value(json_object_get(m, "role"));
+    if (role == NULL) {
+      snprintf(why, cap, "history[%zu] has no role", i);
+      return false;
+    }
+    size_t k;
+    json_t *c;
+    json_array_foreach(json_object_get(m, "tool_calls"), k, c) {
+      json_t *fn = json_object_get(c, "function");
+      if (!json_is_string(json_object_get(c, "id")) ||
+          !json_is_string(json_object_get(fn, "name")) ||
+          !json_is_string(json_object_get(fn, "arguments"))) {
+        snprintf(why, cap, "history[%zu].tool_calls[%zu] is not whole", i, k);
+        return false;
+      }
+    }
+    if (strcmp(role, "tool") == 0 &&
+        (!json_is_string(json_object_get(m, "tool_call_id")) ||
+         !json_is_string(json_object_get(m, "content")))) {
+      snprintf(why, cap, "history[%zu] (tool) has no call id or content", i);
+      return false;
+    }
+  }
+  return true;
+}
+
 static result op_agent(char *why, size_t cap) {
   result res = R_OK;
   ag_error_t err = {0};
@@ -387,6 +421,8 @@ static result op_agent(char *why, size_t cap) {
   EXPECT(json_array_size(ag_agent_history(a)) == 8, "history of %zu",
          json_array_size(ag_agent_history(a)));
 done:
+  if (a != NULL && res != R_WRONG && !history_whole(a, why, cap))
+    res = R_WRONG; /* also after ENOMEM: the session goes on */
   ag_turn_outcome_clear(&o);
   ag_agent_free(a);
   ag_provider_free(p);
@@ -513,26 +549,31 @@ static result op_agent_stuck(char *why, size_t cap) {
   CHECK(ag_agent_new(&a, &ao, &err), "ag_agent_new");
   static const char *const USER[2] = {"Build it", "Why?"};
   static const ag_turn_status WANT[2] = {AG_TURN_STOPPED, AG_TURN_COMPLETED};
+  /* A turn that ran out of memory leaves the session ready for the next
+   * (agent.h): the second turn runs after a failed first one too. */
   for (int t = 0; t < 2; t++) {
     ag_turn_outcome_clear(&o);
     CHECK(ag_agent_run_turn(a, USER[t], NULL, &o, &err), "ag_agent_run_turn");
     if (o.status == AG_TURN_FAILED && strcmp(o.reason, "out_of_memory") == 0) {
       EXPECT(fm_failed(NULL), "out_of_memory with no failed allocation");
       res = R_NOMEM;
-      goto done;
+      continue;
     }
     EXPECT(o.status == WANT[t], "turn %d: %s (%s: %s)", t + 1,
            ag_turn_status_name(o.status), o.reason, o.message);
   }
-  EXPECT(o.final_text != NULL &&
-             strcmp(o.final_text, "The build fails on a missing semicolon.") ==
-                 0,
+  EXPECT(res == R_NOMEM ||
+             (o.final_text != NULL &&
+              strcmp(o.final_text, "The build fails on a missing semicolon.") ==
+                  0),
          "answer %s", o.final_text != NULL ? o.final_text : "(none)");
 done:
   if (bad_event[0] != '\0' && res != R_WRONG) { /* also after ENOMEM */
     snprintf(why, cap, "%s", bad_event);
     res = R_WRONG;
   }
+  if (a != NULL && res != R_WRONG && !history_whole(a, why, cap))
+    res = R_WRONG;
   ag_turn_outcome_clear(&o);
   ag_agent_free(a);
   ag_provider_free(p);
@@ -622,6 +663,8 @@ static result op_escalate(char *why, size_t cap) {
          "turn %s (%s: %s), the human asked %d times",
          ag_turn_status_name(o.status), o.reason, o.message, human_calls);
 done:
+  if (a != NULL && res != R_WRONG && !history_whole(a, why, cap))
+    res = R_WRONG; /* also after ENOMEM: the session goes on */
   ag_turn_outcome_clear(&o);
   ag_agent_free(a);
   ag_provider_free(p);
@@ -703,6 +746,8 @@ static result op_builtin(char *why, size_t cap) {
            text != NULL ? text : "(none)");
   }
 done:
+  if (a != NULL && res != R_WRONG && !history_whole(a, why, cap))
+    res = R_WRONG; /* also after ENOMEM: the session goes on */
   ag_turn_outcome_clear(&o);
   ag_agent_free(a);
   ag_provider_free(p);
@@ -769,6 +814,8 @@ static result op_subprocess(char *why, size_t cap) {
            text != NULL ? text : "(none)");
   }
 done:
+  if (a != NULL && res != R_WRONG && !history_whole(a, why, cap))
+    res = R_WRONG; /* also after ENOMEM: the session goes on */
   ag_turn_outcome_clear(&o);
   ag_agent_free(a);
   ag_provider_free(p);
