@@ -76,6 +76,42 @@ static bool ossl_failed(void) {
   return fm_failed(&from) && from == FM_FROM_OPENSSL;
 }
 
+/*
+ * Texts an operation returns (dumps, reports, canonical forms) are kept
+ * from its unarmed run, and every later run that succeeds must return
+ * exactly the same: an allocation failure may end the operation, never
+ * give a text with a part missing. Static storage: the driver's own
+ * mallocs would count.
+ */
+#define REF_SLOTS 8
+#define REF_MAX 16384
+static bool reference_run; /* the unarmed run: record */
+static char ref_text[REF_SLOTS][REF_MAX];
+
+static bool same_text(int slot, const char *what, const char *text, char *why,
+                      size_t cap) {
+  if (reference_run) {
+    snprintf(ref_text[slot], REF_MAX, "%s", text);
+    return true;
+  }
+  if (strncmp(ref_text[slot], text, REF_MAX - 1) == 0)
+    return true;
+  size_t i = 0;
+  while (ref_text[slot][i] == text[i])
+    i++;
+  snprintf(why, cap, "%s differs at byte %zu: \"%.60s\" instead of \"%.60s\"",
+           what, i, text + i, ref_text[slot] + i);
+  return false;
+}
+
+#define SAME(slot, what, text)                                                 \
+  do {                                                                         \
+    if (!same_text(slot, what, text, why, cap)) {                              \
+      res = R_WRONG;                                                           \
+      goto done;                                                               \
+    }                                                                          \
+  } while (0)
+
 /* ------------------------------------------------------------------------ */
 /* Operations                                                               */
 /* ------------------------------------------------------------------------ */
@@ -98,6 +134,7 @@ static result op_config(char *why, size_t cap) {
   EXPECT(cfg.loop.identical_call_limit == 3, "identical_call_limit %d",
          cfg.loop.identical_call_limit);
   CHECK(ag_config_to_json(&cfg, &out, &err), "ag_config_to_json");
+  SAME(0, "ag_config_to_json", out);
   ag_config back;
   ag_config_init(&back);
   CHECK(ag_config_parse(&back, out, strlen(out), &err), "parse back");
@@ -166,6 +203,8 @@ static result op_guard(char *why, size_t cap) {
   CHECK(ag_guard_escalation_record(g, &v, &rec, &err),
         "ag_guard_escalation_record");
   CHECK(ag_guard_dump(g, &dump, &err), "ag_guard_dump");
+  SAME(0, "the escalation record", rec);
+  SAME(1, "the dump", dump);
   json_error_t jerr;
   json_t *j = json_loads(dump, 0, &jerr);
   if (j == NULL && fm_failed(NULL)) { /* this parse is the driver's own */
@@ -191,6 +230,7 @@ static result op_jcs(char *why, size_t cap) {
       "{\"z\": [1e21, 0.1, -0, 1E-7, \"\\u00e9\\ud83d\\ude00\"], "
       "\"a\": {\"b\": null, \"\\u20ac\": true, \"c\": 333333333.33333329}}";
   CHECK(ag_canonicalize(DOC, strlen(DOC), &out, &len, &err), "ag_canonicalize");
+  SAME(0, "the canonical form", out);
   EXPECT(strncmp(out, "{\"a\":{\"b\":null", 14) == 0, "canonical: %s", out);
   CHECK(ag_signature("read_file", ARGS[0], strlen(ARGS[0]), a, &err),
         "ag_signature");
@@ -270,6 +310,7 @@ static result op_registry(char *why, size_t cap) {
   ag_error_t err = {0};
   ag_registry *r = NULL;
   json_t *tool = NULL, *good = NULL, *bad = NULL, *tools = NULL;
+  char *text = NULL;
   json_error_t jerr;
   CHECK(ag_registry_new(&r, &err), "ag_registry_new");
   /* The driver's own JSON: a NULL under injection is out of memory. */
@@ -303,7 +344,15 @@ static result op_registry(char *why, size_t cap) {
     goto done;
   }
   EXPECT(json_array_size(tools) == 2, "%zu tools", json_array_size(tools));
+  text = json_dumps(tools, JSON_COMPACT | JSON_SORT_KEYS);
+  if (text == NULL) { /* the driver's own dump */
+    EXPECT(fm_failed(NULL), "json_dumps failed");
+    res = R_NOMEM;
+    goto done;
+  }
+  SAME(0, "ag_registry_tools_json", text);
 done:
+  free(text);
   json_decref(tools);
   json_decref(bad);
   json_decref(good);
@@ -918,6 +967,8 @@ static result op_audit_events(char *why, size_t cap) {
   EXPECT(strstr(line, "\"type\":\"run\"") != NULL &&
              strstr(sum, "\"type\":\"summary\"") != NULL,
          "reports %s / %s", line, sum);
+  SAME(0, "the run report", line);
+  SAME(1, "the summary report", sum);
 done:
   ag_free(sum);
   ag_free(line);
@@ -1003,10 +1054,12 @@ static bool run_op(const operation *op, long *points) {
   /* Twice unarmed: the first run may fill process-wide caches that live
    * until exit (OpenSSL's algorithm fetch, curl's global init, the
    * classifier's index), so only the second must free everything. */
-  warming = true;
+  warming = reference_run = true;
   bool warm = run_once(op, 0, false, &n);
   warming = false;
-  if (!warm || !run_once(op, 0, false, &n)) {
+  bool ref = run_once(op, 0, false, &n);
+  reference_run = false;
+  if (!warm || !ref) {
     fprintf(stderr, "%s: fails with no injected failure\n", op->name);
     return false;
   }
