@@ -417,6 +417,18 @@ static bool history_whole(const ag_agent *a, char *why, size_t cap) {
   return true;
 }
 
+/* The history as text, compared with the unarmed run's (slot `slot`):
+ * a turn that succeeded despite a failed allocation must have stored
+ * exactly what it would have. R_NOMEM when the driver's own dump fails. */
+static result same_history(const ag_agent *a, int slot, char *why, size_t cap) {
+  char *text = json_dumps(ag_agent_history(a), JSON_COMPACT | JSON_SORT_KEYS);
+  if (text == NULL)
+    return R_NOMEM;
+  result res = same_text(slot, "the history", text, why, cap) ? R_OK : R_WRONG;
+  free(text);
+  return res;
+}
+
 static result op_agent(char *why, size_t cap) {
   result res = R_OK;
   ag_error_t err = {0};
@@ -469,6 +481,7 @@ static result op_agent(char *why, size_t cap) {
          o.final_text != NULL ? o.final_text : "(none)");
   EXPECT(json_array_size(ag_agent_history(a)) == 8, "history of %zu",
          json_array_size(ag_agent_history(a)));
+  res = same_history(a, 0, why, cap);
 done:
   if (a != NULL && res != R_WRONG && !history_whole(a, why, cap))
     res = R_WRONG; /* also after ENOMEM: the session goes on */
@@ -616,6 +629,8 @@ static result op_agent_stuck(char *why, size_t cap) {
               strcmp(o.final_text, "The build fails on a missing semicolon.") ==
                   0),
          "answer %s", o.final_text != NULL ? o.final_text : "(none)");
+  if (res == R_OK)
+    res = same_history(a, 0, why, cap);
 done:
   if (bad_event[0] != '\0' && res != R_WRONG) { /* also after ENOMEM */
     snprintf(why, cap, "%s", bad_event);
@@ -711,6 +726,7 @@ static result op_escalate(char *why, size_t cap) {
   EXPECT(o.status == AG_TURN_ESCALATED && human_calls == 2,
          "turn %s (%s: %s), the human asked %d times",
          ag_turn_status_name(o.status), o.reason, o.message, human_calls);
+  res = same_history(a, 0, why, cap);
 done:
   if (a != NULL && res != R_WRONG && !history_whole(a, why, cap))
     res = R_WRONG; /* also after ENOMEM: the session goes on */
