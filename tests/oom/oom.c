@@ -927,6 +927,59 @@ done:
   return res;
 }
 
+/* Four turns of about 400 bytes each under a 1,200-byte history cap: the
+ * oldest turns are dropped as the session goes on. */
+static result op_history_cap(char *why, size_t cap) {
+  result res = R_OK;
+  ag_error_t err = {0};
+  ag_provider *p = NULL;
+  ag_agent *a = NULL;
+  json_t *turns = NULL;
+  ag_turn_outcome o;
+  memset(&o, 0, sizeof(o));
+  char answer[400]; /* numbers: no chunk repeats (content_loop) */
+  size_t used = 0;
+  for (int i = 1000; used + 6 < sizeof(answer); i += 7)
+    used += (size_t)snprintf(answer + used, sizeof(answer) - used, "%d ", i);
+  turns = json_pack("[{s:s, s:[{s:s}]}, {s:s, s:[{s:s}]}, {s:s, s:[{s:s}]}, "
+                    "{s:s, s:[{s:s}]}]",
+                    "user", "Say x.", "model", "text", answer, "user", "Say x.",
+                    "model", "text", answer, "user", "Say x.", "model", "text",
+                    answer, "user", "Say x.", "model", "text", answer);
+  if (turns == NULL) {
+    EXPECT(fm_failed(NULL), "json_pack failed");
+    res = R_NOMEM;
+    goto done;
+  }
+  CHECK(ag_provider_scripted_new(&p, turns, &err), "ag_provider_scripted_new");
+  ag_agent_opts ao;
+  ag_agent_opts_init(&ao);
+  CHECK(ag_config_preset(&ao.config, "default", &err), "ag_config_preset");
+  ao.provider = p;
+  ao.max_history_bytes = 1200;
+  ao.seed = 1;
+  ao.config.loop.max_parallel = 1;
+  CHECK(ag_agent_new(&a, &ao, &err), "ag_agent_new");
+  for (int t = 0; t < 4; t++) {
+    ag_turn_outcome_clear(&o);
+    CHECK(ag_agent_run_turn(a, "Say x.", NULL, &o, &err), "ag_agent_run_turn");
+    if (o.status == AG_TURN_FAILED && strcmp(o.reason, "out_of_memory") == 0) {
+      EXPECT(fm_failed(NULL), "out_of_memory with no failed allocation");
+      res = R_NOMEM;
+      goto done;
+    }
+    EXPECT(o.status == AG_TURN_COMPLETED, "turn %d: %s (%s: %s)", t + 1,
+           ag_turn_status_name(o.status), o.reason, o.message);
+  }
+  res = same_history(a, 0, why, cap);
+done:
+  ag_turn_outcome_clear(&o);
+  ag_agent_free(a);
+  ag_provider_free(p);
+  json_decref(turns);
+  return res;
+}
+
 /* An agentguard event log (JSON Lines), audited, with the JSON reports. */
 static const char EVENT_LOG[] =
     "{\"event\":\"turn_start\",\"turn\":1,\"iteration\":0,\"t_ms\":1,"
@@ -1016,6 +1069,7 @@ static const operation OPS[] = {
     {"subprocess", op_subprocess},
     {"escalate", op_escalate},
     {"provider", op_provider},
+    {"history_cap", op_history_cap},
 };
 
 static bool verbose;
