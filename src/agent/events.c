@@ -205,15 +205,17 @@ void ag__ev_emit(ag__events *ev, const char *name, json_t *fields) {
     json_decref(fields);
     return;
   }
-  /* The common fields go first, so a line reads "event" first. */
-  json_object_set_new(e, "event", json_string(name));
+  /* The common fields go first, so a line reads "event" first. An event
+   * that cannot have them all (out of memory) is not delivered. */
+  bool ok = json_object_set_new(e, "event", json_string(name)) == 0;
   pthread_mutex_lock(&ev->mu);
-  json_object_set_new(e, "turn", json_integer(ev->turn));
-  json_object_set_new(e, "iteration", json_integer(ev->iteration));
-  json_object_set_new(e, "t_ms", json_integer(ag_now_ms() - ev->t0));
-  if (fields != NULL)
-    json_object_update(e, fields);
-  ev->fn(ev->user, e);
+  ok =
+      ok && json_object_set_new(e, "turn", json_integer(ev->turn)) == 0 &&
+      json_object_set_new(e, "iteration", json_integer(ev->iteration)) == 0 &&
+      json_object_set_new(e, "t_ms", json_integer(ag_now_ms() - ev->t0)) == 0 &&
+      (fields == NULL || json_object_update(e, fields) == 0);
+  if (ok)
+    ev->fn(ev->user, e);
   pthread_mutex_unlock(&ev->mu);
   json_decref(fields);
   json_decref(e);

@@ -299,6 +299,8 @@ AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
       goto fail_nomem;
   }
   a->stored_bytes = json_size(a->history); /* brackets and system message */
+  if (a->stored_bytes == SIZE_MAX)
+    goto fail_nomem;
   *out = a;
   return AG_OK;
 
@@ -340,24 +342,38 @@ static int count_bytes(const char *buf, size_t size, void *data) {
   return 0;
 }
 
+/* The compact JSON size of `j`, or SIZE_MAX when it cannot be measured:
+ * jansson's dump allocates, and a size cut short by out of memory would let
+ * the history outgrow its cap. */
 static size_t json_size(const json_t *j) {
   size_t n = 0;
-  json_dump_callback(j, count_bytes, &n, JSON_COMPACT | JSON_ENCODE_ANY);
+  if (json_dump_callback(j, count_bytes, &n, JSON_COMPACT | JSON_ENCODE_ANY))
+    return SIZE_MAX;
   return n;
 }
 
 /* Measures the turn that just ended (the last stored one): the compact JSON
  * size of its messages, each with a separating comma. Work proportional to
- * the turn, not to the history. */
-static void measure_last_turn(ag_agent *a) {
+ * the turn, not to the history. Out of memory: the turn is not kept (an
+ * unmeasured turn could outgrow the cap) and false is returned. */
+static bool measure_last_turn(ag_agent *a) {
   if (a->n_turns == 0)
-    return;
+    return true;
   turn_span *t = &a->turns[a->n_turns - 1];
   size_t n = json_array_size(a->history), bytes = 0;
-  for (size_t i = t->start; i < n; i++)
-    bytes += json_size(json_array_get(a->history, i)) + 1;
+  for (size_t i = t->start; i < n; i++) {
+    size_t size = json_size(json_array_get(a->history, i));
+    if (size == SIZE_MAX) {
+      while (json_array_size(a->history) > t->start)
+        json_array_remove(a->history, json_array_size(a->history) - 1);
+      a->n_turns--;
+      return false;
+    }
+    bytes += size + 1;
+  }
   t->bytes = bytes;
   a->stored_bytes += bytes;
+  return true;
 }
 
 /* Drops the oldest complete turns while the history (compact JSON, plus
@@ -436,7 +452,7 @@ static void compact_message(ag_agent *a, json_t *m) {
     }
   }
   size_t after = json_size(m);
-  if (before > after)
+  if (before != SIZE_MAX && before > after) /* SIZE_MAX: not measured */
     a->turn_bytes -=
         before - after < a->turn_bytes ? before - after : a->turn_bytes;
 }
@@ -493,7 +509,13 @@ static bool note_turn_start(ag_agent *a, size_t index) {
 static bool hist_append(ag_agent *a, json_t *m) {
   if (m == NULL)
     return false;
-  size_t size = a->in_turn ? json_size(m) + 1 : 0;
+  size_t size = a->in_turn ? json_size(m) : 0;
+  if (size == SIZE_MAX) {
+    json_decref(m);
+    return false;
+  }
+  if (a->in_turn)
+    size++;
   if (json_array_append_new(a->history, m) != 0)
     return false;
   a->turn_bytes += size;
@@ -1640,8 +1662,12 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
   }
 
   a->in_turn = false;
-  if (stored) /* measured once, whatever the in-turn cap dropped */
-    measure_last_turn(a);
+  /* measured once, whatever the in-turn cap dropped */
+  if (stored && !measure_last_turn(a)) {
+    set_outcome(out, AG_TURN_FAILED, "out_of_memory",
+                "The turn ran out of memory.");
+    rc = nomem(err);
+  }
   cap_history(a, 0);
   ag__ev_turn_end(&a->ev, out);
 

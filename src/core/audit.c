@@ -429,28 +429,42 @@ static const char *action_name(ag_action a) {
   return a == AG_ESCALATE ? "escalate" : "stop";
 }
 
+/* json_object_set_new, true when it worked (it steals `v`, also NULL). */
+static bool put(json_t *o, const char *key, json_t *v) {
+  return json_object_set_new(o, key, v) == 0;
+}
+
 static json_t *stop_json(const ag_audit_stop *s) {
   if (!s->stopped)
     return json_null();
   json_t *o = json_object();
   if (o == NULL)
     return NULL;
-  json_object_set_new(o, "step", json_integer(s->step));
-  json_object_set_new(o, "turn", json_integer(s->turn));
-  json_object_set_new(o, "step_in_turn", json_integer(s->step_in_turn));
-  json_object_set_new(o, "action", json_string(action_name(s->action)));
-  json_object_set_new(o, "reason", json_string(ag_reason_name(s->reason)));
-  json_object_set_new(o, "call_index", json_integer(s->call_index));
-  json_object_set_new(o, "tool", jstr(s->tool));
-  json_object_set_new(o, "message", jstr(s->message));
-  json_object_set_new(o, "steps_after", json_integer(s->steps_after));
+  bool ok = true;
+  ok &= put(o, "step", json_integer(s->step));
+  ok &= put(o, "turn", json_integer(s->turn));
+  ok &= put(o, "step_in_turn", json_integer(s->step_in_turn));
+  ok &= put(o, "action", json_string(action_name(s->action)));
+  ok &= put(o, "reason", json_string(ag_reason_name(s->reason)));
+  ok &= put(o, "call_index", json_integer(s->call_index));
+  ok &= put(o, "tool", jstr(s->tool));
+  ok &= put(o, "message", jstr(s->message));
+  ok &= put(o, "steps_after", json_integer(s->steps_after));
+  if (!ok) {
+    json_decref(o);
+    return NULL;
+  }
   return o;
 }
 
-static ag_err_t dump(json_t *o, char **out, ag_error_t *err) {
+/* Reports built with `ok` false (a value or key that could not be made)
+ * are out of memory, never a report with a member missing. */
+static ag_err_t dump(json_t *o, bool ok, char **out, ag_error_t *err) {
   *out = NULL;
-  if (o == NULL)
+  if (o == NULL || !ok) {
+    json_decref(o);
     return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  }
   *out = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
   json_decref(o);
   if (*out == NULL)
@@ -465,35 +479,34 @@ AG_EXTERN ag_err_t ag_audit_finding_json(const char *file, const char *preset,
   if (t == NULL || f == NULL || out == NULL)
     return ag__set_error(err, AG_EINVAL, -1,
                          "ag_audit_finding_json: NULL argument");
+  bool ok = true;
   json_t *o = json_object();
   if (o != NULL) {
-    json_object_set_new(o, "type", json_string("run"));
+    ok &= put(o, "type", json_string("run"));
     if (file != NULL)
-      json_object_set_new(o, "file", jstr(file));
+      ok &= put(o, "file", jstr(file));
     if (preset != NULL)
-      json_object_set_new(o, "preset", jstr(preset));
-    json_object_set_new(o, "format",
-                        json_string(ag_traj_format_name(t->format)));
-    json_object_set_new(o, "source", jstr(t->source));
-    json_object_set_new(o, "outcome",
-                        json_string(ag_run_outcome_name(t->outcome)));
-    json_object_set_new(o, "turns", json_integer(f->turns));
-    json_object_set_new(o, "steps", json_integer(f->steps));
-    json_object_set_new(o, "calls", json_integer(f->calls));
-    json_object_set_new(o, "timed", json_boolean(t->timed));
-    json_object_set_new(o, "held_back", json_integer(f->held_back));
-    json_object_set_new(o, "stopped", json_boolean(f->stop.stopped));
-    json_object_set_new(o, "stop", stop_json(&f->stop));
+      ok &= put(o, "preset", jstr(preset));
+    ok &= put(o, "format", json_string(ag_traj_format_name(t->format)));
+    ok &= put(o, "source", jstr(t->source));
+    ok &= put(o, "outcome", json_string(ag_run_outcome_name(t->outcome)));
+    ok &= put(o, "turns", json_integer(f->turns));
+    ok &= put(o, "steps", json_integer(f->steps));
+    ok &= put(o, "calls", json_integer(f->calls));
+    ok &= put(o, "timed", json_boolean(t->timed));
+    ok &= put(o, "held_back", json_integer(f->held_back));
+    ok &= put(o, "stopped", json_boolean(f->stop.stopped));
+    ok &= put(o, "stop", stop_json(&f->stop));
     if (f->all_stops) {
       json_t *all = json_object();
       for (int r = 1; all != NULL && r < AG_REASON__COUNT; r++)
         if (f->mechanism_on[r])
-          json_object_set_new(all, ag_reason_name((ag_reason)r),
-                              stop_json(&f->by_mechanism[r]));
-      json_object_set_new(o, "all_stops", all);
+          ok &= put(all, ag_reason_name((ag_reason)r),
+                    stop_json(&f->by_mechanism[r]));
+      ok &= put(o, "all_stops", all);
     }
   }
-  return dump(o, out, err);
+  return dump(o, ok, out, err);
 }
 
 AG_EXTERN ag_err_t ag_audit_summary_json(const char *preset,
@@ -502,13 +515,14 @@ AG_EXTERN ag_err_t ag_audit_summary_json(const char *preset,
   if (s == NULL || out == NULL)
     return ag__set_error(err, AG_EINVAL, -1,
                          "ag_audit_summary_json: NULL argument");
+  bool ok = true;
   json_t *o = json_object();
   if (o != NULL) {
-    json_object_set_new(o, "type", json_string("summary"));
+    ok &= put(o, "type", json_string("summary"));
     if (preset != NULL)
-      json_object_set_new(o, "preset", jstr(preset));
-    json_object_set_new(o, "runs", json_integer(s->runs));
-    json_object_set_new(o, "skipped", json_integer(s->skipped));
+      ok &= put(o, "preset", jstr(preset));
+    ok &= put(o, "runs", json_integer(s->runs));
+    ok &= put(o, "skipped", json_integer(s->skipped));
     int stopped = 0;
     long steps = 0, saved = 0;
     json_t *by = json_object();
@@ -517,43 +531,43 @@ AG_EXTERN ag_err_t ag_audit_summary_json(const char *preset,
     for (size_t k = 0; by != NULL && k < 3; k++) {
       int i = (int)order[k];
       json_t *e = json_object();
-      if (e == NULL)
+      if (e == NULL) {
+        ok = false;
         continue;
-      json_object_set_new(e, "runs", json_integer(s->runs_by_outcome[i]));
-      json_object_set_new(e, "stopped", json_integer(s->stopped_by_outcome[i]));
-      json_object_set_new(e, "steps", json_integer(s->steps_by_outcome[i]));
-      json_object_set_new(e, "saved_steps",
-                          json_integer(s->saved_by_outcome[i]));
-      json_object_set_new(e, "saved_share",
-                          json_real(ag_audit_summary_saved_share(s, order[k])));
-      json_object_set_new(by, ag_run_outcome_name(order[k]), e);
+      }
+      ok &= put(e, "runs", json_integer(s->runs_by_outcome[i]));
+      ok &= put(e, "stopped", json_integer(s->stopped_by_outcome[i]));
+      ok &= put(e, "steps", json_integer(s->steps_by_outcome[i]));
+      ok &= put(e, "saved_steps", json_integer(s->saved_by_outcome[i]));
+      ok &= put(e, "saved_share",
+                json_real(ag_audit_summary_saved_share(s, order[k])));
+      ok &= put(by, ag_run_outcome_name(order[k]), e);
       stopped += s->stopped_by_outcome[i];
       steps += s->steps_by_outcome[i];
       saved += s->saved_by_outcome[i];
     }
-    json_object_set_new(o, "stopped", json_integer(stopped));
-    json_object_set_new(o, "steps", json_integer(steps));
-    json_object_set_new(o, "saved_steps", json_integer(saved));
-    json_object_set_new(o, "by_outcome", by);
-    json_object_set_new(
-        o, "saved_share_unresolved",
-        json_real(ag_audit_summary_saved_share(s, AG_RUN_UNRESOLVED)));
+    ok &= put(o, "stopped", json_integer(stopped));
+    ok &= put(o, "steps", json_integer(steps));
+    ok &= put(o, "saved_steps", json_integer(saved));
+    ok &= put(o, "by_outcome", by);
+    ok &= put(o, "saved_share_unresolved",
+              json_real(ag_audit_summary_saved_share(s, AG_RUN_UNRESOLVED)));
     json_t *reasons = json_object();
     for (int r = 1; reasons != NULL && r < AG_REASON__COUNT; r++)
       if (s->stops_by_reason[r] > 0)
-        json_object_set_new(reasons, ag_reason_name((ag_reason)r),
-                            json_integer(s->stops_by_reason[r]));
-    json_object_set_new(o, "stops_by_reason", reasons);
-    json_object_set_new(o, "escalations", json_integer(s->escalations));
-    json_object_set_new(o, "held_back", json_integer(s->held_back));
+        ok &= put(reasons, ag_reason_name((ag_reason)r),
+                  json_integer(s->stops_by_reason[r]));
+    ok &= put(o, "stops_by_reason", reasons);
+    ok &= put(o, "escalations", json_integer(s->escalations));
+    ok &= put(o, "held_back", json_integer(s->held_back));
     if (s->all_stops) {
       json_t *m = json_object();
       for (int r = 1; m != NULL && r < AG_REASON__COUNT; r++)
         if (s->mechanism_on[r])
-          json_object_set_new(m, ag_reason_name((ag_reason)r),
-                              json_integer(s->mechanism_stops[r]));
-      json_object_set_new(o, "mechanism_stops", m);
+          ok &= put(m, ag_reason_name((ag_reason)r),
+                    json_integer(s->mechanism_stops[r]));
+      ok &= put(o, "mechanism_stops", m);
     }
   }
-  return dump(o, out, err);
+  return dump(o, ok, out, err);
 }

@@ -1031,7 +1031,7 @@ static ag_err_t parse_doc(ag_config *out, const char *json, size_t len,
       json_loadb(json, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
   if (root == NULL) {
     *located = true;
-    if (json_error_code(&je) == json_error_out_of_memory)
+    if (AG__JSON_NOMEM(&je))
       return fail(e, AG_ENOMEM, "out of memory");
     if (je.line > 0)
       fail(e, AG_EJSON, "line %d, column %d: %s", je.line, je.column, je.text);

@@ -268,9 +268,11 @@ AG_EXTERN ag_err_t ag_guard_new(ag_guard **out, const ag_config *cfg,
                    err);
   if (rc != AG_OK)
     goto fail;
-  if (ag__sha256_new(&g->sha) != AG_OK) {
-    rc =
-        ag__set_error(err, AG_ECRYPTO, -1, "ag_guard_new: SHA-256 unavailable");
+  rc = ag__sha256_new(&g->sha);
+  if (rc != AG_OK) {
+    rc = ag__set_error(err, rc, -1,
+                       rc == AG_ENOMEM ? "ag_guard_new: out of memory"
+                                       : "ag_guard_new: SHA-256 unavailable");
     goto fail;
   }
   g->tools = calloc((size_t)o.max_tools, sizeof(*g->tools));
@@ -1664,21 +1666,24 @@ static ag_err_t to_malloc(char **out, ag_error_t *err) {
   return AG_OK;
 }
 
+/* The error history, or NULL when out of memory (never a shorter one). */
 static json_t *history_json(const ag_guard *g, bool compact) {
   json_t *arr = json_array();
   for (int i = 0; arr != NULL && i < g->history.count; i++) {
     const err_entry *e = ring_at(&g->history, i);
+    json_t *v;
     if (compact) {
       char *s = compact_dup(g, e);
-      if (s != NULL) {
-        json_array_append_new(arr, json_string(s));
-        free(s);
-      }
+      v = s != NULL ? json_string(s) : NULL;
+      free(s);
     } else {
-      json_array_append_new(
-          arr, json_pack("{s:s, s:s, s:i, s:s%}", "tool", e->tool, "category",
-                         ag_category_name(e->cat), "iteration", e->iteration,
-                         "message", e->msg, e->len));
+      v = json_pack("{s:s, s:s, s:i, s:s%}", "tool", e->tool, "category",
+                    ag_category_name(e->cat), "iteration", e->iteration,
+                    "message", e->msg, e->len);
+    }
+    if (json_array_append_new(arr, v) != 0) {
+      json_decref(arr);
+      return NULL;
     }
   }
   return arr;
@@ -1713,6 +1718,7 @@ AG_EXTERN ag_err_t ag_guard_escalation_record(const ag_guard *g,
 AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
                                  ag_error_t *err) {
   *out = NULL;
+  bool ok = true; /* every element made: a dump is whole or not given */
   json_t *tools = json_array();
   for (int i = 0; tools != NULL && i < g->opts.max_tools; i++) {
     const tool_state *t = &g->tools[i];
@@ -1721,12 +1727,13 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
     char hex[65] = "";
     if (t->has_sig)
       ag_sig_hex(t->sig, hex);
-    json_array_append_new(
-        tools,
-        json_pack("{s:s, s:s?, s:i, s:i, s:i, s:i}", "name", t->name,
-                  "last_signature", t->has_sig ? hex : NULL, "identical_run",
-                  t->run, "run_iteration", t->run_iter, "consecutive_failures",
-                  t->failures, "unresolved_errors", t->unresolved));
+    ok &=
+        json_array_append_new(
+            tools, json_pack("{s:s, s:s?, s:i, s:i, s:i, s:i}", "name", t->name,
+                             "last_signature", t->has_sig ? hex : NULL,
+                             "identical_run", t->run, "run_iteration",
+                             t->run_iter, "consecutive_failures", t->failures,
+                             "unresolved_errors", t->unresolved)) == 0;
   }
   json_t *ring = json_array();
   uint64_t have =
@@ -1735,14 +1742,14 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
     int idx = (int)((g->cyc_n - have + k) % (uint64_t)g->cyc_len);
     char hex[65];
     ag_sig_hex(g->cyc_sig[idx], hex);
-    json_array_append_new(ring,
-                          g->cyc_valid[idx] ? json_string(hex) : json_null());
+    ok &= json_array_append_new(ring, g->cyc_valid[idx] ? json_string(hex)
+                                                        : json_null()) == 0;
   }
   json_t *runs = json_object();
   for (int p = 1; runs != NULL && p <= g->cyc_len; p++) {
     char k[16];
     snprintf(k, sizeof(k), "%d", p);
-    json_object_set_new(runs, k, json_integer(g->cyc_run[p]));
+    ok &= json_object_set_new(runs, k, json_integer(g->cyc_run[p])) == 0;
   }
   int repeated_max = 0;
   for (int k = 0; k < REPEAT_SLOTS; k++)
@@ -1754,9 +1761,10 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
   json_t *unres = json_array();
   for (int i = 0; unres != NULL && i < g->unresolved.count; i++) {
     const err_entry *e = ring_at(&g->unresolved, i);
-    json_array_append_new(unres, json_pack("{s:s, s:s, s:s%}", "tool", e->tool,
-                                           "category", ag_category_name(e->cat),
-                                           "message", e->msg, e->len));
+    ok &= json_array_append_new(unres,
+                                json_pack("{s:s, s:s, s:s%}", "tool", e->tool,
+                                          "category", ag_category_name(e->cat),
+                                          "message", e->msg, e->len)) == 0;
   }
   json_t *root = json_pack(
       "{s:s, s:i, s:i, s:I, s:I, s:i, s:i, s:o, s:{s:I, s:o, s:o}, "
@@ -1777,6 +1785,10 @@ AG_EXTERN ag_err_t ag_guard_dump(const ag_guard *g, char **out,
       "trips", g->trips, "replies", "refused_run", g->refused_run, "denied_run",
       g->denied_run, "empty_run", g->empty_run, "repeated_max", repeated_max,
       "tokens", (json_int_t)g->tokens);
+  if (!ok) {
+    json_decref(root);
+    root = NULL;
+  }
   ag_err_t rc = dump_json(root, out, err, JSON_INDENT(2) | JSON_SORT_KEYS);
   return rc == AG_OK ? to_malloc(out, err) : rc;
 }

@@ -42,6 +42,13 @@ size_t ag__scopy(char *dst, size_t cap, const char *src);
 ag_err_t ag__opts_read(void *dst, size_t dst_size, const void *src,
                        size_t min_size, const char *what, ag_error_t *err);
 
+/* Whether a json_load* that returned NULL ran out of memory (`je`: its
+ * json_error_t *): jansson's out-of-memory code, or no error text at all -
+ * jansson 2.14 says nothing when its lexer cannot be set up, and every
+ * other failure names what is wrong. tests/oom/ checks the callers. */
+#define AG__JSON_NOMEM(je)                                                     \
+  (json_error_code(je) == json_error_out_of_memory || (je)->text[0] == '\0')
+
 /* ------------------------------------------------------------------------ */
 /* Suggestions (src/core/suggest.c)                                         */
 /* ------------------------------------------------------------------------ */

@@ -1754,10 +1754,13 @@ static ag_err_t jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
     return ag__set_error(err, AG_ENOMEM, -1, "jcs: out of memory");
   }
   if (digest) {
-    if (ag__sha256_new(&j->sha) != AG_OK) {
+    ag_err_t rc = ag__sha256_new(&j->sha);
+    if (rc != AG_OK) {
       ag__jcs_free(j);
-      return ag__set_error(err, AG_ECRYPTO, -1,
-                           "jcs: cannot set up SHA-256 in OpenSSL");
+      return ag__set_error(err, rc, -1,
+                           rc == AG_ENOMEM
+                               ? "jcs: out of memory"
+                               : "jcs: cannot set up SHA-256 in OpenSSL");
     }
   }
   *out = j;

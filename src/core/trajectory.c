@@ -1124,6 +1124,8 @@ static ag_err_t json_fail(ag_error_t *err, const json_error_t *je,
                           long line_base, long pos_base, const char *what) {
   /* jansson says "real number overflow near '1e999'": say what is wrong
    * with the recording in its terms (docs/audit.md, Inputs). */
+  if (AG__JSON_NOMEM(je))
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
   char text[JSON_ERROR_TEXT_LENGTH + 64];
   const char *near = strstr(je->text, " near ");
   if (json_error_code(je) == json_error_numeric_overflow)
@@ -1182,8 +1184,11 @@ static ag_err_t load_lines(const char *buf, size_t len, json_t **out,
         free(lines);
         return json_fail(err, &je, lineno - 1, (long)pos, "");
       }
-      if (grow((void **)&lines, &cap, n + 1, sizeof(*lines)) ||
-          json_array_append_new(arr, v) != 0) {
+      if (grow((void **)&lines, &cap, n + 1, sizeof(*lines)) != 0) {
+        json_decref(v); /* not appended yet: not stolen */
+        v = NULL;
+      }
+      if (v == NULL || json_array_append_new(arr, v) != 0) {
         json_decref(arr);
         free(lines);
         return ag__set_error(err, AG_ENOMEM, -1, "out of memory");

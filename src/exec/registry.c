@@ -343,7 +343,7 @@ static ag_err_t load_schema(entry *e, const char *text, ag_error_t *err) {
   json_error_t je;
   e->tool.parameters = json_loads(text, JSON_REJECT_DUPLICATES, &je);
   if (e->tool.parameters == NULL) {
-    if (json_error_code(&je) == json_error_out_of_memory)
+    if (AG__JSON_NOMEM(&je))
       return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
     ag__set_error(err, AG_ECONFIG, (long)je.position,
                   "tools.%s.parameters: line %d, column %d: %s", e->name,

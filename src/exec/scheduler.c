@@ -509,6 +509,12 @@ static ag_err_t prepare(ag_scheduler *s, const ag_exec_call *c, job *j) {
       j->parsed =
           json_loadb(c->args, c->args_len,
                      JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &jerr);
+    if (j->parsed == NULL && AG__JSON_NOMEM(&jerr)) {
+      j->state = JOB_DONE;
+      set_result(j->res, AG_EXEC_ERROR, AG_CAT_RESOURCE, "%s",
+                 "Error: out of memory");
+      return AG_ENOMEM;
+    }
     if (j->parsed == NULL) {
       j->state = JOB_DONE;
       return set_result(j->res, AG_EXEC_INVALID, AG_CAT_VALIDATION,

@@ -358,6 +358,8 @@ AG_EXTERN ag_err_t ag_tools_file_load(ag_registry *r, const char *json,
                          "tools file: %zu bytes; at most %d", len, MAX_FILE);
   json_error_t jerr;
   json_t *doc = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+  if (doc == NULL && AG__JSON_NOMEM(&jerr))
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
   if (doc == NULL) {
     ag__set_error(err, AG_EJSON, (long)jerr.position, "line %d, column %d: %s",
                   jerr.line, jerr.column, jerr.text);

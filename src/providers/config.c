@@ -248,6 +248,8 @@ AG_EXTERN ag_err_t ag_provider_config_parse(ag_provider_config **out,
                          out == NULL ? "out" : "json");
   json_error_t je;
   json_t *j = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+  if (j == NULL && AG__JSON_NOMEM(&je))
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
   if (j == NULL)
     return ag__set_error(err, AG_EJSON, je.position,
                          "provider: invalid JSON at byte %d (line %d, column "

@@ -1154,6 +1154,8 @@ AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
   if (o->extra_body_json != NULL) {
     json_error_t je;
     p->extra = json_loads(o->extra_body_json, JSON_REJECT_DUPLICATES, &je);
+    if (p->extra == NULL && AG__JSON_NOMEM(&je))
+      goto oom;
     if (!json_is_object(p->extra)) {
       rc = ag__set_error(err, AG_ECONFIG, p->extra == NULL ? je.position : -1,
                          "provider.extra_body: %s",
