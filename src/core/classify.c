@@ -1078,35 +1078,6 @@ AG_EXTERN ag_category ag_classify(const char *text, size_t len) {
 /* UTF-8 boundaries                                                         */
 /* ------------------------------------------------------------------------ */
 
-/* Length of the valid multi-byte sequence at s (avail bytes), else 0. */
-static size_t utf8_seq(const unsigned char *s, size_t avail) {
-  unsigned char c = s[0], lo = 0x80, hi = 0xBF;
-  size_t n;
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
-    if (c == 0xE0)
-      lo = 0xA0; /* overlong */
-    else if (c == 0xED)
-      hi = 0x9F; /* surrogates */
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
-    if (c == 0xF0)
-      lo = 0x90; /* overlong */
-    else if (c == 0xF4)
-      hi = 0x8F; /* above U+10FFFF */
-  } else {
-    return 0;
-  }
-  if (avail < n || s[1] < lo || s[1] > hi)
-    return 0;
-  for (size_t i = 2; i < n; i++)
-    if ((s[i] & 0xC0) != 0x80)
-      return 0;
-  return n;
-}
-
 /*
  * w[0..wn) is a window of the text and k a cut inside it. Returns how many
  * bytes (0..3) the cut must move back so as not to split a valid sequence.
@@ -1116,7 +1087,7 @@ static size_t cut_back(const unsigned char *w, size_t wn, size_t k) {
   for (size_t back = 1; back <= 3 && back <= k; back++) {
     size_t p = k - back;
     if ((w[p] & 0xC0) != 0x80)
-      return utf8_seq(w + p, wn - p) > back ? back : 0;
+      return ag__utf8_seq(w + p, wn - p) > back ? back : 0;
   }
   return 0;
 }

@@ -439,41 +439,6 @@ static const char *json_type_name(const json_t *v) {
   return "null";
 }
 
-/* Strict UTF-8 check (no overlongs, no surrogates, at most U+10FFFF). */
-static bool utf8_valid(const char *str, size_t n) {
-  const unsigned char *s = (const unsigned char *)str;
-  size_t i = 0;
-  while (i < n) {
-    unsigned char c = s[i];
-    size_t len;
-    uint32_t cp;
-    if (c < 0x80) {
-      i++;
-      continue;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      len = 2, cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3, cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (n - i < len)
-      return false;
-    for (size_t k = 1; k < len; k++) {
-      if ((s[i + k] & 0xC0) != 0x80)
-        return false;
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-        (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-      return false;
-    i += len;
-  }
-  return true;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Durations                                                                */
 /* ------------------------------------------------------------------------ */
@@ -848,7 +813,7 @@ static ag_err_t validate(const ag_config *c, ag_error_t *e) {
         if (nul == it)
           return fail(e, AG_ECONFIG, "%s.%s[%d]: must not be empty", k->section,
                       k->name, j);
-        if (!utf8_valid(it, (size_t)(nul - it)))
+        if (!ag__utf8_valid(it, (size_t)(nul - it)))
           return fail(e, AG_ECONFIG, "%s.%s[%d]: not valid UTF-8", k->section,
                       k->name, j);
       }

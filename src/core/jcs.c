@@ -276,43 +276,6 @@ static size_t utf8_put(uint32_t cp, uint8_t *o) {
 }
 
 /*
- * Length of the well-formed UTF-8 sequence (2..4 bytes) with lead byte s[p],
- * or 0 if it is not one (overlong, surrogate, above U+10FFFF, truncated).
- */
-static size_t utf8_seq(const uint8_t *s, size_t len, size_t p) {
-  uint8_t c = s[p];
-  size_t n;
-  uint8_t lo = 0x80, hi = 0xBF;
-  if (c < 0xC2)
-    return 0;
-  if (c < 0xE0) {
-    n = 2;
-  } else if (c < 0xF0) {
-    n = 3;
-    if (c == 0xE0)
-      lo = 0xA0;
-    else if (c == 0xED)
-      hi = 0x9F;
-  } else if (c < 0xF5) {
-    n = 4;
-    if (c == 0xF0)
-      lo = 0x90;
-    else if (c == 0xF4)
-      hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (len - p < n)
-    return 0;
-  if (s[p + 1] < lo || s[p + 1] > hi)
-    return 0;
-  for (size_t i = 2; i < n; i++)
-    if ((s[p + i] & 0xC0) != 0x80)
-      return 0;
-  return n;
-}
-
-/*
  * Decodes the escape at s[*p] == '\\' of a string validated by pass 1;
  * advances *p past it and returns the code point.
  */
@@ -847,7 +810,7 @@ static bool scan_block(const uint8_t *s, size_t len, size_t *pp, size_t *endp,
     cont = 0;
     while (h != 0) {
       unsigned i = ctz64(h);
-      size_t n = b[i] >= 0x80 ? utf8_seq(s, len, p + i) : 0;
+      size_t n = b[i] >= 0x80 ? ag__utf8_seq(s + p + i, len - p - i) : 0;
       if (n == 0)
         goto fallback;
       if (i + n > 64) {
@@ -1025,7 +988,7 @@ static ag_err_t scan_string(ag__jcs *j, size_t q, size_t p, size_t *endp,
            "byte %zu",
            c, p);
     if (c >= 0x80) {
-      size_t n = utf8_seq(s, len, p);
+      size_t n = ag__utf8_seq(s + p, len - p);
       if (n == 0)
         FAIL(AG_EUTF8, p, "arguments: invalid UTF-8 byte 0x%02x at byte %zu", c,
              p);

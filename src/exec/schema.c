@@ -158,19 +158,13 @@ static void sb_init(sbuf *b, char *p, size_t cap) {
     p[0] = '\0';
 }
 
-static size_t utf8_back(const char *s, size_t n) {
-  while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
-    n--;
-  return n;
-}
-
 static void sb_putn(sbuf *b, const char *s, size_t n) {
   if (b->cap == 0)
     return;
   size_t room = b->cap - 1 - b->len;
   if (n > room) {
     /* s[room] exists since n > room: back off to a character start. */
-    n = utf8_back(s, room);
+    n = ag__utf8_back(s, room);
     b->cut = true;
   }
   memcpy(b->p + b->len, s, n);
@@ -205,7 +199,7 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
 
 /* At most `max` bytes of s[0..n), cut at a character start. */
 static size_t shown_len(const char *s, size_t n, size_t max) {
-  return n <= max ? n : utf8_back(s, max);
+  return n <= max ? n : ag__utf8_back(s, max);
 }
 
 /* s as a JSON-style quoted string, cut to MAX_SHOWN bytes with "...". */
@@ -392,26 +386,6 @@ static bool deeper_than(const json_t *v, int limit) {
       return true;
   }
   return false;
-}
-
-const char *ag__json_kind(const json_t *v) {
-  switch (json_typeof(v)) {
-  case JSON_OBJECT:
-    return "object";
-  case JSON_ARRAY:
-    return "array";
-  case JSON_STRING:
-    return "string";
-  case JSON_INTEGER:
-    return "integer";
-  case JSON_REAL:
-    return "number";
-  case JSON_TRUE:
-  case JSON_FALSE:
-    return "boolean";
-  default:
-    return "null";
-  }
 }
 
 /* Non-negative integral numbers (JSON Schema: 3.0 is an integer). */
