@@ -25,13 +25,10 @@
  */
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <jansson.h>
 
@@ -42,7 +39,6 @@
  * monotonic clock can never overflow. */
 #define DURATION_CAP_MS INT64_C(604800000)
 #define COUNT_MAX 1000000
-#define CONFIG_FILE_CAP (1024 * 1024)
 
 /* Enums are stored and read through memcpy as int. */
 _Static_assert(sizeof(ag_call_scope) == sizeof(int), "enum size");
@@ -1095,103 +1091,22 @@ AG_EXTERN ag_err_t ag_config_parse(ag_config *cfg, const char *json, size_t len,
   return finish(err, &e, NULL, located);
 }
 
-/* Reads the whole file (at most CONFIG_FILE_CAP bytes) into *buf. */
-static ag_err_t read_file(const char *path, char **buf, size_t *len,
-                          ag_error_t *e) {
-  int fd;
-  do
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-  while (fd < 0 && errno == EINTR);
-  if (fd < 0) {
-    int sys = errno;
-    char why[128];
-    if (strerror_r(sys, why, sizeof(why)) != 0)
-      snprintf(why, sizeof(why), "errno %d", sys);
-    fail(e, AG_EIO, "cannot open: %s", why);
-    e->sys_errno = sys;
-    return AG_EIO;
-  }
-  struct stat st;
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-      st.st_size > CONFIG_FILE_CAP) {
-    close(fd);
-    return fail(e, AG_ETOOBIG, "larger than 1 MiB (%lld bytes)",
-                (long long)st.st_size);
-  }
-  /* Read up to one byte past the cap: a file that grew, or a pipe, is
-   * caught by the same test. */
-  size_t cap = 64 * 1024, n = 0;
-  char *b = malloc(cap);
-  if (b == NULL) {
-    close(fd);
-    return fail(e, AG_ENOMEM, "out of memory");
-  }
-  for (;;) {
-    if (n == cap) {
-      if (cap > CONFIG_FILE_CAP) {
-        free(b);
-        close(fd);
-        return fail(e, AG_ETOOBIG, "larger than 1 MiB");
-      }
-      size_t ncap =
-          cap * 2 > CONFIG_FILE_CAP + 1 ? CONFIG_FILE_CAP + 1 : cap * 2;
-      char *nb = realloc(b, ncap);
-      if (nb == NULL) {
-        free(b);
-        close(fd);
-        return fail(e, AG_ENOMEM, "out of memory");
-      }
-      b = nb;
-      cap = ncap;
-    }
-    ssize_t r = read(fd, b + n, cap - n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0) {
-      int sys = errno;
-      char why[128];
-      if (strerror_r(sys, why, sizeof(why)) != 0)
-        snprintf(why, sizeof(why), "errno %d", sys);
-      free(b);
-      close(fd);
-      fail(e, AG_EIO, "cannot read: %s", why);
-      e->sys_errno = sys;
-      return AG_EIO;
-    }
-    if (r == 0)
-      break;
-    n += (size_t)r;
-  }
-  close(fd);
-  if (n > CONFIG_FILE_CAP) {
-    free(b);
-    return fail(e, AG_ETOOBIG, "larger than 1 MiB");
-  }
-  *buf = b;
-  *len = n;
-  return AG_OK;
-}
-
-AG_EXTERN ag_err_t ag_config_load_file(ag_config *cfg, const char *path,
-                                       ag_error_t *err) {
-  if (cfg == NULL || path == NULL)
-    return ag__set_error(err, AG_EINVAL, -1,
-                         "ag_config_load_file: cfg and path must not be NULL");
+ag_err_t ag__config_parse_from(ag_config *cfg, const char *json, size_t len,
+                               const char *source, ag_error_t *err) {
   ag_error_t e;
   bool located = true;
-  char *buf = NULL;
-  size_t len = 0;
   ag_error_clear(&e);
-  ag_err_t rc = read_file(path, &buf, &len, &e);
-  if (rc == AG_OK) {
-    rc = parse_doc(cfg, buf, len, &e, &located);
-    free(buf);
-  }
+  ag_err_t rc = parse_doc(cfg, json, len, &e, &located);
   if (rc == AG_OK) {
     ag_error_clear(err);
     return AG_OK;
   }
-  return finish(err, &e, path, located);
+  return finish(err, &e, source, located);
+}
+
+ag_err_t ag__config_error_from(ag_error_t *err, const ag_error_t *e,
+                               const char *source) {
+  return finish(err, e, source, true);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -12,6 +12,20 @@
 #include "../base/internal.h"
 
 /* ------------------------------------------------------------------------ */
+/* Config from bytes (src/core/config.c), for ag_config_load_file          */
+/* ------------------------------------------------------------------------ */
+
+/* ag_config_parse with every message prefixed "<source>: " (source may be
+ * NULL: as ag_config_parse). json must not be NULL. */
+ag_err_t ag__config_parse_from(ag_config *cfg, const char *json, size_t len,
+                               const char *source, ag_error_t *err);
+
+/* Copies `e` into `err` (may be NULL) as "<source>: <e's message>"; returns
+ * e's code. */
+ag_err_t ag__config_error_from(ag_error_t *err, const ag_error_t *e,
+                               const char *source);
+
+/* ------------------------------------------------------------------------ */
 /* Suggestions (src/core/suggest.c)                                         */
 /* ------------------------------------------------------------------------ */
 

@@ -14,6 +14,8 @@
  *   workdir.c    ag__wd_* (paths confined beneath a directory)
  *   builtin.c    ag_builtin_* (the built-in file and command tools)
  *   toolsfile.c  ag_registry_add_json, ag_tools_file_load (TOOL objects)
+ *   configfile.c ag_config_load_file (declared in core.h; the core reads no
+ *                files)
  */
 #ifndef AG_EXEC_INTERNAL_H
 #define AG_EXEC_INTERNAL_H
