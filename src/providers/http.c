@@ -47,7 +47,7 @@
 
 #include <curl/curl.h>
 
-#include "agentguard/exec.h"
+#include "agentguard/base.h"
 
 #include "../core/internal.h"
 #include "internal.h"

@@ -1,5 +1,5 @@
 /*
- * src/core/trajectory.c - recorded agent runs: parsing five input formats
+ * src/audit/trajectory.c - recorded agent runs: parsing five input formats
  * from a memory buffer into the neutral ag_trajectory (agentguard/audit.h).
  *
  * Design. jansson parses the buffer once; the tree is kept alive inside the
@@ -44,7 +44,7 @@
 #include <jansson.h>
 
 #include "agentguard/audit.h"
-#include "internal.h"
+#include "../core/internal.h"
 
 #define JFLAGS                                                                 \
   (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES)
