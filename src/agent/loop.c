@@ -690,13 +690,6 @@ static bool escalate(turn_ctx *t, const ag_verdict *v) {
 
 typedef enum { REQ_OK = 0, REQ_CANCELLED, REQ_FAILED, REQ_NOMEM } req_status;
 
-/* Appends `s` to the NUL-terminated text in buf[0..cap), cutting it. */
-static void cat(char *buf, size_t cap, const char *s) {
-  size_t n = strlen(buf);
-  if (n + 1 < cap)
-    ag__scopy(buf + n, cap - n, s);
-}
-
 /* The message of a failed model request, for people. */
 static void provider_failure(turn_ctx *t, const ag_provider_error *pe,
                              int tries, int64_t elapsed, bool gave_up) {
@@ -706,37 +699,36 @@ static void provider_failure(turn_ctx *t, const ag_provider_error *pe,
   if (service == NULL || service[0] == '\0')
     service = "model";
   char msg[sizeof(t->out->message)];
-  msg[0] = '\0';
+  ag__buf m;
+  ag__buf_init_fixed(&m, msg, sizeof(msg));
   if (!a->cfg.errors.normalize_provider_errors) {
-    cat(msg, sizeof(msg), service);
-    cat(msg, sizeof(msg), ": ");
-    cat(msg, sizeof(msg), pe->message[0] ? pe->message : "request failed");
+    ag__buf_addstr_cut(&m, service);
+    ag__buf_addstr_cut(&m, ": ");
+    ag__buf_addstr_cut(&m, pe->message[0] ? pe->message : "request failed");
   } else {
-    char part[160], span[32];
-    cat(msg, sizeof(msg), "The model service ");
-    cat(msg, sizeof(msg), service);
+    char span[32];
+    ag__buf_addstr_cut(&m, "The model service ");
+    ag__buf_addstr_cut(&m, service);
     if (pe->http_status > 0)
-      snprintf(part, sizeof(part), " answered HTTP %d (%s)", pe->http_status,
-               ag__http_reason(pe->http_status));
+      ag__buf_printf_cut(&m, " answered HTTP %d (%s)", pe->http_status,
+                         ag__http_reason(pe->http_status));
     else
-      snprintf(part, sizeof(part), " could not be reached");
-    cat(msg, sizeof(msg), part);
+      ag__buf_addstr_cut(&m, " could not be reached");
     if (tries > 1) {
       fmt_elapsed(elapsed, span, sizeof(span));
-      snprintf(part, sizeof(part), " %d times over %s", tries, span);
-      cat(msg, sizeof(msg), part);
+      ag__buf_printf_cut(&m, " %d times over %s", tries, span);
     }
-    cat(msg, sizeof(msg),
-        gave_up ? "; giving up." : "; this error is not retried.");
+    ag__buf_addstr_cut(&m, gave_up ? "; giving up."
+                                   : "; this error is not retried.");
     /* the provider's own words, unless they only repeat the status */
     if (pe->message[0] != '\0' && !pe->message_is_default) {
-      cat(msg, sizeof(msg), " The last answer: ");
-      cat(msg, sizeof(msg), pe->message);
+      ag__buf_addstr_cut(&m, " The last answer: ");
+      ag__buf_addstr_cut(&m, pe->message);
     }
   }
   if (a->cfg.errors.include_provider_details && pe->details[0] != '\0') {
-    cat(msg, sizeof(msg), " Details: ");
-    cat(msg, sizeof(msg), pe->details);
+    ag__buf_addstr_cut(&m, " Details: ");
+    ag__buf_addstr_cut(&m, pe->details);
   }
   set_outcome(t->out, AG_TURN_FAILED, "model_error", "%s", msg);
 }

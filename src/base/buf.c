@@ -67,16 +67,22 @@ ag_err_t ag__buf_addstr(ag__buf *b, const char *s) {
 }
 
 void ag__buf_add_cut(ag__buf *b, const char *s, size_t n) {
+  b->want = n > SIZE_MAX - b->want ? SIZE_MAX : b->want + n;
+  if (b->cut)
+    return; /* the text stays a prefix of what was asked for */
   size_t room = b->cap - b->len;
   if (n > room) {
     /* s[room] exists since n > room: back off to a character start */
     n = ag__utf8_back(s, room);
     b->cut = true;
   }
-  if (n == 0)
+  if (n == 0 || reserve(b, b->len + n) != AG_OK) {
+    b->cut = b->cut || n > 0;
     return;
-  if (ag__buf_add(b, s, n) != AG_OK)
-    b->cut = true;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
 }
 
 void ag__buf_addstr_cut(ag__buf *b, const char *s) {
@@ -88,7 +94,16 @@ void ag__buf_vprintf_cut(ag__buf *b, const char *fmt, va_list ap) {
   int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
   if (n < 0)
     return;
-  size_t len = (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1;
+  size_t len = (size_t)n;
+  if (len >= sizeof(tmp)) {
+    /* vsnprintf cut it: drop a character it split, count the rest */
+    len = sizeof(tmp) - 1;
+    len -= ag__utf8_incomplete_tail(tmp, len);
+    ag__buf_add_cut(b, tmp, len);
+    b->cut = true;
+    b->want += (size_t)n - len;
+    return;
+  }
   ag__buf_add_cut(b, tmp, len);
 }
 
@@ -105,6 +120,7 @@ const char *ag__buf_str(const ag__buf *b) {
 
 void ag__buf_reset(ag__buf *b) {
   b->len = 0;
+  b->want = 0;
   b->cut = false;
   if (b->p != NULL && b->alloc > 0)
     b->p[0] = '\0';
@@ -117,6 +133,6 @@ void ag__buf_free(ag__buf *b) {
   }
   free(b->p);
   b->p = NULL;
-  b->len = b->alloc = 0;
+  b->len = b->alloc = b->want = 0;
   b->cut = false;
 }

@@ -102,8 +102,10 @@ const char *ag__http_reason(int status);
  * bytes it ever holds (a NUL always follows them). Every append checks the
  * cap: ag__buf_add refuses what does not fit whole (AG_ETOOBIG, nothing
  * appended) and ag__buf_add_cut keeps what fits, cut on a UTF-8 boundary,
- * and sets `cut`. A buffer made with ag__buf_init_fixed writes into the
- * caller's array and never allocates; ag__buf_init's grows on the heap.
+ * and sets `cut`; after a cut, cut appends add nothing (the text stays a
+ * prefix of everything asked for) but still count in `want`, like
+ * snprintf's return value. A buffer made with ag__buf_init_fixed writes into
+ * the caller's array and never allocates; ag__buf_init's grows on the heap.
  */
 typedef struct ag__buf {
   char *p;      /* the text, NUL-terminated; NULL before the first append */
@@ -112,6 +114,7 @@ typedef struct ag__buf {
   size_t cap;   /* the most content bytes */
   bool fixed;   /* p is the caller's array of cap + 1 bytes */
   bool cut;     /* an append was cut or refused */
+  size_t want;  /* bytes the cut appends asked for, kept or not */
 } ag__buf;
 
 void ag__buf_init(ag__buf *b, size_t cap);

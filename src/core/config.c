@@ -320,28 +320,6 @@ static ag_err_t fail(ag_error_t *e, ag_err_t code, const char *fmt, ...) {
   return ag__set_error(e, code, -1, "%s", buf);
 }
 
-/* Appends src to dst (cap bytes) without overrunning. */
-static void cat(char *dst, size_t cap, const char *src) {
-  size_t n = strlen(dst);
-  if (n < cap)
-    ag__scopy(dst + n, cap - n, src);
-}
-
-/* Length of the longest prefix of s[0..n) that ends on a UTF-8 boundary. */
-static size_t utf8_cut(const char *s, size_t n) {
-  size_t i = n;
-  while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
-    i--;
-  if (i > 0 && (unsigned char)s[i - 1] >= 0xC0) {
-    /* s[i-1] leads a sequence; keep it only when complete */
-    unsigned char c = (unsigned char)s[i - 1];
-    size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
-    if (n - (i - 1) < need)
-      return i - 1;
-  }
-  return n;
-}
-
 /*
  * Writes s for a message: control characters become '?', at most `max`
  * bytes (cut on a UTF-8 boundary, then "..."), and with quote set, wrapped
@@ -349,23 +327,25 @@ static size_t utf8_cut(const char *s, size_t n) {
  */
 static void show(char *dst, size_t cap, const char *s, bool quote) {
   enum { MAX = 48 };
-  size_t n = strlen(s), len = n > MAX ? utf8_cut(s, MAX) : n;
-  size_t o = 0;
+  size_t n = strlen(s),
+         len = n > MAX ? MAX - ag__utf8_incomplete_tail(s, MAX) : n;
   if (cap == 0)
     return;
-  if (quote && o + 1 < cap)
-    dst[o++] = '"';
-  for (size_t i = 0; i < len && o + 2 < cap; i++) {
+  ag__buf b;
+  ag__buf_init_fixed(&b, dst, cap);
+  if (quote)
+    ag__buf_add_cut(&b, "\"", 1);
+  for (size_t i = 0; i < len && b.len + 2 < cap; i++) {
     unsigned char c = (unsigned char)s[i];
     if (quote && (c == '"' || c == '\\'))
-      dst[o++] = '\\';
-    dst[o++] = (c < 0x20 || c == 0x7F) ? '?' : (char)c;
+      ag__buf_add_cut(&b, "\\", 1);
+    char shown = (c < 0x20 || c == 0x7F) ? '?' : (char)c;
+    ag__buf_add_cut(&b, &shown, 1);
   }
-  dst[o] = '\0';
   if (len < n)
-    cat(dst, cap, "...");
+    ag__buf_addstr_cut(&b, "...");
   if (quote)
-    cat(dst, cap, "\"");
+    ag__buf_addstr_cut(&b, "\"");
 }
 
 static int ascii_lower(int c) {
@@ -712,19 +692,18 @@ static ag_err_t preset_error(ag_error_t *e, ag_err_t code, const char *name,
   char shown[128], msg[AG_ERROR_MSG_MAX];
   const char *s = suggest(name, preset_names, N_PRESETS);
   show(shown, sizeof(shown), name, true);
-  snprintf(msg, sizeof(msg), "preset: %s is not a preset", shown);
-  if (s != NULL) {
-    cat(msg, sizeof(msg), "; did you mean ");
-    cat(msg, sizeof(msg), s);
-    cat(msg, sizeof(msg), "?");
-  }
+  ag__buf m;
+  ag__buf_init_fixed(&m, msg, sizeof(msg));
+  ag__buf_printf_cut(&m, "preset: %s is not a preset", shown);
+  if (s != NULL)
+    ag__buf_printf_cut(&m, "; did you mean %s?", s);
   if (s == NULL || list_always) {
-    cat(msg, sizeof(msg), " (known: ");
+    ag__buf_addstr_cut(&m, " (known: ");
     for (size_t i = 0; i < N_PRESETS; i++) {
-      cat(msg, sizeof(msg), i ? ", " : "");
-      cat(msg, sizeof(msg), preset_names[i]);
+      ag__buf_addstr_cut(&m, i ? ", " : "");
+      ag__buf_addstr_cut(&m, preset_names[i]);
     }
-    cat(msg, sizeof(msg), ")");
+    ag__buf_addstr_cut(&m, ")");
   }
   return ag__set_error(e, code, -1, "%s", msg);
 }
@@ -923,12 +902,11 @@ static ag_err_t apply_value(ag_config *c, const key_desc *k, json_t *v,
                   json_type_name(v));
     int i = enum_index(k, json_string_value(v));
     if (i < 0) {
-      char names[160] = "";
-      for (int j = 0; k->enums[j] != NULL; j++) {
-        cat(names, sizeof(names), j ? ", \"" : "\"");
-        cat(names, sizeof(names), k->enums[j]);
-        cat(names, sizeof(names), "\"");
-      }
+      char names[160];
+      ag__buf nb;
+      ag__buf_init_fixed(&nb, names, sizeof(names));
+      for (int j = 0; k->enums[j] != NULL; j++)
+        ag__buf_printf_cut(&nb, "%s\"%s\"", j ? ", " : "", k->enums[j]);
       show(shown, sizeof(shown), json_string_value(v), true);
       return fail(e, AG_ECONFIG, "%s: %s is not one of %s", path, shown, names);
     }
@@ -1067,10 +1045,9 @@ static ag_err_t finish(ag_error_t *err, const ag_error_t *e, const char *source,
   *err = *e;
   const char *prefix = source != NULL ? source : located ? "config" : NULL;
   if (prefix != NULL) {
-    err->msg[0] = '\0';
-    cat(err->msg, sizeof(err->msg), prefix);
-    cat(err->msg, sizeof(err->msg), ": ");
-    cat(err->msg, sizeof(err->msg), e->msg);
+    ag__buf m;
+    ag__buf_init_fixed(&m, err->msg, sizeof(err->msg));
+    ag__buf_printf_cut(&m, "%s: %s", prefix, e->msg);
   }
   return e->code;
 }
