@@ -89,6 +89,10 @@ void ag__buf_addstr_cut(ag__buf *b, const char *s) {
   ag__buf_add_cut(b, s, strlen(s));
 }
 
+void ag__buf_addc_cut(ag__buf *b, char c) {
+  ag__buf_add_cut(b, &c, 1);
+}
+
 void ag__buf_vprintf_cut(ag__buf *b, const char *fmt, va_list ap) {
   char tmp[AG_ERROR_MSG_MAX];
   int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);

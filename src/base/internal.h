@@ -125,6 +125,7 @@ ag_err_t ag__buf_add(ag__buf *b, const void *s, size_t n);
 ag_err_t ag__buf_addstr(ag__buf *b, const char *s);
 void ag__buf_add_cut(ag__buf *b, const char *s, size_t n);
 void ag__buf_addstr_cut(ag__buf *b, const char *s);
+void ag__buf_addc_cut(ag__buf *b, char c);
 /* printf, cut like ag__buf_add_cut. */
 void ag__buf_printf_cut(ag__buf *b, const char *fmt, ...) AG__PRINTF(2, 3);
 void ag__buf_vprintf_cut(ag__buf *b, const char *fmt, va_list ap);
