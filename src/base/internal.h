@@ -87,7 +87,9 @@ size_t ag__utf8_back(const char *s, size_t n);
 size_t ag__utf8_incomplete_tail(const char *buf, size_t len);
 
 /* The JSON Schema name of a value's type, for every user-facing message:
- * "object", "array", "string", "integer", "number", "boolean" or "null". */
+ * "object", "array", "string", "integer", "number", "boolean" or "null";
+ * "nothing" for NULL (a missing value). The CLI, which may use only the
+ * public API, keeps its own copy with the same words (cli_json_type). */
 const char *ag__json_kind(const json_t *v);
 
 /* The reason phrase of an HTTP status (RFC 9110: "Service Unavailable");

@@ -87,6 +87,8 @@ size_t ag__utf8_incomplete_tail(const char *buf, size_t len) {
 }
 
 const char *ag__json_kind(const json_t *v) {
+  if (v == NULL)
+    return "nothing";
   switch (json_typeof(v)) {
   case JSON_OBJECT:
     return "object";

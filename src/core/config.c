@@ -394,27 +394,6 @@ static const char *suggest(const char *input, const char *const *cands,
   return n_prefix == 1 ? prefix : NULL;
 }
 
-static const char *json_type_name(const json_t *v) {
-  switch (json_typeof(v)) {
-  case JSON_OBJECT:
-    return "object";
-  case JSON_ARRAY:
-    return "array";
-  case JSON_STRING:
-    return "string";
-  case JSON_INTEGER:
-    return "integer";
-  case JSON_REAL:
-    return "real";
-  case JSON_TRUE:
-  case JSON_FALSE:
-    return "boolean";
-  case JSON_NULL:
-    break;
-  }
-  return "null";
-}
-
 /* ------------------------------------------------------------------------ */
 /* Durations                                                                */
 /* ------------------------------------------------------------------------ */
@@ -831,7 +810,7 @@ static ag_err_t apply_list(ag_config *c, const key_desc *k, json_t *v,
                            const char *path, ag_error_t *e) {
   if (!json_is_array(v))
     return fail(e, AG_ECONFIG, "%s: expected an array of strings, got %s", path,
-                json_type_name(v));
+                ag__json_kind(v));
   size_t n = json_array_size(v);
   if (n > AG_LIST_MAX)
     return fail(e, AG_ECONFIG, "%s: %zu entries, at most %d allowed", path, n,
@@ -842,7 +821,7 @@ static ag_err_t apply_list(ag_config *c, const key_desc *k, json_t *v,
     json_t *it = json_array_get(v, i);
     if (!json_is_string(it))
       return fail(e, AG_ECONFIG, "%s[%zu]: expected a string, got %s", path, i,
-                  json_type_name(it));
+                  ag__json_kind(it));
     size_t len = json_string_length(it);
     if (len == 0)
       return fail(e, AG_ECONFIG, "%s[%zu]: must not be empty", path, i);
@@ -863,7 +842,7 @@ static ag_err_t apply_value(ag_config *c, const key_desc *k, json_t *v,
   case K_INT: {
     if (!json_is_integer(v))
       return fail(e, AG_ECONFIG, "%s: expected an integer, got %s", path,
-                  json_type_name(v));
+                  ag__json_kind(v));
     json_int_t x = json_integer_value(v);
     if (x < k->min || x > k->max)
       return fail(e, AG_ECONFIG, "%s: %lld is out of range (%lld..%lld)", path,
@@ -874,14 +853,14 @@ static ag_err_t apply_value(ag_config *c, const key_desc *k, json_t *v,
   case K_BOOL:
     if (!json_is_boolean(v))
       return fail(e, AG_ECONFIG, "%s: expected a boolean, got %s", path,
-                  json_type_name(v));
+                  ag__json_kind(v));
     put_num(c, k, json_is_true(v));
     return AG_OK;
   case K_DURATION: {
     if (!json_is_string(v))
       return fail(e, AG_ECONFIG,
                   "%s: expected a duration string (e.g. \"30s\"), got %s", path,
-                  json_type_name(v));
+                  ag__json_kind(v));
     int64_t ms = 0;
     int r = parse_duration(json_string_value(v), &ms);
     show(shown, sizeof(shown), json_string_value(v), true);
@@ -899,7 +878,7 @@ static ag_err_t apply_value(ag_config *c, const key_desc *k, json_t *v,
   case K_ENUM: {
     if (!json_is_string(v))
       return fail(e, AG_ECONFIG, "%s: expected a string, got %s", path,
-                  json_type_name(v));
+                  ag__json_kind(v));
     int i = enum_index(k, json_string_value(v));
     if (i < 0) {
       char names[160];
@@ -941,7 +920,7 @@ static ag_err_t apply_section(ag_config *c, const char *section, json_t *obj,
 
   if (!json_is_object(obj))
     return fail(e, AG_ECONFIG, "%s: expected an object, got %s", section,
-                json_type_name(obj));
+                ag__json_kind(obj));
   const char *key;
   json_t *v;
   json_object_foreach(obj, key, v) {
@@ -987,7 +966,7 @@ static ag_err_t parse_doc(ag_config *out, const char *json, size_t len,
   if (!json_is_object(root)) {
     *located = true;
     rc = fail(e, AG_ECONFIG, "expected an object at the top level, got %s",
-              json_type_name(root));
+              ag__json_kind(root));
     goto done;
   }
 
@@ -996,7 +975,7 @@ static ag_err_t parse_doc(ag_config *out, const char *json, size_t len,
   if (p != NULL) {
     if (!json_is_string(p)) {
       rc = fail(e, AG_ECONFIG, "preset: expected a string, got %s",
-                json_type_name(p));
+                ag__json_kind(p));
       goto done;
     }
     pname = json_string_value(p);
