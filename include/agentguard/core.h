@@ -7,8 +7,8 @@
  * which reads the file and hands its bytes to the core. The core never reads
  * the clock (time is an argument, in milliseconds on any monotonic scale the
  * caller picks), starts no threads and keeps no mutable globals (the
- * classifier's pattern index is built once, under pthread_once, and only read
- * after). After ag_guard_new() the check path (ag_guard_begin_iteration,
+ * classifier's pattern index is a constant built at compile time). After
+ * ag_guard_new() the check path (ag_guard_begin_iteration,
  * ag_guard_check_calls, ag_guard_record_results) never allocates.
  *
  * Thread-safety: an ag_guard is not thread-safe; use one guard per session
