@@ -47,6 +47,10 @@ static ag_err_t reserve(ag__buf *b, size_t need) {
   return AG_OK;
 }
 
+ag_err_t ag__buf_reserve(ag__buf *b, size_t n) {
+  return reserve(b, n < b->cap ? n : b->cap);
+}
+
 ag_err_t ag__buf_add(ag__buf *b, const void *s, size_t n) {
   if (n > b->cap - b->len) {
     b->cut = true;

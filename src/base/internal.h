@@ -123,6 +123,10 @@ void ag__buf_init(ag__buf *b, size_t cap);
 /* Writes into `storage` (size bytes, size >= 1; holds size - 1 content
  * bytes and the NUL), which is emptied now. */
 void ag__buf_init_fixed(ag__buf *b, char *storage, size_t size);
+/* Allocates room for n content bytes (at most cap) now: one allocation
+ * when the caller knows the size. AG_OK, AG_ENOMEM, or AG_ETOOBIG for a
+ * fixed buffer that is smaller. */
+ag_err_t ag__buf_reserve(ag__buf *b, size_t n);
 ag_err_t ag__buf_add(ag__buf *b, const void *s, size_t n);
 ag_err_t ag__buf_addstr(ag__buf *b, const char *s);
 void ag__buf_add_cut(ag__buf *b, const char *s, size_t n);

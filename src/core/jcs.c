@@ -1845,29 +1845,10 @@ AG_EXTERN ag_err_t ag_signature(const char *name, const char *args,
   return rc;
 }
 
-typedef struct strbuf {
-  char *p;
-  size_t len, cap;
-} strbuf;
-
-static int strbuf_sink(void *user, const char *data, size_t len) {
-  strbuf *b = user;
-  if (len > b->cap - b->len - 1) {
-    size_t cap = b->cap;
-    while (len > cap - b->len - 1) {
-      if (cap > SIZE_MAX / 2)
-        return 1;
-      cap *= 2;
-    }
-    char *np = realloc(b->p, cap);
-    if (np == NULL)
-      return 1;
-    b->p = np;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->len, data, len);
-  b->len += len;
-  return 0;
+/* The canonical text goes into an ag__buf; a full or failed buffer stops
+ * the writer (AG_ENOSPACE, reported as out of memory). */
+static int buf_sink(void *user, const char *data, size_t len) {
+  return ag__buf_add(user, data, len) == AG_OK ? 0 : 1;
 }
 
 AG_EXTERN ag_err_t ag_canonicalize(const char *json, size_t len, char **out,
@@ -1883,18 +1864,18 @@ AG_EXTERN ag_err_t ag_canonicalize(const char *json, size_t len, char **out,
   if (rc != AG_OK)
     return rc;
   /* Canonical text is rarely longer than the input; the sink grows it. */
-  strbuf b = {NULL, 0, len + 64};
-  b.p = malloc(b.cap);
-  if (b.p == NULL) {
+  ag__buf b;
+  ag__buf_init(&b, SIZE_MAX / 2); /* the input's own cap bounds it */
+  if (ag__buf_reserve(&b, len < SIZE_MAX / 2 - 64 ? len + 64 : len) != AG_OK) {
     ag__jcs_free(j);
     return ag__set_error(err, AG_ENOMEM, -1, "ag_canonicalize: out of memory");
   }
-  rc = ag__jcs_write(j, json, len, strbuf_sink, &b, err);
+  rc = ag__jcs_write(j, json, len, buf_sink, &b, err);
   ag__jcs_free(j);
   if (rc == AG_ENOSPACE)
     rc = ag__set_error(err, AG_ENOMEM, -1, "ag_canonicalize: out of memory");
   if (rc != AG_OK) {
-    free(b.p);
+    ag__buf_free(&b);
     return rc;
   }
   b.p[b.len] = '\0';

@@ -40,6 +40,25 @@ Test(buf, grows_past_its_first_allocation) {
   ag__buf_free(&b);
 }
 
+Test(buf, reserve_allocates_once_within_the_cap) {
+  ag__buf b;
+  ag__buf_init(&b, 100);
+  cr_assert_eq(ag__buf_reserve(&b, 50), AG_OK);
+  cr_assert_gt(b.alloc, 50u);
+  char *p = b.p;
+  for (int i = 0; i < 50; i++)
+    cr_assert_eq(ag__buf_add(&b, "x", 1), AG_OK);
+  cr_assert_eq(b.p, p, "no reallocation within the reserve");
+  cr_assert_eq(ag__buf_reserve(&b, 1000), AG_OK, "clamped to the cap");
+  cr_assert_leq(b.alloc, 101u);
+  ag__buf_free(&b);
+  char store[4];
+  ag__buf_init_fixed(&b, store, sizeof(store));
+  cr_assert_eq(ag__buf_reserve(&b, 3), AG_OK);
+  cr_assert_eq(ag__buf_add(&b, "abcd", 4), AG_ETOOBIG);
+  cr_assert_str_eq(store, "");
+}
+
 Test(buf, cut_appends_stop_on_a_character_boundary) {
   char store[6];
   ag__buf b;
