@@ -521,11 +521,9 @@ static ag_err_t kw_required(cctx *c, ag__schema *s, const json_t *v,
       }
     }
     sname *r = &s->required[s->n_required];
-    r->s = malloc(len + 1);
+    r->s = ag__strndup(name, len);
     if (r->s == NULL)
       return cnomem(c);
-    memcpy(r->s, name, len);
-    r->s[len] = '\0';
     r->len = len;
     s->n_required++;
   }
@@ -674,7 +672,7 @@ static ag_err_t kw_pattern(cctx *c, ag__schema *s, const json_t *v, int depth) {
   if (s->pattern == NULL)
     return cnomem(c);
   pattern *p = s->pattern;
-  p->text = strdup(src);
+  p->text = ag__strdup(src);
   if (p->text == NULL)
     return cnomem(c);
   pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
