@@ -74,6 +74,25 @@ char *ag__strdup(const char *s);
  * rules). ASCII is 1. n must be at least 1. */
 size_t ag__utf8_seq(const unsigned char *s, size_t n);
 
+/* Length of the UTF-8 sequence a lead byte starts (1 to 4); 0 for a byte
+ * that cannot start one. Inline: the content-loop scan calls it per byte. */
+static inline size_t ag__utf8_lead_len(unsigned char b) {
+  if (b < 0x80)
+    return 1;
+  if (b >= 0xc2 && b <= 0xdf)
+    return 2;
+  if (b >= 0xe0 && b <= 0xef)
+    return 3;
+  if (b >= 0xf0 && b <= 0xf4)
+    return 4;
+  return 0;
+}
+
+/* Whether b continues a UTF-8 sequence (10xxxxxx). */
+static inline bool ag__utf8_is_cont(unsigned char b) {
+  return (b & 0xc0) == 0x80;
+}
+
 /* Whether s[0..n) is all valid UTF-8 (NUL bytes included as ASCII). */
 bool ag__utf8_valid(const char *s, size_t n);
 

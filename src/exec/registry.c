@@ -83,9 +83,7 @@ static const char *suggest_tool(const ag_registry *r, const char *name) {
 
 /* A name as shown in a message: quoted, cut to MAX_NAME bytes. */
 static void quote_name(char *dst, size_t cap, const char *name) {
-  size_t n = strlen(name), m = n > MAX_NAME ? MAX_NAME : n;
-  while (m > 0 && m < n && ((unsigned char)name[m] & 0xC0) == 0x80)
-    m--;
+  size_t n = strlen(name), m = n > MAX_NAME ? ag__utf8_back(name, MAX_NAME) : n;
   snprintf(dst, cap, "\"%.*s%s\"", (int)m, name, m < n ? "..." : "");
 }
 
