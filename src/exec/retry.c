@@ -34,7 +34,8 @@
  * caller". Error messages lose trailing whitespace (a subprocess's stderr
  * ends in a newline that would otherwise sit inside every derived text).
  *
- * Backoff (ag__retry_delay): linear delay*(attempt+1) (seed 001: 1s, 2s,
+ * Backoff (ag__retry_delay over the base layer's ag__backoff, which the
+ * agent's model retries share): linear delay*(attempt+1) (seed 001: 1s, 2s,
  * 3s), exponential delay*2^attempt, constant delay; saturating arithmetic,
  * capped at retry.max_delay (0: no cap). Jitter is "equal jitter": half the
  * delay plus a uniform random part of the other half, so a delay never
