@@ -171,7 +171,7 @@ const char *cli_json_type(const json_t *v) {
   case JSON_INTEGER:
     return "integer";
   case JSON_REAL:
-    return "real";
+    return "number"; /* the library's words (ag__json_kind) */
   case JSON_TRUE:
   case JSON_FALSE:
     return "boolean";

@@ -3,6 +3,7 @@
  *
  * One header per layer:
  *   agentguard/common.h  version, error codes, ag_error_t, ag_free
+ *   agentguard/base.h    the clock and cancellation tokens (deadlines)
  *   agentguard/core.h    the guard: config and presets, signatures,
  *                        classifier, compact errors, detectors (pure)
  *   agentguard/content.h the content-loop detector over a reply's text (pure)
@@ -21,6 +22,7 @@
 #define AGENTGUARD_H
 
 #include "agentguard/common.h"
+#include "agentguard/base.h"
 #include "agentguard/core.h"
 #include "agentguard/content.h"
 #include "agentguard/exec.h"

@@ -2,14 +2,14 @@
  * agentguard/core.h - the guard: configuration and presets, call signatures,
  * error classification, compact errors, and the loop/error detectors.
  *
- * The core is pure with one exception: ag_config_load_file reads the file
- * it is given (a convenience over ag_config_parse); nothing else here does
- * I/O. The core never reads the clock (time is an argument, in milliseconds
- * on any monotonic scale the caller picks), starts no threads and keeps no
- * mutable globals (the classifier's pattern index is built once, under
- * pthread_once, and only read after). After ag_guard_new() the check path
- * (ag_guard_begin_iteration, ag_guard_check_calls, ag_guard_record_results)
- * never allocates.
+ * The core is pure: it does no I/O. ag_config_load_file, declared here
+ * beside ag_config_parse, is built in the exec layer (src/exec/configfile.c),
+ * which reads the file and hands its bytes to the core. The core never reads
+ * the clock (time is an argument, in milliseconds on any monotonic scale the
+ * caller picks), starts no threads and keeps no mutable globals (the
+ * classifier's pattern index is a constant built at compile time). After
+ * ag_guard_new() the check path (ag_guard_begin_iteration,
+ * ag_guard_check_calls, ag_guard_record_results) never allocates.
  *
  * Thread-safety: an ag_guard is not thread-safe; use one guard per session
  * and call it from one thread at a time. Distinct guards are independent.

@@ -90,6 +90,12 @@ typedef struct ag_provider_error {
   char message[512];      /* a readable message, never an API key */
   char details[1024];     /* the raw provider body (shown only with
                              errors.include_provider_details) */
+  /* `message` only names the HTTP status ("HTTP status 503", a scripted
+   * reply's reason phrase): the provider had nothing of its own to say, so
+   * the agent's message, which names the status already, leaves it out.
+   * Set by the library; a provider that writes its own message leaves it
+   * false. (Appended: fields are only ever added at the end.) */
+  bool message_is_default;
 } ag_provider_error;
 
 /* Streaming text as it arrives; return non-zero to stop the request. */

@@ -97,46 +97,13 @@ void ag__ev_position(ag__events *ev, int turn, int iteration) {
 /* Text                                                                     */
 /* ------------------------------------------------------------------------ */
 
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is invalid
- * (overlong forms, surrogates and code points past U+10FFFF included). */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-  unsigned char c = s[0];
-  if (c < 0x80)
-    return 1;
-  size_t len;
-  uint32_t cp;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-    cp = c & 0x1F;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    cp = c & 0x0F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (n < len)
-    return 0;
-  for (size_t i = 1; i < len; i++) {
-    if ((s[i] & 0xC0) != 0x80)
-      return 0;
-    cp = (cp << 6) | (s[i] & 0x3F);
-  }
-  if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-      (cp >= 0xD800 && cp <= 0xDFFF))
-    return 0;
-  return len;
-}
-
 json_t *ag__json_text(const char *text, size_t len) {
   if (text == NULL)
     return json_null();
   const unsigned char *s = (const unsigned char *)text;
   size_t i = 0;
   while (i < len) {
-    size_t k = utf8_seq(s + i, len - i);
+    size_t k = ag__utf8_seq(s + i, len - i);
     if (k == 0)
       break;
     i += k;
@@ -154,7 +121,7 @@ json_t *ag__json_text(const char *text, size_t len) {
   memcpy(buf, text, i);
   o = i;
   while (i < len) {
-    size_t k = utf8_seq(s + i, len - i);
+    size_t k = ag__utf8_seq(s + i, len - i);
     if (k == 0) {
       memcpy(buf + o, "\xEF\xBF\xBD", 3);
       o += 3;

@@ -140,19 +140,6 @@ AG_EXTERN void ag_turn_outcome_clear(ag_turn_outcome *o) {
   memset(o, 0, sizeof(*o));
 }
 
-static char *dup_n(const char *s, size_t n) {
-  char *d = malloc(n + 1);
-  if (d != NULL) {
-    memcpy(d, s, n);
-    d[n] = '\0';
-  }
-  return d;
-}
-
-static char *dup0(const char *s) {
-  return s != NULL ? dup_n(s, strlen(s)) : NULL;
-}
-
 static void set_outcome(ag_turn_outcome *o, ag_turn_status st,
                         const char *reason, const char *fmt, ...)
     AG__PRINTF(4, 5);
@@ -175,15 +162,6 @@ static void fmt_elapsed(int64_t ms, char *buf, size_t cap) {
   else
     snprintf(buf, cap, "%lldm%llds", (long long)(ms / 60000),
              (long long)(ms % 60000 / 1000));
-}
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t x = *s;
-  x ^= x >> 12;
-  x ^= x << 25;
-  x ^= x >> 27;
-  *s = x;
-  return x * 0x2545F4914F6CDD1Dull;
 }
 
 static ag_err_t nomem(ag_error_t *err) {
@@ -657,7 +635,7 @@ typedef struct turn_ctx {
 static void remember_text(turn_ctx *t, const char *text) {
   if (text == NULL || text[0] == '\0')
     return;
-  char *d = dup0(text);
+  char *d = ag__strdup(text);
   if (d == NULL)
     return;
   free(t->partial);
@@ -734,48 +712,6 @@ static bool escalate(turn_ctx *t, const ag_verdict *v) {
 
 typedef enum { REQ_OK = 0, REQ_CANCELLED, REQ_FAILED, REQ_NOMEM } req_status;
 
-static const char *http_phrase(int status) {
-  switch (status) {
-  case 400:
-    return "Bad request";
-  case 401:
-    return "Unauthorized";
-  case 402:
-    return "Payment required";
-  case 403:
-    return "Forbidden";
-  case 404:
-    return "Not found";
-  case 408:
-    return "Request timeout";
-  case 409:
-    return "Conflict";
-  case 413:
-    return "Payload too large";
-  case 422:
-    return "Unprocessable entity";
-  case 429:
-    return "Too many requests";
-  case 500:
-    return "Internal server error";
-  case 502:
-    return "Bad gateway";
-  case 503:
-    return "Service unavailable";
-  case 504:
-    return "Gateway timeout";
-  default:
-    return status >= 500 ? "Server error" : "Error";
-  }
-}
-
-/* Appends `s` to the NUL-terminated text in buf[0..cap), cutting it. */
-static void cat(char *buf, size_t cap, const char *s) {
-  size_t n = strlen(buf);
-  if (n + 1 < cap)
-    ag__scopy(buf + n, cap - n, s);
-}
-
 /* The message of a failed model request, for people. */
 static void provider_failure(turn_ctx *t, const ag_provider_error *pe,
                              int tries, int64_t elapsed, bool gave_up) {
@@ -785,37 +721,36 @@ static void provider_failure(turn_ctx *t, const ag_provider_error *pe,
   if (service == NULL || service[0] == '\0')
     service = "model";
   char msg[sizeof(t->out->message)];
-  msg[0] = '\0';
+  ag__buf m;
+  ag__buf_init_fixed(&m, msg, sizeof(msg));
   if (!a->cfg.errors.normalize_provider_errors) {
-    cat(msg, sizeof(msg), service);
-    cat(msg, sizeof(msg), ": ");
-    cat(msg, sizeof(msg), pe->message[0] ? pe->message : "request failed");
+    ag__buf_addstr_cut(&m, service);
+    ag__buf_addstr_cut(&m, ": ");
+    ag__buf_addstr_cut(&m, pe->message[0] ? pe->message : "request failed");
   } else {
-    char part[160], span[32];
-    cat(msg, sizeof(msg), "The model service ");
-    cat(msg, sizeof(msg), service);
+    char span[32];
+    ag__buf_addstr_cut(&m, "The model service ");
+    ag__buf_addstr_cut(&m, service);
     if (pe->http_status > 0)
-      snprintf(part, sizeof(part), " answered HTTP %d (%s)", pe->http_status,
-               http_phrase(pe->http_status));
+      ag__buf_printf_cut(&m, " answered HTTP %d (%s)", pe->http_status,
+                         ag__http_reason(pe->http_status));
     else
-      snprintf(part, sizeof(part), " could not be reached");
-    cat(msg, sizeof(msg), part);
+      ag__buf_addstr_cut(&m, " could not be reached");
     if (tries > 1) {
       fmt_elapsed(elapsed, span, sizeof(span));
-      snprintf(part, sizeof(part), " %d times over %s", tries, span);
-      cat(msg, sizeof(msg), part);
+      ag__buf_printf_cut(&m, " %d times over %s", tries, span);
     }
-    cat(msg, sizeof(msg),
-        gave_up ? "; giving up." : "; this error is not retried.");
+    ag__buf_addstr_cut(&m, gave_up ? "; giving up."
+                                   : "; this error is not retried.");
     /* the provider's own words, unless they only repeat the status */
-    if (pe->message[0] != '\0' && strncmp(pe->message, "HTTP status ", 12)) {
-      cat(msg, sizeof(msg), " The last answer: ");
-      cat(msg, sizeof(msg), pe->message);
+    if (pe->message[0] != '\0' && !pe->message_is_default) {
+      ag__buf_addstr_cut(&m, " The last answer: ");
+      ag__buf_addstr_cut(&m, pe->message);
     }
   }
   if (a->cfg.errors.include_provider_details && pe->details[0] != '\0') {
-    cat(msg, sizeof(msg), " Details: ");
-    cat(msg, sizeof(msg), pe->details);
+    ag__buf_addstr_cut(&m, " Details: ");
+    ag__buf_addstr_cut(&m, pe->details);
   }
   set_outcome(t->out, AG_TURN_FAILED, "model_error", "%s", msg);
 }
@@ -828,13 +763,9 @@ static int64_t retry_wait(ag_agent *a, int retry, int64_t retry_after) {
                                                 : MAX_WAIT_MS;
   if (cap > MAX_WAIT_MS)
     cap = MAX_WAIT_MS;
-  int64_t d = a->cfg.network.delay_ms;
-  for (int k = 0; k < retry && d < cap; k++)
-    d *= 2;
-  if (d > cap)
-    d = cap;
-  if (d > 0)
-    d = (int64_t)(rng_next(&a->rng) % (uint64_t)(d + 1));
+  int64_t d =
+      ag__backoff(a->cfg.network.delay_ms, retry, AG__BACKOFF_EXPONENTIAL, cap,
+                  AG__JITTER_FULL, &a->rng);
   if (retry_after >= 0) {
     int64_t ra = retry_after < MAX_WAIT_MS ? retry_after : MAX_WAIT_MS;
     if (ra > d)
@@ -1077,12 +1008,12 @@ static char *error_feedback(const ag_agent *a, const char *name,
                             size_t *out_len) {
   if (a->cfg.errors.feedback == AG_FEEDBACK_FULL) {
     *out_len = len;
-    return dup_n(text, len);
+    return ag__strndup(text, len);
   }
   if (a->cfg.errors.feedback == AG_FEEDBACK_GENERIC) {
     static const char generic[] = "Error: Function failed.";
     *out_len = sizeof(generic) - 1;
-    return dup_n(generic, *out_len);
+    return ag__strndup(generic, *out_len);
   }
   char one[1];
   size_t max = (size_t)a->cfg.errors.max_error_chars;
@@ -1245,10 +1176,10 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
       lens[i] = l < 0                     ? 0
                 : (size_t)l < sizeof(buf) ? (size_t)l
                                           : sizeof(buf) - 1;
-      texts[i] = dup_n(buf, lens[i]);
+      texts[i] = ag__strndup(buf, lens[i]);
     } else if (checks[i].action == AG_NUDGE) {
       lens[i] = strlen(checks[i].message);
-      texts[i] = dup_n(checks[i].message, lens[i]);
+      texts[i] = ag__strndup(checks[i].message, lens[i]);
     } else if (!checks[i].valid) {
       any_error = invalid = true;
       texts[i] = error_feedback(a, name, AG_CAT_VALIDATION, results[i].text,
@@ -1262,7 +1193,7 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
       case AG_EXEC_DENIED:
       case AG_EXEC_SKIPPED:
         lens[i] = len;
-        texts[i] = dup_n(text, len);
+        texts[i] = ag__strndup(text, len);
         if (er->status == AG_EXEC_OK) {
           if (ag_guard_is_error_text(a->guard, text, len))
             any_error = true;
@@ -1270,7 +1201,7 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
                    is_loop_breaking(&a->cfg, name)) {
             have_breaking = true;
             breaking_name = name;
-            breaking = dup_n(text, len);
+            breaking = ag__strndup(text, len);
             if (breaking == NULL)
               lost = true;
           }
@@ -1288,7 +1219,7 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
           lens[i] = l < 0                    ? 0
                     : (size_t)l < sizeof(nf) ? (size_t)l
                                              : sizeof(nf) - 1;
-          texts[i] = dup_n(nf, lens[i]);
+          texts[i] = ag__strndup(nf, lens[i]);
         } else {
           texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
         }
@@ -1430,7 +1361,7 @@ static step empty_reply(turn_ctx *t) {
   default:
     set_outcome(t->out, AG_TURN_COMPLETED, "final_answer",
                 "The model answered.");
-    t->out->final_text = dup0("");
+    t->out->final_text = ag__strdup("");
     if (t->out->final_text == NULL)
       t->oom = true;
     return END_TURN;
@@ -1501,7 +1432,7 @@ static void wrap_up(turn_ctx *t, const ag_verdict *v) {
   remember_text(t, reply.text);
   end_stopped(t, v);
   if (reply.text != NULL) {
-    t->out->final_text = dup0(reply.text);
+    t->out->final_text = ag__strdup(reply.text);
     if (t->out->final_text == NULL)
       t->oom = true;
   }
@@ -1584,7 +1515,7 @@ static void iterate(turn_ctx *t) {
       if (!a->cfg.loop.require_tool_call) {
         set_outcome(t->out, AG_TURN_COMPLETED, "final_answer",
                     "The model answered.");
-        t->out->final_text = dup0(reply.text != NULL ? reply.text : "");
+        t->out->final_text = ag__strdup(reply.text != NULL ? reply.text : "");
         if (t->out->final_text == NULL)
           t->oom = true;
       } else {

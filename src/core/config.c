@@ -25,13 +25,10 @@
  */
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <jansson.h>
 
@@ -42,7 +39,6 @@
  * monotonic clock can never overflow. */
 #define DURATION_CAP_MS INT64_C(604800000)
 #define COUNT_MAX 1000000
-#define CONFIG_FILE_CAP (1024 * 1024)
 
 /* Enums are stored and read through memcpy as int. */
 _Static_assert(sizeof(ag_call_scope) == sizeof(int), "enum size");
@@ -324,28 +320,6 @@ static ag_err_t fail(ag_error_t *e, ag_err_t code, const char *fmt, ...) {
   return ag__set_error(e, code, -1, "%s", buf);
 }
 
-/* Appends src to dst (cap bytes) without overrunning. */
-static void cat(char *dst, size_t cap, const char *src) {
-  size_t n = strlen(dst);
-  if (n < cap)
-    ag__scopy(dst + n, cap - n, src);
-}
-
-/* Length of the longest prefix of s[0..n) that ends on a UTF-8 boundary. */
-static size_t utf8_cut(const char *s, size_t n) {
-  size_t i = n;
-  while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
-    i--;
-  if (i > 0 && (unsigned char)s[i - 1] >= 0xC0) {
-    /* s[i-1] leads a sequence; keep it only when complete */
-    unsigned char c = (unsigned char)s[i - 1];
-    size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
-    if (n - (i - 1) < need)
-      return i - 1;
-  }
-  return n;
-}
-
 /*
  * Writes s for a message: control characters become '?', at most `max`
  * bytes (cut on a UTF-8 boundary, then "..."), and with quote set, wrapped
@@ -353,23 +327,25 @@ static size_t utf8_cut(const char *s, size_t n) {
  */
 static void show(char *dst, size_t cap, const char *s, bool quote) {
   enum { MAX = 48 };
-  size_t n = strlen(s), len = n > MAX ? utf8_cut(s, MAX) : n;
-  size_t o = 0;
+  size_t n = strlen(s),
+         len = n > MAX ? MAX - ag__utf8_incomplete_tail(s, MAX) : n;
   if (cap == 0)
     return;
-  if (quote && o + 1 < cap)
-    dst[o++] = '"';
-  for (size_t i = 0; i < len && o + 2 < cap; i++) {
+  ag__buf b;
+  ag__buf_init_fixed(&b, dst, cap);
+  if (quote)
+    ag__buf_add_cut(&b, "\"", 1);
+  for (size_t i = 0; i < len && b.len + 2 < cap; i++) {
     unsigned char c = (unsigned char)s[i];
     if (quote && (c == '"' || c == '\\'))
-      dst[o++] = '\\';
-    dst[o++] = (c < 0x20 || c == 0x7F) ? '?' : (char)c;
+      ag__buf_add_cut(&b, "\\", 1);
+    char shown = (c < 0x20 || c == 0x7F) ? '?' : (char)c;
+    ag__buf_add_cut(&b, &shown, 1);
   }
-  dst[o] = '\0';
   if (len < n)
-    cat(dst, cap, "...");
+    ag__buf_addstr_cut(&b, "...");
   if (quote)
-    cat(dst, cap, "\"");
+    ag__buf_addstr_cut(&b, "\"");
 }
 
 static int ascii_lower(int c) {
@@ -416,62 +392,6 @@ static const char *suggest(const char *input, const char *const *cands,
   if (best != NULL)
     return best;
   return n_prefix == 1 ? prefix : NULL;
-}
-
-static const char *json_type_name(const json_t *v) {
-  switch (json_typeof(v)) {
-  case JSON_OBJECT:
-    return "object";
-  case JSON_ARRAY:
-    return "array";
-  case JSON_STRING:
-    return "string";
-  case JSON_INTEGER:
-    return "integer";
-  case JSON_REAL:
-    return "real";
-  case JSON_TRUE:
-  case JSON_FALSE:
-    return "boolean";
-  case JSON_NULL:
-    break;
-  }
-  return "null";
-}
-
-/* Strict UTF-8 check (no overlongs, no surrogates, at most U+10FFFF). */
-static bool utf8_valid(const char *str, size_t n) {
-  const unsigned char *s = (const unsigned char *)str;
-  size_t i = 0;
-  while (i < n) {
-    unsigned char c = s[i];
-    size_t len;
-    uint32_t cp;
-    if (c < 0x80) {
-      i++;
-      continue;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      len = 2, cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3, cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (n - i < len)
-      return false;
-    for (size_t k = 1; k < len; k++) {
-      if ((s[i + k] & 0xC0) != 0x80)
-        return false;
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-        (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-      return false;
-    i += len;
-  }
-  return true;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -751,19 +671,18 @@ static ag_err_t preset_error(ag_error_t *e, ag_err_t code, const char *name,
   char shown[128], msg[AG_ERROR_MSG_MAX];
   const char *s = suggest(name, preset_names, N_PRESETS);
   show(shown, sizeof(shown), name, true);
-  snprintf(msg, sizeof(msg), "preset: %s is not a preset", shown);
-  if (s != NULL) {
-    cat(msg, sizeof(msg), "; did you mean ");
-    cat(msg, sizeof(msg), s);
-    cat(msg, sizeof(msg), "?");
-  }
+  ag__buf m;
+  ag__buf_init_fixed(&m, msg, sizeof(msg));
+  ag__buf_printf_cut(&m, "preset: %s is not a preset", shown);
+  if (s != NULL)
+    ag__buf_printf_cut(&m, "; did you mean %s?", s);
   if (s == NULL || list_always) {
-    cat(msg, sizeof(msg), " (known: ");
+    ag__buf_addstr_cut(&m, " (known: ");
     for (size_t i = 0; i < N_PRESETS; i++) {
-      cat(msg, sizeof(msg), i ? ", " : "");
-      cat(msg, sizeof(msg), preset_names[i]);
+      ag__buf_addstr_cut(&m, i ? ", " : "");
+      ag__buf_addstr_cut(&m, preset_names[i]);
     }
-    cat(msg, sizeof(msg), ")");
+    ag__buf_addstr_cut(&m, ")");
   }
   return ag__set_error(e, code, -1, "%s", msg);
 }
@@ -848,7 +767,7 @@ static ag_err_t validate(const ag_config *c, ag_error_t *e) {
         if (nul == it)
           return fail(e, AG_ECONFIG, "%s.%s[%d]: must not be empty", k->section,
                       k->name, j);
-        if (!utf8_valid(it, (size_t)(nul - it)))
+        if (!ag__utf8_valid(it, (size_t)(nul - it)))
           return fail(e, AG_ECONFIG, "%s.%s[%d]: not valid UTF-8", k->section,
                       k->name, j);
       }
@@ -891,7 +810,7 @@ static ag_err_t apply_list(ag_config *c, const key_desc *k, json_t *v,
                            const char *path, ag_error_t *e) {
   if (!json_is_array(v))
     return fail(e, AG_ECONFIG, "%s: expected an array of strings, got %s", path,
-                json_type_name(v));
+                ag__json_kind(v));
   size_t n = json_array_size(v);
   if (n > AG_LIST_MAX)
     return fail(e, AG_ECONFIG, "%s: %zu entries, at most %d allowed", path, n,
@@ -902,7 +821,7 @@ static ag_err_t apply_list(ag_config *c, const key_desc *k, json_t *v,
     json_t *it = json_array_get(v, i);
     if (!json_is_string(it))
       return fail(e, AG_ECONFIG, "%s[%zu]: expected a string, got %s", path, i,
-                  json_type_name(it));
+                  ag__json_kind(it));
     size_t len = json_string_length(it);
     if (len == 0)
       return fail(e, AG_ECONFIG, "%s[%zu]: must not be empty", path, i);
@@ -923,7 +842,7 @@ static ag_err_t apply_value(ag_config *c, const key_desc *k, json_t *v,
   case K_INT: {
     if (!json_is_integer(v))
       return fail(e, AG_ECONFIG, "%s: expected an integer, got %s", path,
-                  json_type_name(v));
+                  ag__json_kind(v));
     json_int_t x = json_integer_value(v);
     if (x < k->min || x > k->max)
       return fail(e, AG_ECONFIG, "%s: %lld is out of range (%lld..%lld)", path,
@@ -934,14 +853,14 @@ static ag_err_t apply_value(ag_config *c, const key_desc *k, json_t *v,
   case K_BOOL:
     if (!json_is_boolean(v))
       return fail(e, AG_ECONFIG, "%s: expected a boolean, got %s", path,
-                  json_type_name(v));
+                  ag__json_kind(v));
     put_num(c, k, json_is_true(v));
     return AG_OK;
   case K_DURATION: {
     if (!json_is_string(v))
       return fail(e, AG_ECONFIG,
                   "%s: expected a duration string (e.g. \"30s\"), got %s", path,
-                  json_type_name(v));
+                  ag__json_kind(v));
     int64_t ms = 0;
     int r = parse_duration(json_string_value(v), &ms);
     show(shown, sizeof(shown), json_string_value(v), true);
@@ -959,15 +878,14 @@ static ag_err_t apply_value(ag_config *c, const key_desc *k, json_t *v,
   case K_ENUM: {
     if (!json_is_string(v))
       return fail(e, AG_ECONFIG, "%s: expected a string, got %s", path,
-                  json_type_name(v));
+                  ag__json_kind(v));
     int i = enum_index(k, json_string_value(v));
     if (i < 0) {
-      char names[160] = "";
-      for (int j = 0; k->enums[j] != NULL; j++) {
-        cat(names, sizeof(names), j ? ", \"" : "\"");
-        cat(names, sizeof(names), k->enums[j]);
-        cat(names, sizeof(names), "\"");
-      }
+      char names[160];
+      ag__buf nb;
+      ag__buf_init_fixed(&nb, names, sizeof(names));
+      for (int j = 0; k->enums[j] != NULL; j++)
+        ag__buf_printf_cut(&nb, "%s\"%s\"", j ? ", " : "", k->enums[j]);
       show(shown, sizeof(shown), json_string_value(v), true);
       return fail(e, AG_ECONFIG, "%s: %s is not one of %s", path, shown, names);
     }
@@ -1002,7 +920,7 @@ static ag_err_t apply_section(ag_config *c, const char *section, json_t *obj,
 
   if (!json_is_object(obj))
     return fail(e, AG_ECONFIG, "%s: expected an object, got %s", section,
-                json_type_name(obj));
+                ag__json_kind(obj));
   const char *key;
   json_t *v;
   json_object_foreach(obj, key, v) {
@@ -1048,7 +966,7 @@ static ag_err_t parse_doc(ag_config *out, const char *json, size_t len,
   if (!json_is_object(root)) {
     *located = true;
     rc = fail(e, AG_ECONFIG, "expected an object at the top level, got %s",
-              json_type_name(root));
+              ag__json_kind(root));
     goto done;
   }
 
@@ -1057,7 +975,7 @@ static ag_err_t parse_doc(ag_config *out, const char *json, size_t len,
   if (p != NULL) {
     if (!json_is_string(p)) {
       rc = fail(e, AG_ECONFIG, "preset: expected a string, got %s",
-                json_type_name(p));
+                ag__json_kind(p));
       goto done;
     }
     pname = json_string_value(p);
@@ -1106,10 +1024,9 @@ static ag_err_t finish(ag_error_t *err, const ag_error_t *e, const char *source,
   *err = *e;
   const char *prefix = source != NULL ? source : located ? "config" : NULL;
   if (prefix != NULL) {
-    err->msg[0] = '\0';
-    cat(err->msg, sizeof(err->msg), prefix);
-    cat(err->msg, sizeof(err->msg), ": ");
-    cat(err->msg, sizeof(err->msg), e->msg);
+    ag__buf m;
+    ag__buf_init_fixed(&m, err->msg, sizeof(err->msg));
+    ag__buf_printf_cut(&m, "%s: %s", prefix, e->msg);
   }
   return e->code;
 }
@@ -1130,103 +1047,22 @@ AG_EXTERN ag_err_t ag_config_parse(ag_config *cfg, const char *json, size_t len,
   return finish(err, &e, NULL, located);
 }
 
-/* Reads the whole file (at most CONFIG_FILE_CAP bytes) into *buf. */
-static ag_err_t read_file(const char *path, char **buf, size_t *len,
-                          ag_error_t *e) {
-  int fd;
-  do
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-  while (fd < 0 && errno == EINTR);
-  if (fd < 0) {
-    int sys = errno;
-    char why[128];
-    if (strerror_r(sys, why, sizeof(why)) != 0)
-      snprintf(why, sizeof(why), "errno %d", sys);
-    fail(e, AG_EIO, "cannot open: %s", why);
-    e->sys_errno = sys;
-    return AG_EIO;
-  }
-  struct stat st;
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-      st.st_size > CONFIG_FILE_CAP) {
-    close(fd);
-    return fail(e, AG_ETOOBIG, "larger than 1 MiB (%lld bytes)",
-                (long long)st.st_size);
-  }
-  /* Read up to one byte past the cap: a file that grew, or a pipe, is
-   * caught by the same test. */
-  size_t cap = 64 * 1024, n = 0;
-  char *b = malloc(cap);
-  if (b == NULL) {
-    close(fd);
-    return fail(e, AG_ENOMEM, "out of memory");
-  }
-  for (;;) {
-    if (n == cap) {
-      if (cap > CONFIG_FILE_CAP) {
-        free(b);
-        close(fd);
-        return fail(e, AG_ETOOBIG, "larger than 1 MiB");
-      }
-      size_t ncap =
-          cap * 2 > CONFIG_FILE_CAP + 1 ? CONFIG_FILE_CAP + 1 : cap * 2;
-      char *nb = realloc(b, ncap);
-      if (nb == NULL) {
-        free(b);
-        close(fd);
-        return fail(e, AG_ENOMEM, "out of memory");
-      }
-      b = nb;
-      cap = ncap;
-    }
-    ssize_t r = read(fd, b + n, cap - n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0) {
-      int sys = errno;
-      char why[128];
-      if (strerror_r(sys, why, sizeof(why)) != 0)
-        snprintf(why, sizeof(why), "errno %d", sys);
-      free(b);
-      close(fd);
-      fail(e, AG_EIO, "cannot read: %s", why);
-      e->sys_errno = sys;
-      return AG_EIO;
-    }
-    if (r == 0)
-      break;
-    n += (size_t)r;
-  }
-  close(fd);
-  if (n > CONFIG_FILE_CAP) {
-    free(b);
-    return fail(e, AG_ETOOBIG, "larger than 1 MiB");
-  }
-  *buf = b;
-  *len = n;
-  return AG_OK;
-}
-
-AG_EXTERN ag_err_t ag_config_load_file(ag_config *cfg, const char *path,
-                                       ag_error_t *err) {
-  if (cfg == NULL || path == NULL)
-    return ag__set_error(err, AG_EINVAL, -1,
-                         "ag_config_load_file: cfg and path must not be NULL");
+ag_err_t ag__config_parse_from(ag_config *cfg, const char *json, size_t len,
+                               const char *source, ag_error_t *err) {
   ag_error_t e;
   bool located = true;
-  char *buf = NULL;
-  size_t len = 0;
   ag_error_clear(&e);
-  ag_err_t rc = read_file(path, &buf, &len, &e);
-  if (rc == AG_OK) {
-    rc = parse_doc(cfg, buf, len, &e, &located);
-    free(buf);
-  }
+  ag_err_t rc = parse_doc(cfg, json, len, &e, &located);
   if (rc == AG_OK) {
     ag_error_clear(err);
     return AG_OK;
   }
-  return finish(err, &e, path, located);
+  return finish(err, &e, source, located);
+}
+
+ag_err_t ag__config_error_from(ag_error_t *err, const ag_error_t *e,
+                               const char *source) {
+  return finish(err, e, source, true);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -565,24 +565,6 @@ static bool quiet(const scan_state *s) {
          !s->gt && s->sym_run == 0 && s->tick_run == 0 && !s->divider && s->any;
 }
 
-/* Length of the UTF-8 sequence a lead byte starts; 0 for a byte that
- * cannot start one. */
-static size_t utf8_len(uint8_t b) {
-  if (b < 0x80)
-    return 1;
-  if (b >= 0xc2 && b <= 0xdf)
-    return 2;
-  if (b >= 0xe0 && b <= 0xef)
-    return 3;
-  if (b >= 0xf0 && b <= 0xf4)
-    return 4;
-  return 0;
-}
-
-static bool is_cont(uint8_t b) {
-  return (b & 0xc0) == 0x80;
-}
-
 /* Decodes the characters of p[0..n) into the scan; a byte that is not part
  * of a well-formed sequence counts as one character of its own (U+FFFD,
  * which no check matches). */
@@ -605,10 +587,10 @@ static void scan_bytes(scan_state *s, const uint8_t *p, size_t n) {
       i++;
       continue;
     }
-    size_t len = utf8_len(b);
+    size_t len = ag__utf8_lead_len(b);
     bool ok = len > 1 && i + len <= n;
     for (size_t j = 1; ok && j < len; j++)
-      ok = is_cont(p[i + j]);
+      ok = ag__utf8_is_cont(p[i + j]);
     if (!ok) {
       scan_char(s, 0xfffd);
       i++;
@@ -646,9 +628,9 @@ static bool check_piece(ag_content_loop *d, const uint8_t *a, size_t na,
 static size_t incomplete_tail(const uint8_t *p, size_t n) {
   for (size_t back = 1; back <= 3 && back <= n; back++) {
     uint8_t b = p[n - back];
-    if (is_cont(b))
+    if (ag__utf8_is_cont(b))
       continue;
-    size_t len = utf8_len(b);
+    size_t len = ag__utf8_lead_len(b);
     return (len > back) ? back : 0;
   }
   return 0;
@@ -668,9 +650,9 @@ bool ag_content_loop_feed(ag_content_loop *d, const char *text, size_t len) {
   size_t nhead = 0, start = 0;
   if (d->carry_len > 0) {
     /* Finish the held-back sequence with the piece's first bytes. */
-    size_t need = utf8_len(d->carry[0]) - d->carry_len;
+    size_t need = ag__utf8_lead_len(d->carry[0]) - d->carry_len;
     size_t take = 0;
-    while (take < need && take < len && is_cont(t[take]))
+    while (take < need && take < len && ag__utf8_is_cont(t[take]))
       take++;
     if (take < need && take == len) {
       memcpy(d->carry + d->carry_len, t, take);
@@ -721,7 +703,7 @@ size_t ag_content_loop_chunk(const ag_content_loop *d, char *buf, size_t cap) {
     return 0;
   const uint8_t *c = d->found_chunk;
   size_t lo = 0, hi = d->k;
-  while (lo < hi && is_cont(c[lo]))
+  while (lo < hi && ag__utf8_is_cont(c[lo]))
     lo++; /* the chunk began inside a character */
   hi -= incomplete_tail(c + lo, hi - lo);
   size_t n = 0;
@@ -734,10 +716,10 @@ size_t ag_content_loop_chunk(const ag_content_loop *d, char *buf, size_t cap) {
       i++;
       continue;
     }
-    size_t len = utf8_len(b);
+    size_t len = ag__utf8_lead_len(b);
     bool ok = len > 0 && i + len <= hi;
     for (size_t j = 1; ok && j < len; j++)
-      ok = is_cont(c[i + j]);
+      ok = ag__utf8_is_cont(c[i + j]);
     size_t out = ok ? len : 1; /* an invalid byte is written as '?' */
     if (n + (pending_space ? 1 : 0) + out > cap - 1)
       break;

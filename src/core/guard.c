@@ -1505,53 +1505,31 @@ AG_EXTERN void ag_guard_resume(ag_guard *g, ag_reason reason) {
 /* Error context, escalation record, dump                                   */
 /* ------------------------------------------------------------------------ */
 
-typedef struct outbuf {
-  char *p;
-  size_t cap, len; /* len: bytes needed so far */
-} outbuf;
-
-static void out_add(outbuf *o, const char *s, size_t n) {
-  if (o->len < o->cap) {
-    size_t room = o->cap - o->len - 1;
-    memcpy(o->p + o->len, s, n < room ? n : room);
-  }
-  o->len += n;
-}
-
-static void out_str(outbuf *o, const char *s) {
-  out_add(o, s, strlen(s));
-}
-
-static void out_finish(outbuf *o) {
-  if (o->cap > 0)
-    o->p[o->len < o->cap ? o->len : o->cap - 1] = '\0';
-}
-
-/* Appends the compact record of `e`. */
-static void out_compact(outbuf *o, const ag_guard *g, const err_entry *e) {
+/* Appends the compact record of `e`; `o->want` counts all of it. */
+static void out_compact(ag__buf *o, const ag_guard *g, const err_entry *e) {
+  const char *tool = e->tool[0] ? e->tool : "none";
+  size_t max = (size_t)g->cfg.errors.max_error_chars;
   char small[1];
-  size_t need = ag_format_compact_error(
-      small, sizeof(small), e->tool[0] ? e->tool : "none", e->cat, e->msg,
-      e->len, (size_t)g->cfg.errors.max_error_chars);
-  if (o->len < o->cap && o->cap - o->len > need) {
-    ag_format_compact_error(o->p + o->len, o->cap - o->len,
-                            e->tool[0] ? e->tool : "none", e->cat, e->msg,
-                            e->len, (size_t)g->cfg.errors.max_error_chars);
+  size_t need = ag_format_compact_error(small, sizeof(small), tool, e->cat,
+                                        e->msg, e->len, max);
+  if (!o->cut && o->alloc > 0 && need <= o->cap - o->len) {
+    ag_format_compact_error(o->p + o->len, o->cap - o->len + 1, tool, e->cat,
+                            e->msg, e->len, max);
     o->len += need;
+    o->want += need;
   } else {
     /* not enough room: count it, copy what fits via a bounded format */
     char tmp[512];
-    ag_format_compact_error(tmp, sizeof(tmp), e->tool[0] ? e->tool : "none",
-                            e->cat, e->msg, e->len,
-                            (size_t)g->cfg.errors.max_error_chars);
+    ag_format_compact_error(tmp, sizeof(tmp), tool, e->cat, e->msg, e->len,
+                            max);
     size_t have = need < sizeof(tmp) ? need : sizeof(tmp) - 1;
-    out_add(o, tmp, have);
-    o->len += need - have;
+    ag__buf_add_cut(o, tmp, have);
+    o->want += need - have;
   }
 }
 
 /* Appends the unresolved errors, oldest first, with the hidden summary. */
-static void out_unresolved(outbuf *o, const ag_guard *g) {
+static void out_unresolved(ag__buf *o, const ag_guard *g) {
   const err_ring *r = &g->unresolved;
   int hidden = g->unresolved_total - r->count;
   if (hidden > 0) {
@@ -1559,11 +1537,11 @@ static void out_unresolved(outbuf *o, const ag_guard *g) {
     snprintf(s, sizeof(s),
              "<error_summary>\n%d older errors hidden\n</error_summary>\n\n",
              hidden);
-    out_str(o, s);
+    ag__buf_addstr_cut(o, s);
   }
   for (int i = 0; i < r->count; i++) {
     if (i > 0)
-      out_str(o, "\n\n");
+      ag__buf_addstr_cut(o, "\n\n");
     out_compact(o, g, ring_at(r, i));
   }
 }
@@ -1571,35 +1549,37 @@ static void out_unresolved(outbuf *o, const ag_guard *g) {
 AG_EXTERN size_t ag_guard_error_context(const ag_guard *g, ag_recover_kind kind,
                                         const char *const *tools,
                                         size_t n_tools, char *buf, size_t cap) {
-  outbuf o = {buf, cap, 0};
+  ag__buf o;
+  ag__buf_init_fixed(&o, buf, cap);
   if (g->unresolved.count == 0) {
-    if (kind != AG_RECOVER_NO_TOOL_CALL) {
-      out_finish(&o);
+    if (kind != AG_RECOVER_NO_TOOL_CALL)
       return 0;
-    }
   }
-  out_str(&o, "The previous iteration failed with the following error:\n\n");
+  ag__buf_addstr_cut(
+      &o, "The previous iteration failed with the following error:\n\n");
   if (g->unresolved.count > 0)
     out_unresolved(&o, g);
   else
-    out_str(&o, "Your response contained no tool call.");
-  out_str(&o, "\n\nPlease analyze what went wrong and try a different "
-              "approach.");
+    ag__buf_addstr_cut(&o, "Your response contained no tool call.");
+  ag__buf_addstr_cut(&o,
+                     "\n\nPlease analyze what went wrong and try a different "
+                     "approach.");
   switch (kind) {
   case AG_RECOVER_NO_TOOL_CALL:
-    out_str(&o, " You must provide a tool call in your response.");
+    ag__buf_addstr_cut(&o, " You must provide a tool call in your response.");
     break;
   case AG_RECOVER_INVALID_JSON:
-    out_str(&o, " Ensure your tool call JSON is properly formatted.");
+    ag__buf_addstr_cut(&o,
+                       " Ensure your tool call JSON is properly formatted.");
     break;
   case AG_RECOVER_UNKNOWN_TOOL:
-    out_str(&o, " Use one of the available tools: [");
+    ag__buf_addstr_cut(&o, " Use one of the available tools: [");
     for (size_t i = 0; tools != NULL && i < n_tools; i++) {
       if (i > 0)
-        out_str(&o, ", ");
-      out_str(&o, tools[i]);
+        ag__buf_addstr_cut(&o, ", ");
+      ag__buf_addstr_cut(&o, tools[i]);
     }
-    out_str(&o, "]");
+    ag__buf_addstr_cut(&o, "]");
     break;
   case AG_RECOVER_EXECUTION:
   default:
@@ -1610,15 +1590,14 @@ AG_EXTERN size_t ag_guard_error_context(const ag_guard *g, ag_recover_kind kind,
       size_t max = (size_t)g->cfg.errors.max_error_chars;
       ag__collapse_ws(m, sizeof(m), e->msg, e->len,
                       max < sizeof(m) - 4 ? max : sizeof(m) - 4, &cut);
-      out_str(&o, " The error was: ");
-      out_str(&o, m);
+      ag__buf_addstr_cut(&o, " The error was: ");
+      ag__buf_addstr_cut(&o, m);
       if (cut)
-        out_str(&o, "...");
+        ag__buf_addstr_cut(&o, "...");
     }
     break;
   }
-  out_finish(&o);
-  return o.len;
+  return o.want;
 }
 
 static char *compact_dup(const ag_guard *g, const err_entry *e) {

@@ -9,38 +9,21 @@
 
 #include "agentguard/core.h"
 
-#if defined(__GNUC__)
-#define AG__PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define AG__PRINTF(a, b)
-#endif
+#include "../base/internal.h"
 
-/*
- * Fills `err` (may be NULL) with `code`, byte position `pos` (-1 for none)
- * and a formatted message; returns `code` so callers can write
- * `return ag__set_error(err, AG_EJSON, pos, "...")`.
- */
-ag_err_t ag__set_error(ag_error_t *err, ag_err_t code, long pos,
-                       const char *fmt, ...) AG__PRINTF(4, 5);
+/* ------------------------------------------------------------------------ */
+/* Config from bytes (src/core/config.c), for ag_config_load_file          */
+/* ------------------------------------------------------------------------ */
 
-/* snprintf that never overruns and tolerates cap 0; returns bytes written
- * (excluding NUL), i.e. min(needed, cap-1). */
-size_t ag__scopy(char *dst, size_t cap, const char *src);
+/* ag_config_parse with every message prefixed "<source>: " (source may be
+ * NULL: as ag_config_parse). json must not be NULL. */
+ag_err_t ag__config_parse_from(ag_config *cfg, const char *json, size_t len,
+                               const char *source, ag_error_t *err);
 
-/*
- * Reads a caller's options struct whose first member is `size_t size`
- * (docs/c-api.md, "Options structs"). `dst` (dst_size bytes) holds the
- * defaults; the first `src->size` bytes of `src` are copied over them, so a
- * caller built against an older, shorter struct gets defaults for the
- * fields it does not know. A size below `min_size` (the struct's first
- * versioned size; 0 means the caller never called the _init function) or
- * above AG__OPTS_SIZE_MAX, or a larger struct with any byte past dst_size
- * set (fields this library does not know), is AG_EINVAL with a message that
- * starts with `what`. On success dst's size member is dst_size.
- */
-#define AG__OPTS_SIZE_MAX 65536 /* larger sizes are refused as garbage */
-ag_err_t ag__opts_read(void *dst, size_t dst_size, const void *src,
-                       size_t min_size, const char *what, ag_error_t *err);
+/* Copies `e` into `err` (may be NULL) as "<source>: <e's message>"; returns
+ * e's code. */
+ag_err_t ag__config_error_from(ag_error_t *err, const ag_error_t *e,
+                               const char *source);
 
 /* Whether a json_load* that returned NULL ran out of memory (`je`: its
  * json_error_t *): jansson's out-of-memory code, or no error text at all -

@@ -276,43 +276,6 @@ static size_t utf8_put(uint32_t cp, uint8_t *o) {
 }
 
 /*
- * Length of the well-formed UTF-8 sequence (2..4 bytes) with lead byte s[p],
- * or 0 if it is not one (overlong, surrogate, above U+10FFFF, truncated).
- */
-static size_t utf8_seq(const uint8_t *s, size_t len, size_t p) {
-  uint8_t c = s[p];
-  size_t n;
-  uint8_t lo = 0x80, hi = 0xBF;
-  if (c < 0xC2)
-    return 0;
-  if (c < 0xE0) {
-    n = 2;
-  } else if (c < 0xF0) {
-    n = 3;
-    if (c == 0xE0)
-      lo = 0xA0;
-    else if (c == 0xED)
-      hi = 0x9F;
-  } else if (c < 0xF5) {
-    n = 4;
-    if (c == 0xF0)
-      lo = 0x90;
-    else if (c == 0xF4)
-      hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (len - p < n)
-    return 0;
-  if (s[p + 1] < lo || s[p + 1] > hi)
-    return 0;
-  for (size_t i = 2; i < n; i++)
-    if ((s[p + i] & 0xC0) != 0x80)
-      return 0;
-  return n;
-}
-
-/*
  * Decodes the escape at s[*p] == '\\' of a string validated by pass 1;
  * advances *p past it and returns the code point.
  */
@@ -847,7 +810,7 @@ static bool scan_block(const uint8_t *s, size_t len, size_t *pp, size_t *endp,
     cont = 0;
     while (h != 0) {
       unsigned i = ctz64(h);
-      size_t n = b[i] >= 0x80 ? utf8_seq(s, len, p + i) : 0;
+      size_t n = b[i] >= 0x80 ? ag__utf8_seq(s + p + i, len - p - i) : 0;
       if (n == 0)
         goto fallback;
       if (i + n > 64) {
@@ -1025,7 +988,7 @@ static ag_err_t scan_string(ag__jcs *j, size_t q, size_t p, size_t *endp,
            "byte %zu",
            c, p);
     if (c >= 0x80) {
-      size_t n = utf8_seq(s, len, p);
+      size_t n = ag__utf8_seq(s + p, len - p);
       if (n == 0)
         FAIL(AG_EUTF8, p, "arguments: invalid UTF-8 byte 0x%02x at byte %zu", c,
              p);
@@ -1885,29 +1848,10 @@ AG_EXTERN ag_err_t ag_signature(const char *name, const char *args,
   return rc;
 }
 
-typedef struct strbuf {
-  char *p;
-  size_t len, cap;
-} strbuf;
-
-static int strbuf_sink(void *user, const char *data, size_t len) {
-  strbuf *b = user;
-  if (len > b->cap - b->len - 1) {
-    size_t cap = b->cap;
-    while (len > cap - b->len - 1) {
-      if (cap > SIZE_MAX / 2)
-        return 1;
-      cap *= 2;
-    }
-    char *np = realloc(b->p, cap);
-    if (np == NULL)
-      return 1;
-    b->p = np;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->len, data, len);
-  b->len += len;
-  return 0;
+/* The canonical text goes into an ag__buf; a full or failed buffer stops
+ * the writer (AG_ENOSPACE, reported as out of memory). */
+static int buf_sink(void *user, const char *data, size_t len) {
+  return ag__buf_add(user, data, len) == AG_OK ? 0 : 1;
 }
 
 AG_EXTERN ag_err_t ag_canonicalize(const char *json, size_t len, char **out,
@@ -1923,18 +1867,18 @@ AG_EXTERN ag_err_t ag_canonicalize(const char *json, size_t len, char **out,
   if (rc != AG_OK)
     return rc;
   /* Canonical text is rarely longer than the input; the sink grows it. */
-  strbuf b = {NULL, 0, len + 64};
-  b.p = malloc(b.cap);
-  if (b.p == NULL) {
+  ag__buf b;
+  ag__buf_init(&b, SIZE_MAX / 2); /* the input's own cap bounds it */
+  if (ag__buf_reserve(&b, len < SIZE_MAX / 2 - 64 ? len + 64 : len) != AG_OK) {
     ag__jcs_free(j);
     return ag__set_error(err, AG_ENOMEM, -1, "ag_canonicalize: out of memory");
   }
-  rc = ag__jcs_write(j, json, len, strbuf_sink, &b, err);
+  rc = ag__jcs_write(j, json, len, buf_sink, &b, err);
   ag__jcs_free(j);
   if (rc == AG_ENOSPACE)
     rc = ag__set_error(err, AG_ENOMEM, -1, "ag_canonicalize: out of memory");
   if (rc != AG_OK) {
-    free(b.p);
+    ag__buf_free(&b);
     return rc;
   }
   b.p[b.len] = '\0';

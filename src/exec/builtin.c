@@ -490,7 +490,7 @@ static ag_tool_status tool_write(void *user, const json_t *args,
     return fail(out, "%s", msg);
   }
   if (slash != NULL) {
-    char *dir = strndup(path, (size_t)(slash - path));
+    char *dir = ag__strndup(path, (size_t)(slash - path));
     if (dir == NULL)
       return fail(out, "out of memory");
     int r = ag__wd_mkdirs(&b->wd, dir, msg, sizeof(msg));
@@ -954,7 +954,7 @@ static void search_dir(search *s, int dfd, const char *rel, int depth) {
       list = nl;
       cap = nc;
     }
-    if ((list[n] = strdup(e->d_name)) == NULL)
+    if ((list[n] = ag__strdup(e->d_name)) == NULL)
       break;
     n++;
   }
@@ -1279,7 +1279,7 @@ AG_EXTERN ag_err_t ag_builtin_register(ag_registry *reg,
   b->max_search =
       opts->max_search_bytes > 0 ? opts->max_search_bytes : DEF_SEARCH;
   b->max_output = opts->max_output > 0 ? opts->max_output : DEF_CMD_OUTPUT;
-  b->shell = strdup(opts->shell != NULL ? opts->shell : "/bin/sh");
+  b->shell = ag__strdup(opts->shell != NULL ? opts->shell : "/bin/sh");
   if (b->shell == NULL) {
     free(b);
     return ag__set_error(err, AG_ENOMEM, -1, "out of memory");

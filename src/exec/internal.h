@@ -3,7 +3,6 @@
  * (ag__ prefix). Not installed, not API.
  *
  * Files and what they own:
- *   cancel.c     ag_now_ms, ag_cancel_* (tokens, deadlines, eventfds)
  *   output.c     ag_output_* and ag__output_* (bounded buffers)
  *   retry.c      ag__retry_delay, ag__exec_call (the retry executor),
  *                ag_exec_status_name, ag_exec_result_clear
@@ -15,6 +14,8 @@
  *   workdir.c    ag__wd_* (paths confined beneath a directory)
  *   builtin.c    ag_builtin_* (the built-in file and command tools)
  *   toolsfile.c  ag_registry_add_json, ag_tools_file_load (TOOL objects)
+ *   configfile.c ag_config_load_file (declared in core.h; the core reads no
+ *                files)
  */
 #ifndef AG_EXEC_INTERNAL_H
 #define AG_EXEC_INTERNAL_H
@@ -24,12 +25,6 @@
 #include "agentguard/exec.h"
 
 #include "../core/internal.h"
-
-/* ---- cancel.c ----------------------------------------------------------- */
-
-/* Whether ag_cancel_force was called on `c` or an ancestor. Async-signal-safe
- * (atomic loads). */
-bool ag__cancel_forced(ag_cancel *c);
 
 /* ---- output.c ----------------------------------------------------------- */
 
@@ -65,10 +60,6 @@ typedef struct ag__schema ag__schema;
 ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
                             const char *tool, ag_error_t *err);
 void ag__schema_free(ag__schema *s);
-
-/* The JSON Schema name of a value's type: "object", "array", "string",
- * "integer", "number", "boolean" or "null". */
-const char *ag__json_kind(const json_t *v);
 
 /* AG_OK or AG_EINVAL with "<json pointer>: <what>" ("/items/2/path: expected
  * string"); at the root the message is just "<what>". Thread-safe on a

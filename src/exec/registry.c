@@ -83,9 +83,7 @@ static const char *suggest_tool(const ag_registry *r, const char *name) {
 
 /* A name as shown in a message: quoted, cut to MAX_NAME bytes. */
 static void quote_name(char *dst, size_t cap, const char *name) {
-  size_t n = strlen(name), m = n > MAX_NAME ? MAX_NAME : n;
-  while (m > 0 && m < n && ((unsigned char)name[m] & 0xC0) == 0x80)
-    m--;
+  size_t n = strlen(name), m = n > MAX_NAME ? ag__utf8_back(name, MAX_NAME) : n;
   snprintf(dst, cap, "\"%.*s%s\"", (int)m, name, m < n ? "..." : "");
 }
 
@@ -218,43 +216,6 @@ static bool valid_name(const char *name, size_t len) {
   return true;
 }
 
-/* Strict UTF-8 (no overlongs, no surrogates, at most U+10FFFF), as jansson
- * requires of every string it holds. */
-static bool valid_utf8(const unsigned char *s) {
-  while (*s != 0) {
-    unsigned c = *s;
-    size_t n = c < 0x80   ? 0
-               : c < 0xC2 ? 9
-               : c < 0xE0 ? 1
-               : c < 0xF0 ? 2
-               : c < 0xF5 ? 3
-                          : 9;
-    if (n == 9)
-      return false;
-    unsigned cp = n == 0 ? c : c & (0x3Fu >> n);
-    for (size_t i = 1; i <= n; i++) {
-      if ((s[i] & 0xC0) != 0x80)
-        return false;
-      cp = (cp << 6) | (s[i] & 0x3Fu);
-    }
-    if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-        (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
-      return false;
-    s += n + 1;
-  }
-  return true;
-}
-
-static char *dup_str(const char *s) {
-  if (s == NULL)
-    return NULL;
-  size_t n = strlen(s);
-  char *d = malloc(n + 1);
-  if (d != NULL)
-    memcpy(d, s, n + 1);
-  return d;
-}
-
 /* Checks everything about `def` except its schema. */
 static ag_err_t check_def(const ag_registry *r, const ag_tool_def *def,
                           ag_error_t *err) {
@@ -290,7 +251,7 @@ static ag_err_t check_def(const ag_registry *r, const ag_tool_def *def,
                          "program",
                          n);
   if (def->description != NULL &&
-      !valid_utf8((const unsigned char *)def->description))
+      !ag__utf8_valid(def->description, strlen(def->description)))
     return ag__set_error(err, AG_EINVAL, -1,
                          "tools.%s: description is not valid UTF-8", n);
   if (def->timeout_ms < -1)
@@ -371,7 +332,7 @@ static ag_err_t copy_list(char ***dst, const char *const *list) {
   if (*dst == NULL)
     return AG_ENOMEM;
   for (size_t i = 0; i < n; i++) {
-    (*dst)[i] = dup_str(list[i]);
+    (*dst)[i] = ag__strdup(list[i]);
     if ((*dst)[i] == NULL)
       return AG_ENOMEM;
   }
@@ -386,7 +347,7 @@ static ag_err_t copy_argv(entry *e, const char *const *argv) {
   if (e->tool.argv_copy == NULL)
     return AG_ENOMEM;
   for (size_t i = 0; i < n; i++) {
-    e->tool.argv_copy[i] = dup_str(argv[i]);
+    e->tool.argv_copy[i] = ag__strdup(argv[i]);
     if (e->tool.argv_copy[i] == NULL)
       return AG_ENOMEM; /* the NULL ends the list for entry_free */
   }
@@ -405,9 +366,9 @@ AG_EXTERN ag_err_t ag_registry_add(ag_registry *r, const ag_tool_def *def,
   if (e == NULL)
     return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
   e->tool.def = *def;
-  e->name = dup_str(def->name);
-  e->description = dup_str(def->description);
-  e->parameters = dup_str(def->parameters);
+  e->name = ag__strdup(def->name);
+  e->description = ag__strdup(def->description);
+  e->parameters = ag__strdup(def->parameters);
   if (e->name == NULL || (def->description != NULL && !e->description) ||
       (def->parameters != NULL && !e->parameters) ||
       (def->argv != NULL && copy_argv(e, def->argv) != AG_OK) ||

@@ -34,7 +34,8 @@
  * caller". Error messages lose trailing whitespace (a subprocess's stderr
  * ends in a newline that would otherwise sit inside every derived text).
  *
- * Backoff (ag__retry_delay): linear delay*(attempt+1) (seed 001: 1s, 2s,
+ * Backoff (ag__retry_delay over the base layer's ag__backoff, which the
+ * agent's model retries share): linear delay*(attempt+1) (seed 001: 1s, 2s,
  * 3s), exponential delay*2^attempt, constant delay; saturating arithmetic,
  * capped at retry.max_delay (0: no cap). Jitter is "equal jitter": half the
  * delay plus a uniform random part of the other half, so a delay never
@@ -98,55 +99,29 @@ AG_EXTERN void ag_exec_result_clear(ag_exec_result *r) {
 /* Backoff                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* xorshift64* (Vigna, "An experimental exploration of Marsaglia's xorshift
- * generators, scrambled", 2016). A zero state would stay zero: reseed. */
-static uint64_t xorshift64s(uint64_t *state) {
-  uint64_t x = *state;
-  if (x == 0)
-    x = 0x9E3779B97F4A7C15ull;
-  x ^= x >> 12;
-  x ^= x << 25;
-  x ^= x >> 27;
-  *state = x;
-  return x * 0x2545F4914F6CDD1Dull;
-}
-
 int64_t ag__retry_delay(const ag_config *cfg, int attempt, uint64_t *rng) {
   if (cfg == NULL)
     return 0;
-  int64_t base = cfg->retry.delay_ms > 0 ? cfg->retry.delay_ms : 0;
-  if (attempt < 0)
-    attempt = 0;
-  int64_t d;
+  ag__backoff_kind kind;
   switch (cfg->retry.backoff) {
   case AG_BACKOFF_EXPONENTIAL:
-    if (base == 0)
-      d = 0;
-    else if (attempt >= 62 || base > (INT64_MAX >> attempt))
-      d = INT64_MAX;
-    else
-      d = base << attempt;
+    kind = AG__BACKOFF_EXPONENTIAL;
     break;
   case AG_BACKOFF_CONSTANT:
-    d = base;
+    kind = AG__BACKOFF_CONSTANT;
     break;
   case AG_BACKOFF_LINEAR:
-  default: {
-    int64_t k = (int64_t)attempt + 1;
-    d = base != 0 && k > INT64_MAX / base ? INT64_MAX : base * k;
+  default:
+    kind = AG__BACKOFF_LINEAR;
     break;
   }
-  }
-  if (cfg->retry.max_delay_ms > 0 && d > cfg->retry.max_delay_ms)
-    d = cfg->retry.max_delay_ms;
-  if (cfg->retry.jitter && d > 1) {
-    uint64_t local = (uint64_t)ag_now_ms() ^ 0xD1B54A32D192ED03ull;
-    uint64_t *state = rng != NULL ? rng : &local;
-    int64_t half = d / 2;
-    uint64_t span = (uint64_t)(d - half) + 1; /* 0 .. d - half inclusive */
-    d = half + (int64_t)(xorshift64s(state) % span);
-  }
-  return d;
+  uint64_t local = 0;
+  if (rng == NULL && cfg->retry.jitter)
+    local = (uint64_t)ag_now_ms() ^ 0xD1B54A32D192ED03ull;
+  return ag__backoff(cfg->retry.delay_ms, attempt, kind,
+                     cfg->retry.max_delay_ms,
+                     cfg->retry.jitter ? AG__JITTER_EQUAL : AG__JITTER_NONE,
+                     rng != NULL ? rng : &local);
 }
 
 /* ------------------------------------------------------------------------ */

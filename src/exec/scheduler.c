@@ -440,11 +440,9 @@ static ag_err_t session_add(ag_scheduler *s, const char *tool) {
     s->session = p;
     s->cap_session = cap;
   }
-  size_t len = strlen(tool);
-  char *copy = malloc(len + 1);
+  char *copy = ag__strdup(tool);
   if (copy == NULL)
     return AG_ENOMEM;
-  memcpy(copy, tool, len + 1);
   s->session[s->n_session++] = copy;
   return AG_OK;
 }

@@ -142,111 +142,50 @@ struct ag__schema {
 /* Bounded text buffers for messages                                        */
 /* ------------------------------------------------------------------------ */
 
-/* Always NUL-terminated; what does not fit is dropped at a UTF-8 boundary. */
-typedef struct sbuf {
-  char *p;
-  size_t cap, len;
-  bool cut;
-} sbuf;
-
-static void sb_init(sbuf *b, char *p, size_t cap) {
-  b->p = p;
-  b->cap = cap;
-  b->len = 0;
-  b->cut = false;
-  if (cap > 0)
-    p[0] = '\0';
-}
-
-static size_t utf8_back(const char *s, size_t n) {
-  while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
-    n--;
-  return n;
-}
-
-static void sb_putn(sbuf *b, const char *s, size_t n) {
-  if (b->cap == 0)
-    return;
-  size_t room = b->cap - 1 - b->len;
-  if (n > room) {
-    /* s[room] exists since n > room: back off to a character start. */
-    n = utf8_back(s, room);
-    b->cut = true;
-  }
-  memcpy(b->p + b->len, s, n);
-  b->len += n;
-  b->p[b->len] = '\0';
-}
-
-static void sb_puts(sbuf *b, const char *s) {
-  sb_putn(b, s, strlen(s));
-}
-
-static void sb_putc(sbuf *b, char c) {
-  sb_putn(b, &c, 1);
-}
-
-static void sb_vprintf(sbuf *b, const char *fmt, va_list ap) {
-  char tmp[AG_ERROR_MSG_MAX];
-  int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-  if (n < 0)
-    return;
-  size_t len = (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1;
-  sb_putn(b, tmp, len);
-}
-
-static void sb_printf(sbuf *b, const char *fmt, ...) AG__PRINTF(2, 3);
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  sb_vprintf(b, fmt, ap);
-  va_end(ap);
-}
-
 /* At most `max` bytes of s[0..n), cut at a character start. */
 static size_t shown_len(const char *s, size_t n, size_t max) {
-  return n <= max ? n : utf8_back(s, max);
+  return n <= max ? n : ag__utf8_back(s, max);
 }
 
 /* s as a JSON-style quoted string, cut to MAX_SHOWN bytes with "...". */
-static void sb_quoted(sbuf *b, const char *s, size_t n) {
+static void sb_quoted(ag__buf *b, const char *s, size_t n) {
   size_t m = shown_len(s, n, MAX_SHOWN);
-  sb_putc(b, '"');
+  ag__buf_addc_cut(b, '"');
   for (size_t i = 0; i < m; i++) {
     unsigned char c = (unsigned char)s[i];
     if (c == '"' || c == '\\') {
-      sb_putc(b, '\\');
-      sb_putc(b, (char)c);
+      ag__buf_addc_cut(b, '\\');
+      ag__buf_addc_cut(b, (char)c);
     } else if (c < 0x20) {
-      sb_printf(b, "\\u%04x", c);
+      ag__buf_printf_cut(b, "\\u%04x", c);
     } else {
-      sb_putc(b, (char)c);
+      ag__buf_addc_cut(b, (char)c);
     }
   }
   if (m < n)
-    sb_puts(b, "...");
-  sb_putc(b, '"');
+    ag__buf_addstr_cut(b, "...");
+  ag__buf_addc_cut(b, '"');
 }
 
 /* "/" and one RFC 6901 reference token: "~" is "~0", "/" is "~1". Keys over
  * MAX_SHOWN bytes are cut and marked "...". */
-static void sb_token(sbuf *b, const char *s, size_t n) {
+static void sb_token(ag__buf *b, const char *s, size_t n) {
   size_t m = shown_len(s, n, MAX_SHOWN);
-  sb_putc(b, '/');
+  ag__buf_addc_cut(b, '/');
   size_t start = 0;
   for (size_t i = 0; i < m; i++) {
     if (s[i] == '~' || s[i] == '/' || s[i] == '\0') {
-      sb_putn(b, s + start, i - start);
+      ag__buf_add_cut(b, s + start, i - start);
       if (s[i] == '~')
-        sb_puts(b, "~0");
+        ag__buf_addstr_cut(b, "~0");
       else if (s[i] == '/')
-        sb_puts(b, "~1");
+        ag__buf_addstr_cut(b, "~1");
       start = i + 1; /* a NUL byte is dropped: it cannot be shown */
     }
   }
-  sb_putn(b, s + start, m - start);
+  ag__buf_add_cut(b, s + start, m - start);
   if (m < n)
-    sb_puts(b, "...");
+    ag__buf_addstr_cut(b, "...");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -394,26 +333,6 @@ static bool deeper_than(const json_t *v, int limit) {
   return false;
 }
 
-const char *ag__json_kind(const json_t *v) {
-  switch (json_typeof(v)) {
-  case JSON_OBJECT:
-    return "object";
-  case JSON_ARRAY:
-    return "array";
-  case JSON_STRING:
-    return "string";
-  case JSON_INTEGER:
-    return "integer";
-  case JSON_REAL:
-    return "number";
-  case JSON_TRUE:
-  case JSON_FALSE:
-    return "boolean";
-  default:
-    return "null";
-  }
-}
-
 /* Non-negative integral numbers (JSON Schema: 3.0 is an integer). */
 static bool as_count(const json_t *v, size_t *out) {
   if (json_is_integer(v)) {
@@ -442,20 +361,20 @@ typedef struct cctx {
   const char *tool;
   ag_error_t *err;
   char path[AG_ERROR_MSG_MAX]; /* JSON pointer from the schema root */
-  sbuf pb;
+  ag__buf pb;
 } cctx;
 
 static ag_err_t cfail(cctx *c, const char *fmt, ...) AG__PRINTF(2, 3);
 static ag_err_t cfail(cctx *c, const char *fmt, ...) {
   char msg[AG_ERROR_MSG_MAX];
-  sbuf b;
-  sb_init(&b, msg, sizeof(msg));
+  ag__buf b;
+  ag__buf_init_fixed(&b, msg, sizeof(msg));
   if (c->tool != NULL)
-    sb_printf(&b, "tools.%s.", c->tool);
-  sb_printf(&b, "parameters%s: ", c->path);
+    ag__buf_printf_cut(&b, "tools.%s.", c->tool);
+  ag__buf_printf_cut(&b, "parameters%s: ", c->path);
   va_list ap;
   va_start(ap, fmt);
-  sb_vprintf(&b, fmt, ap);
+  ag__buf_vprintf_cut(&b, fmt, ap);
   va_end(ap);
   return ag__set_error(c->err, AG_ECONFIG, -1, "%s", msg);
 }
@@ -474,6 +393,7 @@ static size_t cpush(cctx *c, const char *s, size_t n) {
 
 static void cpop(cctx *c, size_t mark) {
   c->pb.len = mark;
+  c->pb.cut = false; /* what was cut is popped */
   c->path[mark] = '\0';
 }
 
@@ -511,8 +431,8 @@ static ag_err_t kw_type(cctx *c, ag__schema *s, const json_t *v, int depth) {
     }
     if (idx < 0) {
       char q[MAX_SHOWN * 2 + 8];
-      sbuf b;
-      sb_init(&b, q, sizeof(q));
+      ag__buf b;
+      ag__buf_init_fixed(&b, q, sizeof(q));
       sb_quoted(&b, name, len);
       if (near != NULL)
         return cfail(c, "unknown type %s; did you mean \"%s\"?", q, near);
@@ -594,18 +514,16 @@ static ag_err_t kw_required(cctx *c, ag__schema *s, const json_t *v,
       if (s->required[j].len == len &&
           memcmp(s->required[j].s, name, len) == 0) {
         char q[MAX_SHOWN * 2 + 8];
-        sbuf b;
-        sb_init(&b, q, sizeof(q));
+        ag__buf b;
+        ag__buf_init_fixed(&b, q, sizeof(q));
         sb_quoted(&b, name, len);
         return cfail(c, "%s is listed twice", q);
       }
     }
     sname *r = &s->required[s->n_required];
-    r->s = malloc(len + 1);
+    r->s = ag__strndup(name, len);
     if (r->s == NULL)
       return cnomem(c);
-    memcpy(r->s, name, len);
-    r->s[len] = '\0';
     r->len = len;
     s->n_required++;
   }
@@ -682,8 +600,8 @@ static char *values_text(const json_t *const *vals, size_t n) {
   char *text = malloc(MAX_VALUES_TEXT + 8);
   if (text == NULL)
     return NULL;
-  sbuf b;
-  sb_init(&b, text, MAX_VALUES_TEXT + 1);
+  ag__buf b;
+  ag__buf_init_fixed(&b, text, MAX_VALUES_TEXT + 1);
   for (size_t i = 0; i < n; i++) {
     char *one = json_dumps(vals[i], JSON_COMPACT | JSON_ENCODE_ANY);
     if (one == NULL) {
@@ -691,8 +609,8 @@ static char *values_text(const json_t *const *vals, size_t n) {
       return NULL;
     }
     if (i > 0)
-      sb_puts(&b, ", ");
-    sb_puts(&b, one);
+      ag__buf_addstr_cut(&b, ", ");
+    ag__buf_addstr_cut(&b, one);
     free(one);
     if (b.cut)
       break;
@@ -754,7 +672,7 @@ static ag_err_t kw_pattern(cctx *c, ag__schema *s, const json_t *v, int depth) {
   if (s->pattern == NULL)
     return cnomem(c);
   pattern *p = s->pattern;
-  p->text = strdup(src);
+  p->text = ag__strdup(src);
   if (p->text == NULL)
     return cnomem(c);
   pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
@@ -859,8 +777,8 @@ static ag_err_t check_node(cctx *c, const ag__schema *s) {
                        s->required[i].len) == 0;
       if (!found) {
         char q[MAX_SHOWN * 2 + 8];
-        sbuf b;
-        sb_init(&b, q, sizeof(q));
+        ag__buf b;
+        ag__buf_init_fixed(&b, q, sizeof(q));
         sb_quoted(&b, s->required[i].s, s->required[i].len);
         return cfail(c,
                      "required property %s is not in properties and "
@@ -898,8 +816,8 @@ static ag_err_t compile_node(cctx *c, ag__schema **out, const json_t *js,
         kw = &keywords[i];
     if (kw == NULL) {
       char q[MAX_SHOWN * 2 + 8];
-      sbuf b;
-      sb_init(&b, q, sizeof(q));
+      ag__buf b;
+      ag__buf_init_fixed(&b, q, sizeof(q));
       sb_quoted(&b, k, kl);
       const char *near = NULL;
       int best = 3;
@@ -963,7 +881,7 @@ ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
     return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
   c->tool = tool;
   c->err = err;
-  sb_init(&c->pb, c->path, sizeof(c->path));
+  ag__buf_init_fixed(&c->pb, c->path, sizeof(c->path));
   ag__schema *s = NULL;
   ag_err_t rc = compile_node(c, &s, schema, 1);
   if (rc == AG_OK && s->never)
@@ -1003,19 +921,19 @@ static ag_err_t vfail(vctx *v, const char *fmt, ...) {
   if (v->err == NULL)
     return AG_EINVAL;
   char msg[AG_ERROR_MSG_MAX];
-  sbuf b;
-  sb_init(&b, msg, sizeof(msg));
+  ag__buf b;
+  ag__buf_init_fixed(&b, msg, sizeof(msg));
   for (int i = 0; i < v->depth; i++) {
     if (v->path[i].key != NULL)
       sb_token(&b, v->path[i].key, v->path[i].len);
     else
-      sb_printf(&b, "/%zu", v->path[i].index);
+      ag__buf_printf_cut(&b, "/%zu", v->path[i].index);
   }
   if (v->depth > 0)
-    sb_puts(&b, ": ");
+    ag__buf_addstr_cut(&b, ": ");
   va_list ap;
   va_start(ap, fmt);
-  sb_vprintf(&b, fmt, ap);
+  ag__buf_vprintf_cut(&b, fmt, ap);
   va_end(ap);
   return ag__set_error(v->err, AG_EINVAL, -1, "%s", msg);
 }
@@ -1045,7 +963,7 @@ static bool type_ok(unsigned types, const json_t *x) {
 }
 
 /* "string", "string or null", "string, number or null". */
-static void types_text(sbuf *b, unsigned types) {
+static void types_text(ag__buf *b, unsigned types) {
   int n = 0, total = 0;
   for (int t = 0; t < N_TYPES; t++)
     total += (types >> t) & 1u;
@@ -1053,8 +971,8 @@ static void types_text(sbuf *b, unsigned types) {
     if (!(types & (1u << t)))
       continue;
     if (n > 0)
-      sb_puts(b, n == total - 1 ? " or " : ", ");
-    sb_puts(b, type_names[t]);
+      ag__buf_addstr_cut(b, n == total - 1 ? " or " : ", ");
+    ag__buf_addstr_cut(b, type_names[t]);
     n++;
   }
 }
@@ -1139,8 +1057,8 @@ static ag_err_t validate_object(vctx *v, const ag__schema *s, const json_t *x) {
       if (find_prop(s, k, kl) != NULL)
         continue;
       char q[MAX_SHOWN * 2 + 8];
-      sbuf b;
-      sb_init(&b, q, sizeof(q));
+      ag__buf b;
+      ag__buf_init_fixed(&b, q, sizeof(q));
       sb_quoted(&b, k, kl);
       /* Suggest the closest declared property the arguments lack. */
       const prop *near = NULL;
@@ -1157,7 +1075,7 @@ static ag_err_t validate_object(vctx *v, const ag__schema *s, const json_t *x) {
       if (near == NULL)
         return vfail(v, "unexpected property %s", q);
       char nq[MAX_SHOWN * 2 + 8];
-      sb_init(&b, nq, sizeof(nq));
+      ag__buf_init_fixed(&b, nq, sizeof(nq));
       sb_quoted(&b, near->name.s, near->name.len);
       return vfail(v, "unexpected property %s; did you mean %s?", q, nq);
     }
@@ -1165,8 +1083,8 @@ static ag_err_t validate_object(vctx *v, const ag__schema *s, const json_t *x) {
   for (size_t i = 0; i < s->n_required; i++) {
     if (json_object_getn(x, s->required[i].s, s->required[i].len) == NULL) {
       char q[MAX_SHOWN * 2 + 8];
-      sbuf b;
-      sb_init(&b, q, sizeof(q));
+      ag__buf b;
+      ag__buf_init_fixed(&b, q, sizeof(q));
       sb_quoted(&b, s->required[i].s, s->required[i].len);
       return vfail(v, "missing required property %s", q);
     }
@@ -1192,8 +1110,8 @@ static ag_err_t validate(vctx *v, const ag__schema *s, const json_t *x) {
     return vfail(v, "not allowed");
   if (s->types != 0 && !type_ok(s->types, x)) {
     char want[96];
-    sbuf b;
-    sb_init(&b, want, sizeof(want));
+    ag__buf b;
+    ag__buf_init_fixed(&b, want, sizeof(want));
     types_text(&b, s->types);
     return vfail(v, "expected %s, got %s", want, ag__json_kind(x));
   }

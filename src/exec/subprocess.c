@@ -1055,26 +1055,11 @@ static void stream_read(stream *s, char *buf, int rounds) {
   }
 }
 
-/* Bytes at the end of buf[0..len) that start a UTF-8 sequence but do not
- * finish it. */
-static size_t utf8_incomplete_tail(const char *buf, size_t len) {
-  const unsigned char *b = (const unsigned char *)buf;
-  size_t back = 0;
-  while (back < 4 && back < len && (b[len - 1 - back] & 0xC0) == 0x80)
-    back++;
-  if (back == len || back == 4)
-    return 0; /* no lead byte in reach: not ours to fix */
-  unsigned char lead = b[len - 1 - back];
-  size_t want = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-  size_t have = back + 1;
-  return want > have && lead >= 0xC0 && lead < 0xF8 ? have : 0;
-}
-
 static void stream_finish(stream *s) {
   ag_output *o = s->o;
   if (o == NULL || s->dropped == 0)
     return;
-  size_t cut = o->buf != NULL ? utf8_incomplete_tail(o->buf, o->len) : 0;
+  size_t cut = o->buf != NULL ? ag__utf8_incomplete_tail(o->buf, o->len) : 0;
   if (cut > 0) {
     o->len -= cut;
     o->buf[o->len] = '\0';

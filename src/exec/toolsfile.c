@@ -32,28 +32,6 @@ static const char *const k_tool_keys[] = {
     "env",         NULL};
 
 /* A JSON value's type for messages, as the CLI's scenario loader names it. */
-static const char *type_name(const json_t *v) {
-  if (v == NULL)
-    return "nothing";
-  switch (json_typeof(v)) {
-  case JSON_OBJECT:
-    return "object";
-  case JSON_ARRAY:
-    return "array";
-  case JSON_STRING:
-    return "string";
-  case JSON_INTEGER:
-    return "integer";
-  case JSON_REAL:
-    return "real";
-  case JSON_TRUE:
-  case JSON_FALSE:
-    return "boolean";
-  default:
-    return "null";
-  }
-}
-
 /* A user-supplied key for a message: control bytes as '?', cut to SHOWN
  * bytes on a UTF-8 boundary with "...". */
 static const char *show(const char *s, char *buf, size_t cap) {
@@ -132,7 +110,7 @@ static ag_err_t opt_bool(const json_t *tool, const char *key, const char *path,
   if (!json_is_boolean(v))
     return ag__set_error(err, AG_EINVAL, -1,
                          "%s.%s: expected true or false, got %s", path, key,
-                         type_name(v));
+                         ag__json_kind(v));
   *out = json_is_true(v);
   return AG_OK;
 }
@@ -158,7 +136,7 @@ static ag_err_t load_env(const json_t *v, const char *path, char ***out,
     return ag__set_error(err, AG_EINVAL, -1,
                          "%s.env: expected an array of variable names or an "
                          "object {\"NAME\": \"value\"}, got %s",
-                         path, type_name(v));
+                         path, ag__json_kind(v));
   size_t n = json_is_array(v) ? json_array_size(v) : json_object_size(v);
   if (n > AG__ENV_MAX)
     return ag__set_error(err, AG_EINVAL, -1,
@@ -179,7 +157,7 @@ static ag_err_t load_env(const json_t *v, const char *path, char ***out,
       if (!json_is_string(e))
         rc = ag__set_error(err, AG_EINVAL, -1,
                            "%s.env[%zu]: expected a variable name, got %s",
-                           path, i, type_name(e));
+                           path, i, ag__json_kind(e));
       else if (strchr(json_string_value(e), '=') != NULL ||
                !ag__env_entry_valid(json_string_value(e), &nl))
         rc = ag__set_error(err, AG_EINVAL, -1,
@@ -202,7 +180,7 @@ static ag_err_t load_env(const json_t *v, const char *path, char ***out,
       } else if (!json_is_string(e)) {
         rc = ag__set_error(err, AG_EINVAL, -1,
                            "%s.env.%s: expected a string value, got %s", path,
-                           key, type_name(e));
+                           key, ag__json_kind(e));
       } else if (strlen(json_string_value(e)) != json_string_length(e)) {
         rc = ag__set_error(err, AG_EINVAL, -1,
                            "%s.env.%s: the value holds a NUL byte", path, key);
@@ -253,7 +231,7 @@ AG_EXTERN ag_err_t ag_registry_add_json(ag_registry *r, const char *name,
   if (!json_is_object(tool))
     return ag__set_error(err, AG_EINVAL, -1,
                          "%s: expected a tool object, got %s", path,
-                         type_name(tool));
+                         ag__json_kind(tool));
   ag_err_t rc = check_keys(tool, path, opts->extra_keys, err);
   if (rc != AG_OK)
     return rc;
@@ -265,7 +243,7 @@ AG_EXTERN ag_err_t ag_registry_add_json(ag_registry *r, const char *name,
   if (desc != NULL && !json_is_string(desc))
     return ag__set_error(err, AG_EINVAL, -1,
                          "%s.description: expected a string, got %s", path,
-                         type_name(desc));
+                         ag__json_kind(desc));
   def.description = desc != NULL ? json_string_value(desc) : NULL;
   if ((rc = opt_bool(tool, "requires_approval", path, &def.requires_approval,
                      err)) != AG_OK ||
@@ -291,7 +269,7 @@ AG_EXTERN ag_err_t ag_registry_add_json(ag_registry *r, const char *name,
       return ag__set_error(err, AG_EINVAL, -1,
                            "%s.parameters: expected a JSON Schema object, "
                            "got %s",
-                           path, type_name(schema));
+                           path, ag__json_kind(schema));
     params = json_dumps(schema, JSON_COMPACT);
     if (params == NULL)
       return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
@@ -313,7 +291,7 @@ AG_EXTERN ag_err_t ag_registry_add_json(ag_registry *r, const char *name,
       rc = ag__set_error(err, AG_EINVAL, -1,
                          "%s.command: expected an array of strings (argv), "
                          "got %s",
-                         path, type_name(cmd));
+                         path, ag__json_kind(cmd));
     else if (n == 0 || n > MAX_ARGV)
       rc = ag__set_error(err, AG_EINVAL, -1,
                          "%s.command: needs 1 to %d strings (argv), got %zu",
@@ -325,7 +303,7 @@ AG_EXTERN ag_err_t ag_registry_add_json(ag_registry *r, const char *name,
       if (!json_is_string(a))
         rc = ag__set_error(err, AG_EINVAL, -1,
                            "%s.command[%zu]: expected a string, got %s", path,
-                           i, type_name(a));
+                           i, ag__json_kind(a));
       else if (strlen(json_string_value(a)) != json_string_length(a))
         rc =
             ag__set_error(err, AG_EINVAL, -1,
@@ -373,7 +351,7 @@ AG_EXTERN ag_err_t ag_tools_file_load(ag_registry *r, const char *json,
     ag__set_error(err, AG_EINVAL, -1,
                   "tools file: expected an object {\"NAME\": TOOL, ...}, got "
                   "%s",
-                  type_name(doc));
+                  ag__json_kind(doc));
     json_decref(doc);
     return AG_EINVAL;
   }

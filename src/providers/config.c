@@ -73,7 +73,7 @@ static ag_err_t str_key(const json_t *v, const char *key, char **dst,
     return ag__set_error(err, AG_ECONFIG, -1,
                          "provider.%s: contains a NUL byte", key);
   free(*dst);
-  *dst = strdup(json_string_value(v));
+  *dst = ag__strdup(json_string_value(v));
   return *dst == NULL ? ag__set_error(err, AG_ENOMEM, -1, "out of memory")
                       : AG_OK;
 }
@@ -191,7 +191,7 @@ static ag_err_t env_override(char **dst, const char *name, ag_error_t *err) {
   if (v == NULL || v[0] == '\0')
     return AG_OK;
   free(*dst);
-  *dst = strdup(v);
+  *dst = ag__strdup(v);
   return *dst == NULL ? ag__set_error(err, AG_ENOMEM, -1, "out of memory")
                       : AG_OK;
 }

@@ -47,7 +47,7 @@
 
 #include <curl/curl.h>
 
-#include "agentguard/exec.h"
+#include "agentguard/base.h"
 
 #include "../core/internal.h"
 #include "internal.h"
@@ -55,20 +55,6 @@
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                            */
 /* ------------------------------------------------------------------------ */
-
-static char *dupn(const char *s, size_t n) {
-  char *d = malloc(n + 1);
-  if (d == NULL)
-    return NULL;
-  if (n > 0)
-    memcpy(d, s, n);
-  d[n] = '\0';
-  return d;
-}
-
-static char *dupz(const char *s) {
-  return s == NULL ? NULL : dupn(s, strlen(s));
-}
 
 /* Appends to a growing buffer capped at `max` bytes (plus a NUL). 0 on
  * success, AG_ETOOBIG or AG_ENOMEM. */
@@ -444,7 +430,7 @@ ag__part_call *ag__asm_call(ag__asm *a, int64_t index) {
 bool ag__asm_set(ag__asm *a, char **dst, const char *s, size_t len) {
   if (len > 4096)
     return ag__asm_bad(a, -1, "a tool call's id or name exceeds 4096 bytes");
-  char *d = dupn(s, len);
+  char *d = ag__strndup(s, len);
   if (d == NULL)
     return asm_fail(a, AG_ENOMEM);
   free(*dst);
@@ -486,7 +472,7 @@ ag_err_t ag__asm_finish(ag__asm *a, ag_reply *out) {
     a->refusal = NULL;
     if (out->text == NULL || out->text[0] == '\0') {
       free(out->text);
-      out->text = dupz(out->refusal);
+      out->text = ag__strdup(out->refusal);
       if (out->text == NULL)
         return AG_ENOMEM;
     }
@@ -1131,8 +1117,8 @@ AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
   const char *env = o->api_key_env;
   if (env == NULL)
     env = wire == AG__WIRE_OPENAI ? "OPENAI_API_KEY" : "ANTHROPIC_API_KEY";
-  p->key_env = dupz(env);
-  p->model = dupz(o->model);
+  p->key_env = ag__strdup(env);
+  p->model = ag__strdup(o->model);
   if (p->key_env == NULL || p->model == NULL)
     goto oom;
   if (env[0] != '\0') {
@@ -1146,7 +1132,7 @@ AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
                              env);
           goto fail;
         }
-      p->api_key = dupz(k);
+      p->api_key = ag__strdup(k);
       if (p->api_key == NULL)
         goto oom;
     }

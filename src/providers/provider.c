@@ -64,18 +64,6 @@ AG_EXTERN void ag_reply_clear(ag_reply *r) {
   memset(r, 0, sizeof(*r));
 }
 
-static char *dup_bytes(const char *s, size_t len) {
-  if (len == SIZE_MAX)
-    return NULL;
-  char *d = malloc(len + 1);
-  if (d == NULL)
-    return NULL;
-  if (len > 0)
-    memcpy(d, s, len);
-  d[len] = '\0';
-  return d;
-}
-
 AG_EXTERN ag_err_t ag_reply_add_call(ag_reply *r, const char *id,
                                      const char *name, const char *arguments,
                                      size_t arguments_len) {
@@ -85,14 +73,14 @@ AG_EXTERN ag_err_t ag_reply_add_call(ag_reply *r, const char *id,
     return AG_ENOMEM;
   ag_tool_call c = {0};
   if (id != NULL && id[0] != '\0') {
-    c.id = dup_bytes(id, strlen(id));
+    c.id = ag__strndup(id, strlen(id));
   } else {
     char gen[32];
     int n = snprintf(gen, sizeof(gen), "call_%zu", r->n_calls + 1);
-    c.id = dup_bytes(gen, (size_t)n);
+    c.id = ag__strndup(gen, (size_t)n);
   }
-  c.name = dup_bytes(name, strlen(name));
-  c.arguments = dup_bytes(arguments == NULL ? "" : arguments, arguments_len);
+  c.name = ag__strndup(name, strlen(name));
+  c.arguments = ag__strndup(arguments == NULL ? "" : arguments, arguments_len);
   c.arguments_len = arguments_len;
   ag_tool_call *grown = NULL;
   if (c.id != NULL && c.name != NULL && c.arguments != NULL)
@@ -214,10 +202,11 @@ static void sanitize_perr(const ag_provider *p, ag_provider_error *perr) {
     if (perr->exhausted)
       ag__scopy(perr->message, sizeof(perr->message),
                 "the model script has no more replies");
-    else if (perr->http_status > 0)
+    else if (perr->http_status > 0) {
       snprintf(perr->message, sizeof(perr->message), "HTTP status %d",
                perr->http_status);
-    else
+      perr->message_is_default = true;
+    } else
       ag__scopy(perr->message, sizeof(perr->message),
                 ag_strerror(AG_EPROVIDER));
   }

@@ -208,15 +208,6 @@ static ag_err_t oom(ag_error_t *err) {
                        "out of memory loading the scenario's turns");
 }
 
-static char *dup_str(const char *s, size_t len) {
-  char *d = malloc(len + 1);
-  if (d == NULL)
-    return NULL;
-  memcpy(d, s, len);
-  d[len] = '\0';
-  return d;
-}
-
 static bool is_nonneg_int(const json_t *v) {
   return json_is_integer(v) && json_integer_value(v) >= 0;
 }
@@ -248,22 +239,22 @@ static ag_err_t load_call(scall *c, const json_t *j, const char *path,
                          "string",
                          path);
 
-  c->name = dup_str(json_string_value(name), json_string_length(name));
+  c->name = ag__strndup(json_string_value(name), json_string_length(name));
   if (c->name == NULL)
     return oom(err);
   if (id != NULL) {
-    c->id = dup_str(json_string_value(id), json_string_length(id));
+    c->id = ag__strndup(json_string_value(id), json_string_length(id));
     if (c->id == NULL)
       return oom(err);
   }
   if (args == NULL) {
     /* OpenAI always sends arguments; a call without them means "none". */
-    c->args = dup_str("{}", 2);
+    c->args = ag__strndup("{}", 2);
     c->args_len = 2;
   } else if (json_is_string(args)) {
     /* Raw text, verbatim: "{bad json" must reach the loop as it is. */
     c->args_len = json_string_length(args); /* may hold a NUL byte */
-    c->args = dup_str(json_string_value(args), c->args_len);
+    c->args = ag__strndup(json_string_value(args), c->args_len);
   } else {
     c->args = json_dumps(args, JSON_PRESERVE_ORDER | JSON_COMPACT);
     c->args_len = c->args != NULL ? strlen(c->args) : 0;
@@ -303,7 +294,7 @@ static ag_err_t load_error(sreply *r, const json_t *j, const char *path,
   r->status = (int)st;
   r->retry_after_ms = ra != NULL ? (int64_t)json_integer_value(ra) : -1;
   if (msg != NULL) {
-    r->message = dup_str(json_string_value(msg), json_string_length(msg));
+    r->message = ag__strndup(json_string_value(msg), json_string_length(msg));
     if (r->message == NULL)
       return oom(err);
   }
@@ -369,7 +360,7 @@ static ag_err_t load_reply(sreply *r, const json_t *j, const char *path,
     if (!json_is_string(text))
       return ag__set_error(err, AG_ECONFIG, -1, "%s.text: expected a string",
                            path);
-    r->text = dup_str(json_string_value(text), json_string_length(text));
+    r->text = ag__strndup(json_string_value(text), json_string_length(text));
     if (r->text == NULL)
       return oom(err);
   }
@@ -447,66 +438,6 @@ static ag_err_t load_turn(sturn *t, const json_t *j, const char *path,
 /* Answering                                                                */
 /* ------------------------------------------------------------------------ */
 
-static const char *reason_phrase(int status) {
-  switch (status) {
-  case 0:
-    return "Connection failed";
-  case 400:
-    return "Bad Request";
-  case 401:
-    return "Unauthorized";
-  case 402:
-    return "Payment Required";
-  case 403:
-    return "Forbidden";
-  case 404:
-    return "Not Found";
-  case 405:
-    return "Method Not Allowed";
-  case 408:
-    return "Request Timeout";
-  case 409:
-    return "Conflict";
-  case 413:
-    return "Content Too Large";
-  case 415:
-    return "Unsupported Media Type";
-  case 422:
-    return "Unprocessable Content";
-  case 429:
-    return "Too Many Requests";
-  case 500:
-    return "Internal Server Error";
-  case 501:
-    return "Not Implemented";
-  case 502:
-    return "Bad Gateway";
-  case 503:
-    return "Service Unavailable";
-  case 504:
-    return "Gateway Timeout";
-  default:
-    break;
-  }
-  if (status >= 500)
-    return "Server Error";
-  if (status >= 400)
-    return "Client Error";
-  return "Unexpected Status";
-}
-
-/* Copies at most cap-1 bytes, never cutting a UTF-8 sequence in two. */
-static void copy_utf8(char *dst, size_t cap, const char *src) {
-  size_t n = strlen(src);
-  if (n >= cap) {
-    n = cap - 1;
-    while (n > 0 && ((unsigned char)src[n] & 0xC0) == 0x80)
-      n--;
-  }
-  memcpy(dst, src, n);
-  dst[n] = '\0';
-}
-
 static ag_err_t exhausted(ag_provider_error *perr) {
   perr->exhausted = true;
   perr->transient = false;
@@ -519,8 +450,12 @@ static ag_err_t answer_error(const sreply *r, ag_provider_error *perr) {
   perr->transient = r->status == 0 || r->status == 408 || r->status == 429 ||
                     r->status >= 500;
   perr->retry_after_ms = r->retry_after_ms;
-  copy_utf8(perr->message, sizeof(perr->message),
-            r->message != NULL ? r->message : reason_phrase(r->status));
+  ag__buf msg;
+  ag__buf_init_fixed(&msg, perr->message, sizeof(perr->message));
+  ag__buf_addstr_cut(&msg, r->message != NULL ? r->message
+                           : r->status == 0   ? "Connection failed"
+                                              : ag__http_reason(r->status));
+  perr->message_is_default = r->message == NULL && r->status > 0;
   return AG_EPROVIDER;
 }
 
@@ -541,7 +476,7 @@ static ag_err_t answer(const sreply *r, ag_delta_fn on_delta, void *delta_user,
     p = nl + 1;
   }
   if (r->text != NULL) {
-    out->text = dup_str(r->text, strlen(r->text));
+    out->text = ag__strndup(r->text, strlen(r->text));
     if (out->text == NULL)
       return AG_ENOMEM;
   }

@@ -4,7 +4,7 @@
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined \
  *     -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc \
- *     tests/fuzz/fuzz_content.c src/core/content.c src/core/common.c \
+ *     tests/fuzz/fuzz_content.c src/core/content.c src/base/common.c \
  *     -o /tmp/fuzz_content
  *   /tmp/fuzz_content -max_total_time=60 -max_len=8192
  *

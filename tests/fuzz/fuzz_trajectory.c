@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/fuzz_trajectory.c - libFuzzer target for the readers of
- * recorded runs (ag_trajectory_parse, src/core/trajectory.c): neutral
+ * recorded runs (ag_trajectory_parse, src/audit/trajectory.c): neutral
  * trajectories, OpenAI chat transcripts (array, object, JSON Lines) and
  * agentguard event logs, and for their replay (ag_auditor_run). Built by
  * CMake with clang (AG_FUZZ); scripts/fuzz.sh runs it with

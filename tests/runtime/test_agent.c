@@ -1055,9 +1055,12 @@ Test(agent, retries_exhausted) {
   cr_assert_eq(json_array_size(H.fake->requests), 3);
   cr_assert_eq(count_events("provider_retry"), 2);
   cr_assert(strstr(o.message, "The model service fake answered HTTP 503 "
-                              "(Service unavailable) 3 times over ") != NULL,
+                              "(Service Unavailable) 3 times over ") != NULL,
             "%s", o.message);
   cr_assert(strstr(o.message, "giving up.") != NULL, "%s", o.message);
+  /* the scripted reply said nothing of its own: its reason phrase is not
+   * repeated as "The last answer: Service Unavailable" */
+  cr_assert(strstr(o.message, "The last answer") == NULL, "%s", o.message);
   cr_assert(strstr(o.message, "Details: {\"raw\":\"body\"}") != NULL, "%s",
             o.message);
   cr_assert_eq(o.iterations, 1);
@@ -1585,4 +1588,52 @@ Test(agent, streaming_deltas_reach_the_caller) {
   ag_turn_outcome_clear(&out);
   ag_agent_free(a);
   ag_provider_free(p);
+}
+
+/* A scripted provider error without a message of its own: the reason phrase
+ * is said once, in the agent's "HTTP 503 (Service Unavailable)", and not
+ * again as "The last answer: Service Unavailable". A message of its own is
+ * still quoted. */
+Test(agent, provider_reason_phrase_said_once) {
+  static const struct {
+    const char *error, *want, *unwanted;
+  } cases[] = {
+      {"{\"status\": 503}", "answered HTTP 503 (Service Unavailable)",
+       "The last answer"},
+      {"{\"status\": 503, \"message\": \"overloaded\"}",
+       "(Service Unavailable); giving up. The last answer: "
+       "overloaded",
+       NULL},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    char text[256];
+    snprintf(text, sizeof(text),
+             "[{\"user\": \"hi\", \"model\": [{\"provider_error\": %s}]}]",
+             cases[i].error);
+    json_error_t je;
+    json_t *turns = json_loads(text, 0, &je);
+    cr_assert_not_null(turns, "%s", je.text);
+    ag_provider *p = NULL;
+    ag_error_t err;
+    cr_assert_eq(ag_provider_scripted_new(&p, turns, &err), AG_OK, "%s",
+                 err.msg);
+    json_decref(turns);
+    ag_agent_opts o;
+    ag_agent_opts_init(&o);
+    ag_config_preset(&o.config, "default", NULL);
+    o.config.network.max_retries = 0;
+    o.provider = p;
+    ag_agent *a = NULL;
+    cr_assert_eq(ag_agent_new(&a, &o, &err), AG_OK, "%s", err.msg);
+    ag_turn_outcome out;
+    cr_assert_eq(ag_agent_run_turn(a, "hi", NULL, &out, &err), AG_OK);
+    cr_assert_eq(out.status, AG_TURN_FAILED);
+    cr_expect(strstr(out.message, cases[i].want) != NULL, "%s", out.message);
+    if (cases[i].unwanted != NULL)
+      cr_expect(strstr(out.message, cases[i].unwanted) == NULL, "%s",
+                out.message);
+    ag_turn_outcome_clear(&out);
+    ag_agent_free(a);
+    ag_provider_free(p);
+  }
 }

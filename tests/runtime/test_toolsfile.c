@@ -113,7 +113,7 @@ Test(toolsfile, errors_name_the_key_path) {
                   "tools.t.idempotent: expected true or false, got string");
   EXPECT_LOAD_ERR(AG_EINVAL,
                   "{\"t\": {\"command\": [\"x\"], \"description\": 1.5}}",
-                  "tools.t.description: expected a string, got real");
+                  "tools.t.description: expected a string, got number");
   EXPECT_LOAD_ERR(AG_EINVAL,
                   "{\"t\": {\"command\": [\"x\"], \"parameters\": []}}",
                   "tools.t.parameters: expected a JSON Schema object, got "

@@ -413,7 +413,7 @@ Test(config, error_wrong_type) {
   parse_fails("{\"loop\": {\"max_iterations\": \"5\"}}", AG_ECONFIG,
               "loop.max_iterations: expected an integer, got string");
   parse_fails("{\"loop\": {\"max_iterations\": 5.0}}", AG_ECONFIG,
-              "loop.max_iterations: expected an integer, got real");
+              "loop.max_iterations: expected an integer, got number");
   parse_fails("{\"loop\": {\"parallel\": 1}}", AG_ECONFIG,
               "loop.parallel: expected a boolean, got integer");
   parse_fails("{\"retry\": {\"delay\": 30}}", AG_ECONFIG,

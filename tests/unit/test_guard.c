@@ -1013,3 +1013,38 @@ Test(iteration, stopped_batch_never_runs_and_invalid_calls_are_errors) {
   cr_assert_eq(v.reason, AG_REASON_IDENTICAL_CALLS);
   ag_guard_free(g);
 }
+
+/* Whether s[0..n) is valid UTF-8 (a cut that split no character). */
+static bool whole_utf8(const char *s, size_t n) {
+  json_t *j = json_stringn(s, n); /* jansson refuses invalid UTF-8 */
+  json_decref(j);
+  return j != NULL;
+}
+
+/* Like snprintf: every buffer size gets the full length back and a prefix of
+ * the full text, cut on a character boundary (never half of "é"). */
+Test(context, small_buffers_get_a_prefix_cut_on_a_character) {
+  ag_guard *g = make("default");
+  one(g, "fetch", "{\"i\":1}", "é\xC3\xA9\xC3\xA9 not found \xC3\xA9\xC3\xA9",
+      true);
+  char full[4096];
+  size_t n = ag_guard_error_context(g, AG_RECOVER_EXECUTION, NULL, 0, full,
+                                    sizeof(full));
+  cr_assert_lt(n, sizeof(full));
+  cr_assert_eq(strlen(full), n);
+  for (size_t cap = 0; cap <= n + 1; cap++) {
+    char small[4096];
+    memset(small, 'x', sizeof(small));
+    size_t m = ag_guard_error_context(g, AG_RECOVER_EXECUTION, NULL, 0,
+                                      cap > 0 ? small : NULL, cap);
+    cr_assert_eq(m, n, "cap %zu: %zu", cap, m);
+    if (cap == 0)
+      continue;
+    size_t k = strlen(small);
+    cr_assert_lt(k, cap);
+    cr_assert(k + 4 > cap || k == n, "cap %zu: only %zu bytes kept", cap, k);
+    cr_assert(memcmp(small, full, k) == 0, "cap %zu: not a prefix", cap);
+    cr_assert(whole_utf8(small, k), "cap %zu: a character was split", cap);
+  }
+  ag_guard_free(g);
+}

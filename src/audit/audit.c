@@ -1,5 +1,5 @@
 /*
- * src/core/audit.c - the audit: replays a recorded run (ag_trajectory)
+ * src/audit/audit.c - the audit: replays a recorded run (ag_trajectory)
  * through a guard and reports where it would have stopped, plus the summary
  * over many runs and both as JSON.
  *
@@ -44,7 +44,7 @@
 #include <jansson.h>
 
 #include "agentguard/audit.h"
-#include "internal.h"
+#include "../core/internal.h"
 
 /* What a reply without a tool call records when loop.require_tool_call is
  * on: the live loop's text and category (src/agent/loop.c), so repeated

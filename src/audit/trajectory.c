@@ -1,5 +1,5 @@
 /*
- * src/core/trajectory.c - recorded agent runs: parsing five input formats
+ * src/audit/trajectory.c - recorded agent runs: parsing five input formats
  * from a memory buffer into the neutral ag_trajectory (agentguard/audit.h).
  *
  * Design. jansson parses the buffer once; the tree is kept alive inside the
@@ -44,7 +44,7 @@
 #include <jansson.h>
 
 #include "agentguard/audit.h"
-#include "internal.h"
+#include "../core/internal.h"
 
 #define JFLAGS                                                                 \
   (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES)
@@ -257,26 +257,6 @@ static ag_err_t nomem(builder *b) {
   return ag__set_error(b->err, AG_ENOMEM, -1, "out of memory");
 }
 
-static const char *json_type_name(const json_t *v) {
-  switch (json_typeof(v)) {
-  case JSON_OBJECT:
-    return "an object";
-  case JSON_ARRAY:
-    return "an array";
-  case JSON_STRING:
-    return "a string";
-  case JSON_INTEGER:
-  case JSON_REAL:
-    return "a number";
-  case JSON_TRUE:
-  case JSON_FALSE:
-    return "a boolean";
-  case JSON_NULL:
-    return "null";
-  }
-  return "a value";
-}
-
 /* A user message arrived at `t`: the next step opens a new turn. */
 static void b_user(builder *b, int64_t t) {
   if (!b->new_turn)
@@ -423,7 +403,7 @@ static ag_err_t b_usage(builder *b, const json_t *obj, int64_t *tokens) {
     return AG_OK;
   if (!json_is_object(u))
     return fail(b, AG_EINVAL, "\"usage\" must be an object, got %s",
-                json_type_name(u));
+                ag__json_kind(u));
   static const char *const names[] = {"prompt_tokens", "completion_tokens",
                                       "input_tokens", "output_tokens"};
   int64_t sum = 0;
@@ -471,7 +451,7 @@ static ag_err_t b_text(builder *b, const json_t *v, const char *what,
   } else {
     return fail(b, AG_EINVAL,
                 "\"%s\" must be a string or an array of parts, got %s", what,
-                json_type_name(v));
+                ag__json_kind(v));
   }
   size_t total = 0;
   for (size_t pass = 0; pass < 2; pass++) {
@@ -516,7 +496,7 @@ static ag_err_t b_time(builder *b, const json_t *obj, const char *key,
     return AG_OK;
   if (!json_is_number(v))
     return fail(b, AG_EINVAL, "\"%s\" must be a number, got %s", key,
-                json_type_name(v));
+                ag__json_kind(v));
   double d = json_number_value(v);
   if (!(d >= 0 && d < 9.0e15))
     return fail(b, AG_EINVAL, "\"%s\" is out of range", key);
@@ -559,7 +539,7 @@ static ag_err_t parse_neutral(builder *b, const json_t *root) {
   const json_t *steps = json_object_get(root, "steps");
   if (!json_is_array(steps))
     return fail(b, AG_EINVAL, "\"steps\" must be an array, got %s",
-                json_type_name(steps));
+                ag__json_kind(steps));
   b->f->pub.outcome = parse_outcome(root);
   b->f->pub.source = parse_source(root);
   b->unit = "step";
@@ -567,16 +547,15 @@ static ag_err_t parse_neutral(builder *b, const json_t *root) {
     const json_t *st = json_array_get(steps, i);
     b->unit_no = i + 1;
     if (!json_is_object(st))
-      return fail(b, AG_EINVAL, "must be an object, got %s",
-                  json_type_name(st));
+      return fail(b, AG_EINVAL, "must be an object, got %s", ag__json_kind(st));
     const json_t *calls = json_object_get(st, "calls");
     const json_t *results = json_object_get(st, "results");
     if (calls != NULL && !json_is_array(calls))
       return fail(b, AG_EINVAL, "\"calls\" must be an array, got %s",
-                  json_type_name(calls));
+                  ag__json_kind(calls));
     if (results != NULL && !json_is_array(results))
       return fail(b, AG_EINVAL, "\"results\" must be an array, got %s",
-                  json_type_name(results));
+                  ag__json_kind(results));
     if (calls == NULL && results == NULL)
       return fail(b, AG_EINVAL, "has neither \"calls\" nor \"results\"");
     size_t nc = json_array_size(calls), nr = json_array_size(results);
@@ -606,7 +585,7 @@ static ag_err_t parse_neutral(builder *b, const json_t *root) {
       const json_t *c = json_array_get(calls, k);
       if (!json_is_object(c))
         return fail(b, AG_EINVAL, "call %zu must be an object, got %s", k + 1,
-                    json_type_name(c));
+                    ag__json_kind(c));
       const json_t *name = json_object_get(c, "name");
       if (!json_is_string(name))
         return fail(b, AG_EINVAL, "call %zu: \"name\" must be a string", k + 1);
@@ -652,7 +631,7 @@ static ag_err_t parse_neutral(builder *b, const json_t *root) {
       }
       if (!json_is_object(rv))
         return fail(b, AG_EINVAL, "result %zu must be an object, got %s", k + 1,
-                    json_type_name(rv));
+                    ag__json_kind(rv));
       const json_t *ok = json_object_get(rv, "ok");
       if (ok != NULL && !json_is_boolean(ok))
         return fail(b, AG_EINVAL, "result %zu: \"ok\" must be true or false",
@@ -734,7 +713,7 @@ static ag_err_t chat_assistant(builder *b, const json_t *m) {
   const json_t *fc = json_object_get(m, "function_call");
   if (tcs != NULL && !json_is_null(tcs) && !json_is_array(tcs))
     return fail(b, AG_EINVAL, "\"tool_calls\" must be an array, got %s",
-                json_type_name(tcs));
+                ag__json_kind(tcs));
   if ((rc = b_step(b, 0)) != AG_OK)
     return rc;
   if ((rc = b_usage(b, m, &cur_step(b)->tokens)) != AG_OK)
@@ -750,7 +729,7 @@ static ag_err_t chat_assistant(builder *b, const json_t *m) {
     const json_t *tc = json_array_get(tcs, k);
     if (!json_is_object(tc))
       return fail(b, AG_EINVAL, "tool call %zu must be an object, got %s",
-                  k + 1, json_type_name(tc));
+                  k + 1, ag__json_kind(tc));
     const json_t *fn = json_object_get(tc, "function");
     const json_t *src = json_is_object(fn) ? fn : tc;
     const json_t *name = json_object_get(src, "name");
@@ -787,7 +766,7 @@ static ag_err_t chat_tool(builder *b, const json_t *m, bool legacy) {
   const json_t *idv = json_object_get(m, "tool_call_id");
   if (idv != NULL && !json_is_string(idv) && !json_is_null(idv))
     return fail(b, AG_EINVAL, "\"tool_call_id\" must be a string, got %s",
-                json_type_name(idv));
+                ag__json_kind(idv));
   const char *id = json_string_value(idv);
   const char *name =
       legacy ? json_string_value(json_object_get(m, "name")) : NULL;
@@ -824,7 +803,7 @@ static ag_err_t chat_message(builder *b, const json_t *m) {
   ag_err_t rc;
   if (!json_is_object(m))
     return fail(b, AG_EINVAL, "a chat message must be an object, got %s",
-                json_type_name(m));
+                ag__json_kind(m));
   const json_t *rv = json_object_get(m, "role");
   if (!json_is_string(rv))
     return fail(b, AG_EINVAL, "not a chat message (no \"role\")");
@@ -982,7 +961,7 @@ static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
     b->line = lines != NULL ? lines[i] : 0;
     if (!json_is_object(e))
       return fail(b, AG_EINVAL, "an event must be an object, got %s",
-                  json_type_name(e));
+                  ag__json_kind(e));
     const char *name = json_string_value(json_object_get(e, "event"));
     if (name == NULL)
       return fail(b, AG_EINVAL, "not an agentguard event (no \"event\")");
@@ -1298,8 +1277,9 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
                            : parse_chat(b, root, NULL);
   }
   if (!json_is_object(root))
-    return ag__set_error(err, AG_EINVAL, -1, "unknown shape: %s; %s",
-                         json_type_name(root), shape_help);
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "unknown shape: %s at the top level; %s",
+                         ag__json_kind(root), shape_help);
   if (json_object_get(root, "steps") != NULL && want != AG_TRAJ_CHAT &&
       want != AG_TRAJ_CHAT_OBJECT) {
     f->pub.format = AG_TRAJ_NEUTRAL;
@@ -1310,7 +1290,7 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
     if (!json_is_array(msgs))
       return ag__set_error(err, AG_EINVAL, -1,
                            "\"messages\" must be an array, got %s",
-                           json_type_name(msgs));
+                           ag__json_kind(msgs));
     f->pub.format = AG_TRAJ_CHAT_OBJECT;
     f->pub.outcome = parse_outcome(root);
     f->pub.source = parse_source(root);

@@ -1,5 +1,5 @@
 /*
- * src/exec/cancel.c - cancellation tokens: linked chains, deadlines, eventfds.
+ * src/base/cancel.c - cancellation tokens: linked chains, deadlines, eventfds.
  *
  * What it is for. One token per turn (parent: the caller's token; deadline:
  * the turn deadline, reason DEADLINE) and one per tool attempt (parent: the
@@ -89,12 +89,6 @@ struct ag_cancel {
   int64_t deadline;
   ag_cancel_reason deadline_reason;
 };
-
-AG_EXTERN int64_t ag_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + (int64_t)(ts.tv_nsec / 1000000);
-}
 
 AG_EXTERN const char *ag_cancel_reason_name(ag_cancel_reason r) {
   switch (r) {

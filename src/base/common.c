@@ -1,5 +1,7 @@
 /*
- * src/core/common.c - version, error table, error details, ag_free.
+ * src/base/common.c - version, error table, error details, ag_free, and
+ * the error helpers every layer uses (ag__set_error, ag__scopy,
+ * ag__opts_read).
  */
 #include <stdio.h>
 #include <stdlib.h>
