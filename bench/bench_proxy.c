@@ -14,7 +14,8 @@
 
 #include <jansson.h>
 
-#include "proxy/proxy.h"
+#include "agentguard.h"
+#include "agentguard/proxy.h"
 
 static double now_s(void) {
   struct timespec ts;

@@ -13,7 +13,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "proxy.h"
+#include "agentguard.h"
+#include "agentguard/proxy.h"
 #include "scenario.h"
 
 #define CONFIG_MAX (1u << 20)

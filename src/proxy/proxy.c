@@ -27,7 +27,7 @@
  * turn costs about 0.1 ms beyond parsing the request (bench/bench_proxy.c)
  * and makes every replica decide alike behind any load balancer.
  */
-#include "proxy.h"
+#include "agentguard/proxy.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -46,7 +46,9 @@
 #include <microhttpd.h>
 #include <openssl/crypto.h>
 
-#include "providers/internal.h"
+#include "../providers/internal.h"
+#include "agentguard/audit.h"
+#include "agentguard/providers.h"
 
 #define NO_TOOL_CALL_TEXT "Your response contained no tool call."
 #define FINAL_INSTRUCTION                                                      \

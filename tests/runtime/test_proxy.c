@@ -15,7 +15,8 @@
 #include <strings.h>
 #include <sys/wait.h>
 
-#include "proxy/proxy.h"
+#include "agentguard.h"
+#include "agentguard/proxy.h"
 
 /* ------------------------------------------------------------------------ */
 /* The fake upstream                                                        */

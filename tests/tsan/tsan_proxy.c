@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proxy/proxy.h"
+#include "agentguard.h"
+#include "agentguard/proxy.h"
 #include "tsan_common.h"
 
 #define THREADS 32

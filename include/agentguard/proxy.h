@@ -1,9 +1,10 @@
 /*
- * src/proxy/proxy.h - the OpenAI- and Anthropic-compatible guard proxy
- * (`agentguard proxy`, docs/proxy.md). Not installed: the library
- * `agentguard_proxy` (src/proxy/, linked with libmicrohttpd) is built for the
- * program and the tests only, so that the installed libagentguard does not
- * depend on an HTTP server.
+ * agentguard/proxy.h - the OpenAI- and Anthropic-compatible guard proxy
+ * (`agentguard proxy`, docs/proxy.md): the proxy layer's public header, for
+ * the program, the tests and the bench. Not installed, and not in the
+ * agentguard.h umbrella: the library `agentguard_proxy` (src/proxy/, linked
+ * with libmicrohttpd) is built for the program and the tests only, so that
+ * the installed libagentguard does not depend on an HTTP server.
  *
  * The proxy serves HTTP with libmicrohttpd (one thread per connection,
  * connections capped) and talks to the upstream with libcurl.
@@ -30,7 +31,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "agentguard.h"
+#include "common.h"
+#include "core.h"
 
 #define AG_PROXY_MAX_BODY_DEFAULT (8u << 20)
 #define AG_PROXY_MAX_CONNECTIONS 512
