@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "cli.h"
 #include "agentguard.h"
 #include "agentguard/proxy.h"
@@ -59,36 +60,22 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
   static const char *const names[] = {
       "--listen", "--upstream", "--openai-upstream", "--preset",
       "--config", "--events",   "--max-body",        "--client-key-env"};
-  const char **slot[] = {&a->listen,   &a->upstream, &a->openai_upstream,
-                         &a->preset,   &a->config,   &a->events,
-                         &a->max_body, &a->key_env};
+  const char **const slot[] = {&a->listen,   &a->upstream, &a->openai_upstream,
+                               &a->preset,   &a->config,   &a->events,
+                               &a->max_body, &a->key_env};
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
       usage(stdout);
       return AG_EXIT_OK;
     }
-    bool known = false;
-    for (size_t k = 0; k < sizeof(names) / sizeof(names[0]) && !known; k++) {
-      size_t n = strlen(names[k]);
-      if (strncmp(arg, names[k], n) != 0 || (arg[n] != '\0' && arg[n] != '='))
-        continue;
-      known = true;
-      const char *value;
-      if (arg[n] == '=') {
-        value = arg + n + 1;
-      } else {
-        if (i + 1 >= argc)
-          return usage_error("option '%s' needs a value", arg);
-        value = argv[++i];
-      }
-      if (value[0] == '\0')
-        return usage_error("option '%s' needs a non-empty value", names[k]);
-      if (*slot[k] != NULL)
-        return usage_error("option '%s' given twice", names[k]);
-      *slot[k] = value;
-    }
-    if (!known)
+    char msg[128];
+    int got =
+        cli_value_option(argc, argv, &i, names, slot,
+                         sizeof(names) / sizeof(names[0]), msg, sizeof msg);
+    if (got < 0)
+      return usage_error("%s", msg);
+    if (got == 0)
       return usage_error("unknown %s '%s'",
                          arg[0] == '-' ? "option" : "argument", arg);
   }

@@ -41,6 +41,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
 #include "scenario.h"
 #include "timeline.h"
@@ -401,31 +402,14 @@ static int parse_args(int argc, char **argv, sim_args *a) {
       }
       static const char *const with_value[] = {"--preset", "--config",
                                                "--events", "--events-detail"};
-      const char **slot[] = {&a->preset, &a->config, &a->events,
-                             &a->events_detail};
-      bool known = false;
-      for (size_t k = 0; k < 4 && !known; k++) {
-        size_t n = strlen(with_value[k]);
-        if (strncmp(arg, with_value[k], n) != 0 ||
-            (arg[n] != '\0' && arg[n] != '='))
-          continue;
-        known = true;
-        const char *value;
-        if (arg[n] == '=') {
-          value = arg + n + 1;
-        } else {
-          if (i + 1 >= argc)
-            return usage_error("option '%s' needs a value", arg);
-          value = argv[++i];
-        }
-        if (value[0] == '\0')
-          return usage_error("option '%s' needs a non-empty value",
-                             with_value[k]);
-        if (*slot[k] != NULL)
-          return usage_error("option '%s' given twice", with_value[k]);
-        *slot[k] = value;
-      }
-      if (!known)
+      const char **const slot[] = {&a->preset, &a->config, &a->events,
+                                   &a->events_detail};
+      char msg[128];
+      int got = cli_value_option(argc, argv, &i, with_value, slot, 4, msg,
+                                 sizeof msg);
+      if (got < 0)
+        return usage_error("%s", msg);
+      if (got == 0)
         return usage_error("unknown option '%s'", arg);
       continue;
     }
