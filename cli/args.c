@@ -3,8 +3,13 @@
  */
 #include "args.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
 
 int cli_value_option(int argc, char **argv, int *i, const char *const *names,
                      const char **const *slots, size_t n, char *msg,
@@ -37,4 +42,38 @@ int cli_value_option(int argc, char **argv, int *i, const char *const *names,
     return 1;
   }
   return 0;
+}
+
+int cli_exit_code(ag_turn_status s) {
+  switch (s) {
+  case AG_TURN_COMPLETED:
+    return AG_EXIT_OK;
+  case AG_TURN_STOPPED:
+  case AG_TURN_ESCALATED:
+    return AG_EXIT_STOPPED;
+  case AG_TURN_TIMED_OUT:
+  case AG_TURN_CANCELLED:
+    return AG_EXIT_TIMEOUT;
+  case AG_TURN_FAILED:
+    return AG_EXIT_FAILURE;
+  }
+  return AG_EXIT_FAILURE;
+}
+
+FILE *cli_open_events(const char *path) {
+  if (strcmp(path, "-") == 0)
+    return stdout;
+  int fd;
+  do
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  while (fd < 0 && errno == EINTR);
+  if (fd < 0)
+    return NULL;
+  FILE *f = fdopen(fd, "w");
+  if (f == NULL) {
+    int e = errno;
+    close(fd);
+    errno = e;
+  }
+  return f;
 }

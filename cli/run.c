@@ -293,22 +293,6 @@ static ag_human_action human(void *user, const char *record, char *hint,
   return AG_HUMAN_CONTINUE;
 }
 
-static int exit_code(ag_turn_status s) {
-  switch (s) {
-  case AG_TURN_COMPLETED:
-    return AG_EXIT_OK;
-  case AG_TURN_STOPPED:
-  case AG_TURN_ESCALATED:
-    return AG_EXIT_STOPPED;
-  case AG_TURN_TIMED_OUT:
-  case AG_TURN_CANCELLED:
-    return AG_EXIT_TIMEOUT;
-  case AG_TURN_FAILED:
-    return AG_EXIT_FAILURE;
-  }
-  return AG_EXIT_FAILURE;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Setting up                                                               */
 /* ------------------------------------------------------------------------ */
@@ -459,16 +443,6 @@ static int make_tools(const run_args *a, setup *S) {
   return 0;
 }
 
-static FILE *open_events(const char *path) {
-  if (strcmp(path, "-") == 0)
-    return stdout;
-  int fd;
-  do
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  while (fd < 0 && errno == EINTR);
-  return fd < 0 ? NULL : fdopen(fd, "w");
-}
-
 /* One turn with a fresh caller token (a cancel ends this turn only). */
 static int one_turn(ag_agent *agent, const char *task, run_ctx *R, bool quiet) {
   ag_cancel *turn = NULL;
@@ -501,7 +475,7 @@ static int one_turn(ag_agent *agent, const char *task, run_ctx *R, bool quiet) {
     if (o.status == AG_TURN_COMPLETED && o.final_text != NULL &&
         R->timeline != NULL && !R->streamed_text)
       printf("%s\n", o.final_text);
-    rc = exit_code(o.status);
+    rc = cli_exit_code(o.status);
   }
   fflush(stdout);
   ag_turn_outcome_clear(&o);
@@ -526,7 +500,7 @@ int cli_run(int argc, char **argv) {
   memset(&R, 0, sizeof R);
   R.yes = a.yes;
   R.tty = fopen("/dev/tty", "r+");
-  if (a.events != NULL && (R.events = open_events(a.events)) == NULL) {
+  if (a.events != NULL && (R.events = cli_open_events(a.events)) == NULL) {
     fprintf(stderr, "agentguard run: --events %s: cannot open: %s\n", a.events,
             strerror(errno));
     setup_free(&S);

@@ -255,24 +255,6 @@ static void on_event(void *user, const json_t *ev) {
       S->matched[i] = true;
 }
 
-static FILE *open_events(const char *path) {
-  if (strcmp(path, "-") == 0)
-    return stdout;
-  int fd;
-  do
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  while (fd < 0 && errno == EINTR);
-  if (fd < 0)
-    return NULL;
-  FILE *f = fdopen(fd, "w");
-  if (f == NULL) {
-    int e = errno;
-    close(fd);
-    errno = e;
-  }
-  return f;
-}
-
 /* ------------------------------------------------------------------------ */
 /* --check                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -342,22 +324,6 @@ static int check_turn(const char *file, size_t turn, const cli_expect *x,
     bad++;
   }
   return bad;
-}
-
-static int exit_code(ag_turn_status s) {
-  switch (s) {
-  case AG_TURN_COMPLETED:
-    return AG_EXIT_OK;
-  case AG_TURN_STOPPED:
-  case AG_TURN_ESCALATED:
-    return AG_EXIT_STOPPED;
-  case AG_TURN_TIMED_OUT:
-  case AG_TURN_CANCELLED:
-    return AG_EXIT_TIMEOUT;
-  case AG_TURN_FAILED:
-    return AG_EXIT_FAILURE;
-  }
-  return AG_EXIT_FAILURE;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -492,7 +458,7 @@ int cli_simulate(int argc, char **argv) {
   memset(&S, 0, sizeof S);
   if (a.events != NULL) {
     S.events_path = a.events;
-    S.events = open_events(a.events);
+    S.events = cli_open_events(a.events);
     if (S.events == NULL) {
       fprintf(stderr, "agentguard simulate: --events %s: cannot open: %s\n",
               a.events, strerror(errno));
@@ -587,7 +553,7 @@ int cli_simulate(int argc, char **argv) {
       mismatches += check_turn(a.file, i + 1, x, &o, &S);
       checked++;
     }
-    rc = exit_code(o.status);
+    rc = cli_exit_code(o.status);
     interrupted = ag_cancel_check(caller, ag_now_ms()) != AG_CANCEL_NONE;
     ag_turn_outcome_clear(&o);
     if (interrupted) {
