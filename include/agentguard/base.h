@@ -46,7 +46,8 @@ typedef struct ag_cancel ag_cancel;
  * cancelled with `deadline_reason` (AG_CANCEL_DEADLINE or AG_CANCEL_TIMEOUT).
  * A turn token: parent = the caller's token, the turn deadline. An attempt
  * token: parent = the turn token, the per-attempt timeout.
- * Returns AG_OK, AG_ENOMEM, or AG_EIO (no eventfd; err->sys_errno).
+ * Returns AG_OK or AG_ENOMEM. No descriptor is made until something asks
+ * for one (ag_cancel_fds, ag_cancel_wait).
  */
 AG_EXTERN ag_err_t ag_cancel_new(ag_cancel **out, ag_cancel *parent,
                                  int64_t deadline_ms,
@@ -89,7 +90,11 @@ AG_EXTERN ag_cancel_reason ag_cancel_wait(ag_cancel *c, int64_t timeout_ms);
 /*
  * For code that polls: the earliest deadline in the chain (INT64_MAX: none)
  * and up to `cap` file descriptors, one per token in the chain, each readable
- * once that token is cancelled. Returns how many were written.
+ * once that token is cancelled. Returns how many were written. A token's
+ * descriptor (an eventfd) is made at the first call that asks for it and
+ * lives until ag_cancel_free; a token whose descriptor cannot be made (out
+ * of descriptors) is left out, so poll with a timeout and call
+ * ag_cancel_check as ag_cancel_wait does.
  */
 AG_EXTERN size_t ag_cancel_fds(ag_cancel *c, int *fds, size_t cap,
                                int64_t *deadline_ms);

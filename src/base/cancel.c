@@ -15,7 +15,14 @@
  *     (compare-exchange from 0: the first reason wins). Reason and time are
  *     one word so that a reader never sees a reason without its time.
  *   - `fd`: an eventfd (EFD_CLOEXEC | EFD_NONBLOCK), written once by whoever
- *     latches the state, never read: it stays readable for good.
+ *     latches the state, never read: it stays readable for good. Made only
+ *     when something first asks for the token's descriptors
+ *     (ag_cancel_fds, ag_cancel_wait): most tool attempts finish without
+ *     anyone polling their token, and an eventfd costs two system calls
+ *     (3-4 us on these machines). Publishing it races with a cancel: the
+ *     canceller latches the state then reads the fd, the creator publishes
+ *     the fd then reads the state, both sequentially consistent, so at
+ *     least one of them sees the other and signals (twice is harmless).
  *   - `parent` (borrowed), its own `deadline` and `deadline_reason`.
  * A child never writes to its parents and parents do not know their
  * children, so cancelling is one CAS and one write(2) on one token: no
@@ -83,8 +90,8 @@
 
 struct ag_cancel {
   atomic_ullong state; /* 0, or (time << REASON_BITS) | reason */
-  int fd;
-  atomic_int forced; /* ag_cancel_force: kill subprocesses without grace */
+  atomic_int fd;       /* the eventfd, -1 until something waits on it */
+  atomic_int forced;   /* ag_cancel_force: kill subprocesses without grace */
   ag_cancel *parent;
   int64_t deadline;
   ag_cancel_reason deadline_reason;
@@ -174,10 +181,10 @@ static ag_cancel_reason observe(ag_cancel *c, int64_t now, int64_t *at) {
 static ag_cancel_reason latch(ag_cancel *c, ag_cancel_reason r, int64_t at) {
   unsigned long long expected = 0;
   unsigned long long desired = pack(r, at);
-  if (atomic_compare_exchange_strong_explicit(&c->state, &expected, desired,
-                                              memory_order_acq_rel,
-                                              memory_order_acquire)) {
-    signal_fd(c->fd);
+  if (atomic_compare_exchange_strong(&c->state, &expected, desired)) {
+    int fd = atomic_load(&c->fd); /* seq_cst: see the note on `fd` */
+    if (fd >= 0)
+      signal_fd(fd);
     return r;
   }
   return state_reason(expected);
@@ -194,21 +201,9 @@ AG_EXTERN ag_err_t ag_cancel_new(ag_cancel **out, ag_cancel *parent,
   if (c == NULL)
     return ag__set_error(err, AG_ENOMEM, -1, "cancellation token: %s",
                          ag_strerror(AG_ENOMEM));
-  int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (fd < 0) {
-    int e = errno;
-    free(c);
-    ag_err_t code = ag__set_error(err, AG_EIO, -1,
-                                  "cancellation token: eventfd failed "
-                                  "(errno %d)",
-                                  e);
-    if (err != NULL)
-      err->sys_errno = e;
-    return code;
-  }
   atomic_init(&c->state, 0);
   atomic_init(&c->forced, 0);
-  c->fd = fd;
+  atomic_init(&c->fd, -1);
   c->parent = parent;
   c->deadline = deadline_ms;
   /* A deadline needs a reason to report; NONE would read "not cancelled". */
@@ -222,7 +217,9 @@ AG_EXTERN void ag_cancel_free(ag_cancel *c) {
   if (c == NULL)
     return;
   /* Not retried on EINTR: on Linux the fd is gone either way. */
-  close(c->fd);
+  int fd = atomic_load(&c->fd);
+  if (fd >= 0)
+    close(fd);
   free(c);
 }
 
@@ -268,13 +265,36 @@ AG_EXTERN ag_cancel_reason ag_cancel_check(ag_cancel *c, int64_t now_ms) {
   return latch(c, r, at);
 }
 
+/* The token's eventfd, made at the first call; -1 when it cannot be made
+ * (out of descriptors: the token is then seen by polling with timeouts). */
+static int token_fd(ag_cancel *c) {
+  int fd = atomic_load(&c->fd);
+  if (fd >= 0)
+    return fd;
+  int made = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (made < 0)
+    return -1;
+  int expected = -1;
+  if (!atomic_compare_exchange_strong(&c->fd, &expected, made)) {
+    close(made); /* another thread published one first */
+    return expected;
+  }
+  /* A cancel latched before the fd was published signalled nothing. */
+  if (atomic_load(&c->state) != 0)
+    signal_fd(made);
+  return made;
+}
+
 AG_EXTERN size_t ag_cancel_fds(ag_cancel *c, int *fds, size_t cap,
                                int64_t *deadline_ms) {
   size_t n = 0;
   int64_t earliest = INT64_MAX;
   for (ag_cancel *t = c; t != NULL; t = t->parent) {
-    if (fds != NULL && n < cap)
-      fds[n++] = t->fd;
+    if (fds != NULL && n < cap) {
+      int fd = token_fd(t);
+      if (fd >= 0)
+        fds[n++] = fd;
+    }
     if (t->deadline < earliest)
       earliest = t->deadline;
   }

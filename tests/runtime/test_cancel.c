@@ -434,6 +434,34 @@ Test(cancel, no_fd_leak) {
   cr_expect_eq(after, before, "open fds: %d before, %d after", before, after);
 }
 
+Test(cancel, a_token_nobody_polls_holds_no_descriptor) {
+  int before = count_fds();
+  ag_cancel *t[100];
+  for (int i = 0; i < 100; i++) {
+    t[i] = new_token(i ? t[i - 1] : NULL, INT64_MAX, AG_CANCEL_DEADLINE);
+    ag_cancel_cancel(t[i], AG_CANCEL_USER);
+  }
+  cr_expect_eq(count_fds(), before, "tokens made eventfds nobody waits on");
+  /* asked for, a descriptor exists; freed, it is closed */
+  int fds[4];
+  cr_assert_eq(ag_cancel_fds(t[99], fds, 4, NULL), 4);
+  cr_expect_eq(count_fds(), before + 4);
+  for (int i = 99; i >= 0; i--)
+    ag_cancel_free(t[i]);
+  cr_expect_eq(count_fds(), before);
+}
+
+Test(cancel, cancelled_before_its_descriptor_is_made_it_is_readable) {
+  ag_cancel *c = new_token(NULL, INT64_MAX, AG_CANCEL_DEADLINE);
+  ag_cancel_cancel(c, AG_CANCEL_USER);
+  int fd;
+  cr_assert_eq(ag_cancel_fds(c, &fd, 1, NULL), 1);
+  struct pollfd p = {fd, POLLIN, 0};
+  cr_expect_eq(poll(&p, 1, 0), 1, "the late descriptor missed the cancel");
+  cr_expect_eq(ag_cancel_wait(c, 5000), AG_CANCEL_USER);
+  ag_cancel_free(c);
+}
+
 Test(cancel, tokens_are_close_on_exec) {
   ag_cancel *c = new_token(NULL, INT64_MAX, AG_CANCEL_DEADLINE);
   int fd;
