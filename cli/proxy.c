@@ -7,6 +7,7 @@
  * threads start (they inherit the mask) and taken here with sigwait, so no
  * handler runs on another thread.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -36,6 +37,8 @@ static void usage(FILE *f) {
       "  --config FILE          a config file (its keys on top of the preset)\n"
       "  --events FILE          append the proxy's decisions as JSON Lines\n"
       "  --max-body BYTES       request body cap (default 8388608)\n"
+      "  --max-connections N    client connections served at once, 1 to\n"
+      "                         65536 (default 512)\n"
       "  --client-key-env NAME  clients must send the key in $NAME as\n"
       "                         x-agentguard-key (required off loopback)\n"
       "\nSee docs/proxy.md.\n");
@@ -53,16 +56,17 @@ static int usage_error(const char *fmt, ...) {
 
 typedef struct proxy_args {
   const char *listen, *upstream, *openai_upstream, *preset, *config, *events,
-      *max_body, *key_env;
+      *max_body, *key_env, *max_connections;
 } proxy_args;
 
 static int parse_args(int argc, char **argv, proxy_args *a) {
   static const char *const names[] = {
-      "--listen", "--upstream", "--openai-upstream", "--preset",
-      "--config", "--events",   "--max-body",        "--client-key-env"};
+      "--listen",   "--upstream",       "--openai-upstream",
+      "--preset",   "--config",         "--events",
+      "--max-body", "--client-key-env", "--max-connections"};
   const char **const slot[] = {&a->listen,   &a->upstream, &a->openai_upstream,
                                &a->preset,   &a->config,   &a->events,
-                               &a->max_body, &a->key_env};
+                               &a->max_body, &a->key_env,  &a->max_connections};
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -163,6 +167,16 @@ int cli_proxy(int argc, char **argv) {
                          "1073741824",
                          a.max_body);
     o.max_body = (size_t)v;
+  }
+  if (a.max_connections != NULL) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(a.max_connections, &end, 10);
+    if (end == a.max_connections || *end != '\0' || errno != 0 || v < 1 ||
+        v > AG_PROXY_MAX_CONNECTIONS_LIMIT)
+      return usage_error("--max-connections %s: expected a number from 1 to %d",
+                         a.max_connections, AG_PROXY_MAX_CONNECTIONS_LIMIT);
+    o.max_connections = (int)v;
   }
   if (a.key_env != NULL) {
     const char *k = getenv(a.key_env);

@@ -36,6 +36,9 @@
 
 #define AG_PROXY_MAX_BODY_DEFAULT (8u << 20)
 #define AG_PROXY_MAX_CONNECTIONS 512
+/* The highest max_connections accepted: one thread and one descriptor (two
+ * with the upstream's) each, so the process's RLIMIT_NOFILE must allow it. */
+#define AG_PROXY_MAX_CONNECTIONS_LIMIT 65536
 /* An upstream response body kept (pass-through or guarded): past it, 502. */
 #define AG_PROXY_UPSTREAM_MAX (32u << 20)
 
@@ -47,9 +50,12 @@ typedef struct ag_proxy_opts {
    * completions"). A trailing "/v1" is dropped when the client's path
    * starts with "/v1/" ("https://api.openai.com/v1" works too). Required. */
   const char *upstream;
-  ag_config cfg;       /* the guard's config */
-  size_t max_body;     /* request body cap; 0: AG_PROXY_MAX_BODY_DEFAULT */
-  int max_connections; /* 0: AG_PROXY_MAX_CONNECTIONS */
+  ag_config cfg;   /* the guard's config */
+  size_t max_body; /* request body cap; 0: AG_PROXY_MAX_BODY_DEFAULT */
+  /* Open client connections served at once (--max-connections), 1 to
+   * AG_PROXY_MAX_CONNECTIONS_LIMIT; past it new ones are refused. 0:
+   * AG_PROXY_MAX_CONNECTIONS. Anything else: AG_EINVAL. */
+  int max_connections;
   /* The key clients must send in "x-agentguard-key" (never forwarded), or
    * NULL: none. Required when listen_host is not a loopback address. */
   const char *client_key;

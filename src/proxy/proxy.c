@@ -2460,6 +2460,11 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
     return fail(err, AG_EINVAL,
                 "--upstream: expected an http:// or https:// URL, got '%s'",
                 o->upstream != NULL ? o->upstream : "(none)");
+  if (o->max_connections < 0 ||
+      o->max_connections > AG_PROXY_MAX_CONNECTIONS_LIMIT)
+    return fail(err, AG_EINVAL,
+                "--max-connections %d: expected a number from 1 to %d",
+                o->max_connections, AG_PROXY_MAX_CONNECTIONS_LIMIT);
   ag_guard *probe = NULL;
   ag_err_t grc = ag_guard_new(&probe, &o->cfg, NULL, err);
   ag_guard_free(probe);
@@ -2491,9 +2496,11 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   atomic_init(&p->ids, 1);
   unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections
                                           : AG_PROXY_MAX_CONNECTIONS;
+  /* poll(), not select(): a connection's descriptor may be past FD_SETSIZE
+   * (1024) once more than a few hundred are open (--max-connections). */
   p->d = MHD_start_daemon(
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-          MHD_USE_ERROR_LOG,
+          MHD_USE_POLL | MHD_USE_ERROR_LOG,
       o->port, NULL, NULL, handler, p, MHD_OPTION_SOCK_ADDR,
       (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, limit,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_URI_LOG_CALLBACK,

@@ -606,6 +606,28 @@ Test(proxy, other_addresses_need_a_client_key) {
   cr_expect_eq(ag_proxy_start(&p, &o, &err), AG_EINVAL);
 }
 
+Test(proxy, max_connections_out_of_range_is_refused) {
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = upstream_url;
+  const int bad[] = {-1, AG_PROXY_MAX_CONNECTIONS_LIMIT + 1};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ag_proxy *p = NULL;
+    ag_error_t err;
+    o.max_connections = bad[i];
+    cr_expect_eq(ag_proxy_start(&p, &o, &err), AG_EINVAL, "%d", bad[i]);
+    cr_expect_null(p);
+    cr_expect(strstr(err.msg, "--max-connections") != NULL, "%s", err.msg);
+    ag_proxy_stop(p);
+  }
+  ag_proxy *p = NULL;
+  ag_error_t err;
+  o.max_connections = AG_PROXY_MAX_CONNECTIONS_LIMIT;
+  cr_expect_eq(ag_proxy_start(&p, &o, &err), AG_OK, "%s", err.msg);
+  ag_proxy_stop(p);
+}
+
 /*
  * An agent loop in the test: ask, run every call (the same result each
  * time), ask again, until a reply without calls. The decisions (stop

@@ -1,0 +1,397 @@
+/*
+ * bench_proxy_load.c - many concurrent streaming requests through the proxy
+ * (docs/benchmarks.md, docs/proxy.md). In one process:
+ *   - a fake upstream (libmicrohttpd, a thread per connection) that answers
+ *     every POST /v1/chat/completions with a streamed Chat Completions reply:
+ *     CHUNKS text deltas, GAP_MS apart, then a final chunk and [DONE];
+ *   - the proxy (ag_proxy_start, loopback, an ephemeral port, the default
+ *     preset, --max-connections above the stream count) in front of it;
+ *   - one client thread driving STREAMS concurrent streaming requests with
+ *     libcurl's multi interface: first all of them directly against the
+ *     upstream (the baseline), then all of them through the proxy.
+ * Per request: the time to the first byte and the total time. Printed: the
+ * failures (a transfer error, a status other than 200 or a stream without
+ * its [DONE]: should be 0), the p50/p99 of both sides and the latency the
+ * proxy adds (proxy's percentile minus the direct one), the peak number of
+ * streams open at the upstream at once, and the memory per open connection
+ * (the process's peak RSS during the proxied run minus its peak during the
+ * direct run, over STREAMS). Figures only: it never fails on speed; it
+ * exits 1 when something is broken (setup, or failures > 0).
+ *
+ *   build/bench_proxy_load [--streams N] [--chunks N] [--gap-ms MS]
+ *   (defaults 200 streams, 20 chunks, 10 ms; the issue's figure: 1000)
+ */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <microhttpd.h>
+
+#include "agentguard.h"
+#include "agentguard/proxy.h"
+
+#define STREAMS_MAX 10000
+
+static int chunks = 20;
+static int gap_ms = 10;
+static atomic_int up_open, up_peak;
+
+typedef struct up_conn {
+  int sent; /* chunks sent so far */
+  char pending[512];
+  size_t plen, poff;
+} up_conn;
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+/* Fills the connection's next SSE event; 0 when the stream is over. */
+static int next_event(up_conn *c) {
+  if (c->sent < chunks) {
+    if (c->sent > 0)
+      sleep_ms(gap_ms);
+    c->plen = (size_t)snprintf(
+        c->pending, sizeof c->pending,
+        "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\","
+        "\"created\":1,\"model\":\"fake\",\"choices\":[{\"index\":0,"
+        "\"delta\":{\"content\":\"word%d \"},\"finish_reason\":null}]}\n\n",
+        c->sent);
+  } else if (c->sent == chunks) {
+    c->plen = (size_t)snprintf(
+        c->pending, sizeof c->pending,
+        "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\","
+        "\"created\":1,\"model\":\"fake\",\"choices\":[{\"index\":0,"
+        "\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
+  } else {
+    return 0;
+  }
+  c->sent++;
+  c->poff = 0;
+  return 1;
+}
+
+static ssize_t up_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  up_conn *c = cls;
+  if (c->poff == c->plen && !next_event(c))
+    return MHD_CONTENT_READER_END_OF_STREAM;
+  size_t n = c->plen - c->poff;
+  if (n > max)
+    n = max;
+  memcpy(buf, c->pending + c->poff, n);
+  c->poff += n;
+  return (ssize_t)n;
+}
+
+static void up_free(void *cls) {
+  free(cls);
+  atomic_fetch_sub(&up_open, 1);
+}
+
+static enum MHD_Result up_handler(void *cls, struct MHD_Connection *conn,
+                                  const char *url, const char *method,
+                                  const char *version, const char *upload,
+                                  size_t *upload_size, void **state) {
+  (void)cls, (void)url, (void)method, (void)version, (void)upload;
+  if (*state == NULL) {
+    *state = conn; /* the request's first call: headers only */
+    return MHD_YES;
+  }
+  if (*upload_size > 0) { /* the body: read and ignored */
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  up_conn *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return MHD_NO;
+  int open = atomic_fetch_add(&up_open, 1) + 1;
+  int peak = atomic_load(&up_peak);
+  while (open > peak && !atomic_compare_exchange_weak(&up_peak, &peak, open)) {
+  }
+  struct MHD_Response *r = MHD_create_response_from_callback(
+      MHD_SIZE_UNKNOWN, 1024, up_reader, c, up_free);
+  if (r == NULL) {
+    up_free(c);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, "Content-Type", "text/event-stream");
+  enum MHD_Result ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+typedef struct req {
+  CURL *h;
+  char tail[16]; /* the body's last bytes: ends with "[DONE]\n\n" */
+  size_t got;
+  double ttfb_ms, total_ms;
+  int ok;
+} req;
+
+static size_t on_body(char *p, size_t sz, size_t n, void *ud) {
+  req *r = ud;
+  size_t len = sz * n;
+  r->got += len;
+  if (len >= sizeof r->tail - 1) {
+    memcpy(r->tail, p + len - (sizeof r->tail - 1), sizeof r->tail - 1);
+  } else {
+    size_t keep = sizeof r->tail - 1 - len;
+    memmove(r->tail, r->tail + len, keep);
+    memcpy(r->tail + keep, p, len);
+  }
+  r->tail[sizeof r->tail - 1] = '\0';
+  return len;
+}
+
+static long rss_kib(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long pages = 0, res = 0;
+  if (f == NULL)
+    return 0;
+  if (fscanf(f, "%ld %ld", &pages, &res) != 2)
+    res = 0;
+  fclose(f);
+  return res * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static const char BODY[] =
+    "{\"model\":\"fake\",\"stream\":true,\"messages\":[{\"role\":\"user\","
+    "\"content\":\"Say twenty words.\"}]}";
+
+/* Runs n concurrent streams against base; fills rs; returns the failures
+ * and sets *peak_rss to the highest RSS seen while they ran. */
+static int run_side(const char *base, req *rs, int n, long *peak_rss) {
+  char url[128];
+  snprintf(url, sizeof url, "%s/v1/chat/completions", base);
+  CURLM *m = curl_multi_init();
+  struct curl_slist *hdr =
+      curl_slist_append(NULL, "Content-Type: application/json");
+  hdr = curl_slist_append(hdr, "Authorization: Bearer sk-bench");
+  curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, (long)n);
+  for (int i = 0; i < n; i++) {
+    memset(&rs[i], 0, sizeof rs[i]);
+    CURL *h = curl_easy_init();
+    rs[i].h = h;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, BODY);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &rs[i]);
+    curl_easy_setopt(h, CURLOPT_PRIVATE, &rs[i]);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 120L);
+    curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_multi_add_handle(m, h);
+  }
+  int running = n;
+  *peak_rss = 0;
+  while (running > 0) {
+    curl_multi_perform(m, &running);
+    long r = rss_kib();
+    if (r > *peak_rss)
+      *peak_rss = r;
+    if (running > 0)
+      curl_multi_poll(m, NULL, 0, 50, NULL);
+  }
+  int failures = 0, shown = 0;
+  CURLMsg *msg;
+  int left;
+  while ((msg = curl_multi_info_read(m, &left)) != NULL) {
+    if (msg->msg != CURLMSG_DONE)
+      continue;
+    req *r = NULL;
+    curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+    long status = 0;
+    curl_off_t ttfb = 0, total = 0;
+    curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_getinfo(msg->easy_handle, CURLINFO_STARTTRANSFER_TIME_T, &ttfb);
+    curl_easy_getinfo(msg->easy_handle, CURLINFO_TOTAL_TIME_T, &total);
+    r->ttfb_ms = (double)ttfb / 1000.0;
+    r->total_ms = (double)total / 1000.0;
+    r->ok = msg->data.result == CURLE_OK && status == 200 &&
+            strstr(r->tail, "[DONE]") != NULL;
+    if (!r->ok && shown++ < 5)
+      fprintf(stderr, "bench_proxy_load: %s: %s, status %ld, %zu bytes\n", base,
+              curl_easy_strerror(msg->data.result), status, r->got);
+  }
+  for (int i = 0; i < n; i++) {
+    failures += !rs[i].ok;
+    curl_multi_remove_handle(m, rs[i].h);
+    curl_easy_cleanup(rs[i].h);
+  }
+  curl_slist_free_all(hdr);
+  curl_multi_cleanup(m);
+  return failures;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The q-th percentile (nearest rank) of the ok requests' field. */
+static double pct(const req *rs, int n, int total_field, double q) {
+  double *v = malloc((size_t)n * sizeof *v);
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (rs[i].ok)
+      v[k++] = total_field ? rs[i].total_ms : rs[i].ttfb_ms;
+  double out = 0;
+  if (k > 0) {
+    qsort(v, (size_t)k, sizeof *v, cmp_d);
+    int idx = (int)(q / 100.0 * k + 0.999999) - 1;
+    out = v[idx < 0 ? 0 : (idx >= k ? k - 1 : idx)];
+  }
+  free(v);
+  return out;
+}
+
+static int parse_int(const char *name, const char *s, int lo, int hi) {
+  char *end = NULL;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end != '\0' || v < lo || v > hi) {
+    fprintf(stderr,
+            "bench_proxy_load: %s %s: expected a number from %d to %d\n", name,
+            s, lo, hi);
+    exit(2);
+  }
+  return (int)v;
+}
+
+int main(int argc, char **argv) {
+  int n = 200;
+  for (int i = 1; i < argc; i++) {
+    if (i + 1 < argc && strcmp(argv[i], "--streams") == 0)
+      n = parse_int("--streams", argv[++i], 1, STREAMS_MAX);
+    else if (i + 1 < argc && strcmp(argv[i], "--chunks") == 0)
+      chunks = parse_int("--chunks", argv[++i], 1, 1000);
+    else if (i + 1 < argc && strcmp(argv[i], "--gap-ms") == 0)
+      gap_ms = parse_int("--gap-ms", argv[++i], 0, 1000);
+    else {
+      fprintf(stderr,
+              "usage: bench_proxy_load [--streams N] [--chunks N] "
+              "[--gap-ms MS]\n(unknown or incomplete argument '%s')\n",
+              argv[i]);
+      return 2;
+    }
+  }
+  /* Per stream: the client's socket, the proxy's two, the upstream's one,
+   * plus the proxy's and curl's own. */
+  struct rlimit rl;
+  rlim_t want = (rlim_t)n * 5 + 256;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < want) {
+    rl.rlim_cur =
+        rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < want)
+      fprintf(stderr,
+              "bench_proxy_load: warning: only %lu descriptors (hard limit), "
+              "%lu wanted\n",
+              (unsigned long)rl.rlim_cur, (unsigned long)want);
+  }
+  signal(SIGPIPE, SIG_IGN);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+
+  struct MHD_Daemon *up = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+          MHD_USE_POLL | MHD_USE_ERROR_LOG,
+      0, NULL, NULL, up_handler, NULL, MHD_OPTION_CONNECTION_LIMIT,
+      (unsigned)(2 * n + 16), MHD_OPTION_LISTEN_BACKLOG_SIZE,
+      (unsigned)(n + 16), MHD_OPTION_THREAD_STACK_SIZE, (size_t)(256u << 10),
+      MHD_OPTION_END);
+  if (up == NULL) {
+    fprintf(stderr, "bench_proxy_load: the fake upstream did not start\n");
+    return 1;
+  }
+  char up_base[64], px_base[64];
+  snprintf(up_base, sizeof up_base, "http://127.0.0.1:%u",
+           (unsigned)MHD_get_daemon_info(up, MHD_DAEMON_INFO_BIND_PORT)->port);
+
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = up_base;
+  o.max_connections = n + 64;
+  ag_proxy *p = NULL;
+  ag_error_t err;
+  if (ag_proxy_start(&p, &o, &err) != AG_OK) {
+    fprintf(stderr, "bench_proxy_load: ag_proxy_start: %s\n", err.msg);
+    MHD_stop_daemon(up);
+    return 1;
+  }
+  snprintf(px_base, sizeof px_base, "http://127.0.0.1:%u",
+           (unsigned)ag_proxy_port(p));
+
+  req *direct = calloc((size_t)n, sizeof *direct);
+  req *proxied = calloc((size_t)n, sizeof *proxied);
+  if (direct == NULL || proxied == NULL) {
+    fprintf(stderr, "bench_proxy_load: out of memory\n");
+    return 1;
+  }
+  double load[3] = {0, 0, 0};
+  getloadavg(load, 3);
+  printf("proxy_load: %d concurrent streams, each %d chunks %d ms apart "
+         "(upstream's own time ~%d ms); load average %.2f %.2f %.2f\n",
+         n, chunks, gap_ms, (chunks - 1) * gap_ms, load[0], load[1], load[2]);
+
+  /* A short warm-up of both paths (first-use costs out of the figures). */
+  long warm_rss = 0;
+  req warm[4];
+  run_side(up_base, warm, 4, &warm_rss);
+  run_side(px_base, warm, 4, &warm_rss);
+
+  long base_rss = rss_kib(), direct_rss = 0, proxy_rss = 0;
+  atomic_store(&up_peak, 0);
+  int f_direct = run_side(up_base, direct, n, &direct_rss);
+  int peak_direct = atomic_load(&up_peak);
+  atomic_store(&up_peak, 0);
+  int f_proxy = run_side(px_base, proxied, n, &proxy_rss);
+  int peak_proxy = atomic_load(&up_peak);
+  getloadavg(load, 3);
+
+  printf("failures: direct %d, proxy %d (of %d each)\n", f_direct, f_proxy, n);
+  printf("streams open at the upstream at once (peak): direct %d, proxy %d\n",
+         peak_direct, peak_proxy);
+  printf("%-22s %10s %10s %10s %10s\n", "ms", "p50", "p99", "max", "");
+  const char *names[2] = {"time to first byte", "total"};
+  for (int t = 0; t < 2; t++) {
+    double d50 = pct(direct, n, t, 50), d99 = pct(direct, n, t, 99);
+    double dmx = pct(direct, n, t, 100);
+    double p50 = pct(proxied, n, t, 50), p99 = pct(proxied, n, t, 99);
+    double pmx = pct(proxied, n, t, 100);
+    printf("%-22s %10.2f %10.2f %10.2f   direct\n", names[t], d50, d99, dmx);
+    printf("%-22s %10.2f %10.2f %10.2f   proxy\n", names[t], p50, p99, pmx);
+    printf("%-22s %10.2f %10.2f %10s   added (proxy - direct)\n", names[t],
+           p50 - d50, p99 - d99, "");
+    printf("proxy_added_%s_ms p50=%.2f p99=%.2f\n", t ? "total" : "ttfb",
+           p50 - d50, p99 - d99);
+  }
+  printf("RSS KiB: before %ld, peak direct %ld, peak proxy %ld\n", base_rss,
+         direct_rss, proxy_rss);
+  printf("proxy memory per open connection: %.1f KiB ((peak proxy - peak "
+         "direct) / %d)\n",
+         (double)(proxy_rss - direct_rss) / n, n);
+  printf("load average after: %.2f %.2f %.2f\n", load[0], load[1], load[2]);
+
+  ag_proxy_stop(p);
+  MHD_stop_daemon(up);
+  free(direct);
+  free(proxied);
+  curl_global_cleanup();
+  if (f_direct + f_proxy > 0) {
+    fprintf(stderr, "bench_proxy_load: %d failed requests\n",
+            f_direct + f_proxy);
+    return 1;
+  }
+  return 0;
+}
