@@ -17,6 +17,11 @@
 #
 # Environment:
 #   FUZZ_SECONDS   time per target (default 60)
+#   FUZZ_SEED      libFuzzer's -seed (default: a new one each run). A fixed
+#                  seed makes a run repeatable: the same inputs in the same
+#                  order from a fresh build folder, so .ci/run fixes it and
+#                  a longer local run with that seed covers what CI will try
+#                  (see docs/testing.md).
 #   FUZZ_BUILD     build folder (default build-fuzz)
 #   FUZZ_RSS_MB    memory limit per target (default 2048)
 #   FUZZ_TIMEOUT   seconds one input may take (default 10)
@@ -37,6 +42,10 @@ TIMEOUT=${FUZZ_TIMEOUT:-10}
 JOBS=${JOBS:-2}
 CC=${CC:-clang}
 case $SECONDS_EACH in '' | *[!0-9]*) die "FUZZ_SECONDS must be a whole number of seconds" ;; esac
+SEED=${FUZZ_SEED:-}
+case $SEED in *[!0-9]*) die "FUZZ_SEED must be a whole number" ;; esac
+seedopt=""
+[ -n "$SEED" ] && seedopt="-seed=$SEED"
 [ "$SECONDS_EACH" -gt 0 ] || die "FUZZ_SECONDS must be positive"
 
 command -v "$CC" >/dev/null 2>&1 || die "$CC not found (Debian: apt-get install clang libclang-rt-14-dev)"
@@ -88,10 +97,10 @@ for t in "$@"; do
   [ -d "tests/fuzz/corpus/$t" ] && seeds="tests/fuzz/corpus/$t"
   echo "== fuzz_$t: ${SECONDS_EACH}s (log: $log)"
   start=$(date +%s)
-  # shellcheck disable=SC2086 # dict and seeds are empty or one word
+  # shellcheck disable=SC2086 # dict, seeds and seedopt are empty or one word
   "$BUILD/fuzz_$t" -max_total_time="$SECONDS_EACH" -rss_limit_mb="$RSS_MB" \
     -timeout="$TIMEOUT" -print_final_stats=1 -artifact_prefix="$art/" \
-    $dict "$work" $seeds >"$log" 2>&1
+    $seedopt $dict "$work" $seeds >"$log" 2>&1
   rc=$?
   secs=$(($(date +%s) - start))
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)

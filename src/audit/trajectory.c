@@ -1221,17 +1221,22 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
 
   if (len == 0)
     return ag__set_error(err, AG_EINVAL, -1, "empty input: %s", shape_help);
-  bool lines_mode = want == AG_TRAJ_CHAT_JSONL || want == AG_TRAJ_EVENTS;
-  if (!lines_mode) {
-    f->root = json_loadb(buf, len, JFLAGS | JSON_DECODE_ANY, &je);
-    if (f->root == NULL) {
-      /* More data after one complete value: JSON Lines. Anything else
-       * (truncated, bad syntax) is reported as it is. */
-      bool extra = strstr(je.text, "end of file expected") != NULL;
-      if (!extra || buf[0] != '{' || want != AG_TRAJ_AUTO)
-        return json_fail(err, &je, 0, 0, "");
-      lines_mode = true;
-    }
+  const bool want_lines = want == AG_TRAJ_CHAT_JSONL || want == AG_TRAJ_EVENTS;
+  bool lines_mode = false;
+  f->root = json_loadb(buf, len, JFLAGS | JSON_DECODE_ANY, &je);
+  if (f->root == NULL) {
+    /* More data after one complete value: JSON Lines. Anything else
+     * (truncated, bad syntax) is reported as it is, except that a forced
+     * JSON Lines format reports it line by line. */
+    bool extra = strstr(je.text, "end of file expected") != NULL;
+    if (!want_lines && (!extra || buf[0] != '{' || want != AG_TRAJ_AUTO))
+      return json_fail(err, &je, 0, 0, "");
+    lines_mode = true;
+  } else if (want_lines && !json_is_object(f->root)) {
+    /* Not one record: let the line reader say what is wrong where. */
+    json_decref(f->root);
+    f->root = NULL;
+    lines_mode = true;
   }
   if (lines_mode) {
     if ((rc = load_lines(buf, len, &f->root, &lines, err)) != AG_OK)
@@ -1280,13 +1285,13 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
     return ag__set_error(err, AG_EINVAL, -1,
                          "unknown shape: %s at the top level; %s",
                          ag__json_kind(root), shape_help);
-  if (json_object_get(root, "steps") != NULL && want != AG_TRAJ_CHAT &&
-      want != AG_TRAJ_CHAT_OBJECT) {
+  if (json_object_get(root, "steps") != NULL && !want_lines &&
+      want != AG_TRAJ_CHAT && want != AG_TRAJ_CHAT_OBJECT) {
     f->pub.format = AG_TRAJ_NEUTRAL;
     return parse_neutral(b, root);
   }
   const json_t *msgs = json_object_get(root, "messages");
-  if (msgs != NULL && want != AG_TRAJ_NEUTRAL) {
+  if (msgs != NULL && !want_lines && want != AG_TRAJ_NEUTRAL) {
     if (!json_is_array(msgs))
       return ag__set_error(err, AG_EINVAL, -1,
                            "\"messages\" must be an array, got %s",
@@ -1296,9 +1301,12 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
     f->pub.source = parse_source(root);
     return parse_chat(b, msgs, NULL);
   }
-  /* A single line of JSON Lines. */
-  line_kind k = kind_of(root);
-  if (k != KIND_OTHER && want == AG_TRAJ_AUTO) {
+  /* A single line of JSON Lines (or one record written over several
+   * lines: the same run, whether detected or forced). */
+  line_kind k = want == AG_TRAJ_EVENTS       ? KIND_EVENT
+                : want == AG_TRAJ_CHAT_JSONL ? KIND_MESSAGE
+                                             : kind_of(root);
+  if (k != KIND_OTHER && (want == AG_TRAJ_AUTO || want_lines)) {
     json_t *arr = json_array();
     if (arr == NULL || json_array_append(arr, root) != 0) {
       json_decref(arr);
@@ -1307,6 +1315,8 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
     json_decref(f->root);
     f->root = arr;
     long one = 1;
+    if ((rc = check_lines(b, arr, &one, k)) != AG_OK)
+      return rc;
     f->pub.format = k == KIND_EVENT ? AG_TRAJ_EVENTS : AG_TRAJ_CHAT_JSONL;
     return k == KIND_EVENT ? parse_events(b, arr, &one)
                            : parse_chat(b, arr, &one);

@@ -1057,6 +1057,38 @@ Test(formats, chat_details) {
   ag_trajectory_free(t);
 }
 
+/* Found by fuzz_trajectory: one message written over two lines is detected
+ * as a one-line chat log, and forcing that format must read it the same
+ * way (it used to fail line by line with "':' expected"). */
+Test(formats, one_record_over_lines_forced) {
+  static const char two_lines[] = "{\"role\": \"user\", \"content\": null, "
+                                  "\"tool_callt\"\n: \"x\"}\n";
+  ag_trajectory *t = parse_ok(two_lines);
+  cr_assert_eq(t->format, AG_TRAJ_CHAT_JSONL);
+  ag_traj_opts o;
+  ag_traj_opts_init(&o);
+  o.format = AG_TRAJ_CHAT_JSONL;
+  ag_trajectory *t2 = NULL;
+  ag_error_t err;
+  cr_assert_eq(ag_trajectory_parse(&t2, two_lines, strlen(two_lines), &o, &err),
+               AG_OK, "%s", err.msg);
+  cr_assert_eq(t2->format, t->format);
+  cr_assert_eq(t2->n_steps, t->n_steps);
+  ag_trajectory_free(t2);
+  o.format = AG_TRAJ_EVENTS;
+  cr_assert_eq(ag_trajectory_parse(&t2, two_lines, strlen(two_lines), &o, &err),
+               AG_EINVAL, "a chat message is not an event");
+  cr_assert(strstr(err.msg, "among agentguard events") != NULL, "%s", err.msg);
+  /* a broken second line of a forced log is still reported by its line */
+  static const char broken[] = "{\"role\": \"user\", \"content\": \"a\"}\n"
+                               "{\"role\": \"assistant\"\n";
+  o.format = AG_TRAJ_CHAT_JSONL;
+  cr_assert_neq(ag_trajectory_parse(&t2, broken, strlen(broken), &o, &err),
+                AG_OK);
+  cr_assert(strstr(err.msg, "line 2") != NULL, "%s", err.msg);
+  ag_trajectory_free(t);
+}
+
 Test(formats, forced_format) {
   ag_traj_opts o;
   ag_traj_opts_init(&o);
@@ -1065,7 +1097,8 @@ Test(formats, forced_format) {
   ag_error_t err;
   cr_assert_eq(
       ag_trajectory_parse(&t, sample_neutral, strlen(sample_neutral), &o, &err),
-      AG_EJSON, "a pretty-printed object is not JSON Lines");
+      AG_EINVAL, "a trajectory object is not an event");
+  cr_assert(strstr(err.msg, "nor an agentguard event") != NULL, "%s", err.msg);
   o.format = AG_TRAJ_NEUTRAL;
   cr_assert_eq(
       ag_trajectory_parse(&t, sample_neutral, strlen(sample_neutral), &o, &err),
