@@ -49,8 +49,15 @@ case $SEED in *[!0-9]*) die "FUZZ_SEED must be a whole number" ;; esac
 RUNS=${FUZZ_RUNS:-}
 case $RUNS in *[!0-9]*) die "FUZZ_RUNS must be a whole number" ;; esac
 seedopt=""
-# -reload=0: read the corpus folder once, so nothing timed changes the order
-[ -n "$SEED" ] && seedopt="-seed=$SEED -reload=0"
+norand=""
+# -reload=0: read the corpus folder once, so nothing timed changes the order;
+# setarch -R: the same addresses in every run (address-dependent paths, such
+# as hash tables of pointers, otherwise change the coverage the fuzzer
+# follows), when the machine allows it
+if [ -n "$SEED" ]; then
+  seedopt="-seed=$SEED -reload=0"
+  setarch "$(uname -m)" -R true 2>/dev/null && norand="setarch $(uname -m) -R"
+fi
 [ -n "$RUNS" ] && seedopt="$seedopt -runs=$RUNS"
 [ "$SECONDS_EACH" -gt 0 ] || die "FUZZ_SECONDS must be positive"
 
@@ -103,8 +110,8 @@ for t in "$@"; do
   [ -d "tests/fuzz/corpus/$t" ] && seeds="tests/fuzz/corpus/$t"
   echo "== fuzz_$t: ${SECONDS_EACH}s (log: $log)"
   start=$(date +%s)
-  # shellcheck disable=SC2086 # dict, seeds and seedopt are word lists
-  "$BUILD/fuzz_$t" -max_total_time="$SECONDS_EACH" -rss_limit_mb="$RSS_MB" \
+  # shellcheck disable=SC2086 # norand, dict, seeds and seedopt are word lists
+  $norand "$BUILD/fuzz_$t" -max_total_time="$SECONDS_EACH" -rss_limit_mb="$RSS_MB" \
     -timeout="$TIMEOUT" -print_final_stats=1 -artifact_prefix="$art/" \
     $seedopt $dict "$work" $seeds >"$log" 2>&1
   rc=$?
