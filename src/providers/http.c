@@ -56,30 +56,14 @@
 /* Small helpers                                                            */
 /* ------------------------------------------------------------------------ */
 
-/* Appends to a growing buffer capped at `max` bytes (plus a NUL). 0 on
- * success, AG_ETOOBIG or AG_ENOMEM. */
-static ag_err_t buf_append(char **buf, size_t *len, size_t *cap, size_t max,
-                           const char *s, size_t n) {
-  if (n > max || *len > max - n)
-    return AG_ETOOBIG;
-  size_t need = *len + n + 1;
-  if (need > *cap) {
-    size_t nc = *cap < 256 ? 256 : *cap;
-    while (nc < need)
-      nc *= 2;
-    if (nc > max + 1)
-      nc = max + 1;
-    char *g = realloc(*buf, nc);
-    if (g == NULL)
-      return AG_ENOMEM;
-    *buf = g;
-    *cap = nc;
-  }
-  if (n > 0)
-    memcpy(*buf + *len, s, n);
-  *len += n;
-  (*buf)[*len] = '\0';
-  return AG_OK;
+/* Hands over a heap buffer's text (NULL before its first append) and
+ * leaves the buffer empty, with its cap. */
+static char *buf_take(ag__buf *b) {
+  char *p = b->p;
+  size_t cap = b->cap;
+  b->p = NULL;
+  ag__buf_init(b, cap);
+  return p;
 }
 
 /* perr->message, formatted; cut to fit (vsnprintf: no truncation warning
@@ -180,30 +164,25 @@ static void redact(char *buf, size_t cap, const char *key) {
 
 void ag__sse_init(ag__sse *s, ag__sse_fn fn, void *user) {
   memset(s, 0, sizeof(*s));
+  ag__buf_init(&s->line, AG__SSE_LINE_MAX);
+  ag__buf_init(&s->data, AG__SSE_EVENT_MAX);
   s->fn = fn;
   s->user = user;
 }
 
 void ag__sse_free(ag__sse *s) {
-  free(s->line);
-  free(s->data);
+  ag__buf_free(&s->line);
+  ag__buf_free(&s->data);
   memset(s, 0, sizeof(*s));
 }
 
 static int sse_dispatch(ag__sse *s) {
   int rc = 0;
-  if (s->has_data) {
-    if (s->data == NULL) {
-      /* data lines that were all empty: dispatch "" */
-      static const char empty[] = "";
-      rc = s->fn(s->user, s->event, empty, 0, s->event_pos);
-    } else {
-      rc = s->fn(s->user, s->event, s->data, s->data_len, s->event_pos);
-    }
-  }
-  s->data_len = 0;
-  if (s->data != NULL)
-    s->data[0] = '\0';
+  /* data lines that were all empty dispatch "" */
+  if (s->has_data)
+    rc = s->fn(s->user, s->event, ag__buf_str(&s->data), s->data.len,
+               s->event_pos);
+  ag__buf_reset(&s->data);
   s->has_data = false;
   s->event[0] = '\0';
   s->in_event = false;
@@ -211,8 +190,8 @@ static int sse_dispatch(ag__sse *s) {
 }
 
 static int sse_line(ag__sse *s, ag_err_t *why) {
-  const char *l = s->line != NULL ? s->line : "";
-  size_t n = s->line_len;
+  const char *l = ag__buf_str(&s->line);
+  size_t n = s->line.len;
   if (n == 0)
     return sse_dispatch(s);
   if (!s->in_event) {
@@ -232,11 +211,9 @@ static int sse_line(ag__sse *s, ag_err_t *why) {
   if (fl == 4 && memcmp(l, "data", 4) == 0) {
     ag_err_t rc = AG_OK;
     if (s->has_data)
-      rc = buf_append(&s->data, &s->data_len, &s->data_cap, AG__SSE_EVENT_MAX,
-                      "\n", 1);
+      rc = ag__buf_add(&s->data, "\n", 1);
     if (rc == AG_OK)
-      rc = buf_append(&s->data, &s->data_len, &s->data_cap, AG__SSE_EVENT_MAX,
-                      v, vl);
+      rc = ag__buf_add(&s->data, v, vl);
     if (rc != AG_OK) {
       *why = rc;
       return -1;
@@ -268,8 +245,7 @@ int ag__sse_feed(ag__sse *s, const char *buf, size_t len, ag_err_t *why) {
     while (k < rest && start[k] != '\n' && start[k] != '\r')
       k++;
     if (k > 0) {
-      ag_err_t rc = buf_append(&s->line, &s->line_len, &s->line_cap,
-                               AG__SSE_LINE_MAX, start, k);
+      ag_err_t rc = ag__buf_add(&s->line, start, k);
       if (rc != AG_OK) {
         *why = rc;
         return -1;
@@ -284,7 +260,7 @@ int ag__sse_feed(ag__sse *s, const char *buf, size_t len, ag_err_t *why) {
     i++;
     s->consumed++;
     int r = sse_line(s, why);
-    s->line_len = 0;
+    ag__buf_reset(&s->line);
     s->line_pos = s->consumed;
     if (r != 0)
       return r;
@@ -294,9 +270,9 @@ int ag__sse_feed(ag__sse *s, const char *buf, size_t len, ag_err_t *why) {
 
 int ag__sse_finish(ag__sse *s, ag_err_t *why) {
   int r = 0;
-  if (s->line_len > 0) {
+  if (s->line.len > 0) {
     r = sse_line(s, why);
-    s->line_len = 0;
+    ag__buf_reset(&s->line);
   }
   if (r == 0 && s->has_data)
     r = sse_dispatch(s);
@@ -315,15 +291,19 @@ void ag__asm_init(ag__asm *a, ag_delta_fn on_delta, void *delta_user,
   a->perr = perr;
   a->service = service;
   a->failed = AG_OK;
+  ag__buf_init(&a->text, AG__REPLY_TEXT_MAX);
+  ag__buf_init(&a->refusal, AG__REPLY_TEXT_MAX);
+  for (int i = 0; i < AG__CALLS_MAX; i++)
+    ag__buf_init(&a->calls[i].args, AG__CALL_ARGS_MAX);
 }
 
 void ag__asm_free(ag__asm *a) {
-  free(a->text);
-  free(a->refusal);
+  ag__buf_free(&a->text);
+  ag__buf_free(&a->refusal);
   for (int i = 0; i < a->n_slots; i++) {
     free(a->calls[i].id);
     free(a->calls[i].name);
-    free(a->calls[i].args);
+    ag__buf_free(&a->calls[i].args);
   }
   memset(a, 0, sizeof(*a));
 }
@@ -390,8 +370,7 @@ bool ag__asm_stream_error(ag__asm *a, const json_t *error) {
 }
 
 bool ag__asm_text(ag__asm *a, const char *s, size_t len) {
-  ag_err_t rc = buf_append(&a->text, &a->text_len, &a->text_cap,
-                           AG__REPLY_TEXT_MAX, s, len);
+  ag_err_t rc = ag__buf_add(&a->text, s, len);
   if (rc == AG_ETOOBIG)
     return ag__asm_bad(a, -1, "the reply's text exceeds %u bytes",
                        AG__REPLY_TEXT_MAX);
@@ -406,8 +385,7 @@ bool ag__asm_text(ag__asm *a, const char *s, size_t len) {
 }
 
 bool ag__asm_refusal(ag__asm *a, const char *s, size_t len) {
-  ag_err_t rc = buf_append(&a->refusal, &a->refusal_len, &a->refusal_cap,
-                           AG__REPLY_TEXT_MAX, s, len);
+  ag_err_t rc = ag__buf_add(&a->refusal, s, len);
   if (rc == AG_ETOOBIG)
     return ag__asm_bad(a, -1, "the refusal exceeds %u bytes",
                        AG__REPLY_TEXT_MAX);
@@ -439,8 +417,7 @@ bool ag__asm_set(ag__asm *a, char **dst, const char *s, size_t len) {
 }
 
 bool ag__asm_args(ag__asm *a, ag__part_call *c, const char *s, size_t len) {
-  ag_err_t rc = buf_append(&c->args, &c->args_len, &c->args_cap,
-                           AG__CALL_ARGS_MAX, s, len);
+  ag_err_t rc = ag__buf_add(&c->args, s, len);
   if (rc == AG_ETOOBIG)
     return ag__asm_bad(a, -1, "a tool call's arguments exceed %u bytes",
                        AG__CALL_ARGS_MAX);
@@ -457,19 +434,16 @@ ag_err_t ag__asm_finish(ag__asm *a, ag_reply *out) {
       return AG_EPROVIDER;
     }
     /* A call with no arguments at all is a call with none: "{}". */
-    const char *args = c->args_len > 0 ? c->args : "{}";
-    size_t alen = c->args_len > 0 ? c->args_len : 2;
+    const char *args = c->args.len > 0 ? c->args.p : "{}";
+    size_t alen = c->args.len > 0 ? c->args.len : 2;
     ag_err_t rc = ag_reply_add_call(out, c->id, c->name, args, alen);
     if (rc != AG_OK)
       return rc;
   }
-  if (a->text != NULL) {
-    out->text = a->text;
-    a->text = NULL;
-  }
-  if (a->refusal != NULL) {
-    out->refusal = a->refusal;
-    a->refusal = NULL;
+  if (a->text.p != NULL)
+    out->text = buf_take(&a->text);
+  if (a->refusal.p != NULL) {
+    out->refusal = buf_take(&a->refusal);
     if (out->text == NULL || out->text[0] == '\0') {
       free(out->text);
       out->text = ag__strdup(out->refusal);
@@ -534,8 +508,7 @@ typedef struct xfer {
   bool decided;  /* the body's mode is known */
   bool sse;      /* 2xx and text/event-stream */
   bool body_2xx; /* a 2xx body is being buffered */
-  char *body;
-  size_t body_len, body_cap;
+  ag__buf body;  /* capped when the status is known (on_write) */
   bool too_big;
   bool nomem;
   bool stopped; /* a callback asked curl to stop */
@@ -635,6 +608,7 @@ static size_t on_write(char *buf, size_t size, size_t n, void *user) {
     bool ok = x->status >= 200 && x->status < 300;
     x->sse = ok && ci_contains(x->content_type, "text/event-stream");
     x->body_2xx = ok;
+    ag__buf_init(&x->body, ok ? AG__HTTP_BODY_MAX : AG__HTTP_ERRBODY_MAX);
   }
   if (x->sse) {
     ag_err_t why = AG_OK;
@@ -653,14 +627,11 @@ static size_t on_write(char *buf, size_t size, size_t n, void *user) {
     }
     return len;
   }
-  size_t max = x->body_2xx ? AG__HTTP_BODY_MAX : AG__HTTP_ERRBODY_MAX;
-  if (!x->body_2xx && x->body_len >= max)
+  size_t room = x->body.cap - x->body.len;
+  if (!x->body_2xx && room == 0)
     return len; /* an error body: keep its beginning only */
-  size_t take = len;
-  if (!x->body_2xx && x->body_len + take > max)
-    take = max - x->body_len;
-  ag_err_t rc =
-      buf_append(&x->body, &x->body_len, &x->body_cap, max, buf, take);
+  size_t take = !x->body_2xx && len > room ? room : len;
+  ag_err_t rc = ag__buf_add(&x->body, buf, take);
   if (rc == AG_ETOOBIG) {
     x->too_big = true;
     x->stopped = true;
@@ -759,15 +730,17 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
       x->retry_after_ms_hdr >= 0 ? x->retry_after_ms_hdr : x->retry_after_ms;
   /* The key out of the body before anything is cut from it: a cut would
    * leave a prefix of the key that no later redaction recognises. */
-  if (x->body != NULL && p->api_key != NULL &&
-      strstr(x->body, p->api_key) != NULL) {
-    redact(x->body, x->body_cap, p->api_key);
-    x->body_len = strlen(x->body);
+  if (x->body.p != NULL && p->api_key != NULL &&
+      strstr(x->body.p, p->api_key) != NULL) {
+    /* In place, within the allocation (never more than the cap). */
+    redact(x->body.p, x->body.alloc, p->api_key);
+    x->body.len = strlen(x->body.p);
   }
-  const char *body = x->body != NULL ? x->body : "";
+  const char *body = ag__buf_str(&x->body);
+  size_t body_len = x->body.len;
   char api[440] = "";
   json_error_t je;
-  json_t *j = x->body_len > 0 ? json_loadb(body, x->body_len, 0, &je) : NULL;
+  json_t *j = body_len > 0 ? json_loadb(body, body_len, 0, &je) : NULL;
   if (j != NULL) {
     /* {"error": {...}} (OpenAI and most servers), {"type": "error",
      * "error": {...}} (Anthropic), {"error": "text"} (Ollama), or a bare
@@ -777,8 +750,8 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
       ag__api_error_message(j, api, sizeof(api));
     json_decref(j);
   }
-  if (api[0] == '\0' && x->body_len > 0)
-    readable(api, sizeof(api), body, x->body_len, 200);
+  if (api[0] == '\0' && body_len > 0)
+    readable(api, sizeof(api), body, body_len, 200);
   char what[320] = "";
   if (s == 401 || s == 403) {
     if (p->key_env[0] == '\0')
@@ -810,9 +783,8 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
            what[0] != '\0' ? what : api);
   else
     setmsg(perr, "HTTP %ld from %s", s, p->service);
-  size_t dl = x->body_len < sizeof(perr->details) - 1
-                  ? x->body_len
-                  : sizeof(perr->details) - 1;
+  size_t dl = body_len < sizeof(perr->details) - 1 ? body_len
+                                                   : sizeof(perr->details) - 1;
   memcpy(perr->details, body, dl);
   perr->details[dl] = '\0';
 }
@@ -946,9 +918,9 @@ static ag_err_t http_complete(void *self, const ag_request *req,
     }
   } else {
     if (p->wire == AG__WIRE_OPENAI)
-      ag__openai_response(&a, x.body != NULL ? x.body : "", x.body_len);
+      ag__openai_response(&a, ag__buf_str(&x.body), x.body.len);
     else
-      ag__anthropic_response(&a, x.body != NULL ? x.body : "", x.body_len);
+      ag__anthropic_response(&a, ag__buf_str(&x.body), x.body.len);
     if (a.delta_stopped)
       rc = AG_ECANCELLED;
     else
@@ -961,15 +933,15 @@ static ag_err_t http_complete(void *self, const ag_request *req,
       x.status < 300 && a.failed == AG_EPROVIDER && !perr->transient)
     perr->http_status = (int)x.status;
   if (rc == AG_EPROVIDER) {
-    if (perr->details[0] == '\0' && x.body != NULL && !x.body_2xx) {
-      ag__scopy(perr->details, sizeof(perr->details), x.body);
+    if (perr->details[0] == '\0' && x.body.p != NULL && !x.body_2xx) {
+      ag__scopy(perr->details, sizeof(perr->details), x.body.p);
     }
     redact(perr->message, sizeof(perr->message), p->api_key);
     redact(perr->details, sizeof(perr->details), p->api_key);
   }
   ag__asm_free(&a);
   ag__sse_free(&x.sse_p);
-  free(x.body);
+  ag__buf_free(&x.body);
   return rc;
 }
 
