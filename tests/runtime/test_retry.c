@@ -156,6 +156,17 @@ static ag_exec_result run(const ag__tool *t, const ag_config *cfg,
 /* Success and retried success                                              */
 /* ------------------------------------------------------------------------ */
 
+Test(retry, a_missing_call_tool_or_config_is_einval) {
+  ag_config cfg = retry_config(0, 0);
+  ag_exec_result r;
+  cr_expect_eq(ag__exec_call(NULL, &r), AG_EINVAL);
+  cr_expect_null(r.text);
+  cr_expect_eq(ag__exec_call(&(ag__call){.tool = NULL, .cfg = &cfg}, &r),
+               AG_EINVAL);
+  cr_expect_eq(ag__exec_call(&(ag__call){.tool = NULL, .cfg = NULL}, NULL),
+               AG_EINVAL);
+}
+
 Test(retry, success_first_time) {
   step steps[] = {{AG_TOOL_OK, "hello", -1, 0, false}};
   script s = {steps, 1, 0};
