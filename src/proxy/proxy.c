@@ -1325,26 +1325,35 @@ static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
   return r == 0 ? n : 0;
 }
 
-/* Moves the transfer on, waiting up to wait_ms for the upstream. */
+/* Moves the transfer on: reads what the upstream has sent and, only when
+ * that gave nothing to hand on (no bytes for the client, no new headers),
+ * waits up to wait_ms for the upstream and reads again. Waiting after bytes
+ * came in would hold them back until the upstream's next event. */
 static void pump(stream_st *st, int wait_ms) {
-  int running = 0;
-  curl_multi_perform(st->multi, &running);
-  if (running == 0) {
-    int left = 0;
-    CURLMsg *m;
-    while ((m = curl_multi_info_read(st->multi, &left)) != NULL)
-      if (m->msg == CURLMSG_DONE)
-        st->u.cc = m->data.result;
-    curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &st->u.status);
-    if (st->u.cc == CURLE_OK) {
-      ag_err_t why = AG_OK;
-      if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
-        st->asmb.failed = why;
+  const size_t had = st->out.len;
+  const bool hdr = st->u.hdr_end;
+  for (int round = 0;; round++) {
+    int running = 0;
+    curl_multi_perform(st->multi, &running);
+    if (running == 0) {
+      int left = 0;
+      CURLMsg *m;
+      while ((m = curl_multi_info_read(st->multi, &left)) != NULL)
+        if (m->msg == CURLMSG_DONE)
+          st->u.cc = m->data.result;
+      curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &st->u.status);
+      if (st->u.cc == CURLE_OK) {
+        ag_err_t why = AG_OK;
+        if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
+          st->asmb.failed = why;
+      }
+      st->done = true;
+      return;
     }
-    st->done = true;
-    return;
+    if (round > 0 || st->out.len > had || st->u.hdr_end != hdr)
+      return;
+    curl_multi_poll(st->multi, NULL, 0, wait_ms, NULL);
   }
-  curl_multi_poll(st->multi, NULL, 0, wait_ms, NULL);
 }
 
 /* The end of a relayed stream that was stopped: the stop message as text,

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "agentguard.h"
 #include "agentguard/proxy.h"
@@ -837,6 +838,157 @@ Test(proxy, stream_upstream_error_passes_through) {
   cr_expect_str_eq(r->body, "{\"error\":{\"message\":\"bad key\"}}");
   free(body);
   free(r);
+}
+
+/* A slow streaming upstream: SLOW_CHUNKS text chunks SLOW_GAP_MS apart
+ * (each one's send time noted), then [DONE]. */
+#define SLOW_CHUNKS 5
+#define SLOW_GAP_MS 150
+
+static double mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+typedef struct slow_up {
+  int sent;
+  double sent_ms[SLOW_CHUNKS];
+  char pending[256];
+  size_t plen, poff;
+} slow_up;
+
+static ssize_t slow_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  slow_up *s = cls;
+  if (s->poff == s->plen) {
+    if (s->sent > SLOW_CHUNKS)
+      return MHD_CONTENT_READER_END_OF_STREAM;
+    if (s->sent > 0) {
+      struct timespec ts = {0, SLOW_GAP_MS * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    if (s->sent < SLOW_CHUNKS) {
+      s->plen = (size_t)snprintf(
+          s->pending, sizeof s->pending,
+          "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\","
+          "\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":"
+          "{\"content\":\"<w%d>\"},\"finish_reason\":null}]}\n\n",
+          s->sent);
+      s->sent_ms[s->sent] = mono_ms();
+    } else {
+      s->plen = (size_t)snprintf(
+          s->pending, sizeof s->pending,
+          "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\","
+          "\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":"
+          "{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
+    }
+    s->sent++;
+    s->poff = 0;
+  }
+  size_t n = s->plen - s->poff < max ? s->plen - s->poff : max;
+  memcpy(buf, s->pending + s->poff, n);
+  s->poff += n;
+  return (ssize_t)n;
+}
+
+static slow_up SLOW;
+
+static enum MHD_Result slow_handler(void *cls, struct MHD_Connection *c,
+                                    const char *url, const char *method,
+                                    const char *version, const char *upload,
+                                    size_t *upload_size, void **con_cls) {
+  (void)cls, (void)url, (void)method, (void)version, (void)upload;
+  if (*con_cls == NULL) {
+    *con_cls = c;
+    return MHD_YES;
+  }
+  if (*upload_size > 0) {
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  struct MHD_Response *r = MHD_create_response_from_callback(
+      MHD_SIZE_UNKNOWN, 1024, slow_reader, &SLOW, NULL);
+  MHD_add_response_header(r, "Content-Type", "text/event-stream");
+  enum MHD_Result ret = MHD_queue_response(c, 200, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+typedef struct timed_body {
+  char text[8192];
+  size_t len;
+  double got_ms[SLOW_CHUNKS];
+} timed_body;
+
+static size_t timed_write(char *p, size_t s, size_t n, void *u) {
+  timed_body *t = u;
+  size_t k = s * n;
+  if (t->len + k >= sizeof t->text)
+    return 0;
+  memcpy(t->text + t->len, p, k);
+  t->len += k;
+  t->text[t->len] = '\0';
+  for (int i = 0; i < SLOW_CHUNKS; i++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "<w%d>", i);
+    if (t->got_ms[i] == 0 && strstr(t->text, tag) != NULL)
+      t->got_ms[i] = mono_ms();
+  }
+  return k;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Each chunk reaches the client as soon as the upstream sent it: the relay
+ * never waits for the upstream's next event (before the fix every chunk
+ * waited for the next one, up to 100 ms). */
+Test(proxy, stream_chunks_are_relayed_as_they_arrive) {
+  memset(&SLOW, 0, sizeof SLOW);
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL,
+      NULL, slow_handler, NULL, MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL,
+      MHD_OPTION_END);
+  cr_assert_not_null(d);
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%u",
+           (unsigned)MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT)->port);
+  P = proxy_with(test_cfg(), 0, NULL);
+  char url[128];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/chat/completions",
+           (unsigned)ag_proxy_port(P));
+  char *body = streaming(conversation(0, "read", "{}", ""));
+  timed_body *t = calloc(1, sizeof *t);
+  CURL *h = curl_easy_init();
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, timed_write);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, t);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
+  CURLcode cc = curl_easy_perform(h);
+  long status = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(h);
+  MHD_stop_daemon(d);
+  cr_assert_eq(cc, CURLE_OK, "%s", curl_easy_strerror(cc));
+  cr_assert_eq(status, 200, "%s", t->text);
+  cr_expect(strstr(t->text, "data: [DONE]") != NULL, "%s", t->text);
+  double delay[SLOW_CHUNKS];
+  for (int i = 0; i < SLOW_CHUNKS; i++) {
+    cr_assert_gt(t->got_ms[i], 0, "chunk %d never came: %s", i, t->text);
+    delay[i] = t->got_ms[i] - SLOW.sent_ms[i];
+  }
+  qsort(delay, SLOW_CHUNKS, sizeof delay[0], cmp_double);
+  /* the median of five: one slow moment on a busy machine does not count */
+  cr_expect_lt(delay[SLOW_CHUNKS / 2], 50.0,
+               "a chunk reached the client %.1f ms (median) after the "
+               "upstream sent it (%.1f .. %.1f)",
+               delay[SLOW_CHUNKS / 2], delay[0], delay[SLOW_CHUNKS - 1]);
+  free(t);
+  free(body);
 }
 
 /* ---- Anthropic Messages (/v1/messages) --------------------------------- */
