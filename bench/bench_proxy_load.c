@@ -173,6 +173,14 @@ static long rss_kib(void) {
   return res * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
+/* The process's CPU time (user + system, all threads), in seconds. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 static double mono_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -386,16 +394,22 @@ int main(int argc, char **argv) {
 
   long base_rss = rss_kib(), direct_rss = 0, proxy_rss = 0;
   atomic_store(&up_peak, 0);
+  double c0 = cpu_s();
   int f_direct = run_side(up_base, direct, n, &direct_rss);
   int peak_direct = atomic_load(&up_peak);
   atomic_store(&up_peak, 0);
+  double c1 = cpu_s();
   int f_proxy = run_side(px_base, proxied, n, &proxy_rss);
   int peak_proxy = atomic_load(&up_peak);
+  double c2 = cpu_s();
   getloadavg(load, 3);
 
   printf("failures: direct %d, proxy %d (of %d each)\n", f_direct, f_proxy, n);
   printf("streams open at the upstream at once (peak): direct %d, proxy %d\n",
          peak_direct, peak_proxy);
+  printf("CPU seconds used by the process (client, upstream and proxy "
+         "threads): direct %.2f, proxy %.2f\n",
+         c1 - c0, c2 - c1);
   printf("%-22s %10s %10s %10s %10s\n", "ms", "p50", "p99", "max", "");
   const char *names[2] = {"time to first byte", "total"};
   for (int t = 0; t < 2; t++) {
