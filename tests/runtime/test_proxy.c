@@ -1466,3 +1466,127 @@ Test(proxy, decisions_equal_the_audits) {
   }
   cr_expect_gt(stops, 50, "the random turns exercise stops (%d)", stops);
 }
+
+/* A random turn as a pair: Chat Completions messages and the same turn in
+ * Anthropic's shape (text in one block or split over two, results as a
+ * string or as text blocks, an earlier turn before it), so that the
+ * Anthropic reading (fast_turn_anth, or the conversion) can be held to the
+ * chat one. */
+static void random_pair(int rounds, json_t **chat, json_t **anth) {
+  static const char *const names[] = {"read", "write", "run"};
+  static const char *const args[] = {"{\"p\":1}", "{\"p\":2}", "{\"q\":[1,2]}"};
+  *chat = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "system", "content",
+                    "sys", "role", "user", "content", "go");
+  /* an earlier turn (its call and result), then the user message that
+   * starts this turn, with a late result of the earlier call beside it */
+  *anth = json_pack(
+      "[{s:s, s:s}, {s:s, s:[{s:s, s:s, s:s, s:{}}]}, {s:s, s:[{s:s, s:s, "
+      "s:s}, {s:s, s:s}]}]",
+      "role", "user", "content", "before", "role", "assistant", "content",
+      "type", "tool_use", "id", "old", "name", "read", "input", "role", "user",
+      "content", "type", "tool_result", "tool_use_id", "old", "content",
+      "Error: old", "type", "text", "text", "go");
+  int id = 0;
+  for (int r = 0; r < rounds; r++) {
+    unsigned nc = rnd(4);
+    unsigned textk = rnd(3); /* no text, one block, two blocks */
+    char text[64] = "";
+    json_t *blocks = json_array();
+    if (textk == 1) {
+      snprintf(text, sizeof text, "thinking");
+      json_array_append_new(
+          blocks, json_pack("{s:s, s:s}", "type", "text", "text", "thinking"));
+    } else if (textk == 2) {
+      snprintf(text, sizeof text, "a\nb");
+      json_array_append_new(
+          blocks, json_pack("{s:s, s:s}", "type", "text", "text", "a"));
+      json_array_append_new(
+          blocks, json_pack("{s:s, s:s}", "type", "text", "text", "b"));
+    }
+    json_t *tcs = json_array(), *results = json_array();
+    for (unsigned k = 0; k < nc; k++) {
+      char cid[16];
+      snprintf(cid, sizeof cid, "c%d", id + (int)k);
+      const char *nm = names[rnd(3)], *ar = args[rnd(3)];
+      json_array_append_new(tcs, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id",
+                                           cid, "type", "function", "function",
+                                           "name", nm, "arguments", ar));
+      json_array_append_new(
+          blocks, json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id",
+                            cid, "name", nm, "input", json_loads(ar, 0, NULL)));
+    }
+    json_t *am = json_pack("{s:s, s:s}", "role", "assistant", "content", text);
+    if (nc > 0)
+      json_object_set_new(am, "tool_calls", tcs);
+    else
+      json_decref(tcs);
+    json_array_append_new(*chat, am);
+    json_array_append_new(
+        *anth, json_pack("{s:s, s:o}", "role", "assistant", "content", blocks));
+    for (unsigned k = 0; k < nc; k++) {
+      char cid[16];
+      snprintf(cid, sizeof cid, "c%d", id + (int)k);
+      unsigned kind = rnd(4);
+      const char *res = kind == 0   ? "Error: file not found"
+                        : kind == 1 ? "failed hard"
+                                    : "ok";
+      json_t *tm = json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
+                             cid, "content", res);
+      if (kind == 1)
+        json_object_set_new(tm, "is_error", json_true());
+      json_array_append_new(*chat, tm);
+      json_t *content =
+          rnd(2) == 0 ? json_string(res)
+                      : json_pack("[{s:s, s:s}]", "type", "text", "text", res);
+      json_array_append_new(results, json_pack("{s:s, s:s, s:o, s:b}", "type",
+                                               "tool_result", "tool_use_id",
+                                               cid, "content", content,
+                                               "is_error", kind == 1));
+    }
+    if (nc > 0)
+      json_array_append_new(
+          *anth, json_pack("{s:s, s:o}", "role", "user", "content", results));
+    else
+      json_decref(results);
+    id += (int)nc;
+  }
+}
+
+Test(proxy, anthropic_decisions_equal_the_chat_ones) {
+  ag_config cfgs[2];
+  cfgs[0] = test_cfg();
+  cfgs[1] = test_cfg();
+  cfgs[1].loop.nudge_before_stop = true;
+  cfgs[1].loop.cycle_limit = 2;
+  int stops = 0;
+  for (int c = 0; c < 2; c++) {
+    cfgs[c].loop.max_iterations = 0;
+    cfgs[c].loop.max_tokens_per_turn = 0;
+    for (int i = 0; i < 200; i++) {
+      json_t *chat = NULL, *anth = NULL;
+      random_pair(1 + (int)rnd(12), &chat, &anth);
+      json_t *rc = json_pack("{s:s, s:o}", "model", "m", "messages", chat);
+      json_t *ra = json_pack("{s:s, s:i, s:o}", "model", "m", "max_tokens", 10,
+                             "messages", anth);
+      char *bc = json_dumps(rc, JSON_COMPACT),
+           *ba = json_dumps(ra, JSON_COMPACT);
+      json_decref(rc);
+      json_decref(ra);
+      ag_verdict vc, va;
+      ag_error_t err;
+      int ac = ag_proxy_decide(&cfgs[c], bc, strlen(bc), false, &vc, &err);
+      cr_assert_geq(ac, 0, "%s", err.msg);
+      int aa = ag_proxy_decide(&cfgs[c], ba, strlen(ba), true, &va, &err);
+      cr_assert_geq(aa, 0, "%s: %s", err.msg, ba);
+      cr_expect_eq(aa, ac, "cfg %d run %d: %d vs %d: %s", c, i, aa, ac, ba);
+      if (ac != AG_ALLOW) {
+        stops++;
+        cr_expect_eq(va.reason, vc.reason, "cfg %d run %d: %s vs %s: %s", c, i,
+                     ag_reason_name(va.reason), ag_reason_name(vc.reason), ba);
+      }
+      free(bc);
+      free(ba);
+    }
+  }
+  cr_expect_gt(stops, 30, "the random turns exercise stops (%d)", stops);
+}
