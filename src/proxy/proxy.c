@@ -1238,10 +1238,11 @@ typedef struct stream_st {
   ag__sse sse;
   ag__asm asmb;
   ag_provider_error perr;
-  bool done;     /* the transfer ended */
-  bool finished; /* the last bytes are queued */
-  bool looped;   /* the content-loop detector stopped the reply */
-  bool any_text; /* text was relayed */
+  bool performed; /* curl_multi_perform has run: pump waits first */
+  bool done;      /* the transfer ended */
+  bool finished;  /* the last bytes are queued */
+  bool looped;    /* the content-loop detector stopped the reply */
+  bool any_text;  /* text was relayed */
   ag_verdict loop_v;
   sbuf out, held;
   size_t out_pos;
@@ -1349,34 +1350,30 @@ static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
   return r == 0 ? n : 0;
 }
 
-/* Moves the transfer on: reads what the upstream has sent and, only when
- * that gave nothing to hand on (no bytes for the client, no new headers),
- * waits up to wait_ms for the upstream and reads again. Waiting after bytes
- * came in would hold them back until the upstream's next event. */
+/* Moves the transfer on: waits up to wait_ms for the upstream (unless
+ * nothing was read since the transfer was added), then reads what it sent.
+ * The wait comes first: waiting after a read would hold what was read back
+ * until the upstream's next event. The callers call again until they have
+ * something to hand on. */
 static void pump(stream_st *st, int wait_ms) {
-  const size_t had = st->out.len;
-  const bool hdr = st->u.hdr_end;
-  for (int round = 0;; round++) {
-    int running = 0;
-    curl_multi_perform(st->multi, &running);
-    if (running == 0) {
-      int left = 0;
-      CURLMsg *m;
-      while ((m = curl_multi_info_read(st->multi, &left)) != NULL)
-        if (m->msg == CURLMSG_DONE)
-          st->u.cc = m->data.result;
-      curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &st->u.status);
-      if (st->u.cc == CURLE_OK) {
-        ag_err_t why = AG_OK;
-        if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
-          st->asmb.failed = why;
-      }
-      st->done = true;
-      return;
-    }
-    if (round > 0 || st->out.len > had || st->u.hdr_end != hdr)
-      return;
+  if (st->performed)
     curl_multi_poll(st->multi, NULL, 0, wait_ms, NULL);
+  st->performed = true;
+  int running = 0;
+  curl_multi_perform(st->multi, &running);
+  if (running == 0) {
+    int left = 0;
+    CURLMsg *m;
+    while ((m = curl_multi_info_read(st->multi, &left)) != NULL)
+      if (m->msg == CURLMSG_DONE)
+        st->u.cc = m->data.result;
+    curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &st->u.status);
+    if (st->u.cc == CURLE_OK) {
+      ag_err_t why = AG_OK;
+      if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
+        st->asmb.failed = why;
+    }
+    st->done = true;
   }
 }
 
