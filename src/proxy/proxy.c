@@ -2,8 +2,9 @@
  * src/proxy/proxy.c - the guard proxy (proxy.h; docs/proxy.md).
  *
  * One request, guarded (POST /v1/chat/completions; POST /v1/messages the
- * same way in Anthropic's shapes, its messages converted to chat form for
- * the replay by anthropic_to_chat, its streams relayed by on_anth_event):
+ * same way in Anthropic's shapes, its turn read by fast_turn_anth or, on
+ * the slow path, converted to chat form by anthropic_to_chat, its streams
+ * relayed by on_anth_event):
  *   1. the body is read (capped), parsed, and its shape checked (400 in
  *      OpenAI's error shape otherwise);
  *   2. the turn (the last user message and everything after it) becomes
