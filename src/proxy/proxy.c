@@ -59,8 +59,24 @@
   "you stopped."
 #define ERR_MSG_MAX 1024
 
+/* A libcurl multi handle and an easy one, kept between requests so that the
+ * upstream connection (in the multi handle's cache) is used again: no new
+ * connection, no new TLS handshake. One thread at a time has a slot
+ * (slot_get / slot_put, under pool_mu). */
+typedef struct up_slot {
+  CURLM *multi;
+  CURL *h;
+  struct up_slot *next;
+} up_slot;
+
+/* Idle slots kept (each may hold an open upstream connection). */
+#define UP_POOL_MAX 64
+
 struct ag_proxy {
   struct MHD_Daemon *d;
+  pthread_mutex_t pool_mu;
+  up_slot *idle; /* n_idle of them, at most UP_POOL_MAX */
+  unsigned n_idle;
   char *upstream; /* without a trailing slash */
   bool upstream_v1;
   ag_config cfg;
@@ -329,15 +345,66 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
   return MHD_YES;
 }
 
-/* A transfer to the upstream with the client's headers (hop-by-hop ones
- * removed: credentials go as they came). `json_body`: the body is ours
- * (rewritten), sent as application/json. NULL when out of memory; the
- * caller frees *hdrs and *url after the transfer. */
-static CURL *upstream_handle(ag_proxy *p, struct MHD_Connection *c,
-                             const char *method, const char *uri,
-                             const char *body, size_t len, bool json_body,
-                             upstream *u, struct curl_slist **hdrs,
-                             char **url) {
+/* A slot from the pool, or a new one; NULL when out of memory. */
+static up_slot *slot_get(ag_proxy *p) {
+  pthread_mutex_lock(&p->pool_mu);
+  up_slot *s = p->idle;
+  if (s != NULL) {
+    p->idle = s->next;
+    p->n_idle--;
+  }
+  pthread_mutex_unlock(&p->pool_mu);
+  if (s != NULL)
+    return s;
+  s = calloc(1, sizeof(*s));
+  if (s == NULL)
+    return NULL;
+  s->multi = curl_multi_init();
+  s->h = curl_easy_init();
+  if (s->multi == NULL || s->h == NULL) {
+    curl_easy_cleanup(s->h);
+    curl_multi_cleanup(s->multi);
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+static void slot_free(up_slot *s) {
+  curl_easy_cleanup(s->h);
+  curl_multi_cleanup(s->multi); /* closes its connections */
+  free(s);
+}
+
+/* Gives a slot back: its transfer taken out of the multi handle (one cut
+ * short has its connection closed by libcurl), its options cleared so that
+ * nothing points into the request that used it, its connection kept when
+ * the pool has room. NULL does nothing. */
+static void slot_put(ag_proxy *p, up_slot *s) {
+  if (s == NULL)
+    return;
+  curl_multi_remove_handle(s->multi, s->h);
+  curl_easy_reset(s->h);
+  pthread_mutex_lock(&p->pool_mu);
+  if (p->n_idle < UP_POOL_MAX) {
+    s->next = p->idle;
+    p->idle = s;
+    p->n_idle++;
+    s = NULL;
+  }
+  pthread_mutex_unlock(&p->pool_mu);
+  if (s != NULL)
+    slot_free(s);
+}
+
+/* Sets `h` up for a transfer to the upstream with the client's headers
+ * (hop-by-hop ones removed: credentials go as they came). `json_body`: the
+ * body is ours (rewritten), sent as application/json. false when out of
+ * memory; the caller frees *hdrs and *url after the transfer. */
+static bool upstream_handle(ag_proxy *p, struct MHD_Connection *c, CURL *h,
+                            const char *method, const char *uri,
+                            const char *body, size_t len, bool json_body,
+                            upstream *u, struct curl_slist **hdrs, char **url) {
   memset(u, 0, sizeof(*u));
   u->cc = CURLE_OUT_OF_MEMORY;
   const char *path = uri;
@@ -345,7 +412,6 @@ static CURL *upstream_handle(ag_proxy *p, struct MHD_Connection *c,
     path += 3;
   size_t ul = strlen(p->upstream) + strlen(path) + 1;
   *url = malloc(ul);
-  CURL *h = curl_easy_init();
   hdr_walk w = {NULL, false};
   MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &w);
   if (json_body && !w.failed) {
@@ -363,10 +429,8 @@ static CURL *upstream_handle(ag_proxy *p, struct MHD_Connection *c,
       w.list = s;
   }
   *hdrs = w.list;
-  if (*url == NULL || h == NULL || w.failed) {
-    curl_easy_cleanup(h);
-    return NULL;
-  }
+  if (*url == NULL || h == NULL || w.failed)
+    return false;
   snprintf(*url, ul, "%s%s", p->upstream, path);
   curl_easy_setopt(h, CURLOPT_URL, *url);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -390,22 +454,51 @@ static CURL *upstream_handle(ag_proxy *p, struct MHD_Connection *c,
     }
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
   }
-  return h;
+  return true;
 }
 
-/* One whole request upstream (see upstream_handle). */
+/* The slot's transfer, run to its end in the slot's multi handle. */
+static CURLcode slot_run(up_slot *s) {
+  if (curl_multi_add_handle(s->multi, s->h) != CURLM_OK)
+    return CURLE_FAILED_INIT;
+  CURLcode cc = CURLE_OK;
+  for (;;) {
+    int running = 0;
+    if (curl_multi_perform(s->multi, &running) != CURLM_OK) {
+      cc = CURLE_FAILED_INIT;
+      break;
+    }
+    if (running == 0)
+      break;
+    curl_multi_poll(s->multi, NULL, 0, 1000, NULL);
+  }
+  int left = 0;
+  CURLMsg *m;
+  while ((m = curl_multi_info_read(s->multi, &left)) != NULL)
+    if (m->msg == CURLMSG_DONE)
+      cc = m->data.result;
+  curl_multi_remove_handle(s->multi, s->h);
+  return cc;
+}
+
+/* One whole request upstream (see upstream_handle), on a pooled slot. */
 static void send_upstream(ag_proxy *p, struct MHD_Connection *c,
                           const char *method, const char *uri, const char *body,
                           size_t len, bool json_body, upstream *u) {
   struct curl_slist *hdrs = NULL;
   char *url = NULL;
-  CURL *h =
-      upstream_handle(p, c, method, uri, body, len, json_body, u, &hdrs, &url);
-  if (h != NULL) {
-    u->cc = curl_easy_perform(h);
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
+  up_slot *s = slot_get(p);
+  if (s == NULL) {
+    memset(u, 0, sizeof(*u));
+    u->cc = CURLE_OUT_OF_MEMORY;
+    return;
   }
-  curl_easy_cleanup(h);
+  if (upstream_handle(p, c, s->h, method, uri, body, len, json_body, u, &hdrs,
+                      &url)) {
+    u->cc = slot_run(s);
+    curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &u->status);
+  }
+  slot_put(p, s);
   curl_slist_free_all(hdrs);
   free(url);
 }
@@ -1231,6 +1324,7 @@ typedef struct stream_st {
   char *uri, *path;
   json_t *req;
   ag_guard *g;
+  up_slot *slot; /* multi and h are its */
   CURLM *multi;
   CURL *h;
   struct curl_slist *hdrs;
@@ -1261,10 +1355,7 @@ static void stream_free(void *cls) {
   stream_st *st = cls;
   if (st == NULL)
     return;
-  if (st->multi != NULL && st->h != NULL)
-    curl_multi_remove_handle(st->multi, st->h);
-  curl_easy_cleanup(st->h);
-  curl_multi_cleanup(st->multi);
+  slot_put(st->p, st->slot);
   curl_slist_free_all(st->hdrs);
   free(st->url);
   upstream_free(&st->u);
@@ -1804,11 +1895,15 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   st->held_ev = json_array();
   ag__sse_init(&st->sse, anth ? on_anth_event : on_sse_event, st);
   ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
-  st->h = upstream_handle(p, c, "POST", q->uri, body, len, ours, &st->u,
-                          &st->hdrs, &st->url);
-  st->multi = curl_multi_init();
-  if (st->h == NULL || st->multi == NULL || st->uri == NULL ||
-      st->path == NULL || st->held_ev == NULL) {
+  st->slot = slot_get(p);
+  bool set = st->slot != NULL &&
+             upstream_handle(p, c, st->slot->h, "POST", q->uri, body, len, ours,
+                             &st->u, &st->hdrs, &st->url);
+  if (st->slot != NULL) {
+    st->multi = st->slot->multi;
+    st->h = st->slot->h;
+  }
+  if (!set || st->uri == NULL || st->path == NULL || st->held_ev == NULL) {
     stream_free(st);
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return NULL;
@@ -2729,6 +2824,7 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   p->events = o->events;
   p->timeout_ms = o->upstream_timeout_ms > 0 ? o->upstream_timeout_ms : 600000;
   pthread_mutex_init(&p->ev_mu, NULL);
+  pthread_mutex_init(&p->pool_mu, NULL);
   atomic_init(&p->ids, 1);
   unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections
                                           : AG_PROXY_MAX_CONNECTIONS;
@@ -2745,6 +2841,7 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   if (p->d == NULL) {
     int e = errno;
     pthread_mutex_destroy(&p->ev_mu);
+    pthread_mutex_destroy(&p->pool_mu);
     free(p->upstream);
     free(p->client_key);
     free(p);
@@ -2766,8 +2863,14 @@ uint16_t ag_proxy_port(const ag_proxy *p) {
 void ag_proxy_stop(ag_proxy *p) {
   if (p == NULL)
     return;
-  MHD_stop_daemon(p->d);
+  MHD_stop_daemon(p->d); /* every connection's thread has ended */
+  while (p->idle != NULL) {
+    up_slot *s = p->idle;
+    p->idle = s->next;
+    slot_free(s);
+  }
   pthread_mutex_destroy(&p->ev_mu);
+  pthread_mutex_destroy(&p->pool_mu);
   if (p->client_key != NULL)
     OPENSSL_cleanse(p->client_key, strlen(p->client_key));
   free(p->client_key);

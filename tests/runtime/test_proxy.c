@@ -43,6 +43,7 @@ static struct {
   int n_replies, next;
   seen reqs[MAX_SEEN];
   int n_reqs;
+  int n_conns; /* connections the upstream accepted */
 } U;
 
 typedef struct conn {
@@ -116,6 +117,17 @@ static void up_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   *con_cls = NULL;
 }
 
+static void up_conn_notify(void *cls, struct MHD_Connection *c,
+                           void **socket_ctx,
+                           enum MHD_ConnectionNotificationCode code) {
+  (void)cls, (void)c, (void)socket_ctx;
+  if (code != MHD_CONNECTION_NOTIFY_STARTED)
+    return;
+  pthread_mutex_lock(&U.mu);
+  U.n_conns++;
+  pthread_mutex_unlock(&U.mu);
+}
+
 static void quiet(void *cls, const char *fmt, va_list ap) {
   (void)cls;
   (void)fmt;
@@ -177,12 +189,12 @@ static int n_upstream(void) {
 static void up_start(void) {
   memset(&U, 0, sizeof U);
   pthread_mutex_init(&U.mu, NULL);
-  U.d =
-      MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD |
-                           MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
-                       0, NULL, NULL, up_handler, NULL,
-                       MHD_OPTION_NOTIFY_COMPLETED, up_completed, NULL,
-                       MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL, MHD_OPTION_END);
+  U.d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+          MHD_USE_ERROR_LOG,
+      0, NULL, NULL, up_handler, NULL, MHD_OPTION_NOTIFY_COMPLETED,
+      up_completed, NULL, MHD_OPTION_NOTIFY_CONNECTION, up_conn_notify, NULL,
+      MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL, MHD_OPTION_END);
   cr_assert_not_null(U.d);
   U.port = MHD_get_daemon_info(U.d, MHD_DAEMON_INFO_BIND_PORT)->port;
   setenv("NO_PROXY", "127.0.0.1,localhost", 1);
@@ -989,6 +1001,39 @@ Test(proxy, stream_chunks_are_relayed_as_they_arrive) {
                delay[SLOW_CHUNKS / 2], delay[0], delay[SLOW_CHUNKS - 1]);
   free(t);
   free(body);
+}
+
+/* Requests one after the other (plain, streamed, passed through) reach
+ * the upstream over one connection: the proxy keeps it between requests
+ * (before, every request opened a new one). */
+Test(proxy, upstream_connection_is_used_again) {
+  canned_call(NULL, "one");
+  canned_call(NULL, "two");
+  canned_stream_call("{\"path\":\"b\"}");
+  canned_add(200, "{\"data\":[]}");
+  char *body = conversation(0, "read", "{}", "");
+  char *sbody =
+      streaming(conversation(1, "read", "{\"path\":\"a\"}", "text of a"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  free(r);
+  r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  free(r);
+  r = call(P, "POST", "/v1/chat/completions", sbody, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect(ends_with_done(r), "%s", r->body);
+  free(r);
+  r = call(P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  free(r);
+  cr_expect_eq(n_upstream(), 4);
+  pthread_mutex_lock(&U.mu);
+  int conns = U.n_conns;
+  pthread_mutex_unlock(&U.mu);
+  cr_expect_eq(conns, 1, "4 requests, %d upstream connections", conns);
+  free(body);
+  free(sbody);
 }
 
 /* ---- Anthropic Messages (/v1/messages) --------------------------------- */
