@@ -1755,6 +1755,12 @@ out:
 /* The stream has ended: check the calls, then release or replace them. */
 static void stream_finish(stream_st *st) {
   st->finished = true;
+  /* the upstream connection back to the pool before the client sees the
+   * end (its next request may come at once), and for a nudge's request */
+  slot_put(st->p, st->slot);
+  st->slot = NULL;
+  st->multi = NULL;
+  st->h = NULL;
   if (st->anth) {
     stream_finish_anth(st);
     return;
