@@ -18,8 +18,16 @@
  * direct run, over STREAMS). Figures only: it never fails on speed; it
  * exits 1 when something is broken (setup, or failures > 0).
  *
+ * Arrivals: all at once (an instant burst, the default), or with
+ * --ramp-ms MS spread evenly over MS (request i starts at i * MS / N):
+ * with MS about the stream's length, the streams overlap so that nearly N
+ * are open at once (the peak is printed), as when real model streams that
+ * last seconds arrive over time. Both sides are run the same way.
+ *
  *   build/bench_proxy_load [--streams N] [--chunks N] [--gap-ms MS]
- *   (defaults 200 streams, 20 chunks, 10 ms; the issue's figure: 1000)
+ *                          [--ramp-ms MS]
+ *   (defaults 200 streams, 20 chunks, 10 ms, ramp 0; the issue's figure:
+ *   1000 streams)
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -41,6 +49,7 @@
 
 static int chunks = 20;
 static int gap_ms = 10;
+static int ramp_ms = 0;
 static atomic_int up_open, up_peak;
 
 typedef struct up_conn {
@@ -164,12 +173,27 @@ static long rss_kib(void) {
   return res * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
+/* The process's CPU time (user + system, all threads), in seconds. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+static double mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 static const char BODY[] =
     "{\"model\":\"fake\",\"stream\":true,\"messages\":[{\"role\":\"user\","
     "\"content\":\"Say twenty words.\"}]}";
 
-/* Runs n concurrent streams against base; fills rs; returns the failures
- * and sets *peak_rss to the highest RSS seen while they ran. */
+/* Runs n concurrent streams against base (all at once, or spread over
+ * ramp_ms); fills rs; returns the failures and sets *peak_rss to the
+ * highest RSS seen while they ran. */
 static int run_side(const char *base, req *rs, int n, long *peak_rss) {
   char url[128];
   snprintf(url, sizeof url, "%s/v1/chat/completions", base);
@@ -191,17 +215,26 @@ static int run_side(const char *base, req *rs, int n, long *peak_rss) {
     curl_easy_setopt(h, CURLOPT_TIMEOUT, 120L);
     curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_multi_add_handle(m, h);
   }
-  int running = n;
+  int running = 0, added = 0;
   *peak_rss = 0;
-  while (running > 0) {
+  const double t0 = mono_ms();
+  while (running > 0 || added < n) {
+    /* the requests due by now join the transfer */
+    double now = mono_ms() - t0;
+    while (added < n && (ramp_ms == 0 || (double)added * ramp_ms / n <= now))
+      curl_multi_add_handle(m, rs[added++].h);
     curl_multi_perform(m, &running);
     long r = rss_kib();
     if (r > *peak_rss)
       *peak_rss = r;
-    if (running > 0)
-      curl_multi_poll(m, NULL, 0, 50, NULL);
+    int wait = 50;
+    if (added < n) {
+      double next = (double)added * ramp_ms / n - (mono_ms() - t0);
+      wait = next <= 0 ? 0 : next < 50 ? (int)next + 1 : 50;
+    }
+    if (running > 0 || added < n)
+      curl_multi_poll(m, NULL, 0, wait, NULL);
   }
   int failures = 0, shown = 0;
   CURLMsg *msg;
@@ -277,10 +310,13 @@ int main(int argc, char **argv) {
       chunks = parse_int("--chunks", argv[++i], 1, 1000);
     else if (i + 1 < argc && strcmp(argv[i], "--gap-ms") == 0)
       gap_ms = parse_int("--gap-ms", argv[++i], 0, 1000);
+    else if (i + 1 < argc && strcmp(argv[i], "--ramp-ms") == 0)
+      ramp_ms = parse_int("--ramp-ms", argv[++i], 0, 600000);
     else {
       fprintf(stderr,
               "usage: bench_proxy_load [--streams N] [--chunks N] "
-              "[--gap-ms MS]\n(unknown or incomplete argument '%s')\n",
+              "[--gap-ms MS] [--ramp-ms MS]\n(unknown or incomplete "
+              "argument '%s')\n",
               argv[i]);
       return 2;
     }
@@ -341,27 +377,39 @@ int main(int argc, char **argv) {
   double load[3] = {0, 0, 0};
   getloadavg(load, 3);
   printf("proxy_load: %d concurrent streams, each %d chunks %d ms apart "
-         "(upstream's own time ~%d ms); load average %.2f %.2f %.2f\n",
-         n, chunks, gap_ms, (chunks - 1) * gap_ms, load[0], load[1], load[2]);
+         "(upstream's own time ~%d ms), arriving %s%d ms; load average %.2f "
+         "%.2f %.2f\n",
+         n, chunks, gap_ms, (chunks - 1) * gap_ms,
+         ramp_ms > 0 ? "evenly over " : "at once (burst) ", ramp_ms, load[0],
+         load[1], load[2]);
 
   /* A short warm-up of both paths (first-use costs out of the figures). */
   long warm_rss = 0;
   req warm[4];
+  int ramp = ramp_ms;
+  ramp_ms = 0;
   run_side(up_base, warm, 4, &warm_rss);
   run_side(px_base, warm, 4, &warm_rss);
+  ramp_ms = ramp;
 
   long base_rss = rss_kib(), direct_rss = 0, proxy_rss = 0;
   atomic_store(&up_peak, 0);
+  double c0 = cpu_s();
   int f_direct = run_side(up_base, direct, n, &direct_rss);
   int peak_direct = atomic_load(&up_peak);
   atomic_store(&up_peak, 0);
+  double c1 = cpu_s();
   int f_proxy = run_side(px_base, proxied, n, &proxy_rss);
   int peak_proxy = atomic_load(&up_peak);
+  double c2 = cpu_s();
   getloadavg(load, 3);
 
   printf("failures: direct %d, proxy %d (of %d each)\n", f_direct, f_proxy, n);
   printf("streams open at the upstream at once (peak): direct %d, proxy %d\n",
          peak_direct, peak_proxy);
+  printf("CPU seconds used by the process (client, upstream and proxy "
+         "threads): direct %.2f, proxy %.2f\n",
+         c1 - c0, c2 - c1);
   printf("%-22s %10s %10s %10s %10s\n", "ms", "p50", "p99", "max", "");
   const char *names[2] = {"time to first byte", "total"};
   for (int t = 0; t < 2; t++) {

@@ -7,7 +7,8 @@
  * the installed libagentguard does not depend on an HTTP server.
  *
  * The proxy serves HTTP with libmicrohttpd (one thread per connection,
- * connections capped) and talks to the upstream with libcurl.
+ * connections capped) and talks to the upstream with libcurl (up to 64 idle
+ * upstream connections kept between requests).
  *   - POST /v1/chat/completions and POST /v1/messages (Anthropic, its
  *     messages read as chat form) are guarded: the request's turn (everything
  *     after the last user message) is parsed as a chat transcript

@@ -2,8 +2,9 @@
  * src/proxy/proxy.c - the guard proxy (proxy.h; docs/proxy.md).
  *
  * One request, guarded (POST /v1/chat/completions; POST /v1/messages the
- * same way in Anthropic's shapes, its messages converted to chat form for
- * the replay by anthropic_to_chat, its streams relayed by on_anth_event):
+ * same way in Anthropic's shapes, its turn read by fast_turn_anth or, on
+ * the slow path, converted to chat form by anthropic_to_chat, its streams
+ * relayed by on_anth_event):
  *   1. the body is read (capped), parsed, and its shape checked (400 in
  *      OpenAI's error shape otherwise);
  *   2. the turn (the last user message and everything after it) becomes
@@ -35,6 +36,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -57,8 +59,24 @@
   "you stopped."
 #define ERR_MSG_MAX 1024
 
+/* A libcurl multi handle and an easy one, kept between requests so that the
+ * upstream connection (in the multi handle's cache) is used again: no new
+ * connection, no new TLS handshake. One thread at a time has a slot
+ * (slot_get / slot_put, under pool_mu). */
+typedef struct up_slot {
+  CURLM *multi;
+  CURL *h;
+  struct up_slot *next;
+} up_slot;
+
+/* Idle slots kept (each may hold an open upstream connection). */
+#define UP_POOL_MAX 64
+
 struct ag_proxy {
   struct MHD_Daemon *d;
+  pthread_mutex_t pool_mu;
+  up_slot *idle; /* n_idle of them, at most UP_POOL_MAX */
+  unsigned n_idle;
   char *upstream; /* without a trailing slash */
   bool upstream_v1;
   ag_config cfg;
@@ -327,15 +345,66 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
   return MHD_YES;
 }
 
-/* A transfer to the upstream with the client's headers (hop-by-hop ones
- * removed: credentials go as they came). `json_body`: the body is ours
- * (rewritten), sent as application/json. NULL when out of memory; the
- * caller frees *hdrs and *url after the transfer. */
-static CURL *upstream_handle(ag_proxy *p, struct MHD_Connection *c,
-                             const char *method, const char *uri,
-                             const char *body, size_t len, bool json_body,
-                             upstream *u, struct curl_slist **hdrs,
-                             char **url) {
+/* A slot from the pool, or a new one; NULL when out of memory. */
+static up_slot *slot_get(ag_proxy *p) {
+  pthread_mutex_lock(&p->pool_mu);
+  up_slot *s = p->idle;
+  if (s != NULL) {
+    p->idle = s->next;
+    p->n_idle--;
+  }
+  pthread_mutex_unlock(&p->pool_mu);
+  if (s != NULL)
+    return s;
+  s = calloc(1, sizeof(*s));
+  if (s == NULL)
+    return NULL;
+  s->multi = curl_multi_init();
+  s->h = curl_easy_init();
+  if (s->multi == NULL || s->h == NULL) {
+    curl_easy_cleanup(s->h);
+    curl_multi_cleanup(s->multi);
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+static void slot_free(up_slot *s) {
+  curl_easy_cleanup(s->h);
+  curl_multi_cleanup(s->multi); /* closes its connections */
+  free(s);
+}
+
+/* Gives a slot back: its transfer taken out of the multi handle (one cut
+ * short has its connection closed by libcurl), its options cleared so that
+ * nothing points into the request that used it, its connection kept when
+ * the pool has room. NULL does nothing. */
+static void slot_put(ag_proxy *p, up_slot *s) {
+  if (s == NULL)
+    return;
+  curl_multi_remove_handle(s->multi, s->h);
+  curl_easy_reset(s->h);
+  pthread_mutex_lock(&p->pool_mu);
+  if (p->n_idle < UP_POOL_MAX) {
+    s->next = p->idle;
+    p->idle = s;
+    p->n_idle++;
+    s = NULL;
+  }
+  pthread_mutex_unlock(&p->pool_mu);
+  if (s != NULL)
+    slot_free(s);
+}
+
+/* Sets `h` up for a transfer to the upstream with the client's headers
+ * (hop-by-hop ones removed: credentials go as they came). `json_body`: the
+ * body is ours (rewritten), sent as application/json. false when out of
+ * memory; the caller frees *hdrs and *url after the transfer. */
+static bool upstream_handle(ag_proxy *p, struct MHD_Connection *c, CURL *h,
+                            const char *method, const char *uri,
+                            const char *body, size_t len, bool json_body,
+                            upstream *u, struct curl_slist **hdrs, char **url) {
   memset(u, 0, sizeof(*u));
   u->cc = CURLE_OUT_OF_MEMORY;
   const char *path = uri;
@@ -343,7 +412,6 @@ static CURL *upstream_handle(ag_proxy *p, struct MHD_Connection *c,
     path += 3;
   size_t ul = strlen(p->upstream) + strlen(path) + 1;
   *url = malloc(ul);
-  CURL *h = curl_easy_init();
   hdr_walk w = {NULL, false};
   MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &w);
   if (json_body && !w.failed) {
@@ -361,10 +429,8 @@ static CURL *upstream_handle(ag_proxy *p, struct MHD_Connection *c,
       w.list = s;
   }
   *hdrs = w.list;
-  if (*url == NULL || h == NULL || w.failed) {
-    curl_easy_cleanup(h);
-    return NULL;
-  }
+  if (*url == NULL || h == NULL || w.failed)
+    return false;
   snprintf(*url, ul, "%s%s", p->upstream, path);
   curl_easy_setopt(h, CURLOPT_URL, *url);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -388,22 +454,51 @@ static CURL *upstream_handle(ag_proxy *p, struct MHD_Connection *c,
     }
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
   }
-  return h;
+  return true;
 }
 
-/* One whole request upstream (see upstream_handle). */
+/* The slot's transfer, run to its end in the slot's multi handle. */
+static CURLcode slot_run(up_slot *s) {
+  if (curl_multi_add_handle(s->multi, s->h) != CURLM_OK)
+    return CURLE_FAILED_INIT;
+  CURLcode cc = CURLE_OK;
+  for (;;) {
+    int running = 0;
+    if (curl_multi_perform(s->multi, &running) != CURLM_OK) {
+      cc = CURLE_FAILED_INIT;
+      break;
+    }
+    if (running == 0)
+      break;
+    curl_multi_poll(s->multi, NULL, 0, 1000, NULL);
+  }
+  int left = 0;
+  CURLMsg *m;
+  while ((m = curl_multi_info_read(s->multi, &left)) != NULL)
+    if (m->msg == CURLMSG_DONE)
+      cc = m->data.result;
+  curl_multi_remove_handle(s->multi, s->h);
+  return cc;
+}
+
+/* One whole request upstream (see upstream_handle), on a pooled slot. */
 static void send_upstream(ag_proxy *p, struct MHD_Connection *c,
                           const char *method, const char *uri, const char *body,
                           size_t len, bool json_body, upstream *u) {
   struct curl_slist *hdrs = NULL;
   char *url = NULL;
-  CURL *h =
-      upstream_handle(p, c, method, uri, body, len, json_body, u, &hdrs, &url);
-  if (h != NULL) {
-    u->cc = curl_easy_perform(h);
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
+  up_slot *s = slot_get(p);
+  if (s == NULL) {
+    memset(u, 0, sizeof(*u));
+    u->cc = CURLE_OUT_OF_MEMORY;
+    return;
   }
-  curl_easy_cleanup(h);
+  if (upstream_handle(p, c, s->h, method, uri, body, len, json_body, u, &hdrs,
+                      &url)) {
+    u->cc = slot_run(s);
+    curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &u->status);
+  }
+  slot_put(p, s);
   curl_slist_free_all(hdrs);
   free(url);
 }
@@ -575,6 +670,8 @@ typedef struct fast_traj {
   ag_traj_result *results;
   const char **ids;
   bool *answered;
+  char **owned; /* strings made for the turn (Anthropic's), n_owned */
+  size_t n_owned;
 } fast_traj;
 
 static void fast_free(fast_traj *f) {
@@ -583,6 +680,9 @@ static void fast_free(fast_traj *f) {
   free(f->results);
   free(f->ids);
   free(f->answered);
+  for (size_t i = 0; i < f->n_owned; i++)
+    free(f->owned[i]);
+  free(f->owned);
 }
 
 static int fast_turn(const json_t *msgs, size_t start, fast_traj *f) {
@@ -694,13 +794,25 @@ slow:
   return 0;
 }
 
+/* The trajectory `f` replayed (then freed): the action, or -2. */
+static int replay_fast(ag_guard *g, fast_traj *f, ag_verdict *v) {
+  int act = replay_trajectory(g, &f->t, v);
+  fast_free(f);
+  return act < 0 ? -2 : act;
+}
+
+static int replay_slow(ag_guard *g, const json_t *msgs, size_t start,
+                       size_t shown, ag_verdict *v, char *emsg, size_t cap);
+
 /*
  * Replays the turn of `msgs` (the last user message and what follows)
  * through `g`. Returns the action (v filled), or -1 with a 400 message in
- * `emsg` when the turn cannot be read, or -2 when out of memory.
+ * `emsg` when the turn cannot be read, or -2 when out of memory. `shown`:
+ * the index the turn's first message has in the client's own messages, for
+ * that message, or SIZE_MAX: its index in `msgs`.
  */
-static int replay_turn(ag_guard *g, const json_t *msgs, ag_verdict *v,
-                       char *emsg, size_t cap) {
+static int replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
+                       ag_verdict *v, char *emsg, size_t cap) {
   size_t n = json_array_size(msgs), start = 0;
   for (size_t i = n; i-- > 0;)
     if (strcmp(role_of(json_array_get(msgs, i)), "user") == 0) {
@@ -719,11 +831,17 @@ static int replay_turn(ag_guard *g, const json_t *msgs, ag_verdict *v,
   int fr = fast_turn(msgs, start, &f);
   if (fr < 0)
     return -2;
-  if (fr > 0) {
-    int act = replay_trajectory(g, &f.t, v);
-    fast_free(&f);
-    return act < 0 ? -2 : act;
-  }
+  if (fr > 0)
+    return replay_fast(g, &f, v);
+  return replay_slow(g, msgs, start, shown == SIZE_MAX ? start : shown, v, emsg,
+                     cap);
+}
+
+/* The turn msgs[start..] written out and read by ag_trajectory_parse, the
+ * audit's parser (whose error message a broken turn gets), then replayed. */
+static int replay_slow(ag_guard *g, const json_t *msgs, size_t start,
+                       size_t shown, ag_verdict *v, char *emsg, size_t cap) {
+  size_t n = json_array_size(msgs);
   json_t *turn = json_array();
   int rc = -2;
   if (turn == NULL)
@@ -747,7 +865,7 @@ static int replay_turn(ag_guard *g, const json_t *msgs, ag_verdict *v,
     snprintf(emsg, cap,
              "messages: the turn (messages[%zu..], numbered from there) is not "
              "a tool conversation agentguard can read: %s",
-             start, err.msg);
+             shown, err.msg);
     rc = -1;
     goto out;
   }
@@ -1206,6 +1324,7 @@ typedef struct stream_st {
   char *uri, *path;
   json_t *req;
   ag_guard *g;
+  up_slot *slot; /* multi and h are its */
   CURLM *multi;
   CURL *h;
   struct curl_slist *hdrs;
@@ -1214,10 +1333,11 @@ typedef struct stream_st {
   ag__sse sse;
   ag__asm asmb;
   ag_provider_error perr;
-  bool done;     /* the transfer ended */
-  bool finished; /* the last bytes are queued */
-  bool looped;   /* the content-loop detector stopped the reply */
-  bool any_text; /* text was relayed */
+  bool performed; /* curl_multi_perform has run: pump waits first */
+  bool done;      /* the transfer ended */
+  bool finished;  /* the last bytes are queued */
+  bool looped;    /* the content-loop detector stopped the reply */
+  bool any_text;  /* text was relayed */
   ag_verdict loop_v;
   sbuf out, held;
   size_t out_pos;
@@ -1235,10 +1355,7 @@ static void stream_free(void *cls) {
   stream_st *st = cls;
   if (st == NULL)
     return;
-  if (st->multi != NULL && st->h != NULL)
-    curl_multi_remove_handle(st->multi, st->h);
-  curl_easy_cleanup(st->h);
-  curl_multi_cleanup(st->multi);
+  slot_put(st->p, st->slot);
   curl_slist_free_all(st->hdrs);
   free(st->url);
   upstream_free(&st->u);
@@ -1325,8 +1442,15 @@ static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
   return r == 0 ? n : 0;
 }
 
-/* Moves the transfer on, waiting up to wait_ms for the upstream. */
+/* Moves the transfer on: waits up to wait_ms for the upstream (unless
+ * nothing was read since the transfer was added), then reads what it sent.
+ * The wait comes first: waiting after a read would hold what was read back
+ * until the upstream's next event. The callers call again until they have
+ * something to hand on. */
 static void pump(stream_st *st, int wait_ms) {
+  if (st->performed)
+    curl_multi_poll(st->multi, NULL, 0, wait_ms, NULL);
+  st->performed = true;
   int running = 0;
   curl_multi_perform(st->multi, &running);
   if (running == 0) {
@@ -1342,9 +1466,7 @@ static void pump(stream_st *st, int wait_ms) {
         st->asmb.failed = why;
     }
     st->done = true;
-    return;
   }
-  curl_multi_poll(st->multi, NULL, 0, wait_ms, NULL);
 }
 
 /* The end of a relayed stream that was stopped: the stop message as text,
@@ -1633,6 +1755,12 @@ out:
 /* The stream has ended: check the calls, then release or replace them. */
 static void stream_finish(stream_st *st) {
   st->finished = true;
+  /* the upstream connection back to the pool before the client sees the
+   * end (its next request may come at once), and for a nudge's request */
+  slot_put(st->p, st->slot);
+  st->slot = NULL;
+  st->multi = NULL;
+  st->h = NULL;
   if (st->anth) {
     stream_finish_anth(st);
     return;
@@ -1773,11 +1901,15 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   st->held_ev = json_array();
   ag__sse_init(&st->sse, anth ? on_anth_event : on_sse_event, st);
   ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
-  st->h = upstream_handle(p, c, "POST", q->uri, body, len, ours, &st->u,
-                          &st->hdrs, &st->url);
-  st->multi = curl_multi_init();
-  if (st->h == NULL || st->multi == NULL || st->uri == NULL ||
-      st->path == NULL || st->held_ev == NULL) {
+  st->slot = slot_get(p);
+  bool set = st->slot != NULL &&
+             upstream_handle(p, c, st->slot->h, "POST", q->uri, body, len, ours,
+                             &st->u, &st->hdrs, &st->url);
+  if (st->slot != NULL) {
+    st->multi = st->slot->multi;
+    st->h = st->slot->h;
+  }
+  if (!set || st->uri == NULL || st->path == NULL || st->held_ev == NULL) {
     stream_free(st);
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return NULL;
@@ -1850,10 +1982,12 @@ static json_t *blocks_text(const json_t *content) {
  * tool_use block is a tool call (its input the arguments), a tool_result
  * block a tool message (is_error kept), text blocks the message's text. A
  * user message holding only tool results is no user message: it does not
- * start a turn. NULL with emsg set on a bad shape; NULL with emsg "" when
- * out of memory.
+ * start a turn. Every message is checked; only msgs[from..] are converted
+ * (from = SIZE_MAX: none, the check alone). NULL with emsg set on a bad
+ * shape; NULL with emsg "" when out of memory.
  */
-static json_t *anthropic_to_chat(const json_t *msgs, char *emsg, size_t cap) {
+static json_t *anthropic_to_chat(const json_t *msgs, size_t from, char *emsg,
+                                 size_t cap) {
   emsg[0] = '\0';
   json_t *out = json_array();
   size_t i;
@@ -1861,6 +1995,7 @@ static json_t *anthropic_to_chat(const json_t *msgs, char *emsg, size_t cap) {
   json_array_foreach(msgs, i, m) {
     if (out == NULL)
       return NULL;
+    const bool build = i >= from;
     const char *role = json_string_value(json_object_get(m, "role"));
     json_t *content = json_object_get(m, "content");
     if (role == NULL ||
@@ -1876,7 +2011,7 @@ static json_t *anthropic_to_chat(const json_t *msgs, char *emsg, size_t cap) {
       goto bad;
     }
     bool has_text = json_is_string(content);
-    json_t *calls = json_array();
+    json_t *calls = build ? json_array() : NULL;
     size_t k;
     json_t *b;
     json_array_foreach(content, k, b) {
@@ -1903,8 +2038,11 @@ static json_t *anthropic_to_chat(const json_t *msgs, char *emsg, size_t cap) {
                    i, k);
           goto bad;
         }
-        char *args = json_dumps(input != NULL ? input : json_object(),
-                                JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!build)
+          continue;
+        char *args = input != NULL
+                         ? json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY)
+                         : dupz("{}");
         json_array_append_new(
             calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
                              "function", "function", "name", name, "arguments",
@@ -1920,6 +2058,8 @@ static json_t *anthropic_to_chat(const json_t *msgs, char *emsg, size_t cap) {
                    i, k);
           goto bad;
         }
+        if (!build)
+          continue;
         json_t *t = blocks_text(json_object_get(b, "content"));
         json_array_append_new(
             out, json_pack("{s:s, s:s, s:o, s:b}", "role", "tool",
@@ -1928,7 +2068,9 @@ static json_t *anthropic_to_chat(const json_t *msgs, char *emsg, size_t cap) {
                            json_is_true(json_object_get(b, "is_error"))));
       }
     }
-    if (strcmp(role, "assistant") == 0) {
+    if (!build) {
+      /* checked only */
+    } else if (strcmp(role, "assistant") == 0) {
       json_t *t = blocks_text(content);
       json_t *am = json_pack("{s:s, s:o}", "role", "assistant", "content",
                              t != NULL ? t : json_string(""));
@@ -1947,6 +2089,227 @@ static json_t *anthropic_to_chat(const json_t *msgs, char *emsg, size_t cap) {
 bad:
   json_decref(out);
   return NULL;
+}
+
+/* Whether an Anthropic message has text (a string, or a text block): a
+ * user message with text starts a turn. */
+static bool anth_has_text(const json_t *m) {
+  const json_t *content = json_object_get(m, "content");
+  if (json_is_string(content))
+    return true;
+  size_t k;
+  const json_t *b;
+  json_array_foreach(content, k, b) {
+    const char *bt = json_string_value(json_object_get(b, "type"));
+    if (bt != NULL && strcmp(bt, "text") == 0)
+      return true;
+  }
+  return false;
+}
+
+/* The text blocks_text makes of `content`, without a copy when it is a
+ * string or a single text block; a joined one is owned by f. NULL when out
+ * of memory. */
+static const char *anth_text(const json_t *content, fast_traj *f, size_t *len) {
+  if (json_is_string(content)) {
+    *len = json_string_length(content);
+    return json_string_value(content);
+  }
+  const char *one = "";
+  size_t n = 0, i;
+  const json_t *b;
+  *len = 0;
+  json_array_foreach(content, i, b) {
+    size_t l = 0;
+    const char *t = ag__jstr(b, "text", &l);
+    if (t == NULL)
+      continue;
+    if (n++ == 0) {
+      one = t;
+      *len = l;
+    }
+  }
+  if (n <= 1)
+    return one;
+  json_t *joined = blocks_text(content);
+  char *copy = joined != NULL ? malloc(json_string_length(joined) + 1) : NULL;
+  if (copy != NULL) {
+    *len = json_string_length(joined);
+    memcpy(copy, json_string_value(joined), *len + 1);
+    f->owned[f->n_owned++] = copy;
+  }
+  json_decref(joined);
+  return copy;
+}
+
+/*
+ * fast_turn for Anthropic messages (already checked by anthropic_to_chat):
+ * the turn that starts at msgs[from] (a user message with text) read
+ * straight from the parsed request into the steps that anthropic_to_chat
+ * then fast_turn would give, without building the chat messages. Anything
+ * fast_turn would leave to the slow path (a result before any call, an
+ * unknown or repeated id, an unanswered call, a tool_result in an assistant
+ * message) returns 0 here too. 1, 0 or -1 (out of memory) as fast_turn.
+ */
+static int fast_turn_anth(const json_t *msgs, size_t from, fast_traj *f) {
+  memset(f, 0, sizeof(*f));
+  size_t n = json_array_size(msgs), n_calls = 0, n_steps = 0, n_blocks = 0;
+  for (size_t i = from + 1; i < n; i++) {
+    const json_t *m = json_array_get(msgs, i);
+    const json_t *content = json_object_get(m, "content");
+    n_blocks += json_array_size(content);
+    if (strcmp(role_of(m), "assistant") != 0)
+      continue;
+    n_steps++;
+    size_t k;
+    const json_t *b;
+    json_array_foreach(content, k, b) {
+      const char *bt = json_string_value(json_object_get(b, "type"));
+      n_calls += bt != NULL && strcmp(bt, "tool_use") == 0;
+    }
+  }
+  f->steps = calloc(n_steps + 1, sizeof(*f->steps));
+  f->calls = calloc(n_calls + 1, sizeof(*f->calls));
+  f->results = calloc(n_calls + 1, sizeof(*f->results));
+  f->ids = calloc(n_calls + 1, sizeof(*f->ids));
+  f->answered = calloc(n_calls + 1, sizeof(*f->answered));
+  f->owned = calloc(n_steps + n_calls + n_blocks + 1, sizeof(*f->owned));
+  if (f->steps == NULL || f->calls == NULL || f->results == NULL ||
+      f->ids == NULL || f->answered == NULL || f->owned == NULL)
+    goto oom;
+  size_t si = 0, ci = 0, step0 = 0;
+  bool in_step = false;
+  for (size_t i = from + 1; i < n; i++) {
+    const json_t *m = json_array_get(msgs, i);
+    const json_t *content = json_object_get(m, "content");
+    size_t k;
+    const json_t *b;
+    if (strcmp(role_of(m), "assistant") == 0) {
+      for (size_t q = step0; in_step && q < ci; q++)
+        if (!f->answered[q])
+          goto slow;
+      ag_traj_step *st = &f->steps[si++];
+      in_step = true;
+      step0 = ci;
+      st->text = anth_text(content, f, &st->text_len);
+      if (st->text == NULL)
+        goto oom;
+      st->tokens = -1;
+      st->t_request_ms = st->t_response_ms = st->t_done_ms = -1;
+      st->calls = &f->calls[ci];
+      st->results = &f->results[ci];
+      json_array_foreach(content, k, b) {
+        const char *bt = json_string_value(json_object_get(b, "type"));
+        if (strcmp(bt, "tool_result") == 0)
+          goto slow;
+        if (strcmp(bt, "tool_use") != 0)
+          continue;
+        const char *id = json_string_value(json_object_get(b, "id"));
+        for (size_t q = step0; q < ci; q++)
+          if (strcmp(f->ids[q], id) == 0)
+            goto slow; /* a repeated id */
+        const json_t *input = json_object_get(b, "input");
+        char *args = input != NULL
+                         ? json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY)
+                         : dupz("{}");
+        if (args == NULL)
+          goto oom;
+        f->owned[f->n_owned++] = args;
+        f->ids[ci] = id;
+        f->calls[ci].name = json_string_value(json_object_get(b, "name"));
+        f->calls[ci].args = args;
+        f->calls[ci].args_len = strlen(args);
+        f->results[ci].text = "";
+        ci++;
+      }
+      st->n_calls = st->n_results = ci - step0;
+      continue;
+    }
+    /* a user message after the turn's first: tool results only (one with
+     * text would start a later turn) */
+    json_array_foreach(content, k, b) {
+      const char *bt = json_string_value(json_object_get(b, "type"));
+      if (strcmp(bt, "tool_result") != 0)
+        continue;
+      if (!in_step)
+        goto slow;
+      const char *id = json_string_value(json_object_get(b, "tool_use_id"));
+      size_t q = step0;
+      while (q < ci && strcmp(f->ids[q], id) != 0)
+        q++;
+      if (q == ci || f->answered[q])
+        goto slow;
+      f->answered[q] = true;
+      f->results[q].outcome = json_is_true(json_object_get(b, "is_error"))
+                                  ? AG_OUTCOME_ERROR
+                                  : AG_OUTCOME_OK;
+      f->results[q].category = AG_CAT_AUTO;
+      f->results[q].text =
+          anth_text(json_object_get(b, "content"), f, &f->results[q].text_len);
+      if (f->results[q].text == NULL)
+        goto oom;
+    }
+  }
+  for (size_t q = step0; in_step && q < ci; q++)
+    if (!f->answered[q])
+      goto slow;
+  f->turn.steps = f->steps;
+  f->turn.n_steps = si;
+  f->turn.t_start_ms = -1;
+  f->t.format = AG_TRAJ_CHAT;
+  f->t.turns = &f->turn;
+  f->t.n_turns = 1;
+  f->t.n_steps = si;
+  f->t.n_calls = ci;
+  return 1;
+slow:
+  fast_free(f);
+  return 0;
+oom:
+  fast_free(f);
+  return -1;
+}
+
+/*
+ * replay_turn for Anthropic messages: every message checked (a 400 names
+ * the first bad one), then the turn (from the last user message with text)
+ * read by fast_turn_anth, or, when it leaves it to the slow path, converted
+ * by anthropic_to_chat from there and replayed as chat. Only the turn is
+ * converted: the history before it costs the check alone. Returns as
+ * replay_turn.
+ */
+static int replay_turn_anth(ag_guard *g, const json_t *msgs, ag_verdict *v,
+                            char *emsg, size_t cap) {
+  json_t *checked = anthropic_to_chat(msgs, SIZE_MAX, emsg, cap);
+  if (checked == NULL)
+    return emsg[0] != '\0' ? -1 : -2;
+  json_decref(checked);
+  size_t from = SIZE_MAX;
+  for (size_t i = json_array_size(msgs); i-- > 0;) {
+    const json_t *m = json_array_get(msgs, i);
+    if (strcmp(role_of(m), "user") == 0 && anth_has_text(m)) {
+      from = i;
+      break;
+    }
+  }
+  if (from != SIZE_MAX) {
+    memset(v, 0, sizeof(*v));
+    v->call_index = -1;
+    ag_guard_begin_turn(g, 0);
+    fast_traj f;
+    int fr = fast_turn_anth(msgs, from, &f);
+    if (fr < 0)
+      return -2;
+    if (fr > 0)
+      return replay_fast(g, &f, v);
+  }
+  json_t *chat =
+      anthropic_to_chat(msgs, from == SIZE_MAX ? 0 : from, emsg, cap);
+  if (chat == NULL)
+    return emsg[0] != '\0' ? -1 : -2;
+  int act = replay_turn(g, chat, from, v, emsg, cap);
+  json_decref(chat);
+  return act;
 }
 
 /* An Anthropic message object as the events of a stream. */
@@ -2022,7 +2385,6 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
                  const char *path, reply *r, stream_st **st_out) {
   const bool anth = r->anthropic;
   bool anth_stream = false;
-  json_t *chat_msgs = NULL;
   char *fwd = NULL;
   size_t fwd_len = 0;
   json_error_t je;
@@ -2059,33 +2421,18 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
     }
   }
   char emsg[ERR_MSG_MAX];
-  if (anth) {
-    chat_msgs = anthropic_to_chat(msgs, emsg, sizeof emsg);
-    if (chat_msgs == NULL) {
-      if (emsg[0] != '\0')
-        set_error(r, 400, "invalid_request_error", "invalid_request",
-                  "agentguard proxy: %s", emsg);
-      else
-        set_error(r, 500, "server_error", "out_of_memory", "out of memory");
-      goto out;
-    }
-    /* a stream relayed (stream_start); a reply the proxy makes itself is
-     * told as a stream at the end (anthropic_sse) */
+  /* an Anthropic stream is relayed (stream_start); a reply the proxy makes
+   * itself is told as a stream at the end (anthropic_sse) */
+  if (anth)
     anth_stream = json_is_true(json_object_get(req, "stream"));
-    fwd = json_dumps(req, JSON_COMPACT);
-    if (fwd == NULL) {
-      set_error(r, 500, "server_error", "out_of_memory", "out of memory");
-      goto out;
-    }
-    fwd_len = strlen(fwd);
-  }
   ag_error_t err;
   if (ag_guard_new(&g, &p->cfg, NULL, &err) != AG_OK) {
     set_error(r, 500, "server_error", "guard", "agentguard proxy: %s", err.msg);
     goto out;
   }
   ag_verdict v;
-  int act = replay_turn(g, anth ? chat_msgs : msgs, &v, emsg, sizeof emsg);
+  int act = anth ? replay_turn_anth(g, msgs, &v, emsg, sizeof emsg)
+                 : replay_turn(g, msgs, SIZE_MAX, &v, emsg, sizeof emsg);
   if (act == -1) {
     set_error(r, 400, "invalid_request_error", "invalid_request",
               "agentguard proxy: %s", emsg);
@@ -2200,7 +2547,6 @@ out:
   upstream_free(&u);
   ag_guard_free(g);
   json_decref(req);
-  json_decref(chat_msgs);
   free(fwd);
 }
 
@@ -2214,7 +2560,6 @@ int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
     return -1;
   }
   json_t *msgs = json_object_get(req, "messages");
-  json_t *chat_msgs = NULL;
   ag_guard *g = NULL;
   char emsg[ERR_MSG_MAX];
   int act = -1;
@@ -2230,17 +2575,10 @@ int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
       goto out;
     }
   }
-  if (anthropic) {
-    chat_msgs = anthropic_to_chat(msgs, emsg, sizeof emsg);
-    if (chat_msgs == NULL) {
-      fail(err, emsg[0] != '\0' ? AG_EINVAL : AG_ENOMEM, "%s",
-           emsg[0] != '\0' ? emsg : "out of memory");
-      goto out;
-    }
-  }
   if (ag_guard_new(&g, cfg, NULL, err) != AG_OK)
     goto out;
-  act = replay_turn(g, anthropic ? chat_msgs : msgs, v, emsg, sizeof emsg);
+  act = anthropic ? replay_turn_anth(g, msgs, v, emsg, sizeof emsg)
+                  : replay_turn(g, msgs, SIZE_MAX, v, emsg, sizeof emsg);
   if (act == -1)
     fail(err, AG_EINVAL, "%s", emsg);
   else if (act == -2)
@@ -2251,7 +2589,6 @@ int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
     act = -1;
 out:
   ag_guard_free(g);
-  json_decref(chat_msgs);
   json_decref(req);
   return act;
 }
@@ -2493,6 +2830,7 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   p->events = o->events;
   p->timeout_ms = o->upstream_timeout_ms > 0 ? o->upstream_timeout_ms : 600000;
   pthread_mutex_init(&p->ev_mu, NULL);
+  pthread_mutex_init(&p->pool_mu, NULL);
   atomic_init(&p->ids, 1);
   unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections
                                           : AG_PROXY_MAX_CONNECTIONS;
@@ -2509,6 +2847,7 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   if (p->d == NULL) {
     int e = errno;
     pthread_mutex_destroy(&p->ev_mu);
+    pthread_mutex_destroy(&p->pool_mu);
     free(p->upstream);
     free(p->client_key);
     free(p);
@@ -2530,8 +2869,14 @@ uint16_t ag_proxy_port(const ag_proxy *p) {
 void ag_proxy_stop(ag_proxy *p) {
   if (p == NULL)
     return;
-  MHD_stop_daemon(p->d);
+  MHD_stop_daemon(p->d); /* every connection's thread has ended */
+  while (p->idle != NULL) {
+    up_slot *s = p->idle;
+    p->idle = s->next;
+    slot_free(s);
+  }
   pthread_mutex_destroy(&p->ev_mu);
+  pthread_mutex_destroy(&p->pool_mu);
   if (p->client_key != NULL)
     OPENSSL_cleanse(p->client_key, strlen(p->client_key));
   free(p->client_key);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "agentguard.h"
 #include "agentguard/proxy.h"
@@ -42,6 +43,7 @@ static struct {
   int n_replies, next;
   seen reqs[MAX_SEEN];
   int n_reqs;
+  int n_conns; /* connections the upstream accepted */
 } U;
 
 typedef struct conn {
@@ -115,6 +117,17 @@ static void up_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   *con_cls = NULL;
 }
 
+static void up_conn_notify(void *cls, struct MHD_Connection *c,
+                           void **socket_ctx,
+                           enum MHD_ConnectionNotificationCode code) {
+  (void)cls, (void)c, (void)socket_ctx;
+  if (code != MHD_CONNECTION_NOTIFY_STARTED)
+    return;
+  pthread_mutex_lock(&U.mu);
+  U.n_conns++;
+  pthread_mutex_unlock(&U.mu);
+}
+
 static void quiet(void *cls, const char *fmt, va_list ap) {
   (void)cls;
   (void)fmt;
@@ -176,12 +189,12 @@ static int n_upstream(void) {
 static void up_start(void) {
   memset(&U, 0, sizeof U);
   pthread_mutex_init(&U.mu, NULL);
-  U.d =
-      MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD |
-                           MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
-                       0, NULL, NULL, up_handler, NULL,
-                       MHD_OPTION_NOTIFY_COMPLETED, up_completed, NULL,
-                       MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL, MHD_OPTION_END);
+  U.d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+          MHD_USE_ERROR_LOG,
+      0, NULL, NULL, up_handler, NULL, MHD_OPTION_NOTIFY_COMPLETED,
+      up_completed, NULL, MHD_OPTION_NOTIFY_CONNECTION, up_conn_notify, NULL,
+      MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL, MHD_OPTION_END);
   cr_assert_not_null(U.d);
   U.port = MHD_get_daemon_info(U.d, MHD_DAEMON_INFO_BIND_PORT)->port;
   setenv("NO_PROXY", "127.0.0.1,localhost", 1);
@@ -839,6 +852,190 @@ Test(proxy, stream_upstream_error_passes_through) {
   free(r);
 }
 
+/* A slow streaming upstream: SLOW_CHUNKS text chunks SLOW_GAP_MS apart
+ * (each one's send time noted), then [DONE]. */
+#define SLOW_CHUNKS 5
+#define SLOW_GAP_MS 150
+
+static double mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+typedef struct slow_up {
+  int sent;
+  double sent_ms[SLOW_CHUNKS];
+  char pending[256];
+  size_t plen, poff;
+} slow_up;
+
+static ssize_t slow_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  slow_up *s = cls;
+  if (s->poff == s->plen) {
+    if (s->sent > SLOW_CHUNKS)
+      return MHD_CONTENT_READER_END_OF_STREAM;
+    if (s->sent > 0) {
+      struct timespec ts = {0, SLOW_GAP_MS * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    if (s->sent < SLOW_CHUNKS) {
+      s->plen = (size_t)snprintf(
+          s->pending, sizeof s->pending,
+          "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\","
+          "\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":"
+          "{\"content\":\"<w%d>\"},\"finish_reason\":null}]}\n\n",
+          s->sent);
+      s->sent_ms[s->sent] = mono_ms();
+    } else {
+      s->plen = (size_t)snprintf(
+          s->pending, sizeof s->pending,
+          "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\","
+          "\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":"
+          "{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
+    }
+    s->sent++;
+    s->poff = 0;
+  }
+  size_t n = s->plen - s->poff < max ? s->plen - s->poff : max;
+  memcpy(buf, s->pending + s->poff, n);
+  s->poff += n;
+  return (ssize_t)n;
+}
+
+static slow_up SLOW;
+
+static enum MHD_Result slow_handler(void *cls, struct MHD_Connection *c,
+                                    const char *url, const char *method,
+                                    const char *version, const char *upload,
+                                    size_t *upload_size, void **con_cls) {
+  (void)cls, (void)url, (void)method, (void)version, (void)upload;
+  if (*con_cls == NULL) {
+    *con_cls = c;
+    return MHD_YES;
+  }
+  if (*upload_size > 0) {
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  struct MHD_Response *r = MHD_create_response_from_callback(
+      MHD_SIZE_UNKNOWN, 1024, slow_reader, &SLOW, NULL);
+  MHD_add_response_header(r, "Content-Type", "text/event-stream");
+  enum MHD_Result ret = MHD_queue_response(c, 200, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+typedef struct timed_body {
+  char text[8192];
+  size_t len;
+  double got_ms[SLOW_CHUNKS];
+} timed_body;
+
+static size_t timed_write(char *p, size_t s, size_t n, void *u) {
+  timed_body *t = u;
+  size_t k = s * n;
+  if (t->len + k >= sizeof t->text)
+    return 0;
+  memcpy(t->text + t->len, p, k);
+  t->len += k;
+  t->text[t->len] = '\0';
+  for (int i = 0; i < SLOW_CHUNKS; i++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "<w%d>", i);
+    if (t->got_ms[i] == 0 && strstr(t->text, tag) != NULL)
+      t->got_ms[i] = mono_ms();
+  }
+  return k;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Each chunk reaches the client as soon as the upstream sent it: the relay
+ * never waits for the upstream's next event (before the fix every chunk
+ * waited for the next one, up to 100 ms). */
+Test(proxy, stream_chunks_are_relayed_as_they_arrive) {
+  memset(&SLOW, 0, sizeof SLOW);
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL,
+      NULL, slow_handler, NULL, MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL,
+      MHD_OPTION_END);
+  cr_assert_not_null(d);
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%u",
+           (unsigned)MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT)->port);
+  P = proxy_with(test_cfg(), 0, NULL);
+  char url[128];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/chat/completions",
+           (unsigned)ag_proxy_port(P));
+  char *body = streaming(conversation(0, "read", "{}", ""));
+  timed_body *t = calloc(1, sizeof *t);
+  CURL *h = curl_easy_init();
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, timed_write);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, t);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
+  CURLcode cc = curl_easy_perform(h);
+  long status = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(h);
+  MHD_stop_daemon(d);
+  cr_assert_eq(cc, CURLE_OK, "%s", curl_easy_strerror(cc));
+  cr_assert_eq(status, 200, "%s", t->text);
+  cr_expect(strstr(t->text, "data: [DONE]") != NULL, "%s", t->text);
+  double delay[SLOW_CHUNKS];
+  for (int i = 0; i < SLOW_CHUNKS; i++) {
+    cr_assert_gt(t->got_ms[i], 0, "chunk %d never came: %s", i, t->text);
+    delay[i] = t->got_ms[i] - SLOW.sent_ms[i];
+  }
+  qsort(delay, SLOW_CHUNKS, sizeof delay[0], cmp_double);
+  /* the median of five: one slow moment on a busy machine does not count */
+  cr_expect_lt(delay[SLOW_CHUNKS / 2], 50.0,
+               "a chunk reached the client %.1f ms (median) after the "
+               "upstream sent it (%.1f .. %.1f)",
+               delay[SLOW_CHUNKS / 2], delay[0], delay[SLOW_CHUNKS - 1]);
+  free(t);
+  free(body);
+}
+
+/* Requests one after the other (plain, streamed, passed through) reach
+ * the upstream over one connection: the proxy keeps it between requests
+ * (before, every request opened a new one). */
+Test(proxy, upstream_connection_is_used_again) {
+  canned_call(NULL, "one");
+  canned_call(NULL, "two");
+  canned_stream_call("{\"path\":\"b\"}");
+  canned_add(200, "{\"data\":[]}");
+  char *body = conversation(0, "read", "{}", "");
+  char *sbody =
+      streaming(conversation(1, "read", "{\"path\":\"a\"}", "text of a"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  free(r);
+  r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  free(r);
+  r = call(P, "POST", "/v1/chat/completions", sbody, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect(ends_with_done(r), "%s", r->body);
+  free(r);
+  r = call(P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  free(r);
+  cr_expect_eq(n_upstream(), 4);
+  pthread_mutex_lock(&U.mu);
+  int conns = U.n_conns;
+  pthread_mutex_unlock(&U.mu);
+  cr_expect_eq(conns, 1, "4 requests, %d upstream connections", conns);
+  free(body);
+  free(sbody);
+}
+
 /* ---- Anthropic Messages (/v1/messages) --------------------------------- */
 
 /* A Messages conversation: a user message, then `n` rounds of the call
@@ -1313,4 +1510,128 @@ Test(proxy, decisions_equal_the_audits) {
     ag_auditor_free(a);
   }
   cr_expect_gt(stops, 50, "the random turns exercise stops (%d)", stops);
+}
+
+/* A random turn as a pair: Chat Completions messages and the same turn in
+ * Anthropic's shape (text in one block or split over two, results as a
+ * string or as text blocks, an earlier turn before it), so that the
+ * Anthropic reading (fast_turn_anth, or the conversion) can be held to the
+ * chat one. */
+static void random_pair(int rounds, json_t **chat, json_t **anth) {
+  static const char *const names[] = {"read", "write", "run"};
+  static const char *const args[] = {"{\"p\":1}", "{\"p\":2}", "{\"q\":[1,2]}"};
+  *chat = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "system", "content",
+                    "sys", "role", "user", "content", "go");
+  /* an earlier turn (its call and result), then the user message that
+   * starts this turn, with a late result of the earlier call beside it */
+  *anth = json_pack(
+      "[{s:s, s:s}, {s:s, s:[{s:s, s:s, s:s, s:{}}]}, {s:s, s:[{s:s, s:s, "
+      "s:s}, {s:s, s:s}]}]",
+      "role", "user", "content", "before", "role", "assistant", "content",
+      "type", "tool_use", "id", "old", "name", "read", "input", "role", "user",
+      "content", "type", "tool_result", "tool_use_id", "old", "content",
+      "Error: old", "type", "text", "text", "go");
+  int id = 0;
+  for (int r = 0; r < rounds; r++) {
+    unsigned nc = rnd(4);
+    unsigned textk = rnd(3); /* no text, one block, two blocks */
+    char text[64] = "";
+    json_t *blocks = json_array();
+    if (textk == 1) {
+      snprintf(text, sizeof text, "thinking");
+      json_array_append_new(
+          blocks, json_pack("{s:s, s:s}", "type", "text", "text", "thinking"));
+    } else if (textk == 2) {
+      snprintf(text, sizeof text, "a\nb");
+      json_array_append_new(
+          blocks, json_pack("{s:s, s:s}", "type", "text", "text", "a"));
+      json_array_append_new(
+          blocks, json_pack("{s:s, s:s}", "type", "text", "text", "b"));
+    }
+    json_t *tcs = json_array(), *results = json_array();
+    for (unsigned k = 0; k < nc; k++) {
+      char cid[16];
+      snprintf(cid, sizeof cid, "c%d", id + (int)k);
+      const char *nm = names[rnd(3)], *ar = args[rnd(3)];
+      json_array_append_new(tcs, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id",
+                                           cid, "type", "function", "function",
+                                           "name", nm, "arguments", ar));
+      json_array_append_new(
+          blocks, json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id",
+                            cid, "name", nm, "input", json_loads(ar, 0, NULL)));
+    }
+    json_t *am = json_pack("{s:s, s:s}", "role", "assistant", "content", text);
+    if (nc > 0)
+      json_object_set_new(am, "tool_calls", tcs);
+    else
+      json_decref(tcs);
+    json_array_append_new(*chat, am);
+    json_array_append_new(
+        *anth, json_pack("{s:s, s:o}", "role", "assistant", "content", blocks));
+    for (unsigned k = 0; k < nc; k++) {
+      char cid[16];
+      snprintf(cid, sizeof cid, "c%d", id + (int)k);
+      unsigned kind = rnd(4);
+      const char *res = kind == 0   ? "Error: file not found"
+                        : kind == 1 ? "failed hard"
+                                    : "ok";
+      json_t *tm = json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
+                             cid, "content", res);
+      if (kind == 1)
+        json_object_set_new(tm, "is_error", json_true());
+      json_array_append_new(*chat, tm);
+      json_t *content =
+          rnd(2) == 0 ? json_string(res)
+                      : json_pack("[{s:s, s:s}]", "type", "text", "text", res);
+      json_array_append_new(results, json_pack("{s:s, s:s, s:o, s:b}", "type",
+                                               "tool_result", "tool_use_id",
+                                               cid, "content", content,
+                                               "is_error", kind == 1));
+    }
+    if (nc > 0)
+      json_array_append_new(
+          *anth, json_pack("{s:s, s:o}", "role", "user", "content", results));
+    else
+      json_decref(results);
+    id += (int)nc;
+  }
+}
+
+Test(proxy, anthropic_decisions_equal_the_chat_ones) {
+  ag_config cfgs[2];
+  cfgs[0] = test_cfg();
+  cfgs[1] = test_cfg();
+  cfgs[1].loop.nudge_before_stop = true;
+  cfgs[1].loop.cycle_limit = 2;
+  int stops = 0;
+  for (int c = 0; c < 2; c++) {
+    cfgs[c].loop.max_iterations = 0;
+    cfgs[c].loop.max_tokens_per_turn = 0;
+    for (int i = 0; i < 200; i++) {
+      json_t *chat = NULL, *anth = NULL;
+      random_pair(1 + (int)rnd(12), &chat, &anth);
+      json_t *rc = json_pack("{s:s, s:o}", "model", "m", "messages", chat);
+      json_t *ra = json_pack("{s:s, s:i, s:o}", "model", "m", "max_tokens", 10,
+                             "messages", anth);
+      char *bc = json_dumps(rc, JSON_COMPACT),
+           *ba = json_dumps(ra, JSON_COMPACT);
+      json_decref(rc);
+      json_decref(ra);
+      ag_verdict vc, va;
+      ag_error_t err;
+      int ac = ag_proxy_decide(&cfgs[c], bc, strlen(bc), false, &vc, &err);
+      cr_assert_geq(ac, 0, "%s", err.msg);
+      int aa = ag_proxy_decide(&cfgs[c], ba, strlen(ba), true, &va, &err);
+      cr_assert_geq(aa, 0, "%s: %s", err.msg, ba);
+      cr_expect_eq(aa, ac, "cfg %d run %d: %d vs %d: %s", c, i, aa, ac, ba);
+      if (ac != AG_ALLOW) {
+        stops++;
+        cr_expect_eq(va.reason, vc.reason, "cfg %d run %d: %s vs %s: %s", c, i,
+                     ag_reason_name(va.reason), ag_reason_name(vc.reason), ba);
+      }
+      free(bc);
+      free(ba);
+    }
+  }
+  cr_expect_gt(stops, 30, "the random turns exercise stops (%d)", stops);
 }
