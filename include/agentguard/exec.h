@@ -213,6 +213,11 @@ typedef struct ag_exec_call {
   const char *args; /* JSON text */
   size_t args_len;
   bool skip; /* do not run (result AG_EXEC_SKIPPED) */
+  /* The call's signature (ag_signature: AG_SIG_LEN bytes) when the caller
+   * has it already - the agent passes the guard's - or NULL: the scheduler
+   * then computes it itself, and only for a call that needs an approval
+   * question (one question per distinct signature). Borrowed. */
+  const uint8_t *signature;
 } ag_exec_call;
 
 typedef enum {

@@ -823,8 +823,8 @@ Test(builtin, run_command_approval_through_the_scheduler) {
     cr_assert_eq(ag_scheduler_new(&s, reg, &cfg, &so, NULL), AG_OK);
     const char *args = "{\"command\": \"echo ran\"}";
     const char *rargs = "{\"path\": \"a.txt\"}";
-    ag_exec_call calls[2] = {{"run_command", args, strlen(args), false},
-                             {"read_file", rargs, strlen(rargs), false}};
+    ag_exec_call calls[2] = {{"run_command", args, strlen(args), false, NULL},
+                             {"read_file", rargs, strlen(rargs), false, NULL}};
     ag_exec_result res[2];
     g_asked = 0;
     cr_assert_eq(ag_scheduler_run(s, calls, 2, NULL, res, NULL), AG_OK);

@@ -180,7 +180,7 @@ static ag_scheduler *make_scheduler(const ag_registry *reg,
 }
 
 static ag_exec_call call(const char *name, const char *args) {
-  ag_exec_call c = {name, args, args != NULL ? strlen(args) : 0, false};
+  ag_exec_call c = {name, args, args != NULL ? strlen(args) : 0, false, NULL};
   return c;
 }
 
@@ -397,6 +397,44 @@ Test(scheduler, approval_once_per_distinct_signature) {
   run(s, calls, 1, NULL, r);
   cr_expect_eq(a.count, 3);
   clear_all(r, 1);
+  ag_scheduler_free(s);
+  ag_registry_free(reg);
+}
+
+/* A signature the caller passes (the agent passes the guard's) is the one
+ * the questions are grouped by: two calls given the same one are asked once
+ * even though their arguments differ, and a call without one is signed by
+ * the scheduler as before. */
+Test(scheduler, approval_uses_the_callers_signature) {
+  probe_reset();
+  ag_registry *reg = make_registry();
+  ag_config cfg = test_config();
+  asked a = {.answer = AG_APPROVE_ONCE};
+  ag_scheduler_opts o;
+  ag_scheduler_opts_init(&o);
+  o.approve = approve_cb;
+  o.approve_user = &a;
+  ag_scheduler *s = make_scheduler(reg, &cfg, &o);
+
+  uint8_t same[AG_SIG_LEN];
+  memset(same, 0xab, sizeof(same));
+  ag_exec_call calls[3] = {
+      call("danger", "{\"x\":1}"),
+      call("danger", "{\"x\":2}"),
+      call("danger", "{\"x\":1}"),
+  };
+  calls[0].signature = same;
+  calls[1].signature = same;
+  ag_exec_result r[3];
+  run(s, calls, 3, NULL, r);
+  /* calls 0 and 1 share the given signature; call 2 is signed here, and
+   * its real signature is not 0xab... */
+  cr_expect_eq(a.count, 2, "questions: got %d, want 2", a.count);
+  cr_expect_str_eq(a.args[0], "{\"x\":1}");
+  cr_expect_str_eq(a.args[1], "{\"x\":1}");
+  for (int i = 0; i < 3; i++)
+    EXPECT_STATUS(r[i], AG_EXEC_OK);
+  clear_all(r, 3);
   ag_scheduler_free(s);
   ag_registry_free(reg);
 }

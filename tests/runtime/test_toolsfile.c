@@ -199,7 +199,7 @@ Test(toolsfile, a_loaded_tool_runs) {
   ag_scheduler *s = NULL;
   cr_assert_eq(ag_scheduler_new(&s, r, &cfg, NULL, &err), AG_OK);
   const char *args = "{\"x\": \"hi\"}";
-  ag_exec_call call = {"up", args, strlen(args), false};
+  ag_exec_call call = {"up", args, strlen(args), false, NULL};
   ag_exec_result res;
   cr_assert_eq(ag_scheduler_run(s, &call, 1, NULL, &res, &err), AG_OK);
   cr_assert_eq(res.status, AG_EXEC_OK, "%s", res.text);

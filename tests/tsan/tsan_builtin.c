@@ -75,7 +75,8 @@ int main(void) {
                               "search_text", "read_file"};
       ag_exec_call calls[8];
       for (int i = 0; i < 8; i++)
-        calls[i] = (ag_exec_call){tools[i], args[i], strlen(args[i]), false};
+        calls[i] =
+            (ag_exec_call){tools[i], args[i], strlen(args[i]), false, NULL};
       ag_exec_result res[8];
       CHECK(ag_scheduler_run(s, calls, 8, NULL, res, &err) == AG_OK, "%s",
             err.msg);

@@ -276,7 +276,7 @@ static ag_scheduler *make_scheduler(const ag_registry *reg, int max_parallel,
 }
 
 static ag_exec_call call(const char *name, const char *args) {
-  ag_exec_call c = {name, args, strlen(args), false};
+  ag_exec_call c = {name, args, strlen(args), false, NULL};
   return c;
 }
 
