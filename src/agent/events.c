@@ -225,17 +225,25 @@ static json_t *redact_tree(const ag__events *ev, const json_t *v) {
   return json_deep_copy(v);
 }
 
-void ag__ev_model_request(ag__events *ev, const json_t *messages,
+void ag__ev_model_request(ag__events *ev, const char *messages_json,
+                          size_t messages_len, size_t n_messages,
                           const char *const *tools, size_t n_tools,
                           bool error_context, size_t history_bytes, bool full) {
   if (ev->fn == NULL)
     return;
   json_t *f = json_object();
   if (f != NULL) {
-    json_object_set_new(
-        f, "messages",
-        full ? redact_tree(ev, messages)
-             : json_integer((json_int_t)json_array_size(messages)));
+    json_t *msgs = NULL;
+    if (full) {
+      /* a debugging option: the tree is built from the text for the event */
+      json_t *tree =
+          json_loadb(messages_json, messages_len, JSON_ALLOW_NUL, NULL);
+      msgs = tree != NULL ? redact_tree(ev, tree) : NULL;
+      json_decref(tree);
+    } else {
+      msgs = json_integer((json_int_t)n_messages);
+    }
+    json_object_set_new(f, "messages", msgs);
     json_object_set_new(f, "history_bytes",
                         json_integer((json_int_t)history_bytes));
     json_object_set_new(f, "error_context", json_boolean(error_context));

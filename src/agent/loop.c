@@ -61,6 +61,10 @@
 
 #define DEFAULT_HISTORY_BYTES ((size_t)8 << 20)
 #define ECTX_CAP ((size_t)64 << 10)
+/* The most the buffer ever holds beyond max_history_bytes: the current
+ * iteration is never cut (docs/agent.md "History cap"), so the cap leaves
+ * it room; past it an append fails like out of memory. */
+#define HISTORY_OVER_CAP ((size_t)1 << 30)
 #define HINT_CAP 4096
 #define MAX_WAIT_MS ((int64_t)5 * 60 * 1000) /* bound of any retry wait */
 
@@ -70,6 +74,13 @@ typedef struct turn_span {
   size_t start;
   size_t bytes;
 } turn_span;
+
+/* One stored message: its compact JSON is text.p[off .. off + len). */
+typedef struct hist_msg {
+  size_t off;
+  size_t len;
+  bool tool; /* role "tool": answers the assistant message before it */
+} hist_msg;
 
 struct ag_agent {
   ag_config cfg;
@@ -88,7 +99,11 @@ struct ag_agent {
   ag_scheduler *sched;
   ag__events ev;
 
-  json_t *history;
+  /* The history as text ("History" below): the messages' compact JSON,
+   * a ready array, and where each message is in it. */
+  ag__buf text;
+  hist_msg *msgs;
+  size_t n_msgs, cap_msgs;
   /* Each stored turn: the history index of its user message and its size
    * as compact JSON (messages and their commas), measured once when it
    * ended, so capping the history never re-serializes it. */
@@ -204,7 +219,7 @@ static json_t *message(const char *role, const char *content) {
   return m;
 }
 
-static size_t json_size(const json_t *j);
+static bool hist_push(ag_agent *a, const json_t *m, bool tool);
 
 AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
                                 ag_error_t *err) {
@@ -266,19 +281,21 @@ AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
     goto fail;
 
   rc = AG_ENOMEM;
-  a->history = json_array();
+  ag__buf_init(&a->text, a->max_history_bytes < SIZE_MAX - HISTORY_OVER_CAP
+                             ? a->max_history_bytes + HISTORY_OVER_CAP
+                             : SIZE_MAX);
   a->ectx = malloc(ECTX_CAP);
-  if (a->history == NULL || a->ectx == NULL)
+  if (ag__buf_add(&a->text, "[]", 2) != AG_OK || a->ectx == NULL)
     goto fail_nomem;
   if (opts->system_prompt != NULL) {
     /* the history's system message is the only copy of the prompt */
     json_t *m = message("system", opts->system_prompt);
-    if (m == NULL || json_array_append_new(a->history, m) != 0)
+    bool ok = m != NULL && hist_push(a, m, false);
+    json_decref(m);
+    if (!ok)
       goto fail_nomem;
   }
-  a->stored_bytes = json_size(a->history); /* brackets and system message */
-  if (a->stored_bytes == SIZE_MAX)
-    goto fail_nomem;
+  a->stored_bytes = a->text.len; /* brackets and system message */
   *out = a;
   return AG_OK;
 
@@ -295,15 +312,24 @@ AG_EXTERN void ag_agent_free(ag_agent *a) {
   ag_scheduler_free(a->sched);
   ag_registry_free(a->own_reg);
   ag_guard_free(a->guard);
-  json_decref(a->history);
+  ag__buf_free(&a->text);
+  free(a->msgs);
   free(a->turns);
   free(a->ectx);
   ag__ev_destroy(&a->ev);
   free(a);
 }
 
-AG_EXTERN const json_t *ag_agent_history(const ag_agent *a) {
-  return a != NULL ? a->history : NULL;
+AG_EXTERN json_t *ag_agent_history(const ag_agent *a) {
+  if (a == NULL)
+    return NULL;
+  return json_loadb(a->text.p, a->text.len, JSON_ALLOW_NUL, NULL);
+}
+
+AG_EXTERN const char *ag_agent_history_json(const ag_agent *a, size_t *len) {
+  if (len != NULL)
+    *len = a != NULL ? a->text.len : 0;
+  return a != NULL ? a->text.p : NULL;
 }
 
 AG_EXTERN const ag_guard *ag_agent_guard(const ag_agent *a) {
@@ -314,50 +340,139 @@ AG_EXTERN const ag_guard *ag_agent_guard(const ag_agent *a) {
 /* History                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static int count_bytes(const char *buf, size_t size, void *data) {
-  (void)buf;
-  *(size_t *)data += size;
-  return 0;
+/*
+ * The stored history is text: a->text holds the messages' compact JSON back
+ * to back as a ready array, "[m0,m1,...,mk]" (NUL-terminated), and
+ * a->msgs[i] says where message i starts and how long it is. Appending
+ * writes over the closing bracket; dropping messages is one memmove and an
+ * offset fix; compacting a message rewrites its text in place. About 1 byte
+ * of heap per byte of JSON plus the buffer's doubling slack (jansson trees
+ * cost about 10).
+ */
+
+static int buf_sink(const char *s, size_t n, void *data) {
+  return ag__buf_add(data, s, n) == AG_OK ? 0 : -1;
 }
 
-/* The compact JSON size of `j`, or SIZE_MAX when it cannot be measured:
- * jansson's dump allocates, and a size cut short by out of memory would let
- * the history outgrow its cap. */
-static size_t json_size(const json_t *j) {
-  size_t n = 0;
-  if (json_dump_callback(j, count_bytes, &n, JSON_COMPACT | JSON_ENCODE_ANY))
-    return SIZE_MAX;
-  return n;
+/* Room for one more record. */
+static bool msgs_reserve(ag_agent *a) {
+  if (a->n_msgs < a->cap_msgs)
+    return true;
+  size_t cap = a->cap_msgs ? a->cap_msgs * 2 : 64;
+  hist_msg *p = realloc(a->msgs, cap * sizeof(*p));
+  if (p == NULL)
+    return false;
+  a->msgs = p;
+  a->cap_msgs = cap;
+  return true;
+}
+
+/* Puts the closing bracket back at `len` (the text's new length). */
+static void close_at(ag_agent *a, size_t len) {
+  a->text.p[len] = ']';
+  a->text.p[len + 1] = '\0';
+  a->text.len = len + 1;
+}
+
+/* Appends message `m` (borrowed) as compact JSON; false on ENOMEM (or the
+ * buffer's cap), the history unchanged. No size accounting: see
+ * hist_append. */
+static bool hist_push(ag_agent *a, const json_t *m, bool tool) {
+  if (!msgs_reserve(a))
+    return false;
+  size_t close = a->text.len - 1; /* where the ']' is */
+  a->text.len = close;            /* write over it */
+  if (a->n_msgs > 0 && ag__buf_add(&a->text, ",", 1) != AG_OK) {
+    close_at(a, close);
+    return false;
+  }
+  size_t off = a->text.len;
+  if (json_dump_callback(m, buf_sink, &a->text, JSON_COMPACT) != 0 ||
+      ag__buf_add(&a->text, "]", 1) != AG_OK) {
+    close_at(a, close);
+    return false;
+  }
+  a->msgs[a->n_msgs].off = off;
+  a->msgs[a->n_msgs].len = a->text.len - 1 - off;
+  a->msgs[a->n_msgs].tool = tool;
+  a->n_msgs++;
+  return true;
+}
+
+/* Removes messages [from, to) (to <= n_msgs). */
+static void hist_cut(ag_agent *a, size_t from, size_t to) {
+  if (from >= to)
+    return;
+  if (to == a->n_msgs) {
+    /* the tail: the text ends after message from - 1, or is "[]" */
+    close_at(a, from > 0 ? a->msgs[from - 1].off + a->msgs[from - 1].len : 1);
+    a->n_msgs = from;
+    return;
+  }
+  size_t start = a->msgs[from].off, end = a->msgs[to].off, k = end - start;
+  memmove(a->text.p + start, a->text.p + end, a->text.len + 1 - end);
+  a->text.len -= k;
+  memmove(a->msgs + from, a->msgs + to, (a->n_msgs - to) * sizeof(*a->msgs));
+  a->n_msgs -= to - from;
+  for (size_t i = from; i < a->n_msgs; i++)
+    a->msgs[i].off -= k;
+}
+
+/* Replaces message i's text with `s` (n bytes); false on ENOMEM. */
+static bool hist_replace(ag_agent *a, size_t i, const char *s, size_t n) {
+  hist_msg *m = &a->msgs[i];
+  size_t end = m->off + m->len;
+  if (n > m->len) {
+    size_t grow = n - m->len;
+    if (a->text.len > a->text.cap || grow > a->text.cap - a->text.len ||
+        ag__buf_reserve(&a->text, a->text.len + grow) != AG_OK)
+      return false;
+  }
+  memmove(a->text.p + m->off + n, a->text.p + end, a->text.len + 1 - end);
+  memcpy(a->text.p + m->off, s, n);
+  a->text.len = a->text.len - m->len + n;
+  for (size_t k = i + 1; k < a->n_msgs; k++)
+    a->msgs[k].off = a->msgs[k].off - m->len + n;
+  m->len = n;
+  return true;
+}
+
+/* Gives memory back after a large drop: the text and the records keep at
+ * most twice what they hold. */
+static void hist_shrink(ag_agent *a) {
+  size_t need = a->text.len + 1;
+  if (a->text.alloc > 4 * need && a->text.alloc > ((size_t)64 << 10)) {
+    char *p = realloc(a->text.p, 2 * need);
+    if (p != NULL) {
+      a->text.p = p;
+      a->text.alloc = 2 * need;
+    }
+  }
+  if (a->cap_msgs > 4 * a->n_msgs && a->cap_msgs > 1024) {
+    hist_msg *p = realloc(a->msgs, 2 * a->n_msgs * sizeof(*p));
+    if (p != NULL) {
+      a->msgs = p;
+      a->cap_msgs = 2 * a->n_msgs;
+    }
+  }
 }
 
 /* Measures the turn that just ended (the last stored one): the compact JSON
- * size of its messages, each with a separating comma. Work proportional to
- * the turn, not to the history. Out of memory: the turn is not kept (an
- * unmeasured turn could outgrow the cap) and false is returned. */
-static bool measure_last_turn(ag_agent *a) {
+ * size of its messages, each with a separating comma. */
+static void measure_last_turn(ag_agent *a) {
   if (a->n_turns == 0)
-    return true;
+    return;
   turn_span *t = &a->turns[a->n_turns - 1];
-  size_t n = json_array_size(a->history), bytes = 0;
-  for (size_t i = t->start; i < n; i++) {
-    size_t size = json_size(json_array_get(a->history, i));
-    if (size == SIZE_MAX) {
-      while (json_array_size(a->history) > t->start)
-        json_array_remove(a->history, json_array_size(a->history) - 1);
-      a->n_turns--;
-      return false;
-    }
-    bytes += size + 1;
-  }
+  size_t bytes = 0;
+  for (size_t i = t->start; i < a->n_msgs; i++)
+    bytes += a->msgs[i].len + 1;
   t->bytes = bytes;
   a->stored_bytes += bytes;
-  return true;
 }
 
 /* Drops the oldest complete turns while the history (compact JSON, plus
  * `extra` bytes of the turn in progress) is larger than the cap; never the
- * system message, never the last turn. The kept messages move to a new
- * array in one pass. */
+ * system message, never the last turn. One memmove of the kept text. */
 static void cap_history(ag_agent *a, size_t extra) {
   size_t drop = 0;
   size_t size = a->stored_bytes;
@@ -366,20 +481,7 @@ static void cap_history(ag_agent *a, size_t extra) {
   if (drop == 0)
     return;
   size_t from = a->turns[0].start, to = a->turns[drop].start;
-  size_t n = json_array_size(a->history);
-  json_t *kept = json_array();
-  if (kept == NULL)
-    return; /* out of memory: keep the longer history rather than lose it */
-  for (size_t i = 0; i < n; i++) {
-    if (i >= from && i < to)
-      continue;
-    if (json_array_append(kept, json_array_get(a->history, i)) != 0) {
-      json_decref(kept);
-      return;
-    }
-  }
-  json_decref(a->history);
-  a->history = kept;
+  hist_cut(a, from, to);
   a->stored_bytes = size;
   size_t k = to - from;
   memmove(a->turns, a->turns + drop, (a->n_turns - drop) * sizeof(*a->turns));
@@ -409,30 +511,42 @@ static bool over_cap(const ag_agent *a) {
   return a->stored_bytes + a->turn_bytes > a->max_history_bytes;
 }
 
-/* Replaces the long texts of message `m` (content, call arguments) with
- * notes; adjusts turn_bytes. */
-static void compact_message(ag_agent *a, json_t *m) {
-  size_t before = json_size(m);
+/* Replaces the long texts of message i (content, call arguments) with
+ * notes, rewriting its text; adjusts turn_bytes. Out of memory: the
+ * message stays as it was. */
+static void compact_message(ag_agent *a, size_t i) {
+  json_t *m = json_loadb(a->text.p + a->msgs[i].off, a->msgs[i].len,
+                         JSON_ALLOW_NUL, NULL);
+  if (m == NULL)
+    return;
   char note[160];
+  bool changed = false;
   json_t *c = json_object_get(m, "content");
   if (json_is_string(c) && json_string_length(c) > COMPACT_MIN) {
     snprintf(note, sizeof(note), COMPACTED_NOTE, json_string_length(c));
     json_object_set_new(m, "content", json_string(note));
+    changed = true;
   }
-  size_t i;
+  size_t k;
   json_t *call;
-  json_array_foreach(json_object_get(m, "tool_calls"), i, call) {
+  json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
     json_t *fn = json_object_get(call, "function");
     json_t *args = json_object_get(fn, "arguments");
     if (json_is_string(args) && json_string_length(args) > COMPACT_MIN) {
       snprintf(note, sizeof(note), COMPACTED_ARGS, json_string_length(args));
       json_object_set_new(fn, "arguments", json_string(note));
+      changed = true;
     }
   }
-  size_t after = json_size(m);
-  if (before != SIZE_MAX && before > after) /* SIZE_MAX: not measured */
+  char *s = changed ? json_dumps(m, JSON_COMPACT) : NULL;
+  json_decref(m);
+  if (s == NULL)
+    return;
+  size_t before = a->msgs[i].len, after = strlen(s);
+  if (hist_replace(a, i, s, after) && before > after)
     a->turn_bytes -=
         before - after < a->turn_bytes ? before - after : a->turn_bytes;
+  free(s);
 }
 
 /*
@@ -448,19 +562,18 @@ static void bound_turn(ag_agent *a) {
   cap_history(a, a->turn_bytes);
   size_t i = a->compact_from;
   while (over_cap(a) && i < a->iter_start)
-    compact_message(a, json_array_get(a->history, i++));
+    compact_message(a, i++);
   a->compact_from = i;
   size_t first = a->turns[a->n_turns - 1].start + 1;
   while (over_cap(a) && first < a->iter_start) {
     size_t end = first + 1;
-    while (end < a->iter_start &&
-           is_tool_message(json_array_get(a->history, end)))
+    while (end < a->iter_start && a->msgs[end].tool)
       end++;
     for (size_t k = first; k < end; k++) {
-      size_t size = json_size(json_array_get(a->history, first)) + 1;
+      size_t size = a->msgs[k].len + 1;
       a->turn_bytes -= size < a->turn_bytes ? size : a->turn_bytes;
-      json_array_remove(a->history, first);
     }
+    hist_cut(a, first, end);
     a->iter_start -= end - first;
     a->compact_from =
         a->compact_from > end ? a->compact_from - (end - first) : first;
@@ -487,31 +600,29 @@ static bool note_turn_start(ag_agent *a, size_t index) {
 static bool hist_append(ag_agent *a, json_t *m) {
   if (m == NULL)
     return false;
-  size_t size = a->in_turn ? json_size(m) : 0;
-  if (size == SIZE_MAX) {
-    json_decref(m);
+  bool ok = hist_push(a, m, is_tool_message(m));
+  json_decref(m);
+  if (!ok)
     return false;
+  if (a->in_turn) {
+    a->turn_bytes += a->msgs[a->n_msgs - 1].len + 1;
+    if (over_cap(a))
+      bound_turn(a);
   }
-  if (a->in_turn)
-    size++;
-  if (json_array_append_new(a->history, m) != 0)
-    return false;
-  a->turn_bytes += size;
-  if (a->in_turn && a->stored_bytes + a->turn_bytes > a->max_history_bytes)
-    bound_turn(a);
   return true;
 }
 
 /* Removes history entries past `len` (undoing a partial append). */
 static void hist_truncate(ag_agent *a, size_t len) {
-  while (json_array_size(a->history) > len) {
-    size_t last = json_array_size(a->history) - 1;
-    if (a->in_turn) {
-      size_t size = json_size(json_array_get(a->history, last)) + 1;
+  if (len >= a->n_msgs)
+    return;
+  if (a->in_turn) {
+    for (size_t i = len; i < a->n_msgs; i++) {
+      size_t size = a->msgs[i].len + 1;
       a->turn_bytes -= size < a->turn_bytes ? size : a->turn_bytes;
     }
-    json_array_remove(a->history, last);
   }
+  hist_cut(a, len, a->n_msgs);
 }
 
 /* The call ids of a reply: the model's, or generated "call_<t>_<i>_<k>". */
@@ -808,25 +919,26 @@ static int on_delta(void *user, const char *text, size_t len) {
 static req_status request_model(turn_ctx *t, const json_t *tools,
                                 bool with_ectx, ag_reply *reply) {
   ag_agent *a = t->a;
-  json_t *msgs;
+  /* The error context joins the text for this request only and is cut off
+   * again before anything else is appended (ectx_cut). */
+  size_t n_stored = a->n_msgs;
   if (with_ectx) {
-    /* A shallow copy: the error context never enters the history. */
-    msgs = json_array();
-    if (msgs == NULL)
+    json_t *m = message("user", a->ectx);
+    bool ok = m != NULL && hist_push(a, m, false);
+    json_decref(m);
+    if (!ok)
       return REQ_NOMEM;
-    json_t *m = json_array_extend(msgs, a->history) == 0
-                    ? message("user", a->ectx)
-                    : NULL;
-    if (m == NULL || json_array_append_new(msgs, m) != 0) {
-      json_decref(msgs);
-      return REQ_NOMEM;
-    }
-  } else {
-    msgs = json_incref(a->history);
   }
-  ag_request req = {msgs, tools, a->turn, t->iterations};
+  ag_request req;
+  memset(&req, 0, sizeof(req));
+  req.tools = tools;
+  req.turn = a->turn;
+  req.iteration = t->iterations;
+  req.messages_json = a->text.p;
+  req.messages_json_len = a->text.len;
   t->streamed = t->content_stop = false;
-  ag__ev_model_request(&a->ev, msgs, tools != NULL ? t->tool_names : NULL,
+  ag__ev_model_request(&a->ev, a->text.p, a->text.len, a->n_msgs,
+                       tools != NULL ? t->tool_names : NULL,
                        tools != NULL ? t->n_tools : 0, with_ectx,
                        a->stored_bytes + a->turn_bytes, a->events_full);
   t->stream_len = 0;
@@ -847,6 +959,8 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
     memset(reply, 0, sizeof(*reply));
     ag_err_t rc =
         ag_provider_complete(a->provider, &req, t->tt, on_delta, t, reply, &pe);
+    if (rc != AG_EPROVIDER)
+      hist_cut(a, n_stored, a->n_msgs); /* no retry: the context goes */
     if (rc == AG_OK) {
       st = REQ_OK;
       break;
@@ -905,7 +1019,7 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
     }
     retries++;
   }
-  json_decref(msgs);
+  hist_cut(a, n_stored, a->n_msgs);
   return st;
 }
 
@@ -1038,7 +1152,7 @@ static bool is_loop_breaking(const ag_config *cfg, const char *name) {
 /* Appends one tool message per call. `texts[i]` (lens[i]) is its content. */
 static bool append_tool_messages(ag_agent *a, const call_ids *ids, size_t n,
                                  char **texts, const size_t *lens) {
-  size_t before = json_array_size(a->history);
+  size_t before = a->n_msgs;
   for (size_t i = 0; i < n; i++) {
     const char *s = texts[i] != NULL ? texts[i] : "";
     size_t l = texts[i] != NULL ? lens[i] : 0;
@@ -1059,7 +1173,7 @@ static bool answer_not_run(turn_ctx *t, const ag_reply *r, const call_ids *ids,
   size_t l = len < 0                      ? 0
              : (size_t)len < sizeof(text) ? (size_t)len
                                           : sizeof(text) - 1;
-  size_t before = json_array_size(a->history);
+  size_t before = a->n_msgs;
   for (size_t i = 0; i < r->n_calls; i++) {
     size_t alen;
     const char *args = call_args(&r->calls[i], &alen);
@@ -1116,7 +1230,7 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
   ag_agent *a = t->a;
   size_t n = reply->n_calls;
   /* the reply's assistant message is the last entry of the history */
-  size_t base = json_array_size(a->history) - 1;
+  size_t base = a->n_msgs - 1;
 
   ag_cancel_reason why = fired(t);
   if (why != AG_CANCEL_NONE) {
@@ -1380,7 +1494,7 @@ static void note_usage(turn_ctx *t, const ag_reply *reply) {
 /* Appends the assistant message of `reply`; false on ENOMEM. */
 static bool append_assistant(turn_ctx *t, const ag_reply *reply,
                              const call_ids *ids) {
-  t->a->iter_start = json_array_size(t->a->history); /* kept whole */
+  t->a->iter_start = t->a->n_msgs; /* kept whole */
   return hist_append(t->a, assistant_message(reply, ids));
 }
 
@@ -1421,7 +1535,7 @@ static void wrap_up(turn_ctx *t, const ag_verdict *v) {
       !append_assistant(t, &reply, &ids)) {
     t->oom = true;
   } else if (reply.n_calls > 0) {
-    size_t base = json_array_size(a->history) - 1;
+    size_t base = a->n_msgs - 1;
     if (!answer_not_run(t, &reply, &ids, ag_reason_name(v->reason),
                         v->message)) {
       t->oom = true;
@@ -1500,7 +1614,7 @@ static void iterate(turn_ctx *t) {
         !append_assistant(t, &reply, &ids)) {
       t->oom = true;
     } else if (looped) {
-      size_t base = json_array_size(a->history) - 1;
+      size_t base = a->n_msgs - 1;
       if (reply.n_calls > 0 &&
           !answer_not_run(t, &reply, &ids, ag_reason_name(cv.reason),
                           cv.message)) {
@@ -1563,7 +1677,7 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
   t.out = out;
 
   ag__ev_turn_start(&a->ev, user_message);
-  size_t start = json_array_size(a->history);
+  size_t start = a->n_msgs;
   bool stored = false; /* the turn's user message is in the history */
   a->in_turn = true;
   a->turn_bytes = 0;
@@ -1594,12 +1708,10 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
 
   a->in_turn = false;
   /* measured once, whatever the in-turn cap dropped */
-  if (stored && !measure_last_turn(a)) {
-    set_outcome(out, AG_TURN_FAILED, "out_of_memory",
-                "The turn ran out of memory.");
-    rc = nomem(err);
-  }
+  if (stored)
+    measure_last_turn(a);
   cap_history(a, 0);
+  hist_shrink(a);
   ag__ev_turn_end(&a->ev, out);
 
   free(t.partial);

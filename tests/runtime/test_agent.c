@@ -119,7 +119,7 @@ static void fake_destroy(void *self) {
 }
 
 static const ag_provider_vtable fake_vt = {sizeof(ag_provider_vtable), "fake",
-                                           fake_complete, fake_destroy};
+                                           fake_complete, fake_destroy, 0};
 
 /* ------------------------------------------------------------------------ */
 /* Tools                                                                    */
@@ -267,6 +267,7 @@ typedef struct harness {
   ag_human_action human_action;
   const char *human_hint;
   char last_record[4096];
+  json_t *hists; /* the trees history() returned, freed at teardown */
 } harness;
 
 static harness H;
@@ -330,6 +331,7 @@ static void setup_with(const ag_config *cfg, const char *turns, setup_opts so) {
   memset(&H, 0, sizeof(H));
   pthread_mutex_init(&H.mu, NULL);
   H.events = json_array();
+  H.hists = json_array();
   ag_error_t err;
 
   json_error_t jerr;
@@ -382,6 +384,7 @@ static void teardown(void) {
   ag_provider_free(H.provider);
   ag_registry_free(H.reg);
   json_decref(H.events);
+  json_decref(H.hists);
   pthread_mutex_destroy(&H.mu);
 }
 
@@ -426,8 +429,20 @@ static const char *str(const json_t *o, const char *key) {
   return s != NULL ? s : "(null)";
 }
 
+/* The history as a tree (new each call, kept until teardown). Checks on
+ * the way that the stored text is exactly the tree's compact dump. */
 static const json_t *history(void) {
-  return ag_agent_history(H.agent);
+  size_t len = 0;
+  const char *text = ag_agent_history_json(H.agent, &len);
+  cr_assert_not_null(text);
+  cr_assert_eq(strlen(text), len);
+  json_t *h = ag_agent_history(H.agent);
+  cr_assert_not_null(h);
+  char *dump = json_dumps(h, JSON_COMPACT);
+  cr_assert_str_eq(dump, text);
+  free(dump);
+  json_array_append_new(H.hists, h);
+  return h;
 }
 
 /* Every assistant tool call has exactly one tool message, right after its

@@ -402,7 +402,7 @@ static int on_delta(void *user, const char *text, size_t len) {
 static ag_err_t ask(ag_provider *p, const json_t *msgs, const json_t *tl,
                     ag_cancel *cancel, deltas *d, ag_reply *r,
                     ag_provider_error *pe) {
-  ag_request req = {msgs, tl, 1, 1};
+  ag_request req = {msgs, tl, 1, 1, NULL, 0};
   return ag_provider_complete(p, &req, cancel, d != NULL ? on_delta : NULL, d,
                               r, pe);
 }
