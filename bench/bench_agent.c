@@ -413,12 +413,17 @@ static void run_session(session *s) {
 
   /* The history is the system prompt and whole turns of 2 * per_turn
    * messages (the user's, per_turn assistant messages, per_turn - 1 tool
-   * messages): at least the last turn, never a broken one. */
+   * messages): at least the last turn, never a broken one. A turn larger
+   * than the cap (the single turn) loses its oldest iterations whole, an
+   * assistant message with its tool message (docs/agent.md "History
+   * cap"), so it keeps an even count. */
   size_t msgs = history_messages(r.a);
   size_t per = 2 * (size_t)s->per_turn;
-  if (msgs < 1 + per || (msgs - 1) % per != 0)
+  bool whole = turns > 1 ? msgs >= 1 + per && (msgs - 1) % per == 0
+                         : msgs >= 3 && msgs <= 1 + per && (msgs - 1) % 2 == 0;
+  if (!whole)
     die("the history holds %zu messages: not a system prompt and whole "
-        "turns of %zu",
+        "turns of %zu (iterations dropped whole in a single turn)",
         msgs, per);
   mem_at(&s->end, done, base, r.a);
 

@@ -102,7 +102,9 @@ struct ag_agent {
   /* The history as text ("History" below): the messages' compact JSON,
    * a ready array, and where each message is in it. */
   ag__buf text;
-  hist_msg *msgs;
+  size_t base; /* where the array starts in text.p (after a front drop) */
+  hist_msg *msgs_mem; /* cap_msgs records allocated */
+  hist_msg *msgs;     /* msgs_mem + a gap of records dropped at the front */
   size_t n_msgs, cap_msgs;
   /* Each stored turn: the history index of its user message and its size
    * as compact JSON (messages and their commas), measured once when it
@@ -313,7 +315,7 @@ AG_EXTERN void ag_agent_free(ag_agent *a) {
   ag_registry_free(a->own_reg);
   ag_guard_free(a->guard);
   ag__buf_free(&a->text);
-  free(a->msgs);
+  free(a->msgs_mem);
   free(a->turns);
   free(a->ectx);
   ag__ev_destroy(&a->ev);
@@ -323,13 +325,14 @@ AG_EXTERN void ag_agent_free(ag_agent *a) {
 AG_EXTERN json_t *ag_agent_history(const ag_agent *a) {
   if (a == NULL)
     return NULL;
-  return json_loadb(a->text.p, a->text.len, JSON_ALLOW_NUL, NULL);
+  return json_loadb(a->text.p + a->base, a->text.len - a->base, JSON_ALLOW_NUL,
+                    NULL);
 }
 
 AG_EXTERN const char *ag_agent_history_json(const ag_agent *a, size_t *len) {
   if (len != NULL)
-    *len = a != NULL ? a->text.len : 0;
-  return a != NULL ? a->text.p : NULL;
+    *len = a != NULL ? a->text.len - a->base : 0;
+  return a != NULL ? a->text.p + a->base : NULL;
 }
 
 AG_EXTERN const ag_guard *ag_agent_guard(const ag_agent *a) {
@@ -348,6 +351,14 @@ AG_EXTERN const ag_guard *ag_agent_guard(const ag_agent *a) {
  * offset fix; compacting a message rewrites its text in place. About 1 byte
  * of heap per byte of JSON plus the buffer's doubling slack (jansson trees
  * cost about 10).
+ *
+ * A drop moves the smaller side: the text after the dropped messages to
+ * the left, or the text before them (the system prompt and the user
+ * message, when a long turn loses its oldest iterations) to the right,
+ * leaving a gap at the front (a->base). The gap is closed (one memmove of
+ * everything) once it is larger than a quarter of the text, so it costs at
+ * most that much memory and each dropped byte is moved a bounded number of
+ * times.
  */
 
 static int buf_sink(const char *s, size_t n, void *data) {
@@ -356,13 +367,20 @@ static int buf_sink(const char *s, size_t n, void *data) {
 
 /* Room for one more record. */
 static bool msgs_reserve(ag_agent *a) {
-  if (a->n_msgs < a->cap_msgs)
+  size_t gap = (size_t)(a->msgs - a->msgs_mem);
+  if (gap + a->n_msgs < a->cap_msgs)
     return true;
+  if (gap > 0) { /* close the front gap first */
+    memmove(a->msgs_mem, a->msgs, a->n_msgs * sizeof(*a->msgs));
+    a->msgs = a->msgs_mem;
+    if (a->n_msgs < a->cap_msgs)
+      return true;
+  }
   size_t cap = a->cap_msgs ? a->cap_msgs * 2 : 64;
-  hist_msg *p = realloc(a->msgs, cap * sizeof(*p));
+  hist_msg *p = realloc(a->msgs_mem, cap * sizeof(*p));
   if (p == NULL)
     return false;
-  a->msgs = p;
+  a->msgs_mem = a->msgs = p;
   a->cap_msgs = cap;
   return true;
 }
@@ -399,23 +417,51 @@ static bool hist_push(ag_agent *a, const json_t *m, bool tool) {
   return true;
 }
 
+/* Closes the gap at the front: the array starts at text.p again. */
+static void close_gap(ag_agent *a) {
+  size_t k = a->base;
+  if (k == 0)
+    return;
+  memmove(a->text.p, a->text.p + k, a->text.len + 1 - k);
+  a->text.len -= k;
+  for (size_t i = 0; i < a->n_msgs; i++)
+    a->msgs[i].off -= k;
+  a->base = 0;
+}
+
 /* Removes messages [from, to) (to <= n_msgs). */
 static void hist_cut(ag_agent *a, size_t from, size_t to) {
   if (from >= to)
     return;
   if (to == a->n_msgs) {
     /* the tail: the text ends after message from - 1, or is "[]" */
-    close_at(a, from > 0 ? a->msgs[from - 1].off + a->msgs[from - 1].len : 1);
+    close_at(a, from > 0 ? a->msgs[from - 1].off + a->msgs[from - 1].len
+                         : a->base + 1);
     a->n_msgs = from;
     return;
   }
   size_t start = a->msgs[from].off, end = a->msgs[to].off, k = end - start;
-  memmove(a->text.p + start, a->text.p + end, a->text.len + 1 - end);
-  a->text.len -= k;
-  memmove(a->msgs + from, a->msgs + to, (a->n_msgs - to) * sizeof(*a->msgs));
+  if (start - a->base < a->text.len - end) {
+    /* the front is smaller: move it right */
+    memmove(a->text.p + a->base + k, a->text.p + a->base, start - a->base);
+    a->base += k;
+    for (size_t i = 0; i < from; i++)
+      a->msgs[i].off += k;
+  } else {
+    memmove(a->text.p + start, a->text.p + end, a->text.len + 1 - end);
+    a->text.len -= k;
+    for (size_t i = to; i < a->n_msgs; i++)
+      a->msgs[i].off -= k;
+  }
+  if (from < a->n_msgs - to) { /* the records likewise */
+    memmove(a->msgs + (to - from), a->msgs, from * sizeof(*a->msgs));
+    a->msgs += to - from;
+  } else {
+    memmove(a->msgs + from, a->msgs + to, (a->n_msgs - to) * sizeof(*a->msgs));
+  }
   a->n_msgs -= to - from;
-  for (size_t i = from; i < a->n_msgs; i++)
-    a->msgs[i].off -= k;
+  if (a->base > (a->text.len - a->base) / 4)
+    close_gap(a);
 }
 
 /* Replaces message i's text with `s` (n bytes); false on ENOMEM. */
@@ -440,6 +486,7 @@ static bool hist_replace(ag_agent *a, size_t i, const char *s, size_t n) {
 /* Gives memory back after a large drop: the text and the records keep at
  * most twice what they hold. */
 static void hist_shrink(ag_agent *a) {
+  close_gap(a);
   size_t need = a->text.len + 1;
   if (a->text.alloc > 4 * need && a->text.alloc > ((size_t)64 << 10)) {
     char *p = realloc(a->text.p, 2 * need);
@@ -448,10 +495,14 @@ static void hist_shrink(ag_agent *a) {
       a->text.alloc = 2 * need;
     }
   }
+  if (a->msgs != a->msgs_mem) {
+    memmove(a->msgs_mem, a->msgs, a->n_msgs * sizeof(*a->msgs));
+    a->msgs = a->msgs_mem;
+  }
   if (a->cap_msgs > 4 * a->n_msgs && a->cap_msgs > 1024) {
-    hist_msg *p = realloc(a->msgs, 2 * a->n_msgs * sizeof(*p));
+    hist_msg *p = realloc(a->msgs_mem, 2 * a->n_msgs * sizeof(*p));
     if (p != NULL) {
-      a->msgs = p;
+      a->msgs_mem = a->msgs = p;
       a->cap_msgs = 2 * a->n_msgs;
     }
   }
@@ -934,11 +985,11 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
   req.tools = tools;
   req.turn = a->turn;
   req.iteration = t->iterations;
-  req.messages_json = a->text.p;
-  req.messages_json_len = a->text.len;
+  req.messages_json = a->text.p + a->base;
+  req.messages_json_len = a->text.len - a->base;
   t->streamed = t->content_stop = false;
-  ag__ev_model_request(&a->ev, a->text.p, a->text.len, a->n_msgs,
-                       tools != NULL ? t->tool_names : NULL,
+  ag__ev_model_request(&a->ev, req.messages_json, req.messages_json_len,
+                       a->n_msgs, tools != NULL ? t->tool_names : NULL,
                        tools != NULL ? t->n_tools : 0, with_ectx,
                        a->stored_bytes + a->turn_bytes, a->events_full);
   t->stream_len = 0;
