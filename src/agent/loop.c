@@ -21,14 +21,15 @@
  *   5. the verdict: go on, stop, nudge, or escalate to the human.
  *
  * Data structures. The session: the config, the guard, the scheduler, the
- * history (a jansson array) with the index where each stored turn starts
- * (for the history cap), the event sink, and one 64 KiB buffer for the error
- * context. A turn: a turn_ctx on the stack (its cancel token, the tools
- * array offered to the model, the pending error context flag, the partial
- * answer). A batch: per-call arrays allocated for the batch and freed after
- * it (calls, guard checks and results, exec calls and results, call ids).
- * Memory grows only with the stored history, which is capped after each
- * turn by dropping the oldest complete turns.
+ * history (compact JSON text in one capped buffer, laid out as a ready
+ * array, with a record per message: "History" below) with the index where
+ * each stored turn starts (for the history cap), the event sink, and one
+ * 64 KiB buffer for the error context. A turn: a turn_ctx on the stack (its
+ * cancel token, the tools array offered to the model, the pending error context
+ * flag, the partial answer). A batch: per-call arrays allocated for the batch
+ * and freed after it (calls, guard checks and results, exec calls and results,
+ * call ids). Memory grows only with the stored history, which is capped after
+ * each turn by dropping the oldest complete turns.
  *
  * Threading. A turn runs on the caller's thread, and so do the provider,
  * the approval and the human callbacks. The scheduler runs tools on its pool
@@ -41,9 +42,17 @@
  * steps, so a cancel ends the turn promptly and says which cause fired.
  *
  * Rejected:
- *   - Storing the error context in the history and deleting it afterwards:
- *     a stop or an out-of-memory in between would leave it there. Requests
- *     get a shallow copy of the history array with the extra message.
+ *   - Keeping the history as a jansson tree: about 8 bytes of heap per byte
+ *     of JSON for short messages (hashtables, one allocation per string;
+ *     bench_memory), and every request dumped it again. The text is
+ *     spliced into an OpenAI body as it is; a provider that wants a tree
+ *     gets one parsed per request (providers.h, AG_PROVIDER_MESSAGES_TEXT).
+ *   - Copying the history into a request buffer to add the error context:
+ *     a copy of up to the whole cap per request. The context message is
+ *     appended to the stored text for the request (its retries included)
+ *     and cut off as soon as complete() ends it, before anything else is
+ *     appended, in the same function, so a stop or an out-of-memory cannot
+ *     leave it there.
  *   - Counting retried model requests as iterations (DESIGN.md: they do not
  *     count again) or emitting model_request per retry: a reader counting
  *     model_request events gets the iterations; provider_retry tells the
