@@ -1085,6 +1085,23 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
 
 /* ---- the batch --------------------------------------------------------- */
 
+/* snprintf's return value as the length written into `cap` bytes. */
+static size_t fit(int n, size_t cap) {
+  return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+/* "Not run: <why>", the tool message of a call that was never executed,
+ * into buf; its length. */
+static size_t not_run_text(char *buf, size_t cap, const char *why) {
+  return fit(snprintf(buf, cap, "Not run: %s", why), cap);
+}
+
+/* A run's output text ("" when there is none) and its length. */
+static const char *exec_text(const ag_exec_result *er, size_t *len) {
+  *len = er->text != NULL ? er->text_len : 0;
+  return er->text != NULL ? er->text : "";
+}
+
 typedef struct batch_ctx {
   turn_ctx *t;
   const call_ids *ids;
@@ -1137,8 +1154,8 @@ static int64_t run_cb(void *user, const ag_call *calls,
       continue;
     }
     ag_exec_result *er = &b->ers[i];
-    const char *text = er->text != NULL ? er->text : "";
-    size_t len = er->text != NULL ? er->text_len : 0;
+    size_t len;
+    const char *text = exec_text(er, &len);
     if (requires_approval(a->reg, name) && er->status != AG_EXEC_NOT_FOUND &&
         er->status != AG_EXEC_INVALID && er->status != AG_EXEC_SKIPPED &&
         !(er->status == AG_EXEC_CANCELLED && er->attempts == 0))
@@ -1229,10 +1246,7 @@ static bool answer_not_run(turn_ctx *t, const ag_reply *r, const call_ids *ids,
                            const char *reason_code, const char *why) {
   ag_agent *a = t->a;
   char text[AG_VERDICT_MSG_MAX + 16];
-  int len = snprintf(text, sizeof(text), "Not run: %s", why);
-  size_t l = len < 0                      ? 0
-             : (size_t)len < sizeof(text) ? (size_t)len
-                                          : sizeof(text) - 1;
+  size_t l = not_run_text(text, sizeof(text), why);
   size_t before = a->n_msgs;
   for (size_t i = 0; i < r->n_calls; i++) {
     size_t alen;
@@ -1282,13 +1296,209 @@ static step after_errors(turn_ctx *t, ag_recover_kind kind) {
   return GO_ON;
 }
 
-/* A reply with tool calls, docs/agent.md steps 6 and 7: the batch through
- * ag_guard_run_batch, the tool messages, the verdict (a stop, an escalation
- * with its human answer, a nudge, or a loop-breaking tool that ends the
- * turn), and for step 8 the error context that the next request carries. */
+/* ---- one batch of tool calls (docs/agent.md steps 6 to 8) --------------- */
+
+/* The per-call arrays of a batch, allocated together, freed together. */
+typedef struct batch {
+  size_t n;
+  ag_call *calls;
+  ag_call_check *checks;
+  ag_result *results;
+  ag_exec_call *ecalls;
+  ag_exec_result *ers;
+  char **texts; /* each call's tool message content (malloc'd) */
+  size_t *lens;
+} batch;
+
+static bool batch_new(batch *b, const ag_reply *reply) {
+  size_t n = reply->n_calls;
+  b->n = n;
+  b->calls = calloc(n, sizeof(*b->calls));
+  b->checks = calloc(n, sizeof(*b->checks));
+  b->results = calloc(n, sizeof(*b->results));
+  b->ecalls = calloc(n, sizeof(*b->ecalls));
+  b->ers = calloc(n, sizeof(*b->ers));
+  b->texts = calloc(n, sizeof(*b->texts));
+  b->lens = calloc(n, sizeof(*b->lens));
+  if (b->calls == NULL || b->checks == NULL || b->results == NULL ||
+      b->ecalls == NULL || b->ers == NULL || b->texts == NULL ||
+      b->lens == NULL)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    b->calls[i].name = call_name(&reply->calls[i]);
+    b->calls[i].args = call_args(&reply->calls[i], &b->calls[i].args_len);
+  }
+  return true;
+}
+
+static void batch_free(batch *b) {
+  for (size_t i = 0; b->ers != NULL && i < b->n; i++)
+    ag_exec_result_clear(&b->ers[i]);
+  for (size_t i = 0; b->texts != NULL && i < b->n; i++)
+    free(b->texts[i]);
+  free(b->calls);
+  free(b->checks);
+  free(b->results);
+  free(b->ecalls);
+  free(b->ers);
+  free(b->texts);
+  free(b->lens);
+}
+
+/* What a batch's tool messages tell the next steps. */
+typedef struct batch_seen {
+  bool any_error, not_found, invalid;
+  bool have_breaking;        /* a loop-breaking tool succeeded: */
+  const char *breaking_name; /* its name */
+  char *breaking;            /* its result (malloc'd), the final text */
+} batch_seen;
+
+/* Sets the tool message of call i of a batch that ran (texts[i], lens[i])
+ * and notes what it says in `seen`; false when out of memory. */
+static bool call_message(ag_agent *a, batch *b, size_t i, batch_seen *seen) {
+  const char *name = b->calls[i].name;
+  char **out = &b->texts[i];
+  size_t *out_len = &b->lens[i];
+  if (b->checks[i].action == AG_NUDGE) { /* held back: its nudge */
+    *out_len = strlen(b->checks[i].message);
+    *out = ag__strndup(b->checks[i].message, *out_len);
+    return *out != NULL;
+  }
+  if (!b->checks[i].valid) {
+    seen->any_error = seen->invalid = true;
+    *out = error_feedback(a, name, AG_CAT_VALIDATION, b->results[i].text,
+                          b->results[i].text_len, out_len);
+    return *out != NULL;
+  }
+  const ag_exec_result *er = &b->ers[i];
+  size_t len;
+  const char *text = exec_text(er, &len);
+  switch (er->status) {
+  case AG_EXEC_OK:
+  case AG_EXEC_DENIED:
+  case AG_EXEC_SKIPPED:
+    *out_len = len;
+    *out = ag__strndup(text, len);
+    if (er->status != AG_EXEC_OK)
+      break;
+    if (ag_guard_is_error_text(a->guard, text, len)) {
+      seen->any_error = true;
+    } else if (!seen->have_breaking && a->cfg.loop.require_tool_call &&
+               is_loop_breaking(&a->cfg, name)) {
+      seen->have_breaking = true;
+      seen->breaking_name = name;
+      seen->breaking = ag__strndup(text, len);
+      if (seen->breaking == NULL)
+        return false;
+    }
+    break;
+  case AG_EXEC_NOT_FOUND:
+    seen->not_found = seen->any_error = true;
+    if (a->cfg.errors.feedback == AG_FEEDBACK_GENERIC) {
+      /* M.E.AI's own text for a function it does not have */
+      char nf[AG_TOOL_NAME_MAX + 64];
+      *out_len = fit(snprintf(nf, sizeof(nf),
+                              "Error: Requested function \"%.*s\" not found.",
+                              AG_TOOL_NAME_MAX, name),
+                     sizeof(nf));
+      *out = ag__strndup(nf, *out_len);
+    } else {
+      *out = error_feedback(a, name, er->category, text, len, out_len);
+    }
+    break;
+  case AG_EXEC_INVALID:
+    seen->invalid = true;
+    /* fall through */
+  default:
+    seen->any_error = true;
+    *out = error_feedback(a, name, er->category, text, len, out_len);
+    break;
+  }
+  return *out != NULL;
+}
+
+/* A nudge after the results (call_and_result scope): the call ran, and
+ * its tool message carries the nudge after its result. False on ENOMEM. */
+static bool join_nudge(batch *b, const ag_verdict *v) {
+  if (v->call_index < 0 || (size_t)v->call_index >= b->n)
+    return true;
+  size_t k = (size_t)v->call_index;
+  size_t ml = strlen(v->message);
+  char *joined = malloc(b->lens[k] + 2 + ml + 1);
+  if (joined == NULL)
+    return false;
+  memcpy(joined, b->texts[k], b->lens[k]);
+  memcpy(joined + b->lens[k], "\n\n", 2);
+  memcpy(joined + b->lens[k] + 2, v->message, ml + 1);
+  free(b->texts[k]);
+  b->texts[k] = joined;
+  b->lens[k] += 2 + ml;
+  return true;
+}
+
+/* The guard stopped the batch before it ran: every call is answered
+ * "Not run: <why>". False on ENOMEM. */
+static bool blocked_messages(ag_agent *a, batch *b, const call_ids *ids,
+                             const ag_verdict *v) {
+  const char *code = ag_reason_name(v->reason);
+  for (size_t i = 0; i < b->n; i++) {
+    ag__ev_tool_call(&a->ev, ids->ids[i], b->calls[i].name, b->calls[i].args,
+                     b->calls[i].args_len,
+                     b->checks[i].valid ? b->checks[i].sig : NULL);
+    ag__ev_tool_blocked(&a->ev, ids->ids[i], b->calls[i].name, code);
+  }
+  char text[AG_VERDICT_MSG_MAX + 16];
+  size_t len = not_run_text(text, sizeof(text), v->message);
+  for (size_t i = 0; i < b->n; i++) {
+    b->lens[i] = len;
+    b->texts[i] = ag__strndup(text, len);
+    if (b->texts[i] == NULL)
+      return false;
+  }
+  return true;
+}
+
+/* Step 7 after the tool messages joined the history: the batch's verdict
+ * (a stop, an escalation with its human answer, a loop-breaking tool that
+ * ends the turn) and, for step 8, the error context of the next request. */
+static step batch_verdict(turn_ctx *t, ag_action act, const ag_verdict *v,
+                          batch_seen *seen) {
+  ag_cancel_reason why = fired(t);
+  if (why != AG_CANCEL_NONE) {
+    end_cancelled(t, why);
+    return END_TURN;
+  }
+  switch (act) {
+  case AG_STOP:
+    end_stopped(t, v);
+    return END_TURN;
+  case AG_ESCALATE:
+    if (!escalate(t, v))
+      return END_TURN;
+    break;
+  case AG_ALLOW:
+  case AG_NUDGE:
+    if (seen->have_breaking) {
+      set_outcome(t->out, AG_TURN_COMPLETED, "loop_breaking_tool",
+                  "The model called %s, which ends the turn.",
+                  seen->breaking_name);
+      t->out->final_text = seen->breaking;
+      seen->breaking = NULL;
+      return END_TURN;
+    }
+    break;
+  }
+  if (seen->any_error)
+    after_errors(t, seen->not_found ? AG_RECOVER_UNKNOWN_TOOL
+                    : seen->invalid ? AG_RECOVER_INVALID_JSON
+                                    : AG_RECOVER_EXECUTION);
+  return GO_ON;
+}
+
+/* A reply with tool calls, docs/agent.md steps 6 to 8: the batch through
+ * ag_guard_run_batch, one tool message per call, the verdict. */
 static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
   ag_agent *a = t->a;
-  size_t n = reply->n_calls;
   /* the reply's assistant message is the last entry of the history */
   size_t base = a->n_msgs - 1;
 
@@ -1302,191 +1512,50 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
     return END_TURN;
   }
 
-  ag_call *calls = calloc(n, sizeof(*calls));
-  ag_call_check *checks = calloc(n, sizeof(*checks));
-  ag_result *results = calloc(n, sizeof(*results));
-  ag_exec_call *ecalls = calloc(n, sizeof(*ecalls));
-  ag_exec_result *ers = calloc(n, sizeof(*ers));
-  char **texts = calloc(n, sizeof(*texts));
-  size_t *lens = calloc(n, sizeof(*lens));
+  batch b;
+  memset(&b, 0, sizeof(b));
+  batch_seen seen;
+  memset(&seen, 0, sizeof(seen));
+  seen.breaking_name = "";
   step s = END_TURN;
-  char *breaking = NULL;
-  const char *breaking_name = "";
-  bool have_breaking = false;
-  if (calls == NULL || checks == NULL || results == NULL || ecalls == NULL ||
-      ers == NULL || texts == NULL || lens == NULL) {
+  if (!batch_new(&b, reply)) {
     t->oom = true;
-    answer_lost(a, ids, n, base);
+    answer_lost(a, ids, reply->n_calls, base);
     goto done;
   }
-  for (size_t i = 0; i < n; i++) {
-    calls[i].name = call_name(&reply->calls[i]);
-    calls[i].args = call_args(&reply->calls[i], &calls[i].args_len);
-  }
 
-  batch_ctx b = {t, ids, ecalls, ers, false};
+  batch_ctx bc = {t, ids, b.ecalls, b.ers, false};
   ag_verdict v;
   bool ran = false;
-  ag_action act = ag_guard_run_batch(a->guard, calls, n, ag_now_ms(), run_cb,
-                                     &b, checks, results, &v, &ran);
+  ag_action act =
+      ag_guard_run_batch(a->guard, b.calls, b.n, ag_now_ms(), run_cb, &bc,
+                         b.checks, b.results, &v, &ran);
 
-  /* The tool messages, and what the batch tells the next steps. */
-  bool any_error = false, not_found = false, invalid = false;
+  bool ok = true; /* every tool message was built */
   if (!ran) {
-    const char *code = ag_reason_name(v.reason);
-    for (size_t i = 0; i < n; i++) {
-      ag__ev_tool_call(&a->ev, ids->ids[i], calls[i].name, calls[i].args,
-                       calls[i].args_len,
-                       checks[i].valid ? checks[i].sig : NULL);
-      ag__ev_tool_blocked(&a->ev, ids->ids[i], calls[i].name, code);
+    ok = blocked_messages(a, &b, ids, &v);
+  } else {
+    for (size_t i = 0; i < b.n && ok; i++)
+      ok = call_message(a, &b, i, &seen);
+    if (ok && act == AG_NUDGE) {
+      ag__ev_nudge(&a->ev, ag_reason_name(v.reason), v.message);
+      ok = join_nudge(&b, &v);
     }
   }
-  bool lost = false; /* a tool message could not be built */
-  for (size_t i = 0; i < n && !lost; i++) {
-    const char *name = calls[i].name;
-    if (!ran) {
-      char buf[AG_VERDICT_MSG_MAX + 16];
-      int l = snprintf(buf, sizeof(buf), "Not run: %s", v.message);
-      lens[i] = l < 0                     ? 0
-                : (size_t)l < sizeof(buf) ? (size_t)l
-                                          : sizeof(buf) - 1;
-      texts[i] = ag__strndup(buf, lens[i]);
-    } else if (checks[i].action == AG_NUDGE) {
-      lens[i] = strlen(checks[i].message);
-      texts[i] = ag__strndup(checks[i].message, lens[i]);
-    } else if (!checks[i].valid) {
-      any_error = invalid = true;
-      texts[i] = error_feedback(a, name, AG_CAT_VALIDATION, results[i].text,
-                                results[i].text_len, &lens[i]);
-    } else {
-      const ag_exec_result *er = &ers[i];
-      const char *text = er->text != NULL ? er->text : "";
-      size_t len = er->text != NULL ? er->text_len : 0;
-      switch (er->status) {
-      case AG_EXEC_OK:
-      case AG_EXEC_DENIED:
-      case AG_EXEC_SKIPPED:
-        lens[i] = len;
-        texts[i] = ag__strndup(text, len);
-        if (er->status == AG_EXEC_OK) {
-          if (ag_guard_is_error_text(a->guard, text, len))
-            any_error = true;
-          else if (!have_breaking && a->cfg.loop.require_tool_call &&
-                   is_loop_breaking(&a->cfg, name)) {
-            have_breaking = true;
-            breaking_name = name;
-            breaking = ag__strndup(text, len);
-            if (breaking == NULL)
-              lost = true;
-          }
-        }
-        break;
-      case AG_EXEC_NOT_FOUND:
-        not_found = true;
-        any_error = true;
-        if (a->cfg.errors.feedback == AG_FEEDBACK_GENERIC) {
-          /* M.E.AI's own text for a function it does not have */
-          char nf[AG_TOOL_NAME_MAX + 64];
-          int l = snprintf(nf, sizeof(nf),
-                           "Error: Requested function \"%.*s\" not found.",
-                           AG_TOOL_NAME_MAX, name);
-          lens[i] = l < 0                    ? 0
-                    : (size_t)l < sizeof(nf) ? (size_t)l
-                                             : sizeof(nf) - 1;
-          texts[i] = ag__strndup(nf, lens[i]);
-        } else {
-          texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
-        }
-        break;
-      case AG_EXEC_INVALID:
-        invalid = true;
-        any_error = true;
-        texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
-        break;
-      default:
-        any_error = true;
-        texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
-        break;
-      }
-    }
-    if (texts[i] == NULL)
-      lost = true;
-  }
-
-  /* A nudge after the results (call_and_result scope): the call ran; its
-   * answer carries the nudge. */
-  if (ran && act == AG_NUDGE && !lost) {
-    ag__ev_nudge(&a->ev, ag_reason_name(v.reason), v.message);
-    if (v.call_index >= 0 && (size_t)v.call_index < n) {
-      size_t k = (size_t)v.call_index;
-      size_t ml = strlen(v.message);
-      char *joined = malloc(lens[k] + 2 + ml + 1);
-      if (joined == NULL) {
-        lost = true;
-      } else {
-        memcpy(joined, texts[k], lens[k]);
-        memcpy(joined + lens[k], "\n\n", 2);
-        memcpy(joined + lens[k] + 2, v.message, ml + 1);
-        free(texts[k]);
-        texts[k] = joined;
-        lens[k] += 2 + ml;
-      }
-    }
-  }
-
-  if (lost || !append_tool_messages(a, ids, n, texts, lens)) {
+  if (!ok || !append_tool_messages(a, ids, b.n, b.texts, b.lens)) {
     t->oom = true;
-    answer_lost(a, ids, n, base);
+    answer_lost(a, ids, b.n, base);
     goto done;
   }
-  if (b.sched_failed) {
+  if (bc.sched_failed) {
     t->oom = true; /* the results were written; the turn still fails */
     goto done;
   }
-
-  why = fired(t);
-  if (why != AG_CANCEL_NONE) {
-    end_cancelled(t, why);
-    goto done;
-  }
-  switch (act) {
-  case AG_STOP:
-    end_stopped(t, &v);
-    goto done;
-  case AG_ESCALATE:
-    if (!escalate(t, &v))
-      goto done;
-    break;
-  case AG_ALLOW:
-  case AG_NUDGE:
-    if (have_breaking) {
-      set_outcome(t->out, AG_TURN_COMPLETED, "loop_breaking_tool",
-                  "The model called %s, which ends the turn.", breaking_name);
-      t->out->final_text = breaking;
-      breaking = NULL;
-      goto done;
-    }
-    break;
-  }
-  s = GO_ON;
-  if (any_error)
-    after_errors(t, not_found ? AG_RECOVER_UNKNOWN_TOOL
-                    : invalid ? AG_RECOVER_INVALID_JSON
-                              : AG_RECOVER_EXECUTION);
+  s = batch_verdict(t, act, &v, &seen);
 
 done:
-  for (size_t i = 0; ers != NULL && i < n; i++)
-    ag_exec_result_clear(&ers[i]);
-  for (size_t i = 0; texts != NULL && i < n; i++)
-    free(texts[i]);
-  free(breaking);
-  free(calls);
-  free(checks);
-  free(results);
-  free(ecalls);
-  free(ers);
-  free(texts);
-  free(lens);
+  batch_free(&b);
+  free(seen.breaking);
   return s;
 }
 
