@@ -227,9 +227,9 @@ static size_t parse_stream(bool openai, const char *s, size_t len,
     exit(1);
   }
   if (mem != NULL) {
-    *mem = sse.line_cap + sse.data_cap + r.a.text_cap;
+    *mem = sse.line.alloc + sse.data.alloc + r.a.text.alloc;
     for (int i = 0; i < r.a.n_slots; i++)
-      *mem += r.a.calls[i].args_cap;
+      *mem += r.a.calls[i].args.alloc;
   }
   size_t calls = reply.n_calls;
   ag_reply_clear(&reply);

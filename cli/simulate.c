@@ -3,12 +3,14 @@
  * model and scripted or real tools, docs/scenarios.md) through the guarded
  * agent loop, turn by turn, exactly as a live model would be run.
  *
- * Flow: parse the options; load and check the whole scenario (exit 2 on
- * any problem, before anything runs); open the events file; build the agent
- * from the public API (ag_agent_new over the scripted provider, the
- * scenario's registry and its approval and human callbacks); run each turn
- * with the caller's cancel token; report. The exit code comes from the last
- * turn (DESIGN.md section 5), or with --check from the comparison with the
+ * Flow, one function a step: parse the options (parse_args); load and
+ * check the whole scenario (sim_load: exit 2 on any problem, before anything
+ * runs); open the events file and the timeline (sim_open_outputs); build
+ * the agent from the public API (sim_make_agent: ag_agent_new over the
+ * scripted provider, the scenario's registry and its approval and human
+ * callbacks); run each turn with the caller's cancel token (sim_run_turns);
+ * report (sim_report_check, sim_close_events). The exit code comes from the
+ * last turn (DESIGN.md section 5), or with --check from the comparison with the
  * turns' "expect".
  *
  * Events: the agent calls on_event on the turn's thread or a pool thread,
@@ -259,6 +261,11 @@ static void on_event(void *user, const json_t *ev) {
 /* --check                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* Bytes of a text quoted in a --check mismatch: what the turn produced (a
+ * message, a final text, an event pattern) and what "expect" asked for. */
+#define SHOWN_GOT 300
+#define SHOWN_WANTED 200
+
 /* Compares one turn; prints each mismatch; returns how many there were. */
 static int check_turn(const char *file, size_t turn, const cli_expect *x,
                       const ag_turn_outcome *o, const sim *S) {
@@ -269,7 +276,7 @@ static int check_turn(const char *file, size_t turn, const cli_expect *x,
     fprintf(stderr, "%s: turn %zu: expected %s%s%s, got %s (%s): ", file, turn,
             x->status, x->reason ? "/" : "", x->reason ? x->reason : "", status,
             o->reason);
-    cli_put_oneline(stderr, o->message, strlen(o->message), 300);
+    cli_put_oneline(stderr, o->message, strlen(o->message), SHOWN_GOT);
     fputc('\n', stderr);
     bad++;
   }
@@ -279,13 +286,13 @@ static int check_turn(const char *file, size_t turn, const cli_expect *x,
     fprintf(stderr, "%s: turn %zu: expected the final text to contain \"", file,
             turn);
     cli_put_oneline(stderr, x->final_text_contains,
-                    strlen(x->final_text_contains), 200);
+                    strlen(x->final_text_contains), SHOWN_WANTED);
     fputs("\", got ", stderr);
     if (o->final_text == NULL) {
       fputs("none\n", stderr);
     } else {
       fputc('"', stderr);
-      cli_put_oneline(stderr, o->final_text, strlen(o->final_text), 300);
+      cli_put_oneline(stderr, o->final_text, strlen(o->final_text), SHOWN_GOT);
       fputs("\"\n", stderr);
     }
     bad++;
@@ -295,9 +302,9 @@ static int check_turn(const char *file, size_t turn, const cli_expect *x,
     fprintf(stderr, "%s: turn %zu: expected the message to contain \"", file,
             turn);
     cli_put_oneline(stderr, x->message_contains, strlen(x->message_contains),
-                    200);
+                    SHOWN_WANTED);
     fputs("\", got \"", stderr);
-    cli_put_oneline(stderr, o->message, strlen(o->message), 300);
+    cli_put_oneline(stderr, o->message, strlen(o->message), SHOWN_GOT);
     fputs("\"\n", stderr);
     bad++;
   }
@@ -318,7 +325,7 @@ static int check_turn(const char *file, size_t turn, const cli_expect *x,
     fprintf(stderr, "%s: turn %zu: no event matched expect.events[%zu] ", file,
             turn, i);
     if (dump != NULL)
-      cli_put_oneline(stderr, dump, strlen(dump), 300);
+      cli_put_oneline(stderr, dump, strlen(dump), SHOWN_GOT);
     fputc('\n', stderr);
     free(dump);
     bad++;
@@ -431,64 +438,66 @@ static bool want_color(void) {
          (term == NULL || strcmp(term, "dumb") != 0);
 }
 
-int cli_simulate(int argc, char **argv) {
-  sim_args a;
-  int rc = parse_args(argc, argv, &a);
+/* Loads and checks the scenario (exit 2 on any problem, before anything
+ * runs). Returns -1 with *out set, else the exit code. */
+static int sim_load(const sim_args *a, cli_scenario **out) {
+  *out = NULL;
+  int rc = refuse_output_over_input(a);
   if (rc >= 0)
     return rc;
-  rc = refuse_output_over_input(&a);
-  if (rc >= 0)
-    return rc;
-
-  cli_scenario_opts so = {a.file, a.preset, a.config};
+  cli_scenario_opts so = {a->file, a->preset, a->config};
   cli_scenario *sc = NULL;
   rc = cli_scenario_load(&sc, &so, stderr);
   if (rc != 0)
     return rc;
-  if (a.check && !cli_scenario_has_expect(sc)) {
+  if (a->check && !cli_scenario_has_expect(sc)) {
     fprintf(stderr,
             "%s: --check: no turn has an \"expect\", so there is nothing to "
             "check\n",
-            a.file);
+            a->file);
     cli_scenario_free(sc);
     return AG_EXIT_USAGE;
   }
+  *out = sc;
+  return -1;
+}
 
-  sim S;
-  memset(&S, 0, sizeof S);
-  if (a.events != NULL) {
-    S.events_path = a.events;
-    S.events = cli_open_events(a.events);
-    if (S.events == NULL) {
+/* Opens the events file and the timeline (with its header). Returns -1, or
+ * the exit code with whatever was opened left in S for sim_close_events. */
+static int sim_open_outputs(sim *S, const sim_args *a, const cli_scenario *sc,
+                            bool show_timeline) {
+  if (a->events != NULL) {
+    S->events_path = a->events;
+    S->events = cli_open_events(a->events);
+    if (S->events == NULL) {
       fprintf(stderr, "agentguard simulate: --events %s: cannot open: %s\n",
-              a.events, strerror(errno));
-      cli_scenario_free(sc);
+              a->events, strerror(errno));
       return AG_EXIT_USAGE;
     }
   }
-  bool show_timeline = a.timeline || (!a.quiet && isatty(STDERR_FILENO));
   if (show_timeline) {
-    S.timeline = cli_timeline_new(stderr, want_color());
-    if (S.timeline == NULL) {
+    S->timeline = cli_timeline_new(stderr, want_color());
+    if (S->timeline == NULL) {
       fprintf(stderr, "agentguard simulate: out of memory\n");
-      rc = AG_EXIT_FAILURE;
-      goto out_events;
+      return AG_EXIT_FAILURE;
     }
-  }
-
-  if (S.timeline != NULL)
-    cli_timeline_header(S.timeline, a.file, cli_scenario_config(sc)->preset,
+    cli_timeline_header(S->timeline, a->file, cli_scenario_config(sc)->preset,
                         cli_scenario_description(sc));
+  }
+  return -1;
+}
 
+/* The caller's cancel token and the agent over the scenario's provider,
+ * tools and callbacks. Returns -1, or the exit code (what was made stays in
+ * *caller and *agent for the caller to free). */
+static int sim_make_agent(sim *S, const sim_args *a, cli_scenario *sc,
+                          ag_provider *provider, ag_cancel **caller,
+                          ag_agent **agent) {
   ag_error_t err;
-  ag_cancel *caller = NULL;
-  ag_agent *agent = NULL;
-  ag_provider *provider = cli_scenario_take_provider(sc);
-  if (ag_cancel_new(&caller, NULL, INT64_MAX, AG_CANCEL_DEADLINE, &err) !=
+  if (ag_cancel_new(caller, NULL, INT64_MAX, AG_CANCEL_DEADLINE, &err) !=
       AG_OK) {
     fprintf(stderr, "agentguard simulate: %s\n", err.msg);
-    rc = AG_EXIT_FAILURE;
-    goto out_agent;
+    return AG_EXIT_FAILURE;
   }
   ag_agent_opts ao;
   ag_agent_opts_init(&ao);
@@ -496,67 +505,89 @@ int cli_simulate(int argc, char **argv) {
   ao.provider = provider;
   ao.tools = cli_scenario_registry(sc);
   ao.on_event = on_event;
-  ao.event_user = &S;
+  ao.event_user = S;
   ao.seed = 1; /* reproducible retry jitter */
   ao.events_full =
-      a.events_detail != NULL && strcmp(a.events_detail, "full") == 0;
+      a->events_detail != NULL && strcmp(a->events_detail, "full") == 0;
   cli_scenario_callbacks(sc, &ao);
-  ag_err_t e = ag_agent_new(&agent, &ao, &err);
+  ag_err_t e = ag_agent_new(agent, &ao, &err);
   if (e != AG_OK) {
-    fprintf(stderr, "%s: %s\n", a.file, err.msg[0] ? err.msg : ag_strerror(e));
-    rc = e == AG_ECONFIG || e == AG_EINVAL ? AG_EXIT_USAGE : AG_EXIT_FAILURE;
-    goto out_agent;
+    fprintf(stderr, "%s: %s\n", a->file, err.msg[0] ? err.msg : ag_strerror(e));
+    return e == AG_ECONFIG || e == AG_EINVAL ? AG_EXIT_USAGE : AG_EXIT_FAILURE;
   }
+  return -1;
+}
 
+/* How the turns went, for the --check summary. */
+typedef struct sim_tally {
+  int mismatches;
+  size_t checked;   /* turns compared with their "expect" */
+  bool interrupted; /* a signal cancelled the run */
+  bool aborted;     /* an error ended the run */
+} sim_tally;
+
+/* Arms the --check event patterns of one turn (none when not checking).
+ * Returns false when out of memory. */
+static bool arm_patterns(sim *S, const cli_expect *x, bool checking) {
+  S->patterns = NULL;
+  S->n_patterns = 0;
+  free(S->matched);
+  S->matched = NULL;
+  if (!checking || x->events == NULL || json_array_size(x->events) == 0)
+    return true;
+  S->matched = calloc(json_array_size(x->events), sizeof *S->matched);
+  if (S->matched == NULL)
+    return false;
+  S->patterns = x->events;
+  S->n_patterns = json_array_size(x->events);
+  return true;
+}
+
+/* Runs every turn with the caller's token, signals installed; stops after
+ * an interrupted turn or an error. Returns the exit code of the last turn
+ * (4 when interrupted, 1 on an error). */
+static int sim_run_turns(sim *S, const sim_args *a, cli_scenario *sc,
+                         ag_agent *agent, ag_cancel *caller, bool show_timeline,
+                         sim_tally *t) {
+  memset(t, 0, sizeof *t);
   saved_signals old;
   install_signals(caller, &old);
   size_t n = cli_scenario_turn_count(sc);
-  int mismatches = 0;
-  size_t checked = 0;
-  bool interrupted = false, aborted = false;
-  rc = AG_EXIT_FAILURE;
+  int rc = AG_EXIT_FAILURE;
   for (size_t i = 0; i < n; i++) {
     const cli_turn *turn = cli_scenario_turn(sc, i);
     const cli_expect *x = &turn->expect;
-    bool checking = a.check && x->present;
-    S.patterns = NULL;
-    S.n_patterns = 0;
-    free(S.matched);
-    S.matched = NULL;
-    if (checking && x->events != NULL && json_array_size(x->events) > 0) {
-      S.matched = calloc(json_array_size(x->events), sizeof *S.matched);
-      if (S.matched == NULL) {
-        fprintf(stderr, "agentguard simulate: out of memory\n");
-        rc = AG_EXIT_FAILURE;
-        aborted = true;
-        break;
-      }
-      S.patterns = x->events;
-      S.n_patterns = json_array_size(x->events);
+    bool checking = a->check && x->present;
+    if (!arm_patterns(S, x, checking)) {
+      fprintf(stderr, "agentguard simulate: out of memory\n");
+      rc = AG_EXIT_FAILURE;
+      t->aborted = true;
+      break;
     }
     ag_turn_outcome o;
     memset(&o, 0, sizeof o);
-    json_decref(S.turn_end);
-    S.turn_end = NULL;
-    e = ag_agent_run_turn(agent, turn->user, caller, &o, &err);
+    json_decref(S->turn_end);
+    S->turn_end = NULL;
+    ag_error_t err;
+    ag_err_t e = ag_agent_run_turn(agent, turn->user, caller, &o, &err);
     if (e != AG_OK) {
       fprintf(stderr, "agentguard simulate: turn %zu: %s\n", i + 1,
               err.msg[0] ? err.msg : ag_strerror(e));
       ag_turn_outcome_clear(&o);
       rc = AG_EXIT_FAILURE;
-      aborted = true;
+      t->aborted = true;
       break;
     }
-    if (!show_timeline && !a.quiet)
-      cli_outcome_line(stderr, i + 1, &o, S.turn_end);
+    if (!show_timeline && !a->quiet)
+      cli_outcome_line(stderr, i + 1, &o, S->turn_end);
     if (checking) {
-      mismatches += check_turn(a.file, i + 1, x, &o, &S);
-      checked++;
+      t->mismatches += check_turn(a->file, i + 1, x, &o, S);
+      t->checked++;
     }
     rc = cli_exit_code(o.status);
-    interrupted = ag_cancel_check(caller, ag_now_ms()) != AG_CANCEL_NONE;
+    t->interrupted = ag_cancel_check(caller, ag_now_ms()) != AG_CANCEL_NONE;
     ag_turn_outcome_clear(&o);
-    if (interrupted) {
+    if (t->interrupted) {
       if (i + 1 < n)
         fprintf(stderr,
                 "agentguard simulate: interrupted; %zu turn%s not run\n",
@@ -566,42 +597,80 @@ int cli_simulate(int argc, char **argv) {
     }
   }
   restore_signals(&old);
-  free(S.matched);
-  S.matched = NULL;
+  free(S->matched);
+  S->matched = NULL;
+  return rc;
+}
 
-  if (a.check && !interrupted && !aborted) {
-    if (mismatches > 0) {
-      fprintf(stderr, "%s: check failed: %d mismatch%s\n", a.file, mismatches,
-              mismatches == 1 ? "" : "es");
-      rc = AG_EXIT_FAILURE;
-    } else if (checked > 0) {
-      if (!a.quiet)
-        fprintf(stderr, "%s: check passed: %zu turn%s as expected\n", a.file,
-                checked, checked == 1 ? "" : "s");
-      rc = AG_EXIT_OK;
+/* With --check, after a run that went through: the summary, and exit 0 or
+ * 1 from the comparison instead of the last turn's code. */
+static int sim_report_check(const sim_args *a, const sim_tally *t, int rc) {
+  if (!a->check || t->interrupted || t->aborted)
+    return rc;
+  if (t->mismatches > 0) {
+    fprintf(stderr, "%s: check failed: %d mismatch%s\n", a->file, t->mismatches,
+            t->mismatches == 1 ? "" : "es");
+    return AG_EXIT_FAILURE;
+  }
+  if (t->checked > 0) {
+    if (!a->quiet)
+      fprintf(stderr, "%s: check passed: %zu turn%s as expected\n", a->file,
+              t->checked, t->checked == 1 ? "" : "s");
+    return AG_EXIT_OK;
+  }
+  return rc;
+}
+
+/* Closes the events file; a write that failed on the way (or the close)
+ * is reported and makes the exit code 1, unless it is a usage error. */
+static int sim_close_events(sim *S, int rc) {
+  if (S->events != NULL && S->events != stdout) {
+    if (fclose(S->events) != 0 && !S->events_failed) {
+      S->events_failed = true;
+      S->events_errno = errno;
     }
   }
-
-out_agent:
-  ag_agent_free(agent);
-  ag_provider_free(provider);
-  ag_cancel_free(caller);
-  cli_timeline_free(S.timeline);
-  json_decref(S.turn_end);
-out_events:
-  if (S.events != NULL && S.events != stdout) {
-    if (fclose(S.events) != 0 && !S.events_failed) {
-      S.events_failed = true;
-      S.events_errno = errno;
-    }
-  }
-  if (S.events_failed) {
+  if (S->events_failed) {
     fprintf(stderr, "agentguard simulate: cannot write events to %s: %s\n",
-            strcmp(S.events_path, "-") == 0 ? "stdout" : S.events_path,
-            strerror(S.events_errno));
+            strcmp(S->events_path, "-") == 0 ? "stdout" : S->events_path,
+            strerror(S->events_errno));
     if (rc != AG_EXIT_USAGE)
       rc = AG_EXIT_FAILURE;
   }
+  return rc;
+}
+
+int cli_simulate(int argc, char **argv) {
+  sim_args a;
+  int rc = parse_args(argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  cli_scenario *sc = NULL;
+  rc = sim_load(&a, &sc);
+  if (rc >= 0)
+    return rc;
+
+  sim S;
+  memset(&S, 0, sizeof S);
+  bool show_timeline = a.timeline || (!a.quiet && isatty(STDERR_FILENO));
+  rc = sim_open_outputs(&S, &a, sc, show_timeline);
+  if (rc < 0) {
+    ag_cancel *caller = NULL;
+    ag_agent *agent = NULL;
+    ag_provider *provider = cli_scenario_take_provider(sc);
+    rc = sim_make_agent(&S, &a, sc, provider, &caller, &agent);
+    if (rc < 0) {
+      sim_tally t;
+      rc = sim_run_turns(&S, &a, sc, agent, caller, show_timeline, &t);
+      rc = sim_report_check(&a, &t, rc);
+    }
+    ag_agent_free(agent);
+    ag_provider_free(provider);
+    ag_cancel_free(caller);
+  }
+  cli_timeline_free(S.timeline);
+  json_decref(S.turn_end);
+  rc = sim_close_events(&S, rc);
   cli_scenario_free(sc);
   return rc;
 }

@@ -17,10 +17,12 @@
 #
 # Environment:
 #   FUZZ_SECONDS   time per target (default 60)
-#   FUZZ_SEED      libFuzzer's -seed (default: a new one each run). A fixed
-#                  seed makes a run repeatable: the same inputs in the same
-#                  order from a fresh build folder, so .ci/run fixes it and
-#                  a longer local run with that seed covers what CI will try
+#   FUZZ_SEED      libFuzzer's -seed (default: a new one each run)
+#   FUZZ_RUNS      stop each target after this many inputs (default: no
+#                  limit; FUZZ_SECONDS still caps the time). With FUZZ_SEED
+#                  and a fresh FUZZ_BUILD, a run is repeatable: the same
+#                  inputs in the same order, so .ci/run fixes both and the
+#                  same command run before landing tries what CI will try
 #                  (see docs/testing.md).
 #   FUZZ_BUILD     build folder (default build-fuzz)
 #   FUZZ_RSS_MB    memory limit per target (default 2048)
@@ -44,8 +46,19 @@ CC=${CC:-clang}
 case $SECONDS_EACH in '' | *[!0-9]*) die "FUZZ_SECONDS must be a whole number of seconds" ;; esac
 SEED=${FUZZ_SEED:-}
 case $SEED in *[!0-9]*) die "FUZZ_SEED must be a whole number" ;; esac
+RUNS=${FUZZ_RUNS:-}
+case $RUNS in *[!0-9]*) die "FUZZ_RUNS must be a whole number" ;; esac
 seedopt=""
-[ -n "$SEED" ] && seedopt="-seed=$SEED"
+norand=""
+# -reload=0: read the corpus folder once, so nothing timed changes the order;
+# setarch -R: the same addresses in every run (address-dependent paths, such
+# as hash tables of pointers, otherwise change the coverage the fuzzer
+# follows), when the machine allows it
+if [ -n "$SEED" ]; then
+  seedopt="-seed=$SEED -reload=0"
+  setarch "$(uname -m)" -R true 2>/dev/null && norand="setarch $(uname -m) -R"
+fi
+[ -n "$RUNS" ] && seedopt="$seedopt -runs=$RUNS"
 [ "$SECONDS_EACH" -gt 0 ] || die "FUZZ_SECONDS must be positive"
 
 command -v "$CC" >/dev/null 2>&1 || die "$CC not found (Debian: apt-get install clang libclang-rt-14-dev)"
@@ -97,8 +110,8 @@ for t in "$@"; do
   [ -d "tests/fuzz/corpus/$t" ] && seeds="tests/fuzz/corpus/$t"
   echo "== fuzz_$t: ${SECONDS_EACH}s (log: $log)"
   start=$(date +%s)
-  # shellcheck disable=SC2086 # dict, seeds and seedopt are empty or one word
-  "$BUILD/fuzz_$t" -max_total_time="$SECONDS_EACH" -rss_limit_mb="$RSS_MB" \
+  # shellcheck disable=SC2086 # norand, dict, seeds and seedopt are word lists
+  $norand "$BUILD/fuzz_$t" -max_total_time="$SECONDS_EACH" -rss_limit_mb="$RSS_MB" \
     -timeout="$TIMEOUT" -print_final_stats=1 -artifact_prefix="$art/" \
     $seedopt $dict "$work" $seeds >"$log" 2>&1
   rc=$?

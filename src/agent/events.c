@@ -162,6 +162,13 @@ static json_t *text0(const ag__events *ev, const char *s) {
 /* Emission                                                                 */
 /* ------------------------------------------------------------------------ */
 
+/* Counts an event that could not be built whole (out of memory). */
+static void lost(ag__events *ev) {
+  pthread_mutex_lock(&ev->mu);
+  ev->lost++;
+  pthread_mutex_unlock(&ev->mu);
+}
+
 void ag__ev_emit(ag__events *ev, const char *name, json_t *fields) {
   if (ev->fn == NULL) {
     json_decref(fields);
@@ -170,10 +177,12 @@ void ag__ev_emit(ag__events *ev, const char *name, json_t *fields) {
   json_t *e = json_object();
   if (e == NULL) {
     json_decref(fields);
+    lost(ev);
     return;
   }
   /* The common fields go first, so a line reads "event" first. An event
-   * that cannot have them all (out of memory) is not delivered. */
+   * that cannot have them all (out of memory) is not delivered but counted
+   * (turn_end's events_lost). */
   bool ok = json_object_set_new(e, "event", json_string(name)) == 0;
   pthread_mutex_lock(&ev->mu);
   ok =
@@ -183,9 +192,49 @@ void ag__ev_emit(ag__events *ev, const char *name, json_t *fields) {
       (fields == NULL || json_object_update(e, fields) == 0);
   if (ok)
     ev->fn(ev->user, e);
+  else
+    ev->lost++;
   pthread_mutex_unlock(&ev->mu);
   json_decref(fields);
   json_decref(e);
+}
+
+/*
+ * An event's own fields while they are built: `ok` turns false at the first
+ * field that could not be made or set (out of memory), and such an event is
+ * never delivered with a field missing (a reader would take the missing
+ * field for a fact): fields_emit counts it as lost instead.
+ */
+typedef struct fields {
+  json_t *o;
+  bool ok;
+} fields;
+
+static fields fields_new(void) {
+  fields f;
+  f.o = json_object();
+  f.ok = f.o != NULL;
+  return f;
+}
+
+/* Sets `k` to `v` (steals `v`; NULL is a failure). */
+static void put(fields *f, const char *k, json_t *v) {
+  if (!f->ok) {
+    json_decref(v);
+    return;
+  }
+  /* json_object_set_new releases v when it fails */
+  if (v == NULL || json_object_set_new(f->o, k, v) != 0)
+    f->ok = false;
+}
+
+static void fields_emit(ag__events *ev, const char *name, fields f) {
+  if (!f.ok) {
+    json_decref(f.o);
+    lost(ev);
+    return;
+  }
+  ag__ev_emit(ev, name, f.o);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -195,21 +244,24 @@ void ag__ev_emit(ag__events *ev, const char *name, json_t *fields) {
 void ag__ev_turn_start(ag__events *ev, const char *user) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL)
-    json_object_set_new(f, "user", text0(ev, user));
-  ag__ev_emit(ev, "turn_start", f);
+  fields f = fields_new();
+  put(&f, "user", text0(ev, user));
+  fields_emit(ev, "turn_start", f);
 }
 
-/* A copy of `v` with every string redacted (full model_request events). */
+/* A copy of `v` with every string redacted (full model_request events), or
+ * NULL when out of memory. */
 static json_t *redact_tree(const ag__events *ev, const json_t *v) {
   if (json_is_string(v))
     return rtext(ev, json_string_value(v), json_string_length(v));
   if (json_is_array(v)) {
     json_t *a = json_array();
     for (size_t i = 0; a != NULL && i < json_array_size(v); i++)
-      if (json_array_append_new(a, redact_tree(ev, json_array_get(v, i))) != 0)
-        break;
+      if (json_array_append_new(a, redact_tree(ev, json_array_get(v, i))) !=
+          0) {
+        json_decref(a);
+        return NULL;
+      }
     return a;
   }
   if (json_is_object(v)) {
@@ -217,12 +269,26 @@ static json_t *redact_tree(const ag__events *ev, const json_t *v) {
     const char *k;
     json_t *x;
     json_object_foreach((json_t *)v, k, x) {
-      if (o == NULL || json_object_set_new(o, k, redact_tree(ev, x)) != 0)
-        break;
+      if (o != NULL && json_object_set_new(o, k, redact_tree(ev, x)) != 0) {
+        json_decref(o);
+        return NULL;
+      }
     }
     return o;
   }
   return json_deep_copy(v);
+}
+
+/* An array of the names, redacted, or NULL when out of memory. */
+static json_t *names_array(const ag__events *ev, const char *const *names,
+                           size_t n) {
+  json_t *a = json_array();
+  for (size_t i = 0; a != NULL && i < n; i++)
+    if (json_array_append_new(a, text0(ev, names[i])) != 0) {
+      json_decref(a);
+      return NULL;
+    }
+  return a;
 }
 
 void ag__ev_model_request(ag__events *ev, const char *messages_json,
@@ -231,124 +297,110 @@ void ag__ev_model_request(ag__events *ev, const char *messages_json,
                           bool error_context, size_t history_bytes, bool full) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    json_t *msgs = NULL;
-    if (full) {
-      /* a debugging option: the tree is built from the text for the event */
-      json_t *tree =
-          json_loadb(messages_json, messages_len, JSON_ALLOW_NUL, NULL);
-      msgs = tree != NULL ? redact_tree(ev, tree) : NULL;
-      json_decref(tree);
-    } else {
-      msgs = json_integer((json_int_t)n_messages);
-    }
-    json_object_set_new(f, "messages", msgs);
-    json_object_set_new(f, "history_bytes",
-                        json_integer((json_int_t)history_bytes));
-    json_object_set_new(f, "error_context", json_boolean(error_context));
-    json_t *names = json_array();
-    for (size_t i = 0; names != NULL && i < n_tools; i++)
-      json_array_append_new(names, text0(ev, tools[i]));
-    json_object_set_new(f, "tools", names);
+  json_t *msgs;
+  if (full) {
+    /* a debugging option: the tree is built from the text for the event */
+    json_t *tree =
+        json_loadb(messages_json, messages_len, JSON_ALLOW_NUL, NULL);
+    msgs = tree != NULL ? redact_tree(ev, tree) : NULL;
+    json_decref(tree);
+  } else {
+    msgs = json_integer((json_int_t)n_messages);
   }
-  ag__ev_emit(ev, "model_request", f);
+  fields f = fields_new();
+  put(&f, "messages", msgs);
+  put(&f, "history_bytes", json_integer((json_int_t)history_bytes));
+  put(&f, "error_context", json_boolean(error_context));
+  put(&f, "tools", names_array(ev, tools, n_tools));
+  fields_emit(ev, "model_request", f);
 }
 
 void ag__ev_provider_retry(ag__events *ev, int attempt, int status,
                            const char *message, int64_t delay_ms) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    json_object_set_new(f, "attempt", json_integer(attempt));
-    json_object_set_new(f, "status", json_integer(status));
-    json_object_set_new(f, "message", text0(ev, message));
-    json_object_set_new(f, "delay_ms", json_integer(delay_ms));
-  }
-  ag__ev_emit(ev, "provider_retry", f);
+  fields f = fields_new();
+  put(&f, "attempt", json_integer(attempt));
+  put(&f, "status", json_integer(status));
+  put(&f, "message", text0(ev, message));
+  put(&f, "delay_ms", json_integer(delay_ms));
+  fields_emit(ev, "provider_retry", f);
+}
+
+/* One call of a model_response event, or NULL when out of memory. */
+static json_t *call_object(const ag__events *ev, const ag_tool_call *c) {
+  fields o = fields_new();
+  put(&o, "id", text0(ev, c->id));
+  put(&o, "name", text0(ev, c->name != NULL ? c->name : ""));
+  put(&o, "arguments",
+      rtext(ev, c->arguments != NULL ? c->arguments : "",
+            c->arguments != NULL ? c->arguments_len : 0));
+  if (o.ok)
+    return o.o;
+  json_decref(o.o);
+  return NULL;
 }
 
 void ag__ev_model_response(ag__events *ev, const ag_reply *r) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
+  fields f = fields_new();
+  put(&f, "text", text0(ev, r->text));
   json_t *calls = json_array();
-  if (f == NULL || calls == NULL) {
-    json_decref(f);
-    json_decref(calls);
-    return;
-  }
-  json_object_set_new(f, "text", text0(ev, r->text));
-  for (size_t i = 0; i < r->n_calls; i++) {
-    const ag_tool_call *c = &r->calls[i];
-    json_t *o = json_object();
-    if (o == NULL)
-      continue;
-    json_object_set_new(o, "id", text0(ev, c->id));
-    json_object_set_new(o, "name", text0(ev, c->name != NULL ? c->name : ""));
-    json_object_set_new(o, "arguments",
-                        rtext(ev, c->arguments != NULL ? c->arguments : "",
-                              c->arguments != NULL ? c->arguments_len : 0));
-    json_array_append_new(calls, o);
-  }
-  json_object_set_new(f, "tool_calls", calls);
+  for (size_t i = 0; calls != NULL && i < r->n_calls; i++)
+    if (json_array_append_new(calls, call_object(ev, &r->calls[i])) != 0) {
+      json_decref(calls);
+      calls = NULL;
+    }
+  put(&f, "tool_calls", calls);
   if (r->has_usage)
-    json_object_set_new(
-        f, "usage",
+    put(&f, "usage",
         json_pack("{s:I, s:I, s:I}", "prompt_tokens",
                   (json_int_t)r->usage.prompt_tokens, "completion_tokens",
                   (json_int_t)r->usage.completion_tokens, "cached_tokens",
                   (json_int_t)r->usage.cached_tokens));
-  ag__ev_emit(ev, "model_response", f);
+  fields_emit(ev, "model_response", f);
 }
 
 void ag__ev_tool_call(ag__events *ev, const char *call_id, const char *name,
                       const char *args, size_t args_len, const uint8_t *sig) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    json_object_set_new(f, "call_id", text0(ev, call_id));
-    json_object_set_new(f, "name", text0(ev, name));
-    json_object_set_new(
-        f, "arguments",
-        rtext(ev, args != NULL ? args : "", args != NULL ? args_len : 0));
-    if (sig != NULL) {
-      char hex[65];
-      ag_sig_hex(sig, hex);
-      json_object_set_new(f, "signature", json_string(hex));
-    } else {
-      json_object_set_new(f, "signature", json_null());
-    }
+  fields f = fields_new();
+  put(&f, "call_id", text0(ev, call_id));
+  put(&f, "name", text0(ev, name));
+  put(&f, "arguments",
+      rtext(ev, args != NULL ? args : "", args != NULL ? args_len : 0));
+  if (sig != NULL) {
+    char hex[65];
+    ag_sig_hex(sig, hex);
+    put(&f, "signature", json_string(hex));
+  } else {
+    put(&f, "signature", json_null());
   }
-  ag__ev_emit(ev, "tool_call", f);
+  fields_emit(ev, "tool_call", f);
 }
 
 void ag__ev_approval(ag__events *ev, const char *call_id, const char *name,
                      bool approved) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    json_object_set_new(f, "call_id", text0(ev, call_id));
-    json_object_set_new(f, "name", text0(ev, name));
-    json_object_set_new(f, "approved", json_boolean(approved));
-  }
-  ag__ev_emit(ev, "approval", f);
+  fields f = fields_new();
+  put(&f, "call_id", text0(ev, call_id));
+  put(&f, "name", text0(ev, name));
+  put(&f, "approved", json_boolean(approved));
+  fields_emit(ev, "approval", f);
 }
 
 void ag__ev_tool_blocked(ag__events *ev, const char *call_id, const char *name,
                          const char *reason) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    json_object_set_new(f, "call_id", text0(ev, call_id));
-    json_object_set_new(f, "name", text0(ev, name));
-    json_object_set_new(f, "reason", text0(ev, reason));
-  }
-  ag__ev_emit(ev, "tool_blocked", f);
+  fields f = fields_new();
+  put(&f, "call_id", text0(ev, call_id));
+  put(&f, "name", text0(ev, name));
+  put(&f, "reason", text0(ev, reason));
+  fields_emit(ev, "tool_blocked", f);
 }
 
 static const char *tool_status_name(ag_tool_status s) {
@@ -369,24 +421,19 @@ void ag__ev_tool_attempt(ag__events *ev, const char *call_id,
                          const ag_attempt *at) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    json_object_set_new(f, "call_id", text0(ev, call_id));
-    json_object_set_new(f, "name", text0(ev, at->name));
-    json_object_set_new(f, "attempt", json_integer(at->attempt));
-    json_object_set_new(f, "outcome",
-                        json_string(tool_status_name(at->outcome)));
-    /* With its length: a tool's stderr may hold NUL bytes, and this text
-     * must read the same as the tool_result's. */
-    json_object_set_new(f, "message",
-                        at->message != NULL
-                            ? rtext(ev, at->message, at->message_len)
-                            : json_string(""));
-    json_object_set_new(f, "retry_in_ms",
-                        at->retry_in_ms >= 0 ? json_integer(at->retry_in_ms)
-                                             : json_null());
-  }
-  ag__ev_emit(ev, "tool_attempt", f);
+  fields f = fields_new();
+  put(&f, "call_id", text0(ev, call_id));
+  put(&f, "name", text0(ev, at->name));
+  put(&f, "attempt", json_integer(at->attempt));
+  put(&f, "outcome", json_string(tool_status_name(at->outcome)));
+  /* With its length: a tool's stderr may hold NUL bytes, and this text
+   * must read the same as the tool_result's. */
+  put(&f, "message",
+      at->message != NULL ? rtext(ev, at->message, at->message_len)
+                          : json_string(""));
+  put(&f, "retry_in_ms",
+      at->retry_in_ms >= 0 ? json_integer(at->retry_in_ms) : json_null());
+  fields_emit(ev, "tool_attempt", f);
 }
 
 void ag__ev_tool_result(ag__events *ev, const char *call_id, const char *name,
@@ -394,98 +441,94 @@ void ag__ev_tool_result(ag__events *ev, const char *call_id, const char *name,
                         const char *text, size_t text_len) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    json_object_set_new(f, "call_id", text0(ev, call_id));
-    json_object_set_new(f, "name", text0(ev, name));
-    json_object_set_new(f, "ok", json_boolean(ok));
-    json_object_set_new(f, "attempts", json_integer(attempts));
-    json_object_set_new(f, "category",
-                        category != NULL ? json_string(category) : json_null());
-    json_object_set_new(
-        f, "text",
-        rtext(ev, text != NULL ? text : "", text != NULL ? text_len : 0));
-  }
-  ag__ev_emit(ev, "tool_result", f);
+  fields f = fields_new();
+  put(&f, "call_id", text0(ev, call_id));
+  put(&f, "name", text0(ev, name));
+  put(&f, "ok", json_boolean(ok));
+  put(&f, "attempts", json_integer(attempts));
+  put(&f, "category", category != NULL ? json_string(category) : json_null());
+  put(&f, "text",
+      rtext(ev, text != NULL ? text : "", text != NULL ? text_len : 0));
+  fields_emit(ev, "tool_result", f);
 }
 
 void ag__ev_error_context(ag__events *ev, const char *text) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL)
-    json_object_set_new(f, "text", text0(ev, text));
-  ag__ev_emit(ev, "error_context", f);
+  fields f = fields_new();
+  put(&f, "text", text0(ev, text));
+  fields_emit(ev, "error_context", f);
 }
 
 void ag__ev_nudge(ag__events *ev, const char *reason, const char *text) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    json_object_set_new(f, "reason", text0(ev, reason));
-    json_object_set_new(f, "text", text0(ev, text));
-  }
-  ag__ev_emit(ev, "nudge", f);
+  fields f = fields_new();
+  put(&f, "reason", text0(ev, reason));
+  put(&f, "text", text0(ev, text));
+  fields_emit(ev, "nudge", f);
 }
 
 void ag__ev_warning(ag__events *ev, const char *message) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL)
-    json_object_set_new(f, "message", text0(ev, message));
-  ag__ev_emit(ev, "warning", f);
+  fields f = fields_new();
+  put(&f, "message", text0(ev, message));
+  fields_emit(ev, "warning", f);
+}
+
+/* The escalation record redacted as text first ("[REDACTED]" is valid
+ * inside a JSON string), then parsed; JSON null for no record; NULL when
+ * out of memory. */
+static json_t *record_value(const ag__events *ev, const char *record) {
+  if (record == NULL)
+    return json_null();
+  size_t rl = strlen(record);
+  size_t cap = ag__redact_bound(rl);
+  char *red = malloc(cap);
+  if (red == NULL)
+    return NULL;
+  ag__redact(record, rl, ev->secrets, ev->n_secrets, red, cap);
+  json_t *rec = json_loads(red, 0, NULL);
+  free(red);
+  return rec;
 }
 
 void ag__ev_escalation(ag__events *ev, const char *record) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    /* Redacted as text first: "[REDACTED]" is valid inside a JSON
-     * string. */
-    json_t *rec = NULL;
-    if (record != NULL) {
-      size_t rl = strlen(record);
-      size_t cap = ag__redact_bound(rl);
-      char *red = malloc(cap);
-      if (red != NULL) {
-        ag__redact(record, rl, ev->secrets, ev->n_secrets, red, cap);
-        rec = json_loads(red, 0, NULL);
-        free(red);
-      }
-    }
-    json_object_set_new(f, "record", rec != NULL ? rec : json_null());
-  }
-  ag__ev_emit(ev, "escalation", f);
+  fields f = fields_new();
+  put(&f, "record", record_value(ev, record));
+  fields_emit(ev, "escalation", f);
 }
 
 void ag__ev_human(ag__events *ev, const char *action, const char *message) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    json_object_set_new(f, "action", text0(ev, action));
-    json_object_set_new(f, "message",
-                        text0(ev, message != NULL ? message : ""));
-  }
-  ag__ev_emit(ev, "human", f);
+  fields f = fields_new();
+  put(&f, "action", text0(ev, action));
+  put(&f, "message", text0(ev, message != NULL ? message : ""));
+  fields_emit(ev, "human", f);
 }
 
 void ag__ev_turn_end(ag__events *ev, const ag_turn_outcome *o) {
   if (ev->fn == NULL)
     return;
-  json_t *f = json_object();
-  if (f != NULL) {
-    json_object_set_new(f, "status",
-                        json_string(ag_turn_status_name(o->status)));
-    json_object_set_new(f, "reason", text0(ev, o->reason));
-    json_object_set_new(f, "message", text0(ev, o->message));
-    json_object_set_new(f, "iterations", json_integer(o->iterations));
-    json_object_set_new(f, "tool_calls", json_integer(o->tool_calls));
-    json_object_set_new(f, "tokens", json_integer((json_int_t)o->tokens));
-    json_object_set_new(f, "final_text", text0(ev, o->final_text));
-  }
-  ag__ev_emit(ev, "turn_end", f);
+  fields f = fields_new();
+  put(&f, "status", json_string(ag_turn_status_name(o->status)));
+  put(&f, "reason", text0(ev, o->reason));
+  put(&f, "message", text0(ev, o->message));
+  put(&f, "iterations", json_integer(o->iterations));
+  put(&f, "tool_calls", json_integer(o->tool_calls));
+  put(&f, "tokens", json_integer((json_int_t)o->tokens));
+  put(&f, "final_text", text0(ev, o->final_text));
+  /* Events of this turn that could not be built (out of memory) and so
+   * were not delivered; present only when there were any. */
+  pthread_mutex_lock(&ev->mu);
+  unsigned long n_lost = ev->lost;
+  ev->lost = 0;
+  pthread_mutex_unlock(&ev->mu);
+  if (n_lost > 0)
+    put(&f, "events_lost", json_integer((json_int_t)n_lost));
+  fields_emit(ev, "turn_end", f);
 }

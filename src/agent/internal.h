@@ -32,6 +32,7 @@ typedef struct ag__events {
   int64_t t0; /* ag_now_ms() at creation: events carry t_ms = now - t0 */
   int turn;
   int iteration;
+  unsigned long lost; /* events not delivered: out of memory (under mu) */
   /* Values of secret-named environment variables when the agent was
    * created (copies in secret_buf): every event text is redacted with them
    * (src/core/redact.c). Read-only after ag__ev_init. */

@@ -52,6 +52,14 @@
 #define REPEAT_SLOTS 512
 #define REPEAT_PROBE 8
 #define REPEAT_KEY 16 /* bytes of the key kept: collisions are moot */
+/* Widths (%.*s) that keep quoted text inside a 512-byte verdict message
+ * (AG_VERDICT_MSG_MAX) with the words around it: a parser's error in
+ * "invalid arguments: ...", a trip's message in "Potential loop detected:
+ * ... This call was not run. <suggestion>". */
+#define INVALID_ARGS_WIDTH 480
+#define LOOP_CAUSE_WIDTH 300
+/* Characters of a tool's error quoted in a trip message ("...: <error>"). */
+#define SHOWN_ERROR_CHARS 80
 
 typedef struct repeat_slot {
   uint8_t key[REPEAT_KEY];
@@ -643,12 +651,11 @@ static bool nudge_first(ag_guard *g) {
   return true;
 }
 
-AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
-                                         size_t n, int64_t now_ms,
-                                         ag_call_check *checks, ag_verdict *v) {
-  verdict_reset(v);
-  /* Signatures first: every call gets one (or is invalid) even when the
-   * batch stops, so callers can report each call. */
+/* Gives every call of the batch its check: a signature, or why it has none
+ * (past opts.max_batch, arguments that are not JSON). Done for the whole
+ * batch even when it stops, so callers can report each call. */
+static void sign_calls(ag_guard *g, const ag_call *calls, size_t n,
+                       ag_call_check *checks) {
   for (size_t i = 0; i < n; i++) {
     ag_call_check *c = &checks[i];
     c->action = AG_ALLOW;
@@ -673,117 +680,160 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
     if (!c->valid) {
       c->invalid_code = rc;
       c->invalid_pos = e.pos;
-      snprintf(c->message, sizeof(c->message), "invalid arguments: %.480s",
-               e.msg);
+      snprintf(c->message, sizeof(c->message), "invalid arguments: %.*s",
+               INVALID_ARGS_WIDTH, e.msg);
     }
   }
+}
+
+/* What one of the checks before execution decided for a call. */
+typedef enum {
+  CHECK_PASS, /* on to the next check */
+  CHECK_HELD, /* held back by an armed nudge; the batch goes on */
+  CHECK_NUDGE,
+  CHECK_TRIP
+} check_step;
+
+/* 2: the per-turn call cap; a call that passes is counted. */
+static check_step check_call_cap(ag_guard *g, ag_call_check *c, ag_verdict *v) {
+  int cap = g->cfg.loop.max_calls_per_turn;
+  if (cap > 0 && g->calls_in_turn >= cap) {
+    c->action = trip_action(g);
+    c->reason = AG_REASON_MAX_CALLS_PER_TURN;
+    snprintf(c->message, sizeof(c->message),
+             "Maximum function call depth exceeded: more than %d tool calls "
+             "in one turn",
+             cap);
+    v->suggestion = "Finish with what is known, or ask the user to "
+                    "continue in a new message.";
+    return CHECK_TRIP;
+  }
+  g->calls_in_turn++;
+  return CHECK_PASS;
+}
+
+/* 5's nudge: the call after an identical error's trip, if it is the same
+ * call again, is held back once. */
+static check_step check_held(ag_guard *g, ag_call_check *c) {
+  if (!g->hold_armed || !c->valid ||
+      memcmp(c->sig, g->hold_sig, AG_SIG_LEN) != 0)
+    return CHECK_PASS;
+  g->hold_armed = false;
+  c->action = AG_NUDGE;
+  c->reason = AG_REASON_IDENTICAL_ERRORS;
+  memcpy(c->message, g->hold_msg, sizeof(c->message));
+  return CHECK_HELD;
+}
+
+/* 3: the identical-call breaker in scope "call". */
+static check_step check_identical(ag_guard *g, const char *name,
+                                  ag_call_check *c, bool cycles_now,
+                                  ag_verdict *v) {
+  const ag_config *cfg = &g->cfg;
+  tool_state *t = tool_get(g, name);
+  if (!c->valid) {
+    t->has_sig = false;
+    t->run = 0;
+    return CHECK_PASS;
+  }
+  if (cfg->loop.identical_call_scope != AG_SCOPE_CALL)
+    return CHECK_PASS;
+  if (t->has_sig && t->run_iter >= g->iteration - 1 &&
+      memcmp(t->sig, c->sig, AG_SIG_LEN) == 0)
+    t->run++;
+  else
+    t->run = 1;
+  t->has_sig = true;
+  memcpy(t->sig, c->sig, AG_SIG_LEN);
+  t->run_iter = g->iteration;
+  int lim = cfg->loop.identical_call_limit;
+  if (lim <= 0 || t->run < lim)
+    return CHECK_PASS;
+  c->reason = AG_REASON_IDENTICAL_CALLS;
+  snprintf(c->message, sizeof(c->message),
+           "%s was called %d times in a row with the same arguments", name,
+           t->run);
+  v->suggestion = identical_suggestion;
+  if (nudge_first(g)) {
+    if (cycles_now) /* the detector keeps its count */
+      cycle_push(g, c->valid, c->sig);
+    return CHECK_NUDGE;
+  }
+  c->action = trip_action(g);
+  return CHECK_TRIP;
+}
+
+/* 4: the cycle detector, in scope "call" (in call_and_result scope a
+ * repetition is judged on results too: record_results runs it). */
+static check_step check_cycle(ag_guard *g, const char *name, ag_call_check *c,
+                              bool cycles_now, ag_verdict *v) {
+  int p = cycles_now ? cycle_push(g, c->valid, c->sig) : 0;
+  if (p <= 0 || g->cfg.loop.cycle_limit <= 0)
+    return CHECK_PASS;
+  c->reason = AG_REASON_CYCLIC_CALLS;
+  snprintf(c->message, sizeof(c->message),
+           "A sequence of %d calls ending with %s repeated %d times in a "
+           "row",
+           p, name, g->cfg.loop.cycle_limit);
+  v->suggestion = cycle_suggestion;
+  if (nudge_first(g))
+    return CHECK_NUDGE;
+  c->action = trip_action(g);
+  return CHECK_TRIP;
+}
+
+/* Turns a call's trip message into its nudge: the call is held back and
+ * told why; the batch goes on. */
+static void nudge_call(ag_call_check *c, ag_verdict *v) {
+  char tmp[AG_VERDICT_MSG_MAX];
+  memcpy(tmp, c->message, sizeof(tmp));
+  c->action = AG_NUDGE;
+  snprintf(c->message, sizeof(c->message),
+           "Potential loop detected: %.*s. This call was not run. %s",
+           LOOP_CAUSE_WIDTH, tmp, v->suggestion);
+  v->suggestion = NULL;
+}
+
+/* The batch's verdict from call i's trip. */
+static ag_action trip_call(ag_guard *g, const ag_call_check *c, size_t i,
+                           const char *name, ag_verdict *v) {
+  v->action = c->action;
+  v->reason = c->reason;
+  v->call_index = (int)i;
+  ag__scopy(v->tool, sizeof(v->tool), name);
+  memcpy(v->message, c->message, sizeof(v->message));
+  g->last_trip = v->reason;
+  g->trips++;
+  return v->action;
+}
+
+AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
+                                         size_t n, int64_t now_ms,
+                                         ag_call_check *checks, ag_verdict *v) {
+  verdict_reset(v);
+  sign_calls(g, calls, n, checks);
   if (past_deadline(g, now_ms, v))
     return v->action;
   if (n > 0)
     g->empty_run = 0;
 
-  const ag_config *cfg = &g->cfg;
-  /* In call_and_result scope a repetition is judged on results too, so the
-   * cycle detector runs in record_results. */
-  const bool cycles_now = cfg->loop.identical_call_scope == AG_SCOPE_CALL;
+  const bool cycles_now = g->cfg.loop.identical_call_scope == AG_SCOPE_CALL;
   size_t checked =
       n < (size_t)g->opts.max_batch ? n : (size_t)g->opts.max_batch;
   for (size_t i = 0; i < checked; i++) {
     ag_call_check *c = &checks[i];
     const char *name = calls[i].name != NULL ? calls[i].name : "";
-
-    /* 2: per-turn call cap */
-    int cap = cfg->loop.max_calls_per_turn;
-    if (cap > 0 && g->calls_in_turn >= cap) {
-      c->action = trip_action(g);
-      c->reason = AG_REASON_MAX_CALLS_PER_TURN;
-      snprintf(c->message, sizeof(c->message),
-               "Maximum function call depth exceeded: more than %d tool calls "
-               "in one turn",
-               cap);
-      v->suggestion = "Finish with what is known, or ask the user to "
-                      "continue in a new message.";
-      goto trip;
-    }
-    g->calls_in_turn++;
-
-    /* 5's nudge: the call after an identical error's trip, if it is the
-     * same call again, is held back once. */
-    if (g->hold_armed && c->valid &&
-        memcmp(c->sig, g->hold_sig, AG_SIG_LEN) == 0) {
-      g->hold_armed = false;
-      c->action = AG_NUDGE;
-      c->reason = AG_REASON_IDENTICAL_ERRORS;
-      memcpy(c->message, g->hold_msg, sizeof(c->message));
-      continue;
-    }
-
-    /* 3: identical-call breaker (scope "call") */
-    tool_state *t = tool_get(g, name);
-    if (!c->valid) {
-      t->has_sig = false;
-      t->run = 0;
-    } else if (cfg->loop.identical_call_scope == AG_SCOPE_CALL) {
-      if (t->has_sig && t->run_iter >= g->iteration - 1 &&
-          memcmp(t->sig, c->sig, AG_SIG_LEN) == 0)
-        t->run++;
-      else
-        t->run = 1;
-      t->has_sig = true;
-      memcpy(t->sig, c->sig, AG_SIG_LEN);
-      t->run_iter = g->iteration;
-      int lim = cfg->loop.identical_call_limit;
-      if (lim > 0 && t->run >= lim) {
-        c->reason = AG_REASON_IDENTICAL_CALLS;
-        snprintf(c->message, sizeof(c->message),
-                 "%s was called %d times in a row with the same arguments",
-                 name, t->run);
-        v->suggestion = identical_suggestion;
-        if (nudge_first(g)) {
-          if (cycles_now) /* the detector keeps its count */
-            cycle_push(g, c->valid, c->sig);
-          goto nudge;
-        }
-        c->action = trip_action(g);
-        goto trip;
-      }
-    }
-
-    /* 4: cycle detector */
-    int p = cycles_now ? cycle_push(g, c->valid, c->sig) : 0;
-    if (p > 0 && cfg->loop.cycle_limit > 0) {
-      c->reason = AG_REASON_CYCLIC_CALLS;
-      snprintf(c->message, sizeof(c->message),
-               "A sequence of %d calls ending with %s repeated %d times in a "
-               "row",
-               p, name, cfg->loop.cycle_limit);
-      v->suggestion = cycle_suggestion;
-      if (nudge_first(g))
-        goto nudge;
-      c->action = trip_action(g);
-      goto trip;
-    }
-    continue;
-
-  nudge : {
-    char tmp[AG_VERDICT_MSG_MAX];
-    memcpy(tmp, c->message, sizeof(tmp));
-    c->action = AG_NUDGE;
-    snprintf(c->message, sizeof(c->message),
-             "Potential loop detected: %.300s. This call was not run. %s", tmp,
-             v->suggestion);
-    v->suggestion = NULL;
-    continue;
-  }
-  trip:
-    v->action = c->action;
-    v->reason = c->reason;
-    v->call_index = (int)i;
-    ag__scopy(v->tool, sizeof(v->tool), name);
-    memcpy(v->message, c->message, sizeof(v->message));
-    g->last_trip = v->reason;
-    g->trips++;
-    return v->action;
+    check_step s = check_call_cap(g, c, v);
+    if (s == CHECK_PASS)
+      s = check_held(g, c);
+    if (s == CHECK_PASS)
+      s = check_identical(g, name, c, cycles_now, v);
+    if (s == CHECK_PASS)
+      s = check_cycle(g, name, c, cycles_now, v);
+    if (s == CHECK_NUDGE)
+      nudge_call(c, v);
+    else if (s == CHECK_TRIP)
+      return trip_call(g, c, i, name, v);
   }
   return v->action;
 }
@@ -1055,16 +1105,16 @@ static ag_action decide(ag_guard *g, const trip_note *tn,
         g->hold_armed = true;
         memcpy(g->hold_sig, res->sig, AG_SIG_LEN);
         snprintf(g->hold_msg, sizeof(g->hold_msg),
-                 "Potential loop detected: %.300s. This call was not run. %s",
-                 tn[r].message, identical_suggestion);
+                 "Potential loop detected: %.*s. This call was not run. %s",
+                 LOOP_CAUSE_WIDTH, tn[r].message, identical_suggestion);
         snprintf(v->message, sizeof(v->message),
-                 "Potential loop detected: %.300s. The same call will not be "
+                 "Potential loop detected: %.*s. The same call will not be "
                  "run again. %s",
-                 tn[r].message, identical_suggestion);
+                 LOOP_CAUSE_WIDTH, tn[r].message, identical_suggestion);
       } else {
         snprintf(v->message, sizeof(v->message),
-                 "Potential loop detected: %.300s. %s", tn[r].message,
-                 trip_suggestion(r));
+                 "Potential loop detected: %.*s. %s", LOOP_CAUSE_WIDTH,
+                 tn[r].message, trip_suggestion(r));
       }
       return v->action;
     }
@@ -1079,232 +1129,306 @@ static ag_action decide(ag_guard *g, const trip_note *tn,
   return AG_ALLOW;
 }
 
+/* One result being recorded: what its phases share. */
+typedef struct rec_item {
+  const ag_result *r;
+  int index; /* in the batch */
+  const char *name, *text;
+  size_t len;
+  tool_state *t;
+  bool is_err;
+} rec_item;
+
+/* A batch's tallies, for mechanisms 7 and 12. */
+typedef struct rec_tally {
+  int counted; /* results of calls that ran */
+  int failed;  /* of them, failures */
+  int invalid; /* calls whose arguments were not JSON */
+} rec_tally;
+
+/* 13: one more denied call in a row. */
+static void record_denied(ag_guard *g, trip_note *tn, const rec_item *it) {
+  g->denied_run++;
+  if (g->cfg.loop.max_denied_calls > 0 &&
+      g->denied_run >= g->cfg.loop.max_denied_calls)
+    note(&tn[AG_REASON_DENIED_CALLS], it->index, it->name,
+         "%d tool calls in a row were denied at approval; last: %s",
+         g->denied_run, it->name);
+}
+
+/* Arguments that are not JSON: nothing ran, so it is no tool's failure
+ * (mechanism 12 counts a reply where nothing ran). */
+static void record_invalid(ag_guard *g, const rec_item *it) {
+  remember_error(g, it->name, it->r->category, it->text, it->len);
+  tool_state *t = tool_get(g, it->name);
+  t->has_sig = t->has_result = false;
+  t->run = 0;
+}
+
+/* 3 and 4 in call_and_result scope: counted once the result is known. */
+static void record_by_result(ag_guard *g, trip_note *tn, const rec_item *it) {
+  const ag_config *cfg = &g->cfg;
+  tool_state *t = it->t;
+  const uint8_t *sig = it->r->sig;
+  if (sig == NULL) {
+    t->has_sig = false;
+    t->run = 0;
+    return;
+  }
+  uint8_t rh[AG_SIG_LEN];
+  digest_text(g, "", it->text, it->len, rh);
+  if (t->has_sig && t->has_result && t->run_iter >= g->iteration - 1 &&
+      memcmp(t->sig, sig, AG_SIG_LEN) == 0 &&
+      memcmp(t->result, rh, AG_SIG_LEN) == 0)
+    t->run++;
+  else
+    t->run = 1;
+  t->has_sig = t->has_result = true;
+  memcpy(t->sig, sig, AG_SIG_LEN);
+  memcpy(t->result, rh, AG_SIG_LEN);
+  t->run_iter = g->iteration;
+  int lim = cfg->loop.identical_call_limit;
+  if (lim > 0 && t->run >= lim)
+    note(&tn[AG_REASON_IDENTICAL_CALLS], it->index, it->name,
+         "%s was called %d times in a row with the same arguments and "
+         "got the same result",
+         it->name, t->run);
+  uint8_t pk[AG_SIG_LEN];
+  pair_key(g, sig, rh, pk);
+  int p = cycle_push(g, true, pk);
+  if (p > 0 && cfg->loop.cycle_limit > 0)
+    note(&tn[AG_REASON_CYCLIC_CALLS], it->index, it->name,
+         "A sequence of %d calls ending with %s repeated %d times in a "
+         "row with the same results",
+         p, it->name, cfg->loop.cycle_limit);
+}
+
+/* 16: the same call with the same result, anywhere in the turn; an error is
+ * compared normalized (numbers, addresses, temporary paths), a success
+ * exactly (changing numbers there are progress). `shown`: scratch. */
+static void record_repeat(ag_guard *g, trip_note *tn, const rec_item *it,
+                          char *shown, size_t shown_cap) {
+  uint8_t pk[AG_SIG_LEN];
+  int lim;
+  if (it->is_err) {
+    digest_norm(g, "\x01", it->r->sig, AG_SIG_LEN, it->text, it->len, pk);
+    lim = g->cfg.loop.repeated_failure_limit;
+  } else {
+    /* every successful result is hashed: a fast 128-bit hash seeded
+     * with the signature (a collision only miscounts a repeat) */
+    fast_key(it->r->sig, it->text, it->len, pk);
+    lim = g->cfg.loop.repeated_result_limit;
+  }
+  int cnt = repeat_count(g, pk, it->is_err);
+  if (lim <= 0 || cnt < lim)
+    return;
+  bool cut;
+  ag__collapse_ws(shown, shown_cap, it->text, it->len, SHOWN_ERROR_CHARS, &cut);
+  if (it->is_err)
+    note(&tn[AG_REASON_REPEATED_RESULTS], it->index, it->name,
+         "%s failed %d times in this turn with the same arguments and "
+         "the same error: %s%s",
+         it->name, cnt, shown, cut ? "..." : "");
+  else
+    note(&tn[AG_REASON_REPEATED_RESULTS], it->index, it->name,
+         "%s was called %d times with the same arguments and got the "
+         "same result, with nothing new in between",
+         it->name, cnt);
+}
+
+/* 5: identical errors (normalized) in a row. */
+static void count_identical_error(ag_guard *g, trip_note *tn,
+                                  const rec_item *it, const char *shown,
+                                  const char *ell) {
+  uint8_t key[AG_SIG_LEN];
+  digest_norm(g, it->name, NULL, 0, it->text, it->len, key);
+  if (g->ident_run > 0 && memcmp(key, g->ident_key, AG_SIG_LEN) == 0)
+    g->ident_run++;
+  else
+    g->ident_run = 1;
+  memcpy(g->ident_key, key, AG_SIG_LEN);
+  int lim = g->cfg.errors.max_identical_errors;
+  if (lim > 0 && g->ident_run >= lim)
+    note(&tn[AG_REASON_IDENTICAL_ERRORS], it->index, it->name,
+         "%s failed %d times in a row with the same error: %s%s", it->name,
+         g->ident_run, shown, ell);
+}
+
+/* 6: the tool's consecutive failures. */
+static void count_tool_error(ag_guard *g, trip_note *tn, const rec_item *it,
+                             const char *shown, const char *ell) {
+  tool_state *t = it->t;
+  t->failures++;
+  int lim = g->cfg.errors.max_tool_errors;
+  if (lim > 0 && t->failures >= lim)
+    note(&tn[AG_REASON_TOOL_ERROR_BUDGET], it->index, it->name,
+         "%s failed %d times in a row (budget %d): %s%s", it->name, t->failures,
+         lim, shown, ell);
+}
+
+/* 8: the turn's failed calls. */
+static void count_total_error(ag_guard *g, trip_note *tn, const rec_item *it,
+                              const char *shown, const char *ell) {
+  g->total_errors++;
+  int lim = g->cfg.errors.max_total_errors;
+  if (lim > 0 && g->total_errors >= lim)
+    note(&tn[AG_REASON_TOTAL_ERROR_BUDGET], it->index, it->name,
+         "%d tool calls failed in this turn (budget %d); last: %s: %s%s",
+         g->total_errors, lim, it->name, shown, ell);
+}
+
+/* 9: errors of one recognised category in a row (unknown breaks the run). */
+static void count_error_pattern(ag_guard *g, trip_note *tn, const rec_item *it,
+                                ag_category cat, const char *shown,
+                                const char *ell) {
+  if (cat == AG_CAT_UNKNOWN) {
+    g->pattern_run = 0;
+  } else if (g->pattern_run > 0 && cat == g->pattern_cat) {
+    g->pattern_run++;
+  } else {
+    g->pattern_run = 1;
+    g->pattern_cat = cat;
+  }
+  int lim = g->cfg.errors.similar_error_limit;
+  if (lim > 0 && g->pattern_run >= lim)
+    note(&tn[AG_REASON_ERROR_PATTERN], it->index, it->name,
+         "%d %s errors in a row; last from %s: %s%s", g->pattern_run,
+         ag_category_name(cat), it->name, shown, ell);
+}
+
+/* A failed call: kept for the error context, then mechanisms 5, 6, 8, 9.
+ * `shown`: scratch. */
+static void record_error(ag_guard *g, trip_note *tn, const rec_item *it,
+                         char *shown, size_t shown_cap) {
+  const ag_result *r = it->r;
+  ag_category cat = r->category < AG_CAT__COUNT
+                        ? r->category
+                        : ag_classify(it->text, it->len);
+  bool cut;
+  ag__collapse_ws(shown, shown_cap, it->text, it->len, SHOWN_ERROR_CHARS, &cut);
+  const char *ell = cut ? "..." : "";
+  ring_push(g, &g->history, it->name, cat, it->text, it->len);
+  ring_push(g, &g->unresolved, it->name, cat, it->text, it->len);
+  g->unresolved_total++;
+  it->t->unresolved++;
+
+  count_identical_error(g, tn, it, shown, ell);
+  count_tool_error(g, tn, it, shown, ell);
+  count_total_error(g, tn, it, shown, ell);
+  count_error_pattern(g, tn, it, cat, shown, ell);
+}
+
+/* Records result i of a batch: every mechanism that looks at one result. */
+static void record_one(ag_guard *g, trip_note *tn, const ag_result *r, size_t i,
+                       rec_tally *tally, char *shown, size_t shown_cap) {
+  const ag_config *cfg = &g->cfg;
+  rec_item it = {r,
+                 (int)i,
+                 r->name != NULL ? r->name : "",
+                 r->text != NULL ? r->text : "",
+                 r->text != NULL ? r->text_len : 0,
+                 NULL,
+                 false};
+  if (r->outcome == AG_OUTCOME_DENIED) {
+    record_denied(g, tn, &it);
+    return;
+  }
+  g->denied_run = 0; /* any call that ran breaks 13's run */
+  if (r->sig == NULL && r->outcome == AG_OUTCOME_ERROR) {
+    tally->invalid++;
+    record_invalid(g, &it);
+    return;
+  }
+
+  it.is_err = r->outcome == AG_OUTCOME_ERROR ||
+              ag_guard_is_error_text(g, it.text, it.len);
+  it.t = tool_get(g, it.name);
+  tally->counted++;
+  if (cfg->loop.identical_call_scope == AG_SCOPE_CALL_AND_RESULT)
+    record_by_result(g, tn, &it);
+  if ((cfg->loop.repeated_result_limit > 0 ||
+       cfg->loop.repeated_failure_limit > 0) &&
+      r->sig != NULL)
+    record_repeat(g, tn, &it, shown, shown_cap);
+  if (!it.is_err) {
+    /* success: empties the identical-error run, resets the tool's
+     * failures, resolves its errors */
+    g->ident_run = 0;
+    it.t->failures = 0;
+    resolve(g, it.t);
+    return;
+  }
+  tally->failed++;
+  record_error(g, tn, &it, shown, shown_cap);
+}
+
+/* 12: a reply none of whose calls could run is a refused reply. */
+static void record_refused(ag_guard *g, trip_note *tn, const rec_tally *ty) {
+  if (ty->counted > 0) {
+    g->refused_run = 0;
+  } else if (ty->invalid > 0) {
+    g->refused_run++;
+    if (g->cfg.loop.max_refused_replies > 0 &&
+        g->refused_run >= g->cfg.loop.max_refused_replies)
+      note(&tn[AG_REASON_REFUSED_REPLIES], -1, "",
+           "%d replies in a row ran nothing (arguments that are not JSON)",
+           g->refused_run);
+  }
+}
+
+/* 7: failing iterations in a row; its trip also writes the verdict's
+ * warning. */
+static void record_failing_iteration(ag_guard *g, trip_note *tn,
+                                     const rec_tally *ty,
+                                     const ag_result *results, size_t n,
+                                     ag_verdict *v) {
+  const ag_config *cfg = &g->cfg;
+  if (ty->counted == 0)
+    return;
+  bool failing = cfg->errors.failing_iteration == AG_FAIL_ALL_FAILED
+                     ? ty->failed == ty->counted
+                     : ty->failed > 0;
+  g->failing_iters = failing ? g->failing_iters + 1 : 0;
+  int lim = cfg->errors.max_consecutive_errors;
+  if (lim <= 0 || g->failing_iters <= lim)
+    return;
+  trip_note *c = &tn[AG_REASON_CONSECUTIVE_ERRORS];
+  c->tripped = true;
+  c->index = -1;
+  c->tool[0] = '\0';
+  for (size_t i = n; i-- > 0;) {
+    if (results[i].outcome != AG_OUTCOME_SKIPPED &&
+        results[i].outcome != AG_OUTCOME_DENIED) {
+      ag__scopy(c->tool, sizeof(c->tool),
+                results[i].name != NULL ? results[i].name : "");
+      break;
+    }
+  }
+  snprintf(c->message, sizeof(c->message),
+           "Exceeded maximum consecutive errors (%d)", lim);
+  snprintf(v->warning, sizeof(v->warning),
+           "\xe2\x9a\xa0\xef\xb8\x8f Maximum consecutive errors (%d) "
+           "exceeded. Stopping execution to prevent infinite error loop.",
+           lim);
+}
+
 AG_EXTERN ag_action ag_guard_record_results(ag_guard *g,
                                             const ag_result *results, size_t n,
                                             int64_t now_ms, ag_verdict *v) {
   verdict_reset(v);
-  const ag_config *cfg = &g->cfg;
   /* Only the flags are cleared: a note's text is written when it trips, and
    * clearing the whole array (7 KB) was a third of a call's cost. */
   trip_note tn[AG_REASON__COUNT];
   for (int r = 0; r < AG_REASON__COUNT; r++)
     tn[r].tripped = false;
-  int counted = 0, failed = 0, invalid = 0;
+  rec_tally tally = {0, 0, 0};
   char shown[96];
-  const bool by_result =
-      cfg->loop.identical_call_scope == AG_SCOPE_CALL_AND_RESULT;
-  const bool repeats = cfg->loop.repeated_result_limit > 0 ||
-                       cfg->loop.repeated_failure_limit > 0;
-
   for (size_t i = 0; i < n; i++) {
-    const ag_result *r = &results[i];
-    if (r->outcome == AG_OUTCOME_SKIPPED)
-      continue;
-    const char *name = r->name != NULL ? r->name : "";
-    const char *text = r->text != NULL ? r->text : "";
-    size_t len = r->text != NULL ? r->text_len : 0;
-
-    /* 13: denied calls in a row (any call that ran breaks the run) */
-    if (r->outcome == AG_OUTCOME_DENIED) {
-      g->denied_run++;
-      if (cfg->loop.max_denied_calls > 0 &&
-          g->denied_run >= cfg->loop.max_denied_calls)
-        note(&tn[AG_REASON_DENIED_CALLS], (int)i, name,
-             "%d tool calls in a row were denied at approval; last: %s",
-             g->denied_run, name);
-      continue;
-    }
-    g->denied_run = 0;
-
-    /* Arguments that are not JSON: nothing ran, so it is no tool's failure
-     * (mechanism 12 counts a reply where nothing ran). */
-    if (r->sig == NULL && r->outcome == AG_OUTCOME_ERROR) {
-      invalid++;
-      remember_error(g, name, r->category, text, len);
-      tool_state *t = tool_get(g, name);
-      t->has_sig = t->has_result = false;
-      t->run = 0;
-      continue;
-    }
-
-    bool is_err =
-        r->outcome == AG_OUTCOME_ERROR || ag_guard_is_error_text(g, text, len);
-    tool_state *t = tool_get(g, name);
-    counted++;
-
-    /* 3 and 4 in call_and_result scope: count once the result is known */
-    if (by_result) {
-      uint8_t rh[AG_SIG_LEN];
-      if (r->sig == NULL) {
-        t->has_sig = false;
-        t->run = 0;
-      } else {
-        digest_text(g, "", text, len, rh);
-        if (t->has_sig && t->has_result && t->run_iter >= g->iteration - 1 &&
-            memcmp(t->sig, r->sig, AG_SIG_LEN) == 0 &&
-            memcmp(t->result, rh, AG_SIG_LEN) == 0)
-          t->run++;
-        else
-          t->run = 1;
-        t->has_sig = t->has_result = true;
-        memcpy(t->sig, r->sig, AG_SIG_LEN);
-        memcpy(t->result, rh, AG_SIG_LEN);
-        t->run_iter = g->iteration;
-        int lim = cfg->loop.identical_call_limit;
-        if (lim > 0 && t->run >= lim)
-          note(&tn[AG_REASON_IDENTICAL_CALLS], (int)i, name,
-               "%s was called %d times in a row with the same arguments and "
-               "got the same result",
-               name, t->run);
-        uint8_t pk[AG_SIG_LEN];
-        pair_key(g, r->sig, rh, pk);
-        int p = cycle_push(g, true, pk);
-        if (p > 0 && cfg->loop.cycle_limit > 0)
-          note(&tn[AG_REASON_CYCLIC_CALLS], (int)i, name,
-               "A sequence of %d calls ending with %s repeated %d times in a "
-               "row with the same results",
-               p, name, cfg->loop.cycle_limit);
-      }
-    }
-
-    /* 16: the same call with the same result, anywhere in the turn; an
-     * error is compared normalized (numbers, addresses, temporary paths),
-     * a success exactly (changing numbers there are progress) */
-    if (repeats && r->sig != NULL) {
-      uint8_t pk[AG_SIG_LEN];
-      int lim;
-      if (is_err) {
-        digest_norm(g, "\x01", r->sig, AG_SIG_LEN, text, len, pk);
-        lim = cfg->loop.repeated_failure_limit;
-      } else {
-        /* every successful result is hashed: a fast 128-bit hash seeded
-         * with the signature (a collision only miscounts a repeat) */
-        fast_key(r->sig, text, len, pk);
-        lim = cfg->loop.repeated_result_limit;
-      }
-      int cnt = repeat_count(g, pk, is_err);
-      if (lim > 0 && cnt >= lim) {
-        bool cut;
-        ag__collapse_ws(shown, sizeof(shown), text, len, 80, &cut);
-        if (is_err)
-          note(&tn[AG_REASON_REPEATED_RESULTS], (int)i, name,
-               "%s failed %d times in this turn with the same arguments and "
-               "the same error: %s%s",
-               name, cnt, shown, cut ? "..." : "");
-        else
-          note(&tn[AG_REASON_REPEATED_RESULTS], (int)i, name,
-               "%s was called %d times with the same arguments and got the "
-               "same result, with nothing new in between",
-               name, cnt);
-      }
-    }
-
-    if (!is_err) {
-      /* success: empties the identical-error run, resets the tool's
-       * failures, resolves its errors */
-      g->ident_run = 0;
-      t->failures = 0;
-      resolve(g, t);
-      continue;
-    }
-
-    failed++;
-    ag_category cat =
-        r->category < AG_CAT__COUNT ? r->category : ag_classify(text, len);
-    bool cut;
-    ag__collapse_ws(shown, sizeof(shown), text, len, 80, &cut);
-    const char *ell = cut ? "..." : "";
-    ring_push(g, &g->history, name, cat, text, len);
-    ring_push(g, &g->unresolved, name, cat, text, len);
-    g->unresolved_total++;
-    t->unresolved++;
-
-    /* 5: identical errors (normalized) */
-    uint8_t key[AG_SIG_LEN];
-    digest_norm(g, name, NULL, 0, text, len, key);
-    if (g->ident_run > 0 && memcmp(key, g->ident_key, AG_SIG_LEN) == 0)
-      g->ident_run++;
-    else
-      g->ident_run = 1;
-    memcpy(g->ident_key, key, AG_SIG_LEN);
-    if (cfg->errors.max_identical_errors > 0 &&
-        g->ident_run >= cfg->errors.max_identical_errors)
-      note(&tn[AG_REASON_IDENTICAL_ERRORS], (int)i, name,
-           "%s failed %d times in a row with the same error: %s%s", name,
-           g->ident_run, shown, ell);
-
-    /* 6: per-tool error budget */
-    t->failures++;
-    if (cfg->errors.max_tool_errors > 0 &&
-        t->failures >= cfg->errors.max_tool_errors)
-      note(&tn[AG_REASON_TOOL_ERROR_BUDGET], (int)i, name,
-           "%s failed %d times in a row (budget %d): %s%s", name, t->failures,
-           cfg->errors.max_tool_errors, shown, ell);
-
-    /* 8: total error budget */
-    g->total_errors++;
-    if (cfg->errors.max_total_errors > 0 &&
-        g->total_errors >= cfg->errors.max_total_errors)
-      note(&tn[AG_REASON_TOTAL_ERROR_BUDGET], (int)i, name,
-           "%d tool calls failed in this turn (budget %d); last: %s: %s%s",
-           g->total_errors, cfg->errors.max_total_errors, name, shown, ell);
-
-    /* 9: error pattern (the run is over errors; unknown breaks it) */
-    if (cat == AG_CAT_UNKNOWN) {
-      g->pattern_run = 0;
-    } else if (g->pattern_run > 0 && cat == g->pattern_cat) {
-      g->pattern_run++;
-    } else {
-      g->pattern_run = 1;
-      g->pattern_cat = cat;
-    }
-    if (cfg->errors.similar_error_limit > 0 &&
-        g->pattern_run >= cfg->errors.similar_error_limit)
-      note(&tn[AG_REASON_ERROR_PATTERN], (int)i, name,
-           "%d %s errors in a row; last from %s: %s%s", g->pattern_run,
-           ag_category_name(cat), name, shown, ell);
+    if (results[i].outcome != AG_OUTCOME_SKIPPED)
+      record_one(g, tn, &results[i], i, &tally, shown, sizeof(shown));
   }
-
-  /* 12: a reply none of whose calls could run is a refused reply */
-  if (counted > 0) {
-    g->refused_run = 0;
-  } else if (invalid > 0) {
-    g->refused_run++;
-    if (cfg->loop.max_refused_replies > 0 &&
-        g->refused_run >= cfg->loop.max_refused_replies)
-      note(&tn[AG_REASON_REFUSED_REPLIES], -1, "",
-           "%d replies in a row ran nothing (arguments that are not JSON)",
-           g->refused_run);
-  }
-
-  /* 7: failing iterations */
-  if (counted > 0) {
-    bool failing = cfg->errors.failing_iteration == AG_FAIL_ALL_FAILED
-                       ? failed == counted
-                       : failed > 0;
-    g->failing_iters = failing ? g->failing_iters + 1 : 0;
-    int lim = cfg->errors.max_consecutive_errors;
-    if (lim > 0 && g->failing_iters > lim) {
-      trip_note *c = &tn[AG_REASON_CONSECUTIVE_ERRORS];
-      c->tripped = true;
-      c->index = -1;
-      c->tool[0] = '\0';
-      for (size_t i = n; i-- > 0;) {
-        if (results[i].outcome != AG_OUTCOME_SKIPPED &&
-            results[i].outcome != AG_OUTCOME_DENIED) {
-          ag__scopy(c->tool, sizeof(c->tool),
-                    results[i].name != NULL ? results[i].name : "");
-          break;
-        }
-      }
-      snprintf(c->message, sizeof(c->message),
-               "Exceeded maximum consecutive errors (%d)", lim);
-      snprintf(v->warning, sizeof(v->warning),
-               "\xe2\x9a\xa0\xef\xb8\x8f Maximum consecutive errors (%d) "
-               "exceeded. Stopping execution to prevent infinite error loop.",
-               lim);
-    }
-  }
+  record_refused(g, tn, &tally);
+  record_failing_iteration(g, tn, &tally, results, n, v);
 
   if (decide(g, tn, results, n, v) != AG_ALLOW)
     return v->action;

@@ -200,20 +200,30 @@ int ag__wd_mkdirs(const ag__wd *wd, const char *dir, char *msg, size_t msg_cap);
  * with jitter when retry.jitter (rng: caller's xorshift state). */
 int64_t ag__retry_delay(const ag_config *cfg, int attempt, uint64_t *rng);
 
+/* One call for ag__exec_call; every pointer is borrowed for the call. */
+typedef struct ag__call {
+  const ag__tool *tool;     /* the validated tool; not NULL */
+  const ag_config *cfg;     /* retry.* and the function timeout; not NULL */
+  const char *args;         /* the arguments as JSON text (subprocess stdin) */
+  size_t args_len;          /* bytes of args */
+  const json_t *parsed;     /* the same arguments parsed (native tools) */
+  ag_cancel *turn;          /* the turn's token; NULL: none */
+  int call_index;           /* ag_attempt.call_index */
+  ag_attempt_fn on_attempt; /* every attempt, on the calling thread; NULL */
+  void *attempt_user;       /* on_attempt's first argument */
+  uint64_t *rng;            /* xorshift state for jitter; NULL: a local one */
+} ag__call;
+
 /*
- * Runs one validated call of `tool` with DESIGN.md's retry rules: per-attempt
- * timeout (an attempt token linked to `turn`), retries per retry.retry_on and
- * the classifier, timeouts retried only for idempotent tools, cancellable
- * waits; reports every attempt through on_attempt; fills `out` with the final
- * status, category, attempts, duration and text ("Error after 4 attempts:
- * <message>", "Function timed out after 30s"). `args` is the JSON text (for
- * subprocess stdin), `parsed` the same arguments parsed (for native tools).
- * Returns AG_OK or AG_ENOMEM.
+ * Runs one validated call of call->tool with DESIGN.md's retry rules:
+ * per-attempt timeout (an attempt token linked to call->turn), retries per
+ * retry.retry_on and the classifier, timeouts retried only for idempotent
+ * tools, cancellable waits; reports every attempt through call->on_attempt;
+ * fills `out` with the final status, category, attempts, duration and text
+ * ("Error after 4 attempts: <message>", "Function timed out after 30s").
+ * Returns AG_OK, AG_ENOMEM, or AG_EINVAL when out, call, its tool or its
+ * cfg is NULL.
  */
-ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
-                       const char *args, size_t args_len, const json_t *parsed,
-                       ag_cancel *turn, int call_index,
-                       ag_attempt_fn on_attempt, void *attempt_user,
-                       uint64_t *rng, ag_exec_result *out);
+ag_err_t ag__exec_call(const ag__call *call, ag_exec_result *out);
 
 #endif /* AG_EXEC_INTERNAL_H */

@@ -62,6 +62,11 @@
 #define MSG_DEADLINE "Cancelled: turn deadline passed"
 #define MSG_USER "Cancelled by the caller"
 
+/* Widths (%.*s) that keep a tool's name and a token's error inside the
+ * 160-byte message buffer of a call (call_state.synth) with their words. */
+#define MSG_NAME_WIDTH 60
+#define MSG_CAUSE_WIDTH 140
+
 /* ------------------------------------------------------------------------ */
 /* Names and results                                                        */
 /* ------------------------------------------------------------------------ */
@@ -203,14 +208,14 @@ static bool retryable(const ag__tool *tool, const ag_config *cfg,
 /* The call                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static void report(ag_attempt_fn cb, void *user, int call_index,
-                   const char *name, int attempt, ag_tool_status outcome,
-                   int64_t duration, int64_t retry_in, const char *message,
-                   size_t message_len) {
-  if (cb == NULL)
+/* Reports one attempt to the call's on_attempt, if it has one. */
+static void report(const ag__call *call, const char *name, int attempt,
+                   ag_tool_status outcome, int64_t duration, int64_t retry_in,
+                   const char *message, size_t message_len) {
+  if (call->on_attempt == NULL)
     return;
   ag_attempt a;
-  a.call_index = call_index;
+  a.call_index = call->call_index;
   a.name = name;
   a.attempt = attempt;
   a.outcome = outcome;
@@ -218,7 +223,7 @@ static void report(ag_attempt_fn cb, void *user, int call_index,
   a.retry_in_ms = retry_in;
   a.message = message != NULL ? message : "";
   a.message_len = message != NULL ? message_len : 0;
-  cb(user, &a);
+  call->on_attempt(call->attempt_user, &a);
 }
 
 /* out->text = prefix + body (malloc'ed). Returns AG_OK or AG_ENOMEM. */
@@ -240,220 +245,267 @@ static ag_err_t set_text(ag_exec_result *out, const char *prefix,
   return AG_OK;
 }
 
-ag_err_t ag__exec_call(const ag__tool *tool, const ag_config *cfg,
-                       const char *args, size_t args_len, const json_t *parsed,
-                       ag_cancel *turn, int call_index,
-                       ag_attempt_fn on_attempt, void *attempt_user,
-                       uint64_t *rng, ag_exec_result *out) {
-  if (out == NULL)
-    return AG_EINVAL;
-  memset(out, 0, sizeof(*out));
-  out->category = AG_CAT_UNKNOWN;
-  if (tool == NULL || cfg == NULL)
-    return AG_EINVAL;
+/* One call in progress: its limits, its buffers and what the last attempt
+ * left. */
+typedef struct call_state {
+  const ag__call *call;
+  const char *name; /* the tool's name, "" when it has none */
+  bool subprocess;
+  int max_attempts;
+  int64_t timeout; /* per attempt, 0: none */
+  int64_t grace;   /* SIGTERM to SIGKILL, subprocess tools */
+  ag_output o, e;  /* the tool's output; e: a subprocess's stderr */
+  char **envp;     /* a subprocess tool's environment */
+  attempt_result last;
+  /* The last failed attempt's message: in o or e, or in synth. */
+  char synth[160];
+  const char *mtext;
+  size_t mlen;
+  bool mtrunc;
+  int made; /* attempts made */
+} call_state;
 
+/* Works out the call's limits and makes its buffers and environment.
+ * Returns AG_OK or AG_ENOMEM (then nothing is left to free). */
+static ag_err_t call_prepare(call_state *cs, const ag__call *call) {
+  const ag__tool *tool = call->tool;
+  const ag_config *cfg = call->cfg;
   const ag_tool_def *def = &tool->def;
-  const char *name = def->name != NULL ? def->name : "";
-  int64_t t0 = ag_now_ms();
+  memset(cs, 0, sizeof(*cs));
+  cs->call = call;
+  cs->name = def->name != NULL ? def->name : "";
   int max_retries =
       def->max_retries >= 0 ? def->max_retries : cfg->retry.max_retries;
   if (max_retries < 0)
     max_retries = 0;
-  int max_attempts = max_retries == INT_MAX ? max_retries : max_retries + 1;
-  int64_t timeout =
+  cs->max_attempts = max_retries == INT_MAX ? max_retries : max_retries + 1;
+  cs->timeout =
       def->timeout_ms >= 0 ? def->timeout_ms : cfg->retry.function_timeout_ms;
-  if (timeout < 0)
-    timeout = 0;
+  if (cs->timeout < 0)
+    cs->timeout = 0;
   size_t cap = def->max_output > 0 ? def->max_output : DEFAULT_MAX_OUTPUT;
-  int64_t grace =
+  cs->grace =
       def->kill_grace_ms > 0 ? def->kill_grace_ms : DEFAULT_KILL_GRACE_MS;
-  bool subprocess = tool->argv_copy != NULL;
+  cs->subprocess = tool->argv_copy != NULL;
+  cs->last = (attempt_result){AG_TOOL_OK, AG_CANCEL_NONE};
+  cs->mtext = cs->synth;
 
-  ag_output o, e;
-  memset(&e, 0, sizeof(e));
-  if (ag__output_init(&o, cap) != AG_OK)
+  if (ag__output_init(&cs->o, cap) != AG_OK)
     return AG_ENOMEM;
-  if (subprocess && ag__output_init(&e, cap) != AG_OK) {
-    ag__output_free(&o);
+  if (cs->subprocess && ag__output_init(&cs->e, cap) != AG_OK) {
+    ag__output_free(&cs->o);
     return AG_ENOMEM;
   }
-
   /* The tool's environment, built once per call (docs/security.md). */
-  char **envp = NULL;
-  if (subprocess && ag__env_build(def->env, def->inherit_env, &envp) != AG_OK) {
-    ag__output_free(&o);
-    ag__output_free(&e);
+  if (cs->subprocess &&
+      ag__env_build(def->env, def->inherit_env, &cs->envp) != AG_OK) {
+    ag__output_free(&cs->o);
+    ag__output_free(&cs->e);
     return AG_ENOMEM;
   }
+  return AG_OK;
+}
 
-  ag_err_t rc = AG_OK;
-  attempt_result last = {AG_TOOL_OK, AG_CANCEL_NONE};
-  /* The last failed attempt's message: in o or e, or in synth. */
-  char synth[160] = "";
-  const char *mtext = synth;
-  size_t mlen = 0;
-  bool mtrunc = false;
-  int made = 0;
+static void call_release(call_state *cs) {
+  free(cs->envp);
+  ag__output_free(&cs->o);
+  ag__output_free(&cs->e);
+}
 
-  for (;;) {
-    /* A turn that is already over runs nothing more. */
-    ag_cancel_reason pre = ag_cancel_check(turn, ag_now_ms());
-    if (pre != AG_CANCEL_NONE) {
-      last.status = AG_TOOL_CANCELLED;
-      last.cancel = pre;
-      break;
-    }
+/* The message of the attempt is synth's text. */
+static void use_synth(call_state *cs) {
+  cs->mtext = cs->synth;
+  cs->mlen = strlen(cs->synth);
+  cs->mtrunc = false;
+}
 
-    int64_t a0 = ag_now_ms();
-    int64_t deadline = INT64_MAX;
-    if (timeout > 0)
-      deadline = timeout > INT64_MAX - a0 ? INT64_MAX : a0 + timeout;
-    ag_cancel *tok = NULL;
-    ag_error_t cerr;
-    ag_err_t crc =
-        ag_cancel_new(&tok, turn, deadline, AG_CANCEL_TIMEOUT, &cerr);
-    if (crc == AG_ENOMEM) {
-      rc = AG_ENOMEM;
-      break;
-    }
-    if (crc != AG_OK) {
-      /* No token, no attempt: report it as this call's error. */
-      snprintf(synth, sizeof(synth), "Error: %.140s", cerr.msg);
-      mtext = synth;
-      mlen = strlen(synth);
-      mtrunc = false;
-      last.status = AG_TOOL_ERROR;
-      break;
-    }
+/* Runs the tool once under `tok`; returns what the tool returned. */
+static ag_tool_status attempt_run(call_state *cs, ag_cancel *tok) {
+  const ag__call *call = cs->call;
+  const ag_tool_def *def = &call->tool->def;
+  ag__output_reset(&cs->o);
+  if (cs->subprocess) {
+    ag__output_reset(&cs->e);
+    ag__proc_info info;
+    memset(&info, 0, sizeof(info));
+    return ag__subprocess_run_env((const char *const *)call->tool->argv_copy,
+                                  &def->limits, cs->envp, cs->grace, call->args,
+                                  call->args_len, tok, &cs->o, &cs->e, &info);
+  }
+  if (def->fn != NULL)
+    return def->fn(def->user, call->parsed, tok, &cs->o);
+  ag_output_printf(&cs->o, "Error: tool '%s' has no implementation", cs->name);
+  ag_output_set_transient(&cs->o, false);
+  return AG_TOOL_ERROR;
+}
 
-    ag__output_reset(&o);
-    ag_tool_status st;
-    if (subprocess) {
-      ag__output_reset(&e);
-      ag__proc_info info;
-      memset(&info, 0, sizeof(info));
-      st = ag__subprocess_run_env((const char *const *)tool->argv_copy,
-                                  &def->limits, envp, grace, args, args_len,
-                                  tok, &o, &e, &info);
-    } else if (def->fn != NULL) {
-      st = def->fn(def->user, parsed, tok, &o);
+/* Points mtext at a failed attempt's message: the timeout text, the tool's
+ * own message, or, when it gave none, one saying what it returned. */
+static void attempt_message(call_state *cs, int returned) {
+  if (cs->last.status == AG_TOOL_TIMEOUT) {
+    if (cs->timeout > 0) {
+      char d[32];
+      ag_format_duration(cs->timeout, d, sizeof(d));
+      snprintf(cs->synth, sizeof(cs->synth), "Function timed out after %s", d);
     } else {
-      ag_output_printf(&o, "Error: tool '%s' has no implementation", name);
-      ag_output_set_transient(&o, false);
-      st = AG_TOOL_ERROR;
+      snprintf(cs->synth, sizeof(cs->synth), "Function timed out");
     }
-    int returned = (int)st;
-    last = settle(st, tok, turn);
-    ag_cancel_free(tok);
-    made++;
-    int64_t dur = ag_now_ms() - a0;
+    use_synth(cs);
+    return;
+  }
+  ag_output *m = cs->subprocess ? &cs->e : &cs->o;
+  rtrim(m);
+  cs->mtext = m->buf;
+  cs->mlen = m->len;
+  cs->mtrunc = m->truncated;
+  if (cs->mlen > 0)
+    return;
+  if (!valid_status(returned))
+    snprintf(cs->synth, sizeof(cs->synth),
+             "Error: tool '%.*s' returned an invalid status %d", MSG_NAME_WIDTH,
+             cs->name, returned);
+  else if (returned == AG_TOOL_CANCELLED)
+    snprintf(cs->synth, sizeof(cs->synth),
+             "Error: tool '%.*s' reported a cancellation nobody asked for",
+             MSG_NAME_WIDTH, cs->name);
+  else
+    snprintf(cs->synth, sizeof(cs->synth),
+             "Error: tool '%.*s' failed without a message", MSG_NAME_WIDTH,
+             cs->name);
+  cs->mtext = cs->synth;
+  cs->mlen = strlen(cs->synth);
+}
 
-    if (last.status == AG_TOOL_OK) {
-      report(on_attempt, attempt_user, call_index, name, made, AG_TOOL_OK, dur,
-             -1, "", 0);
-      break;
-    }
-    if (last.status == AG_TOOL_CANCELLED) {
-      const char *ct = cancel_text(last.cancel);
-      report(on_attempt, attempt_user, call_index, name, made,
-             AG_TOOL_CANCELLED, dur, -1, ct, strlen(ct));
-      break;
-    }
+/* What one attempt decided. */
+typedef enum { STEP_RETRY, STEP_DONE, STEP_ENOMEM } step;
 
-    /* An error or a timeout: its message, then whether to try again. */
-    if (last.status == AG_TOOL_TIMEOUT) {
-      if (timeout > 0) {
-        char d[32];
-        ag_format_duration(timeout, d, sizeof(d));
-        snprintf(synth, sizeof(synth), "Function timed out after %s", d);
-      } else {
-        snprintf(synth, sizeof(synth), "Function timed out");
-      }
-      mtext = synth;
-      mlen = strlen(synth);
-      mtrunc = false;
-    } else {
-      ag_output *m = subprocess ? &e : &o;
-      rtrim(m);
-      mtext = m->buf;
-      mlen = m->len;
-      mtrunc = m->truncated;
-      if (mlen == 0) {
-        if (!valid_status(returned))
-          snprintf(synth, sizeof(synth),
-                   "Error: tool '%.60s' returned an invalid status %d", name,
-                   returned);
-        else if (returned == AG_TOOL_CANCELLED)
-          snprintf(synth, sizeof(synth),
-                   "Error: tool '%.60s' reported a cancellation nobody asked "
-                   "for",
-                   name);
-        else
-          snprintf(synth, sizeof(synth),
-                   "Error: tool '%.60s' failed without a message", name);
-        mtext = synth;
-        mlen = strlen(synth);
-      }
-    }
-    bool again = made < max_attempts &&
-                 retryable(tool, cfg, last.status, o.transient, mtext, mlen);
-    int64_t delay = again ? ag__retry_delay(cfg, made - 1, rng) : -1;
-    report(on_attempt, attempt_user, call_index, name, made, last.status, dur,
-           delay, mtext, mlen);
-    if (!again)
-      break;
-    ag_cancel_reason w = ag_cancel_wait(turn, delay);
-    if (w != AG_CANCEL_NONE) {
-      last.status = AG_TOOL_CANCELLED;
-      last.cancel = w;
-      break;
-    }
+/* Makes one attempt: its token, the tool, the settled outcome, its report
+ * and, after a retryable failure, the backoff wait. */
+static step attempt_once(call_state *cs) {
+  const ag__call *call = cs->call;
+  /* A turn that is already over runs nothing more. */
+  ag_cancel_reason pre = ag_cancel_check(call->turn, ag_now_ms());
+  if (pre != AG_CANCEL_NONE) {
+    cs->last = (attempt_result){AG_TOOL_CANCELLED, pre};
+    return STEP_DONE;
   }
 
-  if (rc == AG_OK) {
-    out->attempts = made;
-    switch (last.status) {
-    case AG_TOOL_OK: {
-      out->status = AG_EXEC_OK;
-      out->ok = true;
-      out->truncated = o.truncated;
-      size_t len = 0;
-      char *t = ag__output_take(&o, &len);
-      if (t == NULL) {
-        rc = AG_ENOMEM;
-        break;
-      }
-      out->text = t;
-      out->text_len = len;
-      break;
-    }
-    case AG_TOOL_CANCELLED: {
-      out->status = AG_EXEC_CANCELLED;
-      out->category =
-          last.cancel == AG_CANCEL_USER ? AG_CAT_UNKNOWN : AG_CAT_TIMEOUT;
-      const char *t = cancel_text(last.cancel);
-      rc = set_text(out, "", t, strlen(t));
-      break;
-    }
-    case AG_TOOL_TIMEOUT:
-    case AG_TOOL_ERROR:
-    default: {
-      bool timed_out = last.status == AG_TOOL_TIMEOUT;
-      out->status = timed_out ? AG_EXEC_TIMEOUT : AG_EXEC_ERROR;
-      out->category = timed_out ? AG_CAT_TIMEOUT : ag_classify(mtext, mlen);
-      out->truncated = mtrunc;
-      char prefix[64] = "";
-      if (made > 1)
-        snprintf(prefix, sizeof(prefix), "Error after %d attempts: ", made);
-      rc = set_text(out, prefix, mtext, mlen);
-      break;
-    }
-    }
+  int64_t a0 = ag_now_ms();
+  int64_t deadline = INT64_MAX;
+  if (cs->timeout > 0)
+    deadline = cs->timeout > INT64_MAX - a0 ? INT64_MAX : a0 + cs->timeout;
+  ag_cancel *tok = NULL;
+  ag_error_t cerr;
+  ag_err_t crc =
+      ag_cancel_new(&tok, call->turn, deadline, AG_CANCEL_TIMEOUT, &cerr);
+  if (crc == AG_ENOMEM)
+    return STEP_ENOMEM;
+  if (crc != AG_OK) {
+    /* No token, no attempt: report it as this call's error. */
+    snprintf(cs->synth, sizeof(cs->synth), "Error: %.*s", MSG_CAUSE_WIDTH,
+             cerr.msg);
+    use_synth(cs);
+    cs->last.status = AG_TOOL_ERROR;
+    return STEP_DONE;
   }
+
+  ag_tool_status st = attempt_run(cs, tok);
+  int returned = (int)st;
+  cs->last = settle(st, tok, call->turn);
+  ag_cancel_free(tok);
+  cs->made++;
+  int64_t dur = ag_now_ms() - a0;
+
+  if (cs->last.status == AG_TOOL_OK) {
+    report(call, cs->name, cs->made, AG_TOOL_OK, dur, -1, "", 0);
+    return STEP_DONE;
+  }
+  if (cs->last.status == AG_TOOL_CANCELLED) {
+    const char *ct = cancel_text(cs->last.cancel);
+    report(call, cs->name, cs->made, AG_TOOL_CANCELLED, dur, -1, ct,
+           strlen(ct));
+    return STEP_DONE;
+  }
+
+  /* An error or a timeout: its message, then whether to try again. */
+  attempt_message(cs, returned);
+  bool again = cs->made < cs->max_attempts &&
+               retryable(call->tool, call->cfg, cs->last.status,
+                         cs->o.transient, cs->mtext, cs->mlen);
+  int64_t delay =
+      again ? ag__retry_delay(call->cfg, cs->made - 1, call->rng) : -1;
+  report(call, cs->name, cs->made, cs->last.status, dur, delay, cs->mtext,
+         cs->mlen);
+  if (!again)
+    return STEP_DONE;
+  ag_cancel_reason w = ag_cancel_wait(call->turn, delay);
+  if (w != AG_CANCEL_NONE) {
+    cs->last = (attempt_result){AG_TOOL_CANCELLED, w};
+    return STEP_DONE;
+  }
+  return STEP_RETRY;
+}
+
+/* Fills `out` from the last attempt: the output on success, the cancel
+ * text, or the error ("Error after N attempts: ..."). Returns AG_OK or
+ * AG_ENOMEM. */
+static ag_err_t call_record(call_state *cs, ag_exec_result *out) {
+  out->attempts = cs->made;
+  switch (cs->last.status) {
+  case AG_TOOL_OK: {
+    out->status = AG_EXEC_OK;
+    out->ok = true;
+    out->truncated = cs->o.truncated;
+    size_t len = 0;
+    char *t = ag__output_take(&cs->o, &len);
+    if (t == NULL)
+      return AG_ENOMEM;
+    out->text = t;
+    out->text_len = len;
+    return AG_OK;
+  }
+  case AG_TOOL_CANCELLED: {
+    out->status = AG_EXEC_CANCELLED;
+    out->category =
+        cs->last.cancel == AG_CANCEL_USER ? AG_CAT_UNKNOWN : AG_CAT_TIMEOUT;
+    const char *t = cancel_text(cs->last.cancel);
+    return set_text(out, "", t, strlen(t));
+  }
+  case AG_TOOL_TIMEOUT:
+  case AG_TOOL_ERROR:
+  default: {
+    bool timed_out = cs->last.status == AG_TOOL_TIMEOUT;
+    out->status = timed_out ? AG_EXEC_TIMEOUT : AG_EXEC_ERROR;
+    out->category =
+        timed_out ? AG_CAT_TIMEOUT : ag_classify(cs->mtext, cs->mlen);
+    out->truncated = cs->mtrunc;
+    char prefix[64] = "";
+    if (cs->made > 1)
+      snprintf(prefix, sizeof(prefix), "Error after %d attempts: ", cs->made);
+    return set_text(out, prefix, cs->mtext, cs->mlen);
+  }
+  }
+}
+
+ag_err_t ag__exec_call(const ag__call *call, ag_exec_result *out) {
+  if (out == NULL)
+    return AG_EINVAL;
+  memset(out, 0, sizeof(*out));
+  out->category = AG_CAT_UNKNOWN;
+  if (call == NULL || call->tool == NULL || call->cfg == NULL)
+    return AG_EINVAL;
+
+  int64_t t0 = ag_now_ms();
+  call_state cs;
+  if (call_prepare(&cs, call) != AG_OK)
+    return AG_ENOMEM;
+  step s;
+  do
+    s = attempt_once(&cs);
+  while (s == STEP_RETRY);
+  ag_err_t rc = s == STEP_ENOMEM ? AG_ENOMEM : call_record(&cs, out);
   out->duration_ms = ag_now_ms() - t0;
-  free(envp);
-  ag__output_free(&o);
-  ag__output_free(&e);
+  call_release(&cs);
   if (rc != AG_OK) {
     free(out->text);
     out->text = NULL;

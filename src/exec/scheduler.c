@@ -218,9 +218,17 @@ static uint64_t call_seed(const ag_scheduler *s, size_t index) {
 /* ------------------------------------------------------------------------ */
 
 static ag_err_t run_job(ag_scheduler *s, job *j, ag_cancel *turn) {
-  return ag__exec_call(j->tool, &s->cfg, j->args, j->args_len, j->parsed, turn,
-                       j->index, s->opts.on_attempt, s->opts.attempt_user,
-                       &j->rng, j->res);
+  ag__call call = {.tool = j->tool,
+                   .cfg = &s->cfg,
+                   .args = j->args,
+                   .args_len = j->args_len,
+                   .parsed = j->parsed,
+                   .turn = turn,
+                   .call_index = j->index,
+                   .on_attempt = s->opts.on_attempt,
+                   .attempt_user = s->opts.attempt_user,
+                   .rng = &j->rng};
+  return ag__exec_call(&call, j->res);
 }
 
 static void *worker_main(void *arg) {

@@ -51,11 +51,13 @@
  * write end for as long as its child lives. It is read once, non-blocking,
  * after the supervisor has been reaped: by then everything is in it.
  *
- * The loop (ag__subprocess_run_env). One poll() over: our stdin write end
+ * The loop (run_wait; ag__subprocess_run_in runs spawn_child, run_wait,
+ * run_reap and run_result in turn). One poll() over: our stdin write end
  * (POLLOUT while input is left), stdout and stderr read ends, a pidfd of the
  * supervisor (readable when it exits), and the cancel chain's eventfds
  * until the token fires. The poll timeout is the earliest of: the chain's
- * deadline, the SIGKILL time (and every FORCE_POLL_MS during the grace, to
+ * deadline (every LONG_CHAIN_POLL_MS when the chain has more tokens than
+ * we watch), the SIGKILL time (and every FORCE_POLL_MS during the grace, to
  * see ag_cancel_force), the orphan grace; after each wake-up
  * ag_cancel_check() decides. All our pipe ends are non-blocking, so input
  * is written in whatever pieces the pipe takes, interleaved with reading: a
@@ -164,7 +166,10 @@ enum {
   CANCEL_FDS = 16,           /* eventfds of the cancel chain we poll */
   FALLBACK_MAX_WAIT_MS = 16, /* no pidfd: longest sleep between waitid */
   FORCE_POLL_MS = 20,        /* in the grace: how often to look for a force */
-  STATUS_MSGS = 4            /* 8-byte messages read from the status pipe */
+  STATUS_MSGS = 4,           /* 8-byte messages read from the status pipe */
+  /* A cancel chain longer than CANCEL_FDS: the tokens we do not watch are
+   * looked at (ag_cancel_check) at least this often. */
+  LONG_CHAIN_POLL_MS = 50
 };
 
 /*
@@ -660,22 +665,13 @@ static pid_t sup_fork(void) {
 }
 
 /*
- * The supervisor: a small process per call, forked by the runner, which
- * forks the tool and outlives it. It is the tool's child subreaper, so
- * whatever the tool leaves behind - background jobs, double forks, setsid
- * daemons - is re-parented to it and killed with the tool. It watches:
- *   - the lifeline, a socket whose other end only the runner holds: CMD_TERM
- *     and CMD_KILL, and EOF when the runner's process dies however it dies
- *     (SIGKILL included), which kills the tree;
- *   - a signalfd for SIGCHLD (the tool exited: kill what is left of its
- *     tree, reap everything, report the tool's status, exit) and SIGHUP,
- *     which is also its parent-death signal (then getppid() changed).
- * Every signal stays blocked (the runner's thread blocked them around fork),
- * so a Ctrl-C on the terminal does not reach it; the runner decides.
+ * The supervisor's first steps: the parent-death signal, the working
+ * directory, the subreaper flag, SIGCHLD and SIGHUP back to their defaults,
+ * every descriptor but `keep` closed, and the signalfd for SIGCHLD and
+ * SIGHUP. Returns the signalfd; on failure reports it and exits.
  */
-static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
-                           char *const *envp, int cwd_fd, int stdio[3],
-                           int status_fd, int life_fd, pid_t runner) {
+static int sup_setup(int cwd_fd, int stdio[3], int status_fd, int life_fd,
+                     pid_t runner) {
   prctl(PR_SET_PDEATHSIG, SIGHUP, 0, 0, 0);
   if (getppid() != runner)
     _exit(127); /* the runner is already gone: start nothing */
@@ -718,7 +714,14 @@ static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
     sup_write_msg(status_fd, STAGE_SUPERVISOR, errno);
     _exit(127);
   }
+  return sfd;
+}
 
+/* Forks the tool into its own group and reports its pid; the supervisor
+ * then closes its copies of the tool's stdio. On failure reports and exits. */
+static pid_t sup_start_tool(const char *const *argv, const ag_rlimits *limits,
+                            char *const *envp, int stdio[3], int status_fd,
+                            int life_fd, int sfd) {
   pid_t self = getpid();
   pid_t tool = sup_fork();
   if (tool == 0) {
@@ -735,21 +738,38 @@ static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
   sup_write_msg(status_fd, MSG_PID, (int)tool);
   for (int i = 0; i < 3; i++)
     close(stdio[i]);
+  return tool;
+}
 
-  bool reaped = false, done = false;
-  int status = 0;
-  while (!done) {
+/* Reaps re-parented orphans that died on their own, never the tool. */
+static void sup_reap_orphans(pid_t tool) {
+  for (;;) {
+    siginfo_t wi;
+    memset(&wi, 0, sizeof(wi));
+    if (waitid(P_ALL, 0, &wi, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+        wi.si_pid == 0 || wi.si_pid == tool)
+      return;
+    waitpid(wi.si_pid, NULL, 0);
+  }
+}
+
+/* The supervisor's wait: returns when the tool has exited, the runner sent
+ * CMD_KILL or is gone, or nothing can be watched any more. Passes CMD_TERM
+ * on to the tool's group meanwhile. */
+static void sup_watch(pid_t tool, int sfd, int life_fd, pid_t runner) {
+  for (;;) {
+    bool done = false;
     struct pollfd pfd[2] = {{life_fd, POLLIN, 0}, {sfd, POLLIN, 0}};
     int r = poll(pfd, life_fd >= 0 ? 2 : 1, -1);
     if (r < 0 && errno != EINTR && errno != EAGAIN)
-      break; /* cannot watch any more: kill and go */
+      return; /* cannot watch any more: kill and go */
     if (life_fd >= 0 && pfd[0].revents != 0) {
       char cmd[64];
       ssize_t n = read(life_fd, cmd, sizeof(cmd));
       if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
-        break; /* the runner is gone */
+        return; /* the runner is gone */
       for (ssize_t i = 0; i < n; i++) {
-        if (cmd[i] == CMD_TERM && !reaped)
+        if (cmd[i] == CMD_TERM)
           kill(-tool, SIGTERM);
         else if (cmd[i] == CMD_KILL)
           done = true;
@@ -769,15 +789,35 @@ static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
     if (waitid(P_PID, (id_t)tool, &wi, WEXITED | WNOHANG | WNOWAIT) == 0 &&
         wi.si_pid == tool)
       done = true;
-    /* Reap re-parented orphans that died on their own. */
-    for (;;) {
-      memset(&wi, 0, sizeof(wi));
-      if (waitid(P_ALL, 0, &wi, WEXITED | WNOHANG | WNOWAIT) != 0 ||
-          wi.si_pid == 0 || wi.si_pid == tool)
-        break;
-      waitpid(wi.si_pid, NULL, 0);
-    }
+    sup_reap_orphans(tool);
+    if (done)
+      return;
   }
+}
+
+/*
+ * The supervisor: a small process per call, forked by the runner, which
+ * forks the tool and outlives it. It is the tool's child subreaper, so
+ * whatever the tool leaves behind - background jobs, double forks, setsid
+ * daemons - is re-parented to it and killed with the tool. It watches:
+ *   - the lifeline, a socket whose other end only the runner holds: CMD_TERM
+ *     and CMD_KILL, and EOF when the runner's process dies however it dies
+ *     (SIGKILL included), which kills the tree;
+ *   - a signalfd for SIGCHLD (the tool exited: kill what is left of its
+ *     tree, reap everything, report the tool's status, exit) and SIGHUP,
+ *     which is also its parent-death signal (then getppid() changed).
+ * Every signal stays blocked (the runner's thread blocked them around fork),
+ * so a Ctrl-C on the terminal does not reach it; the runner decides.
+ */
+static void supervisor_run(const char *const *argv, const ag_rlimits *limits,
+                           char *const *envp, int cwd_fd, int stdio[3],
+                           int status_fd, int life_fd, pid_t runner) {
+  int sfd = sup_setup(cwd_fd, stdio, status_fd, life_fd, runner);
+  pid_t tool =
+      sup_start_tool(argv, limits, envp, stdio, status_fd, life_fd, sfd);
+  sup_watch(tool, sfd, life_fd, runner);
+  bool reaped = false;
+  int status = 0;
   sup_kill_tree(tool, &reaped, &status);
   if (reaped)
     sup_write_msg(status_fd, MSG_EXIT, status);
@@ -1133,6 +1173,289 @@ ag_tool_status ag__subprocess_run_env(const char *const *argv,
                                input_len, cancel, out, err, info);
 }
 
+/* One run's state, shared by the steps of ag__subprocess_run_in. The streams
+ * point into `c`, so a run_state is never copied. */
+typedef struct run_state {
+  child c;
+  stream so, se;
+  sigpipe_guard sp;
+  ag_cancel *cancel; /* NULL: nothing to watch */
+  int64_t kill_grace_ms;
+  ag__proc_info *info;
+  const char *in_p; /* input not yet written */
+  size_t in_left;
+  int cfds[CANCEL_FDS]; /* the cancel chain's eventfds */
+  size_t ncfds;
+  int64_t deadline; /* the chain's earliest deadline */
+  ag_cancel_reason reason;
+  /* `exited`: the supervisor exited, i.e. the tool exited and every process
+   * of its tree is dead and reaped (or the supervisor was killed). */
+  bool exited, sent_kill;
+  int64_t exit_at, kill_at;
+  int64_t fallback_wait; /* no pidfd: the next sleep between waitid() */
+} run_state;
+
+/* The descriptors of one poll(): where each of ours sits, -1 if unwatched. */
+typedef struct poll_set {
+  struct pollfd pfd[4 + CANCEL_FDS];
+  nfds_t n;
+  int i_in, i_out, i_err, i_pid;
+} poll_set;
+
+/* What the supervisor left behind: its own wait status and its messages. */
+typedef struct sup_report {
+  pid_t waited; /* waitpid()'s answer for the supervisor */
+  int sup_status;
+  bool have_status; /* MSG_EXIT came: wstatus is the tool's */
+  int wstatus;
+  int stage, stage_errno; /* the first failure before exec, 0 if none */
+  pid_t tool;             /* from MSG_PID, 0 if never forked */
+} sup_report;
+
+/* Acts on the clock and the token before the next wait: SIGTERM on cancel,
+ * SIGKILL when the grace ends, an exit noticed without a pidfd. Returns true
+ * when the run is over (finished, or the orphan grace ran out). */
+static bool run_decide(run_state *r, int64_t now, char *buf) {
+  if (r->exited && r->c.out_fd < 0 && r->c.err_fd < 0)
+    return true; /* finished: a completion seen before a cancel stands */
+
+  if (r->reason == AG_CANCEL_NONE && r->cancel != NULL) {
+    r->reason = ag_cancel_check(r->cancel, now);
+    if (r->reason != AG_CANCEL_NONE) {
+      send_cmd(&r->c, CMD_TERM);
+      r->info->killed = true;
+      r->kill_at = add_ms(now, r->kill_grace_ms);
+      close_fd(&r->c.in_fd); /* the input no longer matters */
+    }
+  }
+  if (r->reason != AG_CANCEL_NONE && !r->sent_kill &&
+      ag__cancel_forced(r->cancel))
+    r->kill_at = now; /* a second Ctrl-C: no grace */
+  if (!r->exited && r->c.pidfd < 0 && exited_nowait(r->c.pid)) {
+    r->exited = true;
+    r->exit_at = now;
+  }
+  if (!r->sent_kill && !r->exited && now >= r->kill_at) {
+    send_cmd(&r->c, CMD_KILL);
+    r->sent_kill = true;
+  }
+  if (r->exited && now >= add_ms(r->exit_at, ORPHAN_GRACE_MS)) {
+    /* Every process of the tree is gone; whatever still holds the pipes
+     * escaped it (see docs/security.md). Take what is buffered and stop. */
+    stream_read(&r->so, buf, READS_PER_WAKE);
+    stream_read(&r->se, buf, READS_PER_WAKE);
+    close_fd(&r->c.out_fd);
+    close_fd(&r->c.err_fd);
+    return true;
+  }
+  if (r->exited)
+    close_fd(&r->c.in_fd);
+  return false;
+}
+
+/* Fills `ps` with what the next poll() watches. */
+static void run_watch(const run_state *r, poll_set *ps) {
+  ps->n = 0;
+  ps->i_in = ps->i_out = ps->i_err = ps->i_pid = -1;
+  if (r->c.in_fd >= 0) {
+    ps->i_in = (int)ps->n;
+    ps->pfd[ps->n++] = (struct pollfd){r->c.in_fd, POLLOUT, 0};
+  }
+  if (r->c.out_fd >= 0) {
+    ps->i_out = (int)ps->n;
+    ps->pfd[ps->n++] = (struct pollfd){r->c.out_fd, POLLIN, 0};
+  }
+  if (r->c.err_fd >= 0) {
+    ps->i_err = (int)ps->n;
+    ps->pfd[ps->n++] = (struct pollfd){r->c.err_fd, POLLIN, 0};
+  }
+  if (!r->exited && r->c.pidfd >= 0) {
+    ps->i_pid = (int)ps->n;
+    ps->pfd[ps->n++] = (struct pollfd){r->c.pidfd, POLLIN, 0};
+  }
+  if (r->reason == AG_CANCEL_NONE) {
+    /* A fired token's eventfd stays readable: only watch it until then. */
+    for (size_t k = 0; k < r->ncfds; k++)
+      ps->pfd[ps->n++] = (struct pollfd){r->cfds[k], POLLIN, 0};
+  }
+}
+
+/* The next poll()'s timeout in ms (-1: none): the earliest of the token's
+ * deadline, the SIGKILL time, the orphan grace and the no-pidfd interval,
+ * which doubles here. */
+static int run_timeout(run_state *r, int64_t now) {
+  int64_t wake = INT64_MAX;
+  if (r->reason == AG_CANCEL_NONE) {
+    wake = r->deadline;
+    if (r->ncfds == CANCEL_FDS) /* a longer chain than we watch */
+      wake = min64(wake, add_ms(now, LONG_CHAIN_POLL_MS));
+  } else if (!r->sent_kill && !r->exited) {
+    /* In the grace: until SIGKILL, looking for a force meanwhile. */
+    wake = min64(r->kill_at, add_ms(now, FORCE_POLL_MS));
+  }
+  if (r->exited)
+    wake = min64(wake, add_ms(r->exit_at, ORPHAN_GRACE_MS));
+  if (!r->exited && r->c.pidfd < 0) {
+    wake = min64(wake, add_ms(now, r->fallback_wait));
+    r->fallback_wait = min64(r->fallback_wait * 2, FALLBACK_MAX_WAIT_MS);
+  }
+  if (wake == INT64_MAX)
+    return -1;
+  return wake <= now ? 0 : (int)min64(wake - now, INT_MAX);
+}
+
+/* Writes as much input as the pipe takes now; closes stdin when all is
+ * written or the reader is gone (then the rest is not wanted). */
+static void run_feed(run_state *r) {
+  while (r->in_left > 0) {
+    size_t chunk = r->in_left < WRITE_CHUNK ? r->in_left : WRITE_CHUNK;
+    ssize_t w = write(r->c.in_fd, r->in_p, chunk);
+    if (w > 0) {
+      r->in_p += w;
+      r->in_left -= (size_t)w;
+      continue;
+    }
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      break;
+    if (w < 0 && errno == EPIPE)
+      r->sp.raised = true;
+    r->in_left = 0;
+  }
+  if (r->in_left == 0)
+    close_fd(&r->c.in_fd);
+}
+
+/* Serves what poll() reported ready in `ps`. */
+static void run_serve(run_state *r, const poll_set *ps, char *buf) {
+  if (ps->i_in >= 0 && ps->pfd[ps->i_in].revents != 0)
+    run_feed(r);
+  if (ps->i_out >= 0 && ps->pfd[ps->i_out].revents != 0)
+    stream_read(&r->so, buf, READS_PER_WAKE);
+  if (ps->i_err >= 0 && ps->pfd[ps->i_err].revents != 0)
+    stream_read(&r->se, buf, READS_PER_WAKE);
+  if (ps->i_pid >= 0 && ps->pfd[ps->i_pid].revents != 0) {
+    r->exited = true;
+    r->exit_at = ag_now_ms();
+  }
+}
+
+/* The wait loop: feeds stdin, drains stdout and stderr and watches the
+ * supervisor and the token until the run is over. */
+static void run_wait(run_state *r) {
+  char buf[READ_CHUNK];
+  for (;;) {
+    int64_t now = ag_now_ms();
+    if (run_decide(r, now, buf))
+      return;
+    poll_set ps;
+    run_watch(r, &ps);
+    int timeout = run_timeout(r, now);
+    int n = poll(ps.pfd, ps.n, timeout);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN)
+        continue;
+      /* ENOMEM: we cannot watch the tool any more; end it. Closing the
+       * lifeline makes the supervisor kill the tree and exit. */
+      send_cmd(&r->c, CMD_KILL);
+      r->sent_kill = true;
+      r->exited = true;
+      close_fd(&r->c.out_fd);
+      close_fd(&r->c.err_fd);
+      return;
+    }
+    if (n > 0)
+      run_serve(r, &ps, buf);
+  }
+}
+
+/* Ends the run's side of the processes: closes stdin and the lifeline (the
+ * last word: a supervisor still running - only after poll failed - kills
+ * the tree and exits), reaps the supervisor and reads its report. */
+static void run_reap(run_state *r, sup_report *rep) {
+  close_fd(&r->c.in_fd);
+  sigpipe_restore(&r->sp);
+  close_fd(&r->c.life_fd);
+  memset(rep, 0, sizeof(*rep));
+  do
+    rep->waited = waitpid(r->c.pid, &rep->sup_status, 0);
+  while (rep->waited < 0 && errno == EINTR);
+  close_fd(&r->c.pidfd);
+
+  int msg[STATUS_MSGS][2];
+  ssize_t got;
+  do
+    got = read(r->c.status_fd, msg, sizeof(msg));
+  while (got < 0 && errno == EINTR);
+  close_fd(&r->c.status_fd);
+
+  for (ssize_t k = 0; got > 0 && k < got / (ssize_t)sizeof(msg[0]); k++) {
+    if (msg[k][0] == MSG_EXIT) {
+      rep->have_status = true;
+      rep->wstatus = msg[k][1];
+    } else if (msg[k][0] == MSG_PID) {
+      rep->tool = (pid_t)msg[k][1];
+    } else if (rep->stage == 0) {
+      rep->stage = msg[k][0];
+      rep->stage_errno = msg[k][1];
+    }
+  }
+  if (!rep->have_status && rep->tool > 0) {
+    /* The supervisor died without a word: someone killed it. The tool died
+     * with it (its parent-death signal); its group may not have. */
+    kill(-rep->tool, SIGKILL);
+  }
+}
+
+/* Turns the report into `info`, the status and, when stderr is empty, a
+ * message saying what happened. */
+static ag_tool_status run_result(const run_state *r, const sup_report *rep,
+                                 const char *prog, ag_output *err) {
+  ag__proc_info *info = r->info;
+  if (rep->have_status && WIFEXITED(rep->wstatus))
+    info->exit_code = WEXITSTATUS(rep->wstatus);
+  else if (rep->have_status && WIFSIGNALED(rep->wstatus))
+    info->term_signal = WTERMSIG(rep->wstatus);
+  if (rep->stage != 0) {
+    info->exec_failed = true;
+    info->exec_errno = rep->stage_errno;
+  }
+
+  if (r->reason != AG_CANCEL_NONE)
+    return cancel_status(r->reason);
+  if (info->exec_failed) {
+    write_failure(err, stage_text(rep->stage), prog, rep->stage_errno);
+    return AG_TOOL_ERROR;
+  }
+  if (!rep->have_status) {
+    if (err != NULL && err->len == 0) {
+      if (rep->waited == r->c.pid && WIFSIGNALED(rep->sup_status))
+        ag_output_printf(err,
+                         "the supervisor of '%s' was killed by signal %d "
+                         "(%s); the tool was killed with it",
+                         prog, WTERMSIG(rep->sup_status),
+                         signal_text(WTERMSIG(rep->sup_status)));
+      else
+        ag_output_printf(err,
+                         "exit status of '%s' unavailable (was the child "
+                         "reaped elsewhere? SIGCHLD ignored?)",
+                         prog);
+    }
+    return AG_TOOL_ERROR;
+  }
+  if (info->exit_code == 0)
+    return AG_TOOL_OK;
+  if (err != NULL && err->len == 0) {
+    if (info->exit_code > 0)
+      ag_output_printf(err, "exited with status %d", info->exit_code);
+    else
+      ag_output_printf(err, "killed by signal %d (%s)", info->term_signal,
+                       signal_text(info->term_signal));
+  }
+  return AG_TOOL_ERROR;
+}
+
 ag_tool_status ag__subprocess_run_in(int cwd_fd, const char *const *argv,
                                      const ag_rlimits *limits,
                                      char *const *envp, int64_t kill_grace_ms,
@@ -1158,248 +1481,40 @@ ag_tool_status ag__subprocess_run_in(int cwd_fd, const char *const *argv,
   if (reason != AG_CANCEL_NONE)
     return cancel_status(reason); /* nothing started */
 
-  int cfds[CANCEL_FDS];
-  int64_t deadline = INT64_MAX;
-  size_t ncfds =
-      cancel != NULL ? ag_cancel_fds(cancel, cfds, CANCEL_FDS, &deadline) : 0;
+  run_state r;
+  memset(&r, 0, sizeof(r));
+  r.cancel = cancel;
+  r.kill_grace_ms = kill_grace_ms;
+  r.info = info;
+  r.reason = AG_CANCEL_NONE;
+  r.deadline = INT64_MAX;
+  r.kill_at = INT64_MAX;
+  r.fallback_wait = 1;
+  if (cancel != NULL)
+    r.ncfds = ag_cancel_fds(cancel, r.cfds, CANCEL_FDS, &r.deadline);
 
-  sigpipe_guard sp = {0};
   if (input_len > 0)
-    sigpipe_block(&sp);
-
-  child c;
-  int e = spawn_child(argv, limits, envp, cwd_fd, &c);
+    sigpipe_block(&r.sp);
+  int e = spawn_child(argv, limits, envp, cwd_fd, &r.c);
   if (e != 0) {
-    sigpipe_restore(&sp);
+    sigpipe_restore(&r.sp);
     info->exec_failed = true;
     info->exec_errno = e;
     write_failure(err, "cannot start", argv[0], e);
     return AG_TOOL_ERROR;
   }
 
-  stream so, se;
-  stream_init(&so, &c.out_fd, out);
-  stream_init(&se, &c.err_fd, err);
-  const char *in_p = input;
-  size_t in_left = input_len;
-  if (in_left == 0)
-    close_fd(&c.in_fd);
+  stream_init(&r.so, &r.c.out_fd, out);
+  stream_init(&r.se, &r.c.err_fd, err);
+  r.in_p = input;
+  r.in_left = input_len;
+  if (r.in_left == 0)
+    close_fd(&r.c.in_fd);
 
-  /* `exited`: the supervisor exited, i.e. the tool exited and every process
-   * of its tree is dead and reaped (or the supervisor was killed). */
-  bool exited = false, sent_kill = false;
-  int64_t exit_at = 0, kill_at = INT64_MAX;
-  int64_t fallback_wait = 1;
-  char buf[READ_CHUNK];
-
-  for (;;) {
-    int64_t now = ag_now_ms();
-    if (exited && c.out_fd < 0 && c.err_fd < 0)
-      break; /* finished: a completion seen before a cancel stands */
-
-    if (reason == AG_CANCEL_NONE && cancel != NULL) {
-      reason = ag_cancel_check(cancel, now);
-      if (reason != AG_CANCEL_NONE) {
-        send_cmd(&c, CMD_TERM);
-        info->killed = true;
-        kill_at = add_ms(now, kill_grace_ms);
-        close_fd(&c.in_fd); /* the input no longer matters */
-      }
-    }
-    if (reason != AG_CANCEL_NONE && !sent_kill && ag__cancel_forced(cancel))
-      kill_at = now; /* a second Ctrl-C: no grace */
-    if (!exited && c.pidfd < 0 && exited_nowait(c.pid)) {
-      exited = true;
-      exit_at = now;
-    }
-    if (!sent_kill && !exited && now >= kill_at) {
-      send_cmd(&c, CMD_KILL);
-      sent_kill = true;
-    }
-    if (exited && now >= add_ms(exit_at, ORPHAN_GRACE_MS)) {
-      /* Every process of the tree is gone; whatever still holds the pipes
-       * escaped it (see docs/security.md). Take what is buffered and stop. */
-      stream_read(&so, buf, READS_PER_WAKE);
-      stream_read(&se, buf, READS_PER_WAKE);
-      close_fd(&c.out_fd);
-      close_fd(&c.err_fd);
-      break;
-    }
-    if (exited)
-      close_fd(&c.in_fd);
-
-    struct pollfd pfd[4 + CANCEL_FDS];
-    nfds_t n = 0;
-    int i_in = -1, i_out = -1, i_err = -1, i_pid = -1;
-    if (c.in_fd >= 0) {
-      i_in = (int)n;
-      pfd[n++] = (struct pollfd){c.in_fd, POLLOUT, 0};
-    }
-    if (c.out_fd >= 0) {
-      i_out = (int)n;
-      pfd[n++] = (struct pollfd){c.out_fd, POLLIN, 0};
-    }
-    if (c.err_fd >= 0) {
-      i_err = (int)n;
-      pfd[n++] = (struct pollfd){c.err_fd, POLLIN, 0};
-    }
-    if (!exited && c.pidfd >= 0) {
-      i_pid = (int)n;
-      pfd[n++] = (struct pollfd){c.pidfd, POLLIN, 0};
-    }
-    if (reason == AG_CANCEL_NONE) {
-      /* A fired token's eventfd stays readable: only watch it until then. */
-      for (size_t k = 0; k < ncfds; k++)
-        pfd[n++] = (struct pollfd){cfds[k], POLLIN, 0};
-    }
-
-    int64_t wake = INT64_MAX;
-    if (reason == AG_CANCEL_NONE) {
-      wake = deadline;
-      if (ncfds == CANCEL_FDS) /* a longer chain than we watch */
-        wake = min64(wake, add_ms(now, 50));
-    } else if (!sent_kill && !exited) {
-      /* In the grace: until SIGKILL, looking for a force meanwhile. */
-      wake = min64(kill_at, add_ms(now, FORCE_POLL_MS));
-    }
-    if (exited)
-      wake = min64(wake, add_ms(exit_at, ORPHAN_GRACE_MS));
-    if (!exited && c.pidfd < 0) {
-      wake = min64(wake, add_ms(now, fallback_wait));
-      fallback_wait = min64(fallback_wait * 2, FALLBACK_MAX_WAIT_MS);
-    }
-    int timeout = -1;
-    if (wake != INT64_MAX)
-      timeout = wake <= now ? 0 : (int)min64(wake - now, INT_MAX);
-
-    int r = poll(pfd, n, timeout);
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN)
-        continue;
-      /* ENOMEM: we cannot watch the tool any more; end it. Closing the
-       * lifeline makes the supervisor kill the tree and exit. */
-      send_cmd(&c, CMD_KILL);
-      sent_kill = true;
-      exited = true;
-      close_fd(&c.out_fd);
-      close_fd(&c.err_fd);
-      break;
-    }
-    if (r == 0)
-      continue;
-
-    if (i_in >= 0 && pfd[i_in].revents != 0) {
-      while (in_left > 0) {
-        size_t chunk = in_left < WRITE_CHUNK ? in_left : WRITE_CHUNK;
-        ssize_t w = write(c.in_fd, in_p, chunk);
-        if (w > 0) {
-          in_p += w;
-          in_left -= (size_t)w;
-          continue;
-        }
-        if (w < 0 && errno == EINTR)
-          continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-          break;
-        if (w < 0 && errno == EPIPE)
-          sp.raised = true;
-        in_left = 0; /* the reader is gone: the rest is not wanted */
-      }
-      if (in_left == 0)
-        close_fd(&c.in_fd);
-    }
-    if (i_out >= 0 && pfd[i_out].revents != 0)
-      stream_read(&so, buf, READS_PER_WAKE);
-    if (i_err >= 0 && pfd[i_err].revents != 0)
-      stream_read(&se, buf, READS_PER_WAKE);
-    if (i_pid >= 0 && pfd[i_pid].revents != 0) {
-      exited = true;
-      exit_at = ag_now_ms();
-    }
-  }
-
-  close_fd(&c.in_fd);
-  sigpipe_restore(&sp);
-
-  /* Closing the lifeline is the last word: a supervisor still running
-   * (only after poll failed) kills the tree and exits. */
-  close_fd(&c.life_fd);
-  int sup_status = 0;
-  pid_t w;
-  do
-    w = waitpid(c.pid, &sup_status, 0);
-  while (w < 0 && errno == EINTR);
-  close_fd(&c.pidfd);
-
-  int msg[STATUS_MSGS][2];
-  ssize_t got;
-  do
-    got = read(c.status_fd, msg, sizeof(msg));
-  while (got < 0 && errno == EINTR);
-  close_fd(&c.status_fd);
-
-  bool have_status = false;
-  int wstatus = 0, stage = 0, stage_errno = 0;
-  pid_t tool = 0;
-  for (ssize_t k = 0; got > 0 && k < got / (ssize_t)sizeof(msg[0]); k++) {
-    if (msg[k][0] == MSG_EXIT) {
-      have_status = true;
-      wstatus = msg[k][1];
-    } else if (msg[k][0] == MSG_PID) {
-      tool = (pid_t)msg[k][1];
-    } else if (stage == 0) {
-      stage = msg[k][0];
-      stage_errno = msg[k][1];
-    }
-  }
-  if (!have_status && tool > 0) {
-    /* The supervisor died without a word: someone killed it. The tool died
-     * with it (its parent-death signal); its group may not have. */
-    kill(-tool, SIGKILL);
-  }
-
-  stream_finish(&so);
-  stream_finish(&se);
-
-  if (have_status && WIFEXITED(wstatus))
-    info->exit_code = WEXITSTATUS(wstatus);
-  else if (have_status && WIFSIGNALED(wstatus))
-    info->term_signal = WTERMSIG(wstatus);
-  if (stage != 0) {
-    info->exec_failed = true;
-    info->exec_errno = stage_errno;
-  }
-
-  if (reason != AG_CANCEL_NONE)
-    return cancel_status(reason);
-  if (info->exec_failed) {
-    write_failure(err, stage_text(stage), argv[0], stage_errno);
-    return AG_TOOL_ERROR;
-  }
-  if (!have_status) {
-    if (err != NULL && err->len == 0) {
-      if (w == c.pid && WIFSIGNALED(sup_status))
-        ag_output_printf(err,
-                         "the supervisor of '%s' was killed by signal %d "
-                         "(%s); the tool was killed with it",
-                         argv[0], WTERMSIG(sup_status),
-                         signal_text(WTERMSIG(sup_status)));
-      else
-        ag_output_printf(err,
-                         "exit status of '%s' unavailable (was the child "
-                         "reaped elsewhere? SIGCHLD ignored?)",
-                         argv[0]);
-    }
-    return AG_TOOL_ERROR;
-  }
-  if (info->exit_code == 0)
-    return AG_TOOL_OK;
-  if (err != NULL && err->len == 0) {
-    if (info->exit_code > 0)
-      ag_output_printf(err, "exited with status %d", info->exit_code);
-    else
-      ag_output_printf(err, "killed by signal %d (%s)", info->term_signal,
-                       signal_text(info->term_signal));
-  }
-  return AG_TOOL_ERROR;
+  run_wait(&r);
+  sup_report rep;
+  run_reap(&r, &rep);
+  stream_finish(&r.so);
+  stream_finish(&r.se);
+  return run_result(&r, &rep, argv[0], err);
 }

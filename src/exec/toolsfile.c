@@ -31,7 +31,6 @@ static const char *const k_tool_keys[] = {
     "description", "parameters", "requires_approval", "idempotent", "command",
     "env",         NULL};
 
-/* A JSON value's type for messages, as the CLI's scenario loader names it. */
 /* A user-supplied key for a message: control bytes as '?', cut to SHOWN
  * bytes on a UTF-8 boundary with "...". */
 static const char *show(const char *s, char *buf, size_t cap) {
@@ -211,6 +210,124 @@ AG_EXTERN void ag_tool_json_opts_init(ag_tool_json_opts *o) {
     memset(o, 0, sizeof(*o));
 }
 
+/* What ag_registry_add_json allocates for one tool; freed in one place
+ * (tool_parts_free) whatever happened. */
+typedef struct tool_parts {
+  char *params;      /* "parameters", compact JSON text */
+  const char **argv; /* "command"; the strings are borrowed from the JSON */
+  char **env;        /* "env" (free_env) */
+} tool_parts;
+
+static void tool_parts_free(tool_parts *p) {
+  free(p->params);
+  free(p->argv);
+  free_env(p->env);
+}
+
+/* "description", "requires_approval", "idempotent", and whether the tool has
+ * exactly one of "command" and an implementation (opts->fn). */
+static ag_err_t load_basics(const json_t *tool, const char *path,
+                            const ag_tool_json_opts *opts, ag_tool_def *def,
+                            ag_error_t *err) {
+  json_t *desc = json_object_get(tool, "description");
+  if (desc != NULL && !json_is_string(desc))
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "%s.description: expected a string, got %s", path,
+                         ag__json_kind(desc));
+  def->description = desc != NULL ? json_string_value(desc) : NULL;
+  ag_err_t rc;
+  if ((rc = opt_bool(tool, "requires_approval", path, &def->requires_approval,
+                     err)) != AG_OK ||
+      (rc = opt_bool(tool, "idempotent", path, &def->idempotent, err)) != AG_OK)
+    return rc;
+
+  json_t *cmd = json_object_get(tool, "command");
+  if (cmd != NULL && opts->fn != NULL)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "%s: \"command\" given for a tool that has an "
+                         "implementation already",
+                         path);
+  if (cmd == NULL && opts->fn == NULL)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "%s: needs \"command\" (the program to run, as an "
+                         "argv array of strings)",
+                         path);
+  return AG_OK;
+}
+
+/* "parameters": a JSON Schema object, kept as text in parts->params. */
+static ag_err_t load_parameters(const json_t *tool, const char *path,
+                                ag_tool_def *def, tool_parts *parts,
+                                ag_error_t *err) {
+  json_t *schema = json_object_get(tool, "parameters");
+  if (schema == NULL)
+    return AG_OK;
+  if (!json_is_object(schema))
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "%s.parameters: expected a JSON Schema object, "
+                         "got %s",
+                         path, ag__json_kind(schema));
+  parts->params = json_dumps(schema, JSON_COMPACT);
+  if (parts->params == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  def->parameters = parts->params;
+  return AG_OK;
+}
+
+/* "command": 1 to MAX_ARGV strings without NUL bytes, into parts->argv. */
+static ag_err_t load_argv(const json_t *cmd, const char *path,
+                          tool_parts *parts, ag_error_t *err) {
+  if (!json_is_array(cmd))
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "%s.command: expected an array of strings (argv), "
+                         "got %s",
+                         path, ag__json_kind(cmd));
+  size_t n = json_array_size(cmd);
+  if (n == 0 || n > MAX_ARGV)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "%s.command: needs 1 to %d strings (argv), got %zu",
+                         path, MAX_ARGV, n);
+  if ((parts->argv = calloc(n + 1, sizeof(*parts->argv))) == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    json_t *a = json_array_get(cmd, i);
+    if (!json_is_string(a))
+      return ag__set_error(err, AG_EINVAL, -1,
+                           "%s.command[%zu]: expected a string, got %s", path,
+                           i, ag__json_kind(a));
+    if (strlen(json_string_value(a)) != json_string_length(a))
+      return ag__set_error(err, AG_EINVAL, -1,
+                           "%s.command[%zu]: contains a NUL character", path,
+                           i);
+    parts->argv[i] = json_string_value(a);
+  }
+  return AG_OK;
+}
+
+/* What the tool runs: a command (argv and env) or opts' implementation. */
+static ag_err_t load_runner(const json_t *tool, const char *path,
+                            const ag_tool_json_opts *opts, ag_tool_def *def,
+                            tool_parts *parts, ag_error_t *err) {
+  json_t *cmd = json_object_get(tool, "command");
+  json_t *env = json_object_get(tool, "env");
+  if (cmd == NULL) {
+    if (env != NULL)
+      return ag__set_error(err, AG_EINVAL, -1,
+                           "%s.env: only a \"command\" tool has an "
+                           "environment (a tool without one runs nothing)",
+                           path);
+    def->fn = opts->fn;
+    def->user = opts->user;
+    return AG_OK;
+  }
+  ag_err_t rc = load_argv(cmd, path, parts, err);
+  if (rc == AG_OK)
+    rc = load_env(env, path, &parts->env, err);
+  def->argv = parts->argv;
+  def->env = (const char *const *)parts->env;
+  return rc;
+}
+
 AG_EXTERN ag_err_t ag_registry_add_json(ag_registry *r, const char *name,
                                         const json_t *tool,
                                         const ag_tool_json_opts *opts,
@@ -239,91 +356,15 @@ AG_EXTERN ag_err_t ag_registry_add_json(ag_registry *r, const char *name,
   ag_tool_def def;
   ag_tool_def_init(&def);
   def.name = name;
-  json_t *desc = json_object_get(tool, "description");
-  if (desc != NULL && !json_is_string(desc))
-    return ag__set_error(err, AG_EINVAL, -1,
-                         "%s.description: expected a string, got %s", path,
-                         ag__json_kind(desc));
-  def.description = desc != NULL ? json_string_value(desc) : NULL;
-  if ((rc = opt_bool(tool, "requires_approval", path, &def.requires_approval,
-                     err)) != AG_OK ||
-      (rc = opt_bool(tool, "idempotent", path, &def.idempotent, err)) != AG_OK)
-    return rc;
-
-  json_t *cmd = json_object_get(tool, "command");
-  if (cmd != NULL && opts->fn != NULL)
-    return ag__set_error(err, AG_EINVAL, -1,
-                         "%s: \"command\" given for a tool that has an "
-                         "implementation already",
-                         path);
-  if (cmd == NULL && opts->fn == NULL)
-    return ag__set_error(err, AG_EINVAL, -1,
-                         "%s: needs \"command\" (the program to run, as an "
-                         "argv array of strings)",
-                         path);
-
-  json_t *schema = json_object_get(tool, "parameters");
-  char *params = NULL;
-  if (schema != NULL) {
-    if (!json_is_object(schema))
-      return ag__set_error(err, AG_EINVAL, -1,
-                           "%s.parameters: expected a JSON Schema object, "
-                           "got %s",
-                           path, ag__json_kind(schema));
-    params = json_dumps(schema, JSON_COMPACT);
-    if (params == NULL)
-      return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
-    def.parameters = params;
-  }
-
-  const char **argv = NULL;
-  char **env = NULL;
-  if (cmd == NULL && json_object_get(tool, "env") != NULL) {
-    free(params);
-    return ag__set_error(err, AG_EINVAL, -1,
-                         "%s.env: only a \"command\" tool has an environment "
-                         "(a tool without one runs nothing)",
-                         path);
-  }
-  if (cmd != NULL) {
-    size_t n = json_is_array(cmd) ? json_array_size(cmd) : 0;
-    if (!json_is_array(cmd))
-      rc = ag__set_error(err, AG_EINVAL, -1,
-                         "%s.command: expected an array of strings (argv), "
-                         "got %s",
-                         path, ag__json_kind(cmd));
-    else if (n == 0 || n > MAX_ARGV)
-      rc = ag__set_error(err, AG_EINVAL, -1,
-                         "%s.command: needs 1 to %d strings (argv), got %zu",
-                         path, MAX_ARGV, n);
-    else if ((argv = calloc(n + 1, sizeof(*argv))) == NULL)
-      rc = ag__set_error(err, AG_ENOMEM, -1, "out of memory");
-    for (size_t i = 0; rc == AG_OK && i < n; i++) {
-      json_t *a = json_array_get(cmd, i);
-      if (!json_is_string(a))
-        rc = ag__set_error(err, AG_EINVAL, -1,
-                           "%s.command[%zu]: expected a string, got %s", path,
-                           i, ag__json_kind(a));
-      else if (strlen(json_string_value(a)) != json_string_length(a))
-        rc =
-            ag__set_error(err, AG_EINVAL, -1,
-                          "%s.command[%zu]: contains a NUL character", path, i);
-      else
-        argv[i] = json_string_value(a);
-    }
-    def.argv = argv;
-    if (rc == AG_OK)
-      rc = load_env(json_object_get(tool, "env"), path, &env, err);
-    def.env = (const char *const *)env;
-  } else {
-    def.fn = opts->fn;
-    def.user = opts->user;
-  }
+  tool_parts parts = {NULL, NULL, NULL};
+  rc = load_basics(tool, path, opts, &def, err);
+  if (rc == AG_OK)
+    rc = load_parameters(tool, path, &def, &parts, err);
+  if (rc == AG_OK)
+    rc = load_runner(tool, path, opts, &def, &parts, err);
   if (rc == AG_OK)
     rc = ag_registry_add(r, &def, err);
-  free(params);
-  free(argv);
-  free_env(env);
+  tool_parts_free(&parts);
   return rc;
 }
 

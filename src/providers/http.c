@@ -17,6 +17,8 @@
  * A request's state is a `xfer` on the stack: the response body (capped),
  * or an SSE parser feeding the wire's event function, which feeds an
  * ag__asm (text, refusal, calls by wire index, usage; every part capped).
+ * Every growing text - the body, the SSE line and event, the reply's text,
+ * refusal and call arguments - is the base layer's ag__buf with its cap.
  *
  * Threading and cancellation. A provider is used by one thread at a time.
  * The transfer runs on curl's multi interface with curl_multi_poll, whose
@@ -52,34 +54,30 @@
 #include "../core/internal.h"
 #include "internal.h"
 
+/* Widths (%.*s, or characters kept) of outside text quoted in a message,
+ * so that each message keeps its own words within its buffer. */
+#define SHOWN_TOKEN 40         /* an API's error type or code, a kind */
+#define SHOWN_NAME 60          /* an environment variable's or header's name */
+#define SHOWN_LOCATION 120     /* a redirect's Location */
+#define SHOWN_BASE_URL 200     /* provider.base_url */
+#define API_MESSAGE_CHARS 400  /* the API's own error message */
+#define BODY_EXCERPT_CHARS 200 /* an error body that is not the API's JSON */
+
+#define MAX_BASE_URL 4096  /* bytes of provider.base_url */
+#define MAX_CALL_NAME 4096 /* bytes of a tool call's id or name */
+
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                            */
 /* ------------------------------------------------------------------------ */
 
-/* Appends to a growing buffer capped at `max` bytes (plus a NUL). 0 on
- * success, AG_ETOOBIG or AG_ENOMEM. */
-static ag_err_t buf_append(char **buf, size_t *len, size_t *cap, size_t max,
-                           const char *s, size_t n) {
-  if (n > max || *len > max - n)
-    return AG_ETOOBIG;
-  size_t need = *len + n + 1;
-  if (need > *cap) {
-    size_t nc = *cap < 256 ? 256 : *cap;
-    while (nc < need)
-      nc *= 2;
-    if (nc > max + 1)
-      nc = max + 1;
-    char *g = realloc(*buf, nc);
-    if (g == NULL)
-      return AG_ENOMEM;
-    *buf = g;
-    *cap = nc;
-  }
-  if (n > 0)
-    memcpy(*buf + *len, s, n);
-  *len += n;
-  (*buf)[*len] = '\0';
-  return AG_OK;
+/* Hands over a heap buffer's text (NULL before its first append) and
+ * leaves the buffer empty, with its cap. */
+static char *buf_take(ag__buf *b) {
+  char *p = b->p;
+  size_t cap = b->cap;
+  b->p = NULL;
+  ag__buf_init(b, cap);
+  return p;
 }
 
 /* perr->message, formatted; cut to fit (vsnprintf: no truncation warning
@@ -116,7 +114,7 @@ static void readable(char *dst, size_t cap, const char *s, size_t n,
 bool ag__api_error_message(const json_t *error, char *buf, size_t cap) {
   if (json_is_string(error)) {
     readable(buf, cap, json_string_value(error), json_string_length(error),
-             400);
+             API_MESSAGE_CHARS);
     return buf[0] != '\0';
   }
   if (!json_is_object(error))
@@ -127,18 +125,20 @@ bool ag__api_error_message(const json_t *error, char *buf, size_t cap) {
   json_t *code = json_object_get(error, "code");
   char msg[420] = "";
   if (m != NULL)
-    readable(msg, sizeof(msg), m, ml, 400);
+    readable(msg, sizeof(msg), m, ml, API_MESSAGE_CHARS);
   char extra[128] = "";
   char codebuf[48] = "";
   if (json_is_string(code))
-    snprintf(codebuf, sizeof(codebuf), "%.40s", json_string_value(code));
+    snprintf(codebuf, sizeof(codebuf), "%.*s", SHOWN_TOKEN,
+             json_string_value(code));
   else if (json_is_integer(code))
     snprintf(codebuf, sizeof(codebuf), "%lld",
              (long long)json_integer_value(code));
   if (type != NULL && codebuf[0] != '\0')
-    snprintf(extra, sizeof(extra), " (type %.40s, code %s)", type, codebuf);
+    snprintf(extra, sizeof(extra), " (type %.*s, code %s)", SHOWN_TOKEN, type,
+             codebuf);
   else if (type != NULL)
-    snprintf(extra, sizeof(extra), " (type %.40s)", type);
+    snprintf(extra, sizeof(extra), " (type %.*s)", SHOWN_TOKEN, type);
   else if (codebuf[0] != '\0')
     snprintf(extra, sizeof(extra), " (code %s)", codebuf);
   if (msg[0] == '\0' && extra[0] == '\0')
@@ -180,30 +180,25 @@ static void redact(char *buf, size_t cap, const char *key) {
 
 void ag__sse_init(ag__sse *s, ag__sse_fn fn, void *user) {
   memset(s, 0, sizeof(*s));
+  ag__buf_init(&s->line, AG__SSE_LINE_MAX);
+  ag__buf_init(&s->data, AG__SSE_EVENT_MAX);
   s->fn = fn;
   s->user = user;
 }
 
 void ag__sse_free(ag__sse *s) {
-  free(s->line);
-  free(s->data);
+  ag__buf_free(&s->line);
+  ag__buf_free(&s->data);
   memset(s, 0, sizeof(*s));
 }
 
 static int sse_dispatch(ag__sse *s) {
   int rc = 0;
-  if (s->has_data) {
-    if (s->data == NULL) {
-      /* data lines that were all empty: dispatch "" */
-      static const char empty[] = "";
-      rc = s->fn(s->user, s->event, empty, 0, s->event_pos);
-    } else {
-      rc = s->fn(s->user, s->event, s->data, s->data_len, s->event_pos);
-    }
-  }
-  s->data_len = 0;
-  if (s->data != NULL)
-    s->data[0] = '\0';
+  /* data lines that were all empty dispatch "" */
+  if (s->has_data)
+    rc = s->fn(s->user, s->event, ag__buf_str(&s->data), s->data.len,
+               s->event_pos);
+  ag__buf_reset(&s->data);
   s->has_data = false;
   s->event[0] = '\0';
   s->in_event = false;
@@ -211,8 +206,8 @@ static int sse_dispatch(ag__sse *s) {
 }
 
 static int sse_line(ag__sse *s, ag_err_t *why) {
-  const char *l = s->line != NULL ? s->line : "";
-  size_t n = s->line_len;
+  const char *l = ag__buf_str(&s->line);
+  size_t n = s->line.len;
   if (n == 0)
     return sse_dispatch(s);
   if (!s->in_event) {
@@ -232,11 +227,9 @@ static int sse_line(ag__sse *s, ag_err_t *why) {
   if (fl == 4 && memcmp(l, "data", 4) == 0) {
     ag_err_t rc = AG_OK;
     if (s->has_data)
-      rc = buf_append(&s->data, &s->data_len, &s->data_cap, AG__SSE_EVENT_MAX,
-                      "\n", 1);
+      rc = ag__buf_add(&s->data, "\n", 1);
     if (rc == AG_OK)
-      rc = buf_append(&s->data, &s->data_len, &s->data_cap, AG__SSE_EVENT_MAX,
-                      v, vl);
+      rc = ag__buf_add(&s->data, v, vl);
     if (rc != AG_OK) {
       *why = rc;
       return -1;
@@ -268,8 +261,7 @@ int ag__sse_feed(ag__sse *s, const char *buf, size_t len, ag_err_t *why) {
     while (k < rest && start[k] != '\n' && start[k] != '\r')
       k++;
     if (k > 0) {
-      ag_err_t rc = buf_append(&s->line, &s->line_len, &s->line_cap,
-                               AG__SSE_LINE_MAX, start, k);
+      ag_err_t rc = ag__buf_add(&s->line, start, k);
       if (rc != AG_OK) {
         *why = rc;
         return -1;
@@ -284,7 +276,7 @@ int ag__sse_feed(ag__sse *s, const char *buf, size_t len, ag_err_t *why) {
     i++;
     s->consumed++;
     int r = sse_line(s, why);
-    s->line_len = 0;
+    ag__buf_reset(&s->line);
     s->line_pos = s->consumed;
     if (r != 0)
       return r;
@@ -294,9 +286,9 @@ int ag__sse_feed(ag__sse *s, const char *buf, size_t len, ag_err_t *why) {
 
 int ag__sse_finish(ag__sse *s, ag_err_t *why) {
   int r = 0;
-  if (s->line_len > 0) {
+  if (s->line.len > 0) {
     r = sse_line(s, why);
-    s->line_len = 0;
+    ag__buf_reset(&s->line);
   }
   if (r == 0 && s->has_data)
     r = sse_dispatch(s);
@@ -315,15 +307,19 @@ void ag__asm_init(ag__asm *a, ag_delta_fn on_delta, void *delta_user,
   a->perr = perr;
   a->service = service;
   a->failed = AG_OK;
+  ag__buf_init(&a->text, AG__REPLY_TEXT_MAX);
+  ag__buf_init(&a->refusal, AG__REPLY_TEXT_MAX);
+  for (int i = 0; i < AG__CALLS_MAX; i++)
+    ag__buf_init(&a->calls[i].args, AG__CALL_ARGS_MAX);
 }
 
 void ag__asm_free(ag__asm *a) {
-  free(a->text);
-  free(a->refusal);
+  ag__buf_free(&a->text);
+  ag__buf_free(&a->refusal);
   for (int i = 0; i < a->n_slots; i++) {
     free(a->calls[i].id);
     free(a->calls[i].name);
-    free(a->calls[i].args);
+    ag__buf_free(&a->calls[i].args);
   }
   memset(a, 0, sizeof(*a));
 }
@@ -390,8 +386,7 @@ bool ag__asm_stream_error(ag__asm *a, const json_t *error) {
 }
 
 bool ag__asm_text(ag__asm *a, const char *s, size_t len) {
-  ag_err_t rc = buf_append(&a->text, &a->text_len, &a->text_cap,
-                           AG__REPLY_TEXT_MAX, s, len);
+  ag_err_t rc = ag__buf_add(&a->text, s, len);
   if (rc == AG_ETOOBIG)
     return ag__asm_bad(a, -1, "the reply's text exceeds %u bytes",
                        AG__REPLY_TEXT_MAX);
@@ -406,8 +401,7 @@ bool ag__asm_text(ag__asm *a, const char *s, size_t len) {
 }
 
 bool ag__asm_refusal(ag__asm *a, const char *s, size_t len) {
-  ag_err_t rc = buf_append(&a->refusal, &a->refusal_len, &a->refusal_cap,
-                           AG__REPLY_TEXT_MAX, s, len);
+  ag_err_t rc = ag__buf_add(&a->refusal, s, len);
   if (rc == AG_ETOOBIG)
     return ag__asm_bad(a, -1, "the refusal exceeds %u bytes",
                        AG__REPLY_TEXT_MAX);
@@ -428,8 +422,9 @@ ag__part_call *ag__asm_call(ag__asm *a, int64_t index) {
 }
 
 bool ag__asm_set(ag__asm *a, char **dst, const char *s, size_t len) {
-  if (len > 4096)
-    return ag__asm_bad(a, -1, "a tool call's id or name exceeds 4096 bytes");
+  if (len > MAX_CALL_NAME)
+    return ag__asm_bad(a, -1, "a tool call's id or name exceeds %d bytes",
+                       MAX_CALL_NAME);
   char *d = ag__strndup(s, len);
   if (d == NULL)
     return asm_fail(a, AG_ENOMEM);
@@ -439,8 +434,7 @@ bool ag__asm_set(ag__asm *a, char **dst, const char *s, size_t len) {
 }
 
 bool ag__asm_args(ag__asm *a, ag__part_call *c, const char *s, size_t len) {
-  ag_err_t rc = buf_append(&c->args, &c->args_len, &c->args_cap,
-                           AG__CALL_ARGS_MAX, s, len);
+  ag_err_t rc = ag__buf_add(&c->args, s, len);
   if (rc == AG_ETOOBIG)
     return ag__asm_bad(a, -1, "a tool call's arguments exceed %u bytes",
                        AG__CALL_ARGS_MAX);
@@ -457,19 +451,16 @@ ag_err_t ag__asm_finish(ag__asm *a, ag_reply *out) {
       return AG_EPROVIDER;
     }
     /* A call with no arguments at all is a call with none: "{}". */
-    const char *args = c->args_len > 0 ? c->args : "{}";
-    size_t alen = c->args_len > 0 ? c->args_len : 2;
+    const char *args = c->args.len > 0 ? c->args.p : "{}";
+    size_t alen = c->args.len > 0 ? c->args.len : 2;
     ag_err_t rc = ag_reply_add_call(out, c->id, c->name, args, alen);
     if (rc != AG_OK)
       return rc;
   }
-  if (a->text != NULL) {
-    out->text = a->text;
-    a->text = NULL;
-  }
-  if (a->refusal != NULL) {
-    out->refusal = a->refusal;
-    a->refusal = NULL;
+  if (a->text.p != NULL)
+    out->text = buf_take(&a->text);
+  if (a->refusal.p != NULL) {
+    out->refusal = buf_take(&a->refusal);
     if (out->text == NULL || out->text[0] == '\0') {
       free(out->text);
       out->text = ag__strdup(out->refusal);
@@ -534,8 +525,7 @@ typedef struct xfer {
   bool decided;  /* the body's mode is known */
   bool sse;      /* 2xx and text/event-stream */
   bool body_2xx; /* a 2xx body is being buffered */
-  char *body;
-  size_t body_len, body_cap;
+  ag__buf body;  /* capped when the status is known (on_write) */
   bool too_big;
   bool nomem;
   bool stopped; /* a callback asked curl to stop */
@@ -635,6 +625,7 @@ static size_t on_write(char *buf, size_t size, size_t n, void *user) {
     bool ok = x->status >= 200 && x->status < 300;
     x->sse = ok && ci_contains(x->content_type, "text/event-stream");
     x->body_2xx = ok;
+    ag__buf_init(&x->body, ok ? AG__HTTP_BODY_MAX : AG__HTTP_ERRBODY_MAX);
   }
   if (x->sse) {
     ag_err_t why = AG_OK;
@@ -653,14 +644,11 @@ static size_t on_write(char *buf, size_t size, size_t n, void *user) {
     }
     return len;
   }
-  size_t max = x->body_2xx ? AG__HTTP_BODY_MAX : AG__HTTP_ERRBODY_MAX;
-  if (!x->body_2xx && x->body_len >= max)
+  size_t room = x->body.cap - x->body.len;
+  if (!x->body_2xx && room == 0)
     return len; /* an error body: keep its beginning only */
-  size_t take = len;
-  if (!x->body_2xx && x->body_len + take > max)
-    take = max - x->body_len;
-  ag_err_t rc =
-      buf_append(&x->body, &x->body_len, &x->body_cap, max, buf, take);
+  size_t take = !x->body_2xx && len > room ? room : len;
+  ag_err_t rc = ag__buf_add(&x->body, buf, take);
   if (rc == AG_ETOOBIG) {
     x->too_big = true;
     x->stopped = true;
@@ -759,15 +747,17 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
       x->retry_after_ms_hdr >= 0 ? x->retry_after_ms_hdr : x->retry_after_ms;
   /* The key out of the body before anything is cut from it: a cut would
    * leave a prefix of the key that no later redaction recognises. */
-  if (x->body != NULL && p->api_key != NULL &&
-      strstr(x->body, p->api_key) != NULL) {
-    redact(x->body, x->body_cap, p->api_key);
-    x->body_len = strlen(x->body);
+  if (x->body.p != NULL && p->api_key != NULL &&
+      strstr(x->body.p, p->api_key) != NULL) {
+    /* In place, within the allocation (never more than the cap). */
+    redact(x->body.p, x->body.alloc, p->api_key);
+    x->body.len = strlen(x->body.p);
   }
-  const char *body = x->body != NULL ? x->body : "";
+  const char *body = ag__buf_str(&x->body);
+  size_t body_len = x->body.len;
   char api[440] = "";
   json_error_t je;
-  json_t *j = x->body_len > 0 ? json_loadb(body, x->body_len, 0, &je) : NULL;
+  json_t *j = body_len > 0 ? json_loadb(body, body_len, 0, &je) : NULL;
   if (j != NULL) {
     /* {"error": {...}} (OpenAI and most servers), {"type": "error",
      * "error": {...}} (Anthropic), {"error": "text"} (Ollama), or a bare
@@ -777,8 +767,8 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
       ag__api_error_message(j, api, sizeof(api));
     json_decref(j);
   }
-  if (api[0] == '\0' && x->body_len > 0)
-    readable(api, sizeof(api), body, x->body_len, 200);
+  if (api[0] == '\0' && body_len > 0)
+    readable(api, sizeof(api), body, body_len, BODY_EXCERPT_CHARS);
   char what[320] = "";
   if (s == 401 || s == 403) {
     if (p->key_env[0] == '\0')
@@ -787,16 +777,18 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
                s == 401 ? "the server wants an API key" : "access refused");
     else if (p->api_key == NULL)
       snprintf(what, sizeof(what),
-               "the API key is missing: set the environment variable %.60s",
-               p->key_env);
+               "the API key is missing: set the environment variable %.*s",
+               SHOWN_NAME, p->key_env);
     else
       snprintf(what, sizeof(what),
-               "the API key in the environment variable %.60s was %s",
-               p->key_env, s == 401 ? "refused" : "refused for this request");
+               "the API key in the environment variable %.*s was %s",
+               SHOWN_NAME, p->key_env,
+               s == 401 ? "refused" : "refused for this request");
   } else if (s >= 300 && s < 400) {
     snprintf(what, sizeof(what),
-             "the server redirects to %.120s; redirects are not followed: "
+             "the server redirects to %.*s; redirects are not followed: "
              "set provider.base_url to the new address",
+             SHOWN_LOCATION,
              x->location[0] != '\0' ? x->location : "(no Location)");
   } else if (s == 404) {
     snprintf(what, sizeof(what),
@@ -810,9 +802,8 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
            what[0] != '\0' ? what : api);
   else
     setmsg(perr, "HTTP %ld from %s", s, p->service);
-  size_t dl = x->body_len < sizeof(perr->details) - 1
-                  ? x->body_len
-                  : sizeof(perr->details) - 1;
+  size_t dl = body_len < sizeof(perr->details) - 1 ? body_len
+                                                   : sizeof(perr->details) - 1;
   memcpy(perr->details, body, dl);
   perr->details[dl] = '\0';
 }
@@ -840,6 +831,140 @@ static void net_failure(http_provider *p, CURLcode cc, const char *errbuf,
   }
 }
 
+/* The request body in the wire's format, or NULL with *rc set (AG_ENOMEM,
+ * or AG_EPROVIDER with perr saying why). */
+static char *build_request(http_provider *p, const ag_request *req, size_t *len,
+                           ag_err_t *rc, ag_provider_error *perr) {
+  ag_err_t brc = AG_OK;
+  char bmsg[256] = "";
+  char *body =
+      p->wire == AG__WIRE_OPENAI
+          ? ag__openai_request(&p->wopts, req, len, &brc, bmsg, sizeof(bmsg))
+          : ag__anthropic_request(&p->wopts, req, len, &brc, bmsg,
+                                  sizeof(bmsg));
+  *rc = AG_OK;
+  if (body != NULL)
+    return body;
+  if (brc == AG_ENOMEM) {
+    *rc = AG_ENOMEM;
+    return NULL;
+  }
+  perr->transient = false;
+  setmsg(perr, "the request for %s could not be built: %s", p->service, bmsg);
+  *rc = AG_EPROVIDER;
+  return NULL;
+}
+
+/* Sets the provider's easy handle up for one POST of `body` into `x`. */
+static void setup_easy(http_provider *p, xfer *x, const char *body,
+                       size_t body_len, char *errbuf) {
+  CURL *e = p->easy;
+  curl_easy_reset(e);
+  curl_easy_setopt(e, CURLOPT_URL, p->url);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, p->headers);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, x);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, x);
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "agentguard/" AG_VERSION_STRING);
+  curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+#endif
+  if (p->timeout_ms > 0)
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)p->timeout_ms);
+  if (p->connect_timeout_ms > 0)
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)p->connect_timeout_ms);
+}
+
+/* A 2xx stream that ended: the event left without its blank line, then
+ * whether the reply was complete. */
+static ag_err_t finish_stream(http_provider *p, xfer *x, ag__asm *a,
+                              ag_provider_error *perr) {
+  ag_err_t why = AG_OK;
+  int r = ag__sse_finish(&x->sse_p, &why);
+  if (r < 0 && why == AG_ENOMEM)
+    return AG_ENOMEM;
+  if (a->delta_stopped)
+    return AG_ECANCELLED;
+  if (a->failed != AG_OK)
+    return a->failed;
+  if (!a->done && a->finish_reason[0] == '\0') {
+    perr->transient = true;
+    setmsg(perr,
+           "the stream from %s ended before the reply was complete "
+           "(after %zu bytes, no %s)",
+           p->service, x->sse_p.consumed,
+           p->wire == AG__WIRE_OPENAI ? "[DONE]" : "message_stop");
+    return AG_EPROVIDER;
+  }
+  return AG_OK;
+}
+
+/* A 2xx body that was not streamed: the wire's reader fills the
+ * assembler. */
+static ag_err_t read_body(http_provider *p, xfer *x, ag__asm *a) {
+  if (p->wire == AG__WIRE_OPENAI)
+    ag__openai_response(a, ag__buf_str(&x->body), x->body.len);
+  else
+    ag__anthropic_response(a, ag__buf_str(&x->body), x->body.len);
+  return a->delta_stopped ? AG_ECANCELLED : a->failed;
+}
+
+/* How a transfer ended, in order of precedence: cancelled, out of memory,
+ * idle, an HTTP error status, a broken reply, too big a body, a network
+ * error; else the reply is read. */
+static ag_err_t transfer_outcome(http_provider *p, xfer *x, ag__asm *a,
+                                 CURLcode cc, bool cancelled, bool idle,
+                                 const char *errbuf, ag_provider_error *perr) {
+  if (cancelled || a->delta_stopped)
+    return AG_ECANCELLED;
+  if (x->nomem || a->failed == AG_ENOMEM)
+    return AG_ENOMEM;
+  if (idle) {
+    perr->transient = true;
+    perr->http_status = 0;
+    setmsg(perr, "%s sent nothing for %lld ms (provider.idle_timeout)",
+           p->service, (long long)p->idle_timeout_ms);
+    return AG_EPROVIDER;
+  }
+  if (x->status > 0 && (x->status < 200 || x->status >= 300)) {
+    http_failure(p, x, perr);
+    return AG_EPROVIDER;
+  }
+  if (a->failed != AG_OK)
+    return a->failed == AG_ETOOBIG ? AG_EPROVIDER : a->failed;
+  if (x->too_big) {
+    ag__asm_bad(a, (long)AG__HTTP_BODY_MAX, "the body exceeds %u bytes",
+                AG__HTTP_BODY_MAX);
+    return AG_EPROVIDER;
+  }
+  if (cc != CURLE_OK) {
+    net_failure(p, cc, errbuf, x->decided, perr);
+    return AG_EPROVIDER;
+  }
+  return x->sse ? finish_stream(p, x, a, perr) : read_body(p, x, a);
+}
+
+/* A failed request's last touches: the 2xx status of a broken reply, the
+ * error body as details, and the key scrubbed from both texts. */
+static void finish_failure(http_provider *p, const xfer *x, const ag__asm *a,
+                           ag_provider_error *perr) {
+  /* A 2xx whose body broke the API's promise: say which status came. */
+  if (perr->http_status == 0 && x->status >= 200 && x->status < 300 &&
+      a->failed == AG_EPROVIDER && !perr->transient)
+    perr->http_status = (int)x->status;
+  if (perr->details[0] == '\0' && x->body.p != NULL && !x->body_2xx)
+    ag__scopy(perr->details, sizeof(perr->details), x->body.p);
+  redact(perr->message, sizeof(perr->message), p->api_key);
+  redact(perr->details, sizeof(perr->details), p->api_key);
+}
+
 static ag_err_t http_complete(void *self, const ag_request *req,
                               ag_cancel *cancel, ag_delta_fn on_delta,
                               void *delta_user, ag_reply *out,
@@ -847,20 +972,10 @@ static ag_err_t http_complete(void *self, const ag_request *req,
   http_provider *p = self;
   ag__scopy(perr->service, sizeof(perr->service), p->service);
   size_t body_len = 0;
-  ag_err_t brc = AG_OK;
-  char bmsg[256] = "";
-  char *body = p->wire == AG__WIRE_OPENAI
-                   ? ag__openai_request(&p->wopts, req, &body_len, &brc, bmsg,
-                                        sizeof(bmsg))
-                   : ag__anthropic_request(&p->wopts, req, &body_len, &brc,
-                                           bmsg, sizeof(bmsg));
-  if (body == NULL) {
-    if (brc == AG_ENOMEM)
-      return AG_ENOMEM;
-    perr->transient = false;
-    setmsg(perr, "the request for %s could not be built: %s", p->service, bmsg);
-    return AG_EPROVIDER;
-  }
+  ag_err_t rc;
+  char *body = build_request(p, req, &body_len, &rc, perr);
+  if (body == NULL)
+    return rc;
 
   ag__asm a;
   ag__asm_init(&a, on_delta, delta_user, perr, p->service);
@@ -874,102 +989,21 @@ static ag_err_t http_complete(void *self, const ag_request *req,
 
   char errbuf[CURL_ERROR_SIZE];
   errbuf[0] = '\0';
-  CURL *e = p->easy;
-  curl_easy_reset(e);
-  curl_easy_setopt(e, CURLOPT_URL, p->url);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, p->headers);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, &x);
-  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
-  curl_easy_setopt(e, CURLOPT_HEADERDATA, &x);
-  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
-  curl_easy_setopt(e, CURLOPT_USERAGENT, "agentguard/" AG_VERSION_STRING);
-  curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-#if LIBCURL_VERSION_NUM >= 0x075500
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-#endif
-  if (p->timeout_ms > 0)
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)p->timeout_ms);
-  if (p->connect_timeout_ms > 0)
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)p->connect_timeout_ms);
-
+  setup_easy(p, &x, body, body_len, errbuf);
   bool cancelled = false, idle = false;
   CURLcode cc = run_transfer(p, &x, cancel, &cancelled, &idle);
   if (x.status == 0)
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &x.status);
+    curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &x.status);
   free(body);
 
-  ag_err_t rc = AG_OK;
-  if (cancelled || a.delta_stopped) {
-    rc = AG_ECANCELLED;
-  } else if (x.nomem || a.failed == AG_ENOMEM) {
-    rc = AG_ENOMEM;
-  } else if (idle) {
-    perr->transient = true;
-    perr->http_status = 0;
-    setmsg(perr, "%s sent nothing for %lld ms (provider.idle_timeout)",
-           p->service, (long long)p->idle_timeout_ms);
-    rc = AG_EPROVIDER;
-  } else if (x.status > 0 && (x.status < 200 || x.status >= 300)) {
-    http_failure(p, &x, perr);
-    rc = AG_EPROVIDER;
-  } else if (a.failed != AG_OK) {
-    rc = a.failed == AG_ETOOBIG ? AG_EPROVIDER : a.failed;
-  } else if (x.too_big) {
-    ag__asm_bad(&a, (long)AG__HTTP_BODY_MAX, "the body exceeds %u bytes",
-                AG__HTTP_BODY_MAX);
-    rc = AG_EPROVIDER;
-  } else if (cc != CURLE_OK) {
-    net_failure(p, cc, errbuf, x.decided, perr);
-    rc = AG_EPROVIDER;
-  } else if (x.sse) {
-    ag_err_t why = AG_OK;
-    int r = ag__sse_finish(&x.sse_p, &why);
-    if (r < 0 && why == AG_ENOMEM)
-      rc = AG_ENOMEM;
-    else if (a.delta_stopped)
-      rc = AG_ECANCELLED;
-    else if (a.failed != AG_OK)
-      rc = a.failed;
-    else if (!a.done && a.finish_reason[0] == '\0') {
-      perr->transient = true;
-      setmsg(perr,
-             "the stream from %s ended before the reply was complete "
-             "(after %zu bytes, no %s)",
-             p->service, x.sse_p.consumed,
-             p->wire == AG__WIRE_OPENAI ? "[DONE]" : "message_stop");
-      rc = AG_EPROVIDER;
-    }
-  } else {
-    if (p->wire == AG__WIRE_OPENAI)
-      ag__openai_response(&a, x.body != NULL ? x.body : "", x.body_len);
-    else
-      ag__anthropic_response(&a, x.body != NULL ? x.body : "", x.body_len);
-    if (a.delta_stopped)
-      rc = AG_ECANCELLED;
-    else
-      rc = a.failed;
-  }
+  rc = transfer_outcome(p, &x, &a, cc, cancelled, idle, errbuf, perr);
   if (rc == AG_OK)
     rc = ag__asm_finish(&a, out);
-  /* A 2xx whose body broke the API's promise: say which status came. */
-  if (rc == AG_EPROVIDER && perr->http_status == 0 && x.status >= 200 &&
-      x.status < 300 && a.failed == AG_EPROVIDER && !perr->transient)
-    perr->http_status = (int)x.status;
-  if (rc == AG_EPROVIDER) {
-    if (perr->details[0] == '\0' && x.body != NULL && !x.body_2xx) {
-      ag__scopy(perr->details, sizeof(perr->details), x.body);
-    }
-    redact(perr->message, sizeof(perr->message), p->api_key);
-    redact(perr->details, sizeof(perr->details), p->api_key);
-  }
+  if (rc == AG_EPROVIDER)
+    finish_failure(p, &x, &a, perr);
   ag__asm_free(&a);
   ag__sse_free(&x.sse_p);
-  free(x.body);
+  ag__buf_free(&x.body);
   return rc;
 }
 
@@ -1024,30 +1058,29 @@ static bool add_header(struct curl_slist **l, const char *h) {
   return true;
 }
 
-AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
-                                        const ag_http_provider_opts *o,
-                                        ag_error_t *err) {
-  if (out != NULL)
-    *out = NULL;
-  if (out == NULL || o == NULL)
-    return ag__set_error(err, AG_EINVAL, -1, "ag_provider_http_new: %s is NULL",
-                         out == NULL ? "out" : "opts");
+static ag_err_t oom(ag_error_t *err) {
+  return ag__set_error(err, AG_ENOMEM, -1, "out of memory creating a provider");
+}
+
+/* The options a provider cannot start with, before anything is made; the
+ * wire format from o->kind. */
+static ag_err_t check_opts(const ag_http_provider_opts *o, ag__wire_kind *wire,
+                           ag_error_t *err) {
   if (o->size != sizeof(ag_http_provider_opts))
     return ag__set_error(err, AG_EINVAL, -1,
                          "ag_provider_http_new: opts.size is %zu, expected "
                          "%zu (call ag_http_provider_opts_init)",
                          o->size, sizeof(ag_http_provider_opts));
-  ag__wire_kind wire;
   const char *kind = o->kind != NULL ? o->kind : "openai";
   if (strcmp(kind, "openai") == 0)
-    wire = AG__WIRE_OPENAI;
+    *wire = AG__WIRE_OPENAI;
   else if (strcmp(kind, "anthropic") == 0)
-    wire = AG__WIRE_ANTHROPIC;
+    *wire = AG__WIRE_ANTHROPIC;
   else
     return ag__set_error(err, AG_ECONFIG, -1,
-                         "provider.kind: \"%.40s\" is not a provider kind "
+                         "provider.kind: \"%.*s\" is not a provider kind "
                          "(openai, anthropic)",
-                         kind);
+                         SHOWN_TOKEN, kind);
   if (o->model == NULL || o->model[0] == '\0')
     return ag__set_error(err, AG_ECONFIG, -1,
                          "provider.model: missing; name the model to use "
@@ -1063,96 +1096,155 @@ AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
   if (!isnan(o->temperature) && o->temperature > 2.0)
     return ag__set_error(err, AG_ECONFIG, -1,
                          "provider.temperature: expected 0..2");
-  pthread_once(&curl_once, curl_init);
-  if (curl_init_rc != CURLE_OK)
-    return ag__set_error(err, AG_EIO, -1, "libcurl failed to start: %s",
-                         curl_easy_strerror(curl_init_rc));
+  return AG_OK;
+}
 
-  http_provider *p = calloc(1, sizeof(*p));
-  if (p == NULL)
-    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
-  p->wire = wire;
+/* p->url: the base URL (or the wire's default) without trailing slashes,
+ * then the wire's path; p->service: its host. Only http and https. */
+static ag_err_t set_url(http_provider *p, const ag_http_provider_opts *o,
+                        ag_error_t *err) {
   const char *base = o->base_url;
   if (base == NULL || base[0] == '\0')
-    base = wire == AG__WIRE_OPENAI ? "https://api.openai.com/v1"
-                                   : "https://api.anthropic.com";
+    base = p->wire == AG__WIRE_OPENAI ? "https://api.openai.com/v1"
+                                      : "https://api.anthropic.com";
   const char *path =
-      wire == AG__WIRE_OPENAI ? "/chat/completions" : "/v1/messages";
+      p->wire == AG__WIRE_OPENAI ? "/chat/completions" : "/v1/messages";
   size_t bl = strlen(base);
   while (bl > 0 && base[bl - 1] == '/')
     bl--;
-  ag_err_t rc = AG_OK;
-  char *ebuf = NULL;
-  if (bl > 4096) {
-    rc = ag__set_error(err, AG_ECONFIG, -1,
-                       "provider.base_url: longer than 4096 bytes");
-    goto fail;
-  }
+  if (bl > MAX_BASE_URL)
+    return ag__set_error(err, AG_ECONFIG, -1,
+                         "provider.base_url: longer than %d bytes",
+                         MAX_BASE_URL);
   p->url = malloc(bl + strlen(path) + 1);
   if (p->url == NULL)
-    goto oom;
+    return oom(err);
   memcpy(p->url, base, bl);
   strcpy(p->url + bl, path);
-  {
-    CURLU *u = curl_url();
-    if (u == NULL)
-      goto oom;
-    char *scheme = NULL, *host = NULL;
-    CURLUcode uc = curl_url_set(u, CURLUPART_URL, p->url, 0);
-    if (uc == CURLUE_OK)
-      uc = curl_url_get(u, CURLUPART_SCHEME, &scheme, 0);
-    if (uc == CURLUE_OK)
-      uc = curl_url_get(u, CURLUPART_HOST, &host, 0);
-    bool ok = uc == CURLUE_OK &&
-              (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0);
-    if (ok)
-      ag__scopy(p->service, sizeof(p->service), host);
-    curl_free(scheme);
-    curl_free(host);
-    curl_url_cleanup(u);
-    if (!ok) {
-      rc = ag__set_error(err, AG_ECONFIG, -1,
-                         "provider.base_url: \"%.200s\" is not an http:// or "
+
+  CURLU *u = curl_url();
+  if (u == NULL)
+    return oom(err);
+  char *scheme = NULL, *host = NULL;
+  CURLUcode uc = curl_url_set(u, CURLUPART_URL, p->url, 0);
+  if (uc == CURLUE_OK)
+    uc = curl_url_get(u, CURLUPART_SCHEME, &scheme, 0);
+  if (uc == CURLUE_OK)
+    uc = curl_url_get(u, CURLUPART_HOST, &host, 0);
+  bool ok = uc == CURLUE_OK &&
+            (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0);
+  if (ok)
+    ag__scopy(p->service, sizeof(p->service), host);
+  curl_free(scheme);
+  curl_free(host);
+  curl_url_cleanup(u);
+  if (!ok)
+    return ag__set_error(err, AG_ECONFIG, -1,
+                         "provider.base_url: \"%.*s\" is not an http:// or "
                          "https:// URL",
-                         base);
-      goto fail;
-    }
-  }
+                         SHOWN_BASE_URL, base);
+  return AG_OK;
+}
+
+/* The model's name, the key's variable and the key itself, read from the
+ * environment now (none when the variable is unset or empty). */
+static ag_err_t load_key(http_provider *p, const ag_http_provider_opts *o,
+                         ag_error_t *err) {
   const char *env = o->api_key_env;
   if (env == NULL)
-    env = wire == AG__WIRE_OPENAI ? "OPENAI_API_KEY" : "ANTHROPIC_API_KEY";
+    env = p->wire == AG__WIRE_OPENAI ? "OPENAI_API_KEY" : "ANTHROPIC_API_KEY";
   p->key_env = ag__strdup(env);
   p->model = ag__strdup(o->model);
   if (p->key_env == NULL || p->model == NULL)
-    goto oom;
-  if (env[0] != '\0') {
-    const char *k = getenv(env);
-    if (k != NULL && k[0] != '\0') {
-      for (const char *c = k; *c; c++)
-        if ((unsigned char)*c < 0x20) {
-          rc = ag__set_error(err, AG_ECONFIG, -1,
-                             "the environment variable %.60s holds a control "
-                             "character: not an API key",
-                             env);
-          goto fail;
-        }
-      p->api_key = ag__strdup(k);
-      if (p->api_key == NULL)
-        goto oom;
-    }
-  }
-  if (o->extra_body_json != NULL) {
-    json_error_t je;
-    p->extra = json_loads(o->extra_body_json, JSON_REJECT_DUPLICATES, &je);
-    if (p->extra == NULL && AG__JSON_NOMEM(&je))
-      goto oom;
-    if (!json_is_object(p->extra)) {
-      rc = ag__set_error(err, AG_ECONFIG, p->extra == NULL ? je.position : -1,
+    return oom(err);
+  if (env[0] == '\0')
+    return AG_OK;
+  const char *k = getenv(env);
+  if (k == NULL || k[0] == '\0')
+    return AG_OK;
+  for (const char *c = k; *c; c++)
+    if ((unsigned char)*c < 0x20)
+      return ag__set_error(err, AG_ECONFIG, -1,
+                           "the environment variable %.*s holds a control "
+                           "character: not an API key",
+                           SHOWN_NAME, env);
+  p->api_key = ag__strdup(k);
+  return p->api_key != NULL ? AG_OK : oom(err);
+}
+
+/* provider.extra_body: a JSON object merged into every request. */
+static ag_err_t load_extra(http_provider *p, const ag_http_provider_opts *o,
+                           ag_error_t *err) {
+  if (o->extra_body_json == NULL)
+    return AG_OK;
+  json_error_t je;
+  p->extra = json_loads(o->extra_body_json, JSON_REJECT_DUPLICATES, &je);
+  if (p->extra == NULL && AG__JSON_NOMEM(&je))
+    return oom(err);
+  if (!json_is_object(p->extra))
+    return ag__set_error(err, AG_ECONFIG, p->extra == NULL ? je.position : -1,
                          "provider.extra_body: %s",
                          p->extra == NULL ? je.text : "expected an object");
-      goto fail;
+  return AG_OK;
+}
+
+/* The key's header ("Authorization: Bearer ..." or "x-api-key: ..."); the
+ * temporary text is wiped before it is freed. */
+static bool add_key_header(http_provider *p) {
+  size_t kl = strlen(p->api_key);
+  char *h = malloc(kl + 32);
+  if (h == NULL)
+    return false;
+  snprintf(h, kl + 32, "%s%s",
+           p->wire == AG__WIRE_OPENAI ? "Authorization: Bearer "
+                                      : "x-api-key: ",
+           p->api_key);
+  bool ok = add_header(&p->headers, h);
+  memset(h, 0, kl + 32);
+  free(h);
+  return ok;
+}
+
+/* The request headers, built once: ours first, then the user's. */
+static ag_err_t build_headers(http_provider *p, const ag_http_provider_opts *o,
+                              ag_error_t *err) {
+  if (!add_header(&p->headers, "Content-Type: application/json") ||
+      !add_header(&p->headers, o->stream ? "Accept: text/event-stream"
+                                         : "Accept: application/json") ||
+      !add_header(&p->headers, "Expect:"))
+    return oom(err);
+  if (p->wire == AG__WIRE_ANTHROPIC &&
+      !add_header(&p->headers, "anthropic-version: 2023-06-01"))
+    return oom(err);
+  if (p->api_key != NULL && !add_key_header(p))
+    return oom(err);
+  for (size_t i = 0; o->headers != NULL && o->headers[i] != NULL; i++) {
+    if (!header_ok(o->headers[i])) {
+      /* Only the name: the value may be a secret. */
+      const char *colon = strchr(o->headers[i], ':');
+      int nl = colon != NULL ? (int)(colon - o->headers[i]) : 0;
+      return ag__set_error(err, AG_ECONFIG, -1,
+                           "provider.headers[%zu]: expected \"Name: value\" "
+                           "with a token name and no line break (name "
+                           "\"%.*s\")",
+                           i, nl > SHOWN_NAME ? SHOWN_NAME : nl, o->headers[i]);
     }
+    if (!add_header(&p->headers, o->headers[i]))
+      return oom(err);
   }
+  return AG_OK;
+}
+
+/* Everything the provider keeps from the options, then its curl handles. */
+static ag_err_t provider_setup(http_provider *p, const ag_http_provider_opts *o,
+                               ag_error_t *err) {
+  ag_err_t rc = set_url(p, o, err);
+  if (rc == AG_OK)
+    rc = load_key(p, o, err);
+  if (rc == AG_OK)
+    rc = load_extra(p, o, err);
+  if (rc != AG_OK)
+    return rc;
   p->wopts.model = p->model;
   p->wopts.stream = o->stream;
   p->wopts.temperature = o->temperature;
@@ -1162,55 +1254,41 @@ AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
   p->timeout_ms = o->timeout_ms;
   p->connect_timeout_ms = o->connect_timeout_ms;
   p->idle_timeout_ms = o->idle_timeout_ms;
-
-  /* Headers: ours first, then the user's. */
-  if (!add_header(&p->headers, "Content-Type: application/json") ||
-      !add_header(&p->headers, o->stream ? "Accept: text/event-stream"
-                                         : "Accept: application/json") ||
-      !add_header(&p->headers, "Expect:"))
-    goto oom;
-  if (wire == AG__WIRE_ANTHROPIC &&
-      !add_header(&p->headers, "anthropic-version: 2023-06-01"))
-    goto oom;
-  if (p->api_key != NULL) {
-    size_t kl = strlen(p->api_key);
-    ebuf = malloc(kl + 32);
-    if (ebuf == NULL)
-      goto oom;
-    snprintf(ebuf, kl + 32, "%s%s",
-             wire == AG__WIRE_OPENAI ? "Authorization: Bearer " : "x-api-key: ",
-             p->api_key);
-    bool ok = add_header(&p->headers, ebuf);
-    memset(ebuf, 0, kl + 32);
-    free(ebuf);
-    ebuf = NULL;
-    if (!ok)
-      goto oom;
-  }
-  for (size_t i = 0; o->headers != NULL && o->headers[i] != NULL; i++) {
-    if (!header_ok(o->headers[i])) {
-      /* Only the name: the value may be a secret. */
-      const char *colon = strchr(o->headers[i], ':');
-      int nl = colon != NULL ? (int)(colon - o->headers[i]) : 0;
-      rc = ag__set_error(err, AG_ECONFIG, -1,
-                         "provider.headers[%zu]: expected \"Name: value\" "
-                         "with a token name and no line break (name \"%.*s\")",
-                         i, nl > 60 ? 60 : nl, o->headers[i]);
-      goto fail;
-    }
-    if (!add_header(&p->headers, o->headers[i]))
-      goto oom;
-  }
+  rc = build_headers(p, o, err);
+  if (rc != AG_OK)
+    return rc;
   p->easy = curl_easy_init();
   p->multi = curl_multi_init();
-  if (p->easy == NULL || p->multi == NULL)
-    goto oom;
+  return p->easy != NULL && p->multi != NULL ? AG_OK : oom(err);
+}
+
+AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
+                                        const ag_http_provider_opts *o,
+                                        ag_error_t *err) {
+  if (out != NULL)
+    *out = NULL;
+  if (out == NULL || o == NULL)
+    return ag__set_error(err, AG_EINVAL, -1, "ag_provider_http_new: %s is NULL",
+                         out == NULL ? "out" : "opts");
+  ag__wire_kind wire = AG__WIRE_OPENAI;
+  ag_err_t rc = check_opts(o, &wire, err);
+  if (rc != AG_OK)
+    return rc;
+  pthread_once(&curl_once, curl_init);
+  if (curl_init_rc != CURLE_OK)
+    return ag__set_error(err, AG_EIO, -1, "libcurl failed to start: %s",
+                         curl_easy_strerror(curl_init_rc));
+
+  http_provider *p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
+  p->wire = wire;
+  rc = provider_setup(p, o, err);
+  if (rc != AG_OK) {
+    http_destroy(p);
+    return rc;
+  }
   return ag_provider_new(
       out, wire == AG__WIRE_OPENAI ? &openai_vtable : &anthropic_vtable, p,
       err);
-oom:
-  rc = ag__set_error(err, AG_ENOMEM, -1, "out of memory creating a provider");
-fail:
-  http_destroy(p);
-  return rc;
 }

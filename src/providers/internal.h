@@ -24,6 +24,8 @@
 
 #include "agentguard/providers.h"
 
+#include "../base/internal.h"
+
 /* Caps: going over is an error, never growth. */
 #define AG__HTTP_BODY_MAX (8u << 20)     /* a non-streamed response body */
 #define AG__HTTP_ERRBODY_MAX (64u << 10) /* an error body kept */
@@ -45,10 +47,8 @@ typedef int (*ag__sse_fn)(void *user, const char *event, const char *data,
                           size_t len, size_t pos);
 
 typedef struct ag__sse {
-  char *line; /* the current line, up to AG__SSE_LINE_MAX */
-  size_t line_len, line_cap;
-  char *data; /* the current event's data, up to AG__SSE_EVENT_MAX */
-  size_t data_len, data_cap;
+  ag__buf line; /* the current line, capped at AG__SSE_LINE_MAX */
+  ag__buf data; /* the current event's data, capped at AG__SSE_EVENT_MAX */
   bool has_data;
   char event[64];
   bool skip_lf;     /* the previous line ended with '\r' */
@@ -72,16 +72,13 @@ int ag__sse_finish(ag__sse *s, ag_err_t *why);
 
 typedef struct ag__part_call {
   char *id, *name;
-  char *args;
-  size_t args_len, args_cap;
+  ag__buf args; /* capped at AG__CALL_ARGS_MAX */
   bool used;
 } ag__part_call;
 
 typedef struct ag__asm {
-  char *text;
-  size_t text_len, text_cap;
-  char *refusal;
-  size_t refusal_len, refusal_cap;
+  ag__buf text;                       /* capped at AG__REPLY_TEXT_MAX */
+  ag__buf refusal;                    /* capped at AG__REPLY_TEXT_MAX */
   ag__part_call calls[AG__CALLS_MAX]; /* by the wire's index */
   int n_slots;                        /* highest used index + 1 */
   bool has_usage;

@@ -543,22 +543,66 @@ static ag_tool_status failing_tool(void *user, const json_t *args,
 }
 
 static int events_seen;
-static char bad_event[256]; /* the first event without its common fields */
+static char bad_event[256]; /* the first event without all its fields */
+
+/* Each event's own fields (docs/agent.md's table): an event is delivered
+ * whole or not at all (turn_end's events_lost counts those not). */
+static const struct {
+  const char *event;
+  const char *fields[8];
+} event_fields[] = {
+    {"turn_start", {"user"}},
+    {"model_request", {"messages", "history_bytes", "error_context", "tools"}},
+    {"provider_retry", {"attempt", "status", "message", "delay_ms"}},
+    {"model_response", {"text", "tool_calls"}},
+    {"tool_call", {"call_id", "name", "arguments", "signature"}},
+    {"approval", {"call_id", "name", "approved"}},
+    {"tool_blocked", {"call_id", "name", "reason"}},
+    {"tool_attempt",
+     {"call_id", "name", "attempt", "outcome", "message", "retry_in_ms"}},
+    {"tool_result", {"call_id", "name", "ok", "attempts", "category", "text"}},
+    {"error_context", {"text"}},
+    {"nudge", {"reason", "text"}},
+    {"warning", {"message"}},
+    {"escalation", {"record"}},
+    {"human", {"action", "message"}},
+    {"turn_end",
+     {"status", "reason", "message", "iterations", "tool_calls", "tokens",
+      "final_text"}},
+};
+
+/* The first field `name`'s event lacks, or NULL. */
+static const char *missing_field(const char *name, const json_t *ev) {
+  for (size_t i = 0; i < sizeof(event_fields) / sizeof(event_fields[0]); i++) {
+    if (strcmp(event_fields[i].event, name) != 0)
+      continue;
+    for (size_t k = 0; k < 8 && event_fields[i].fields[k] != NULL; k++)
+      if (json_object_get(ev, event_fields[i].fields[k]) == NULL)
+        return event_fields[i].fields[k];
+    return NULL;
+  }
+  return "a known event name";
+}
 
 /* Under the agent's event lock (never concurrent). */
 static void on_event(void *user, const json_t *ev) {
   (void)user;
   events_seen++;
-  if (bad_event[0] == '\0' &&
-      (!json_is_string(json_object_get(ev, "event")) ||
-       !json_is_integer(json_object_get(ev, "turn")) ||
-       !json_is_integer(json_object_get(ev, "iteration")) ||
-       !json_is_integer(json_object_get(ev, "t_ms")))) {
-    const char *name = json_string_value(json_object_get(ev, "event"));
+  if (bad_event[0] != '\0')
+    return;
+  const char *name = json_string_value(json_object_get(ev, "event"));
+  if (name == NULL || !json_is_integer(json_object_get(ev, "turn")) ||
+      !json_is_integer(json_object_get(ev, "iteration")) ||
+      !json_is_integer(json_object_get(ev, "t_ms"))) {
     snprintf(bad_event, sizeof(bad_event), "event %d (%s) without %s",
              events_seen, name != NULL ? name : "no name",
              name == NULL ? "\"event\"" : "turn, iteration or t_ms");
+    return;
   }
+  const char *miss = missing_field(name, ev);
+  if (miss != NULL)
+    snprintf(bad_event, sizeof(bad_event), "event %d (%s) without %s",
+             events_seen, name, miss);
 }
 
 static ag_approval approve_all(void *user, const char *tool, const char *args,

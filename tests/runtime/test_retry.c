@@ -126,8 +126,17 @@ static ag_exec_result run(const ag__tool *t, const ag_config *cfg,
                           ag_cancel *turn, recorder *rec) {
   ag_exec_result r;
   uint64_t rng = 42;
-  ag_err_t rc = ag__exec_call(t, cfg, "{}", 2, NULL, turn, 7,
-                              rec != NULL ? record : NULL, rec, &rng, &r);
+  ag_err_t rc =
+      ag__exec_call(&(ag__call){.tool = t,
+                                .cfg = cfg,
+                                .args = "{}",
+                                .args_len = 2,
+                                .turn = turn,
+                                .call_index = 7,
+                                .on_attempt = rec != NULL ? record : NULL,
+                                .attempt_user = rec,
+                                .rng = &rng},
+                    &r);
   cr_assert_eq(rc, AG_OK, "ag__exec_call: %s", ag_err_name(rc));
   cr_assert_not_null(r.text);
   cr_expect_eq(r.text_len, strlen(r.text));
@@ -146,6 +155,17 @@ static ag_exec_result run(const ag__tool *t, const ag_config *cfg,
 /* ------------------------------------------------------------------------ */
 /* Success and retried success                                              */
 /* ------------------------------------------------------------------------ */
+
+Test(retry, a_missing_call_tool_or_config_is_einval) {
+  ag_config cfg = retry_config(0, 0);
+  ag_exec_result r;
+  cr_expect_eq(ag__exec_call(NULL, &r), AG_EINVAL);
+  cr_expect_null(r.text);
+  cr_expect_eq(ag__exec_call(&(ag__call){.tool = NULL, .cfg = &cfg}, &r),
+               AG_EINVAL);
+  cr_expect_eq(ag__exec_call(&(ag__call){.tool = NULL, .cfg = NULL}, NULL),
+               AG_EINVAL);
+}
 
 Test(retry, success_first_time) {
   step steps[] = {{AG_TOOL_OK, "hello", -1, 0, false}};
@@ -864,8 +884,11 @@ Test(subprocess_retry, stdout_is_the_result_and_stdin_the_arguments) {
   make_sh_tool(&s, "cat", "cat");
   ag_config cfg = retry_config(3, 1);
   ag_exec_result r;
-  cr_assert_eq(ag__exec_call(&s.t, &cfg, "{\"a\":1}", 7, NULL, NULL, 0, NULL,
-                             NULL, NULL, &r),
+  cr_assert_eq(ag__exec_call(&(ag__call){.tool = &s.t,
+                                         .cfg = &cfg,
+                                         .args = "{\"a\":1}",
+                                         .args_len = 7},
+                             &r),
                AG_OK);
   EXPECT_STATUS(r, AG_EXEC_OK);
   EXPECT_TEXT(r, "{\"a\":1}");

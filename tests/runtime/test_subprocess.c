@@ -911,6 +911,36 @@ Test(subprocess, parent_token_cancel_reaches_the_run) {
   check_clean(fds);
 }
 
+/* A chain longer than the 16 eventfds a run watches: the root's token is
+ * not among them, and its cancel is still seen (LONG_CHAIN_POLL_MS). */
+Test(subprocess, cancel_at_the_root_of_a_long_chain_reaches_the_run) {
+  int fds = count_fds();
+  enum { DEPTH = 20 };
+  ag_cancel *chain[DEPTH];
+  for (int i = 0; i < DEPTH; i++) {
+    chain[i] = NULL;
+    cr_assert_eq(ag_cancel_new(&chain[i], i > 0 ? chain[i - 1] : NULL,
+                               INT64_MAX, AG_CANCEL_DEADLINE, NULL),
+                 AG_OK);
+  }
+  canceller c = {chain[0], 100};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, cancel_later, &c), 0);
+  const char *argv[] = {"sleep", "10", NULL};
+  run_opts o;
+  run_opts_init(&o);
+  o.cancel = chain[DEPTH - 1];
+  run_result r;
+  run_with(&r, argv, &o);
+  pthread_join(th, NULL);
+  EXPECT_STATUS(&r, AG_TOOL_CANCELLED);
+  cr_expect_lt(r.elapsed_ms, 2000, "elapsed %lld", (long long)r.elapsed_ms);
+  run_done(&r);
+  for (int i = DEPTH; i-- > 0;)
+    ag_cancel_free(chain[i]);
+  check_clean(fds);
+}
+
 Test(subprocess, turn_deadline_is_cancelled_not_timeout) {
   int fds = count_fds();
   ag_cancel *turn = NULL;

@@ -173,8 +173,17 @@ static void *flaky_worker(void *arg) {
     int len = snprintf(args, sizeof(args), "{\"id\":%d}", id);
     json_t *parsed = json_loads(args, 0, NULL);
     CHECK(parsed != NULL, "parse %s", args);
-    ag_err_t rc = ag__exec_call(w->tool, w->cfg, args, (size_t)len, parsed,
-                                w->turn, id, on_attempt, &S, &rng, &w->res[k]);
+    ag_err_t rc = ag__exec_call(&(ag__call){.tool = w->tool,
+                                            .cfg = w->cfg,
+                                            .args = args,
+                                            .args_len = (size_t)len,
+                                            .parsed = parsed,
+                                            .turn = w->turn,
+                                            .call_index = id,
+                                            .on_attempt = on_attempt,
+                                            .attempt_user = &S,
+                                            .rng = &rng},
+                                &w->res[k]);
     CHECK(rc == AG_OK, "ag__exec_call: %s", ag_err_name(rc));
     json_decref(parsed);
   }
@@ -255,8 +264,16 @@ static void *retry_waiter(void *arg) {
   pthread_mutex_unlock(&S.mu);
   uint64_t rng = 7;
   long long t0 = tsan_now_ms();
-  ag_err_t rc = ag__exec_call(w->tool, w->cfg, "{}", 2, NULL, w->turn, w->index,
-                              on_attempt, &S, &rng, &w->res);
+  ag_err_t rc = ag__exec_call(&(ag__call){.tool = w->tool,
+                                          .cfg = w->cfg,
+                                          .args = "{}",
+                                          .args_len = 2,
+                                          .turn = w->turn,
+                                          .call_index = w->index,
+                                          .on_attempt = on_attempt,
+                                          .attempt_user = &S,
+                                          .rng = &rng},
+                              &w->res);
   w->took_ms = tsan_now_ms() - t0;
   CHECK(rc == AG_OK, "ag__exec_call: %s", ag_err_name(rc));
   return NULL;
@@ -431,16 +448,25 @@ static void *sp_run(void *arg) {
                        w->index, k);
     snprintf(who, sizeof(who), "cat on thread %d", w->index);
     ag_exec_result r;
-    ag_err_t rc = ag__exec_call(w->cat, w->cfg, args, (size_t)len, NULL, NULL,
-                                w->index, NULL, NULL, NULL, &r);
+    ag_err_t rc = ag__exec_call(&(ag__call){.tool = w->cat,
+                                            .cfg = w->cfg,
+                                            .args = args,
+                                            .args_len = (size_t)len,
+                                            .call_index = w->index},
+                                &r);
     CHECK(rc == AG_OK, "ag__exec_call: %s", ag_err_name(rc));
     CHECK_RESULT(r, AG_EXEC_OK, args, who);
     ag_exec_result_clear(&r);
 
     snprintf(who, sizeof(who), "failing command on thread %d", w->index);
     uint64_t rng = (uint64_t)w->index + 1;
-    rc = ag__exec_call(w->fail, w->cfg, "{}", 2, NULL, NULL, w->index, NULL,
-                       NULL, &rng, &r);
+    rc = ag__exec_call(&(ag__call){.tool = w->fail,
+                                   .cfg = w->cfg,
+                                   .args = "{}",
+                                   .args_len = 2,
+                                   .call_index = w->index,
+                                   .rng = &rng},
+                       &r);
     CHECK(rc == AG_OK, "ag__exec_call: %s", ag_err_name(rc));
     CHECK_RESULT(r, AG_EXEC_ERROR, "Error after 2 attempts: Connection refused",
                  who);
