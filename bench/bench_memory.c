@@ -11,6 +11,7 @@
  * Prints figures; never fails on them. Exits 1 only when the library fails.
  */
 #include <malloc.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,20 +152,28 @@ static const ag_provider_vtable mix_vtable = {sizeof(ag_provider_vtable), "mix",
                                               mix_complete, NULL,
                                               AG_PROVIDER_MESSAGES_TEXT};
 
+/* The result's size and text follow from the call's path ("src/f<n>_<c>.c"),
+ * so the history is the same whatever order the pool runs a batch in. */
 static ag_tool_status mix_tool(void *user, const json_t *args,
                                ag_cancel *cancel, ag_output *out) {
   (void)cancel;
-  unsigned *calls = user;
+  atomic_uint *calls = user;
+  atomic_fetch_add(calls, 1);
   static const size_t sizes[] = {60, 700, 3000, 15000, 240, 1200};
-  unsigned k = (*calls)++;
-  static char buf[16000];
+  const char *path = json_string_value(json_object_get(args, "path"));
+  unsigned n = 0, c = 0;
+  if (path == NULL || sscanf(path, "src/f%u_%u.c", &n, &c) != 2)
+    return AG_TOOL_ERROR;
+  unsigned k = n * 3 + c;
   size_t len =
       mix_small ? 40 + k % 50 : sizes[k % (sizeof(sizes) / sizeof(sizes[0]))];
-  int h =
-      snprintf(buf, sizeof(buf),
-               "%s #%u: ", json_string_value(json_object_get(args, "path")), k);
+  char *buf = malloc(len + 1);
+  if (buf == NULL)
+    return AG_TOOL_ERROR;
+  int h = snprintf(buf, len + 1, "%s #%u: ", path, k);
   fill_text(buf + h, len - (size_t)h, k);
   ag_output_write(out, buf, len);
+  free(buf);
   return AG_TOOL_OK;
 }
 
@@ -173,7 +182,7 @@ static void history_memory(bool small) {
   mix_small = small;
   ag_error_t err;
   ag_registry *reg = NULL;
-  unsigned tool_calls = 0;
+  atomic_uint tool_calls = 0;
   if (ag_registry_new(&reg, &err) != AG_OK) {
     fprintf(stderr, "bench_memory: ag_registry_new: %s\n", err.msg);
     exit(1);
@@ -229,7 +238,7 @@ static void history_memory(bool small) {
          "compact "
          "JSON: heap +%.2f MB, %.2f bytes of heap per byte of JSON (target "
          "<= 3)\n",
-         small ? "small" : "large", turns, tool_calls, msgs,
+         small ? "small" : "large", turns, atomic_load(&tool_calls), msgs,
          (double)(bytes - bytes0) / 1e6, (double)(heap1 - heap0) / 1e6, per);
   printf("history_heap_per_json_byte mix=%s value=%.2f\n",
          small ? "small" : "large", per);
