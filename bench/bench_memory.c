@@ -3,10 +3,15 @@
  * (issue "house in order", targets in docs/benchmarks.md):
  *   - an idle guard, resident and virtual: 10,000 guards in one process;
  *   - creating and freeing one;
- *   - the heap after a 1 MiB call, and at the next iteration.
+ *   - the heap after a 1 MiB call, and at the next iteration;
+ *   - the stored history of an agent session: heap per byte of its compact
+ *     JSON (issue 9: <= 3), after turns of a realistic mix (user texts,
+ *     assistant texts with one to three tool calls, tool results from 60
+ *     bytes to 15 KB with quotes, newlines and non-ASCII text).
  * Prints figures; never fails on them. Exits 1 only when the library fails.
  */
 #include <malloc.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +75,176 @@ static ag_action one_call(ag_guard *g, const char *args, size_t len) {
       "write_file", ck.valid ? ck.sig : NULL, AG_OUTCOME_OK, "written", 7,
       AG_CAT_AUTO};
   return ag_guard_record_results(g, &r, 1, 0, &v);
+}
+
+/* ---- 4. the stored history ------------------------------------------- */
+
+/* Deterministic text of `len` bytes: words, quotes, newlines, accents. */
+static void fill_text(char *buf, size_t len, unsigned seed) {
+  static const char *const words[] = {
+      "the",    "file",  "\"quoted\"", "line\n", "données", "value:",
+      "return", "{key}", "path/to/x",  "résumé", "42",      "tab\t"};
+  size_t p = 0;
+  unsigned k = seed;
+  while (p < len) {
+    const char *w = words[k++ % (sizeof(words) / sizeof(words[0]))];
+    size_t wl = strlen(w);
+    if (p + wl + 1 > len)
+      break;
+    memcpy(buf + p, w, wl);
+    p += wl;
+    buf[p++] = ' ';
+  }
+  while (p < len)
+    buf[p++] = '.';
+  buf[len] = '\0';
+}
+
+/* The mix: large (results up to 15 KB) or small (every text under 100
+ * bytes, as bench_agent's session: where a tree costs the most). */
+static bool mix_small;
+
+typedef struct mix_model {
+  unsigned requests;
+} mix_model;
+
+/* Four iterations per turn: three with text and tool calls, then the
+ * final answer. */
+static ag_err_t mix_complete(void *self, const ag_request *req,
+                             ag_cancel *cancel, ag_delta_fn on_delta,
+                             void *delta_user, ag_reply *out,
+                             ag_provider_error *perr) {
+  (void)cancel;
+  (void)on_delta;
+  (void)delta_user;
+  (void)perr;
+  mix_model *m = self;
+  unsigned n = ++m->requests;
+  size_t tl = mix_small             ? 10 + n % 40
+              : req->iteration >= 4 ? 500
+                                    : 80 + (n * 37) % 300;
+  out->text = malloc(tl + 1);
+  if (out->text == NULL)
+    return AG_ENOMEM;
+  fill_text(out->text, tl, n);
+  if (req->iteration >= 4)
+    return AG_OK;
+  for (unsigned c = 0; c < 1 + n % 3; c++) {
+    char path[48], note[600];
+    snprintf(path, sizeof(path), "src/f%u_%u.c", n, c);
+    fill_text(note, mix_small ? n % 30 : (n * 13 + c * 101) % 500, n + c);
+    json_t *obj = json_pack("{s:s, s:s}", "path", path, "note", note);
+    char *args = obj != NULL ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    if (args == NULL)
+      return AG_ENOMEM;
+    char id[32];
+    snprintf(id, sizeof(id), "call_%u_%u", n, c);
+    ag_err_t rc = ag_reply_add_call(out, id, "read_file", args, strlen(args));
+    free(args);
+    if (rc != AG_OK)
+      return rc;
+  }
+  return AG_OK;
+}
+
+static const ag_provider_vtable mix_vtable = {sizeof(ag_provider_vtable), "mix",
+                                              mix_complete, NULL,
+                                              AG_PROVIDER_MESSAGES_TEXT};
+
+/* The result's size and text follow from the call's path ("src/f<n>_<c>.c"),
+ * so the history is the same whatever order the pool runs a batch in. */
+static ag_tool_status mix_tool(void *user, const json_t *args,
+                               ag_cancel *cancel, ag_output *out) {
+  (void)cancel;
+  atomic_uint *calls = user;
+  atomic_fetch_add(calls, 1);
+  static const size_t sizes[] = {60, 700, 3000, 15000, 240, 1200};
+  const char *path = json_string_value(json_object_get(args, "path"));
+  unsigned n = 0, c = 0;
+  if (path == NULL || sscanf(path, "src/f%u_%u.c", &n, &c) != 2)
+    return AG_TOOL_ERROR;
+  unsigned k = n * 3 + c;
+  size_t len =
+      mix_small ? 40 + k % 50 : sizes[k % (sizeof(sizes) / sizeof(sizes[0]))];
+  char *buf = malloc(len + 1);
+  if (buf == NULL)
+    return AG_TOOL_ERROR;
+  int h = snprintf(buf, len + 1, "%s #%u: ", path, k);
+  fill_text(buf + h, len - (size_t)h, k);
+  ag_output_write(out, buf, len);
+  free(buf);
+  return AG_TOOL_OK;
+}
+
+/* Heap per byte of the history's compact JSON after filling a session. */
+static void history_memory(bool small) {
+  mix_small = small;
+  ag_error_t err;
+  ag_registry *reg = NULL;
+  atomic_uint tool_calls = 0;
+  if (ag_registry_new(&reg, &err) != AG_OK) {
+    fprintf(stderr, "bench_memory: ag_registry_new: %s\n", err.msg);
+    exit(1);
+  }
+  ag_tool_def d;
+  ag_tool_def_init(&d);
+  d.name = "read_file";
+  d.description = "Reads a file";
+  d.fn = mix_tool;
+  d.user = &tool_calls;
+  mix_model model = {0};
+  ag_provider *prov = NULL;
+  ag_agent *a = NULL;
+  ag_agent_opts o;
+  ag_agent_opts_init(&o);
+  o.config.loop.max_turn_duration_ms = 0;
+  o.system_prompt = "You are a careful assistant. Read the files you are "
+                    "asked to read, then answer.";
+  o.seed = 1;
+  o.tools = reg;
+  if (ag_registry_add(reg, &d, &err) != AG_OK ||
+      ag_provider_new(&prov, &mix_vtable, &model, &err) != AG_OK ||
+      (o.provider = prov, ag_agent_new(&a, &o, &err)) != AG_OK) {
+    fprintf(stderr, "bench_memory: history session: %s\n", err.msg);
+    exit(1);
+  }
+  size_t bytes0 = 0;
+  ag_agent_history_json(a, &bytes0);
+  size_t heap0 = heap_bytes();
+  size_t bytes = bytes0, target = (size_t)6 << 20; /* under the 8 MiB cap */
+  int turns = 0;
+  while (bytes < target) {
+    char user[256];
+    fill_text(user, mix_small ? 30 : 60 + (size_t)(turns * 29) % 180,
+              (unsigned)turns);
+    ag_turn_outcome out;
+    if (ag_agent_run_turn(a, user, NULL, &out, &err) != AG_OK ||
+        out.status != AG_TURN_COMPLETED) {
+      fprintf(stderr, "bench_memory: history turn %d: %s / %s: %s\n", turns,
+              ag_turn_status_name(out.status), out.reason, out.message);
+      exit(1);
+    }
+    ag_turn_outcome_clear(&out);
+    turns++;
+    ag_agent_history_json(a, &bytes);
+  }
+  size_t heap1 = heap_bytes();
+  double per = (double)(heap1 - heap0) / (double)(bytes - bytes0);
+  json_t *h = ag_agent_history(a);
+  size_t msgs = json_array_size(h);
+  json_decref(h);
+  printf("history (%s mix): %d turns, %u tool calls, %zu messages, %.2f MB of "
+         "compact "
+         "JSON: heap +%.2f MB, %.2f bytes of heap per byte of JSON (target "
+         "<= 3)\n",
+         small ? "small" : "large", turns, atomic_load(&tool_calls), msgs,
+         (double)(bytes - bytes0) / 1e6, (double)(heap1 - heap0) / 1e6, per);
+  printf("history_heap_per_json_byte mix=%s value=%.2f\n",
+         small ? "small" : "large", per);
+  ag_agent_free(a);
+  ag_provider_free(prov);
+  ag_registry_free(reg);
 }
 
 int main(void) {
@@ -143,5 +318,9 @@ int main(void) {
   printf("heap_after_big_call_kib value=%.1f\n", (double)next / 1024);
   ag_guard_free(g);
   free(big);
+
+  /* 4. The stored history of an agent session. */
+  history_memory(false);
+  history_memory(true);
   return 0;
 }

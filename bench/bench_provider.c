@@ -248,7 +248,7 @@ static double median_us(double *v) {
 static void bench_kind(bool openai, const json_t *hist, const json_t *tools) {
   const char *kind = openai ? "openai" : "anthropic";
   ag__wire_opts o = {"model-x", true, -1, 0, true, NULL};
-  ag_request req = {hist, tools, 1, 1};
+  ag_request req = {hist, tools, 1, 1, NULL, 0};
   size_t stream_len;
   char *stream = openai ? make_openai_stream(&stream_len)
                         : make_anthropic_stream(&stream_len);

@@ -140,9 +140,20 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
                                      ag_cancel *cancel, ag_turn_outcome *out,
                                      ag_error_t *err);
 
-/* The history in the OpenAI chat shape (borrowed until the next run_turn or
- * free). */
-AG_EXTERN const json_t *ag_agent_history(const ag_agent *a);
+/*
+ * The history in the OpenAI chat shape, as a NEW array parsed from the
+ * stored text (the caller json_decref's it), or NULL when `a` is NULL or
+ * out of memory. The session keeps its history as compact JSON text (about
+ * one byte of heap per byte of JSON): this builds a tree each call.
+ */
+AG_EXTERN json_t *ag_agent_history(const ag_agent *a);
+
+/*
+ * The history as compact JSON text, "[...]" (borrowed: valid until the next
+ * run_turn or free; NUL-terminated), its length in *len (may be NULL), or
+ * NULL when `a` is NULL. No copy, no allocation.
+ */
+AG_EXTERN const char *ag_agent_history_json(const ag_agent *a, size_t *len);
 
 /* The session's guard (borrowed), e.g. for ag_guard_dump. */
 AG_EXTERN const ag_guard *ag_agent_guard(const ag_agent *a);

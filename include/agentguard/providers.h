@@ -71,12 +71,25 @@ AG_EXTERN ag_err_t ag_reply_add_call(ag_reply *r, const char *id,
                                      const char *name, const char *arguments,
                                      size_t arguments_len);
 
-/* What the loop asks. All borrowed for the call. */
+/*
+ * What the loop asks. All borrowed for the call. The messages come as a
+ * tree (`messages`), as text (`messages_json`), or both; the agent loop
+ * sends the text only, and ag_provider_complete parses it into a tree for
+ * the call when the provider's vtable does not set
+ * AG_PROVIDER_MESSAGES_TEXT (see there). The library fills this struct and
+ * providers only read it: fields are only ever appended.
+ */
 typedef struct ag_request {
-  const json_t *messages; /* OpenAI chat messages array */
+  const json_t *messages; /* OpenAI chat messages array, or NULL */
   const json_t *tools;    /* OpenAI tools array, or NULL: no tools offered */
   int turn;               /* 1-based turn of the session */
   int iteration;          /* 1-based iteration of the turn */
+  /* (Appended.) The same messages array as compact JSON text, "[...]",
+   * messages_json_len bytes (NUL-terminated too), or NULL. From the agent
+   * loop: its stored history with the ephemeral error context message when
+   * there is one, valid for the call only. */
+  const char *messages_json;
+  size_t messages_json_len;
 } ag_request;
 
 /* Why a request failed (filled when complete() returns AG_EPROVIDER). */
@@ -119,7 +132,20 @@ typedef struct ag_provider_vtable {
                        ag_delta_fn on_delta, void *delta_user, ag_reply *out,
                        ag_provider_error *perr);
   void (*destroy)(void *self); /* may be NULL */
+  /*
+   * (Appended.) AG_PROVIDER_* bits. Without AG_PROVIDER_MESSAGES_TEXT (or
+   * with a vtable size from before this field), a request that carries its
+   * messages only as text gets a tree parsed from it for the call and freed
+   * after it: about 10 bytes of heap per byte of JSON and a parse of the
+   * whole history on every request. A provider that reads messages_json
+   * sets the bit and is spared both.
+   */
+  unsigned flags;
 } ag_provider_vtable;
+
+/* The provider reads ag_request.messages_json when it is set and does not
+ * need ag_request.messages (which is then NULL). */
+#define AG_PROVIDER_MESSAGES_TEXT 1u
 
 typedef struct ag_provider ag_provider;
 

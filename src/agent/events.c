@@ -291,15 +291,24 @@ static json_t *names_array(const ag__events *ev, const char *const *names,
   return a;
 }
 
-void ag__ev_model_request(ag__events *ev, const json_t *messages,
+void ag__ev_model_request(ag__events *ev, const char *messages_json,
+                          size_t messages_len, size_t n_messages,
                           const char *const *tools, size_t n_tools,
                           bool error_context, size_t history_bytes, bool full) {
   if (ev->fn == NULL)
     return;
+  json_t *msgs;
+  if (full) {
+    /* a debugging option: the tree is built from the text for the event */
+    json_t *tree =
+        json_loadb(messages_json, messages_len, JSON_ALLOW_NUL, NULL);
+    msgs = tree != NULL ? redact_tree(ev, tree) : NULL;
+    json_decref(tree);
+  } else {
+    msgs = json_integer((json_int_t)n_messages);
+  }
   fields f = fields_new();
-  put(&f, "messages",
-      full ? redact_tree(ev, messages)
-           : json_integer((json_int_t)json_array_size(messages)));
+  put(&f, "messages", msgs);
   put(&f, "history_bytes", json_integer((json_int_t)history_bytes));
   put(&f, "error_context", json_boolean(error_context));
   put(&f, "tools", names_array(ev, tools, n_tools));

@@ -63,10 +63,11 @@ void ag__ev_emit(ag__events *ev, const char *name, json_t *fields);
 
 void ag__ev_turn_start(ag__events *ev, const char *user);
 /* The request about to be made: the message count (or, with `full`, the
- * messages themselves, redacted), the history's size, whether the
- * ephemeral error context is in it, and the tools offered (none on the
- * wrap-up request). */
-void ag__ev_model_request(ag__events *ev, const json_t *messages,
+ * messages themselves, parsed from their JSON text and redacted), the
+ * history's size, whether the ephemeral error context is in it, and the
+ * tools offered (none on the wrap-up request). */
+void ag__ev_model_request(ag__events *ev, const char *messages_json,
+                          size_t messages_len, size_t n_messages,
                           const char *const *tools, size_t n_tools,
                           bool error_context, size_t history_bytes, bool full);
 void ag__ev_provider_retry(ag__events *ev, int attempt, int status,

@@ -21,14 +21,15 @@
  *   5. the verdict: go on, stop, nudge, or escalate to the human.
  *
  * Data structures. The session: the config, the guard, the scheduler, the
- * history (a jansson array) with the index where each stored turn starts
- * (for the history cap), the event sink, and one 64 KiB buffer for the error
- * context. A turn: a turn_ctx on the stack (its cancel token, the tools
- * array offered to the model, the pending error context flag, the partial
- * answer). A batch: per-call arrays allocated for the batch and freed after
- * it (calls, guard checks and results, exec calls and results, call ids).
- * Memory grows only with the stored history, which is capped after each
- * turn by dropping the oldest complete turns.
+ * history (compact JSON text in one capped buffer, laid out as a ready
+ * array, with a record per message: "History" below) with the index where
+ * each stored turn starts (for the history cap), the event sink, and one
+ * 64 KiB buffer for the error context. A turn: a turn_ctx on the stack (its
+ * cancel token, the tools array offered to the model, the pending error context
+ * flag, the partial answer). A batch: per-call arrays allocated for the batch
+ * and freed after it (calls, guard checks and results, exec calls and results,
+ * call ids). Memory grows only with the stored history, which is capped after
+ * each turn by dropping the oldest complete turns.
  *
  * Threading. A turn runs on the caller's thread, and so do the provider,
  * the approval and the human callbacks. The scheduler runs tools on its pool
@@ -41,9 +42,17 @@
  * steps, so a cancel ends the turn promptly and says which cause fired.
  *
  * Rejected:
- *   - Storing the error context in the history and deleting it afterwards:
- *     a stop or an out-of-memory in between would leave it there. Requests
- *     get a shallow copy of the history array with the extra message.
+ *   - Keeping the history as a jansson tree: about 8 bytes of heap per byte
+ *     of JSON for short messages (hashtables, one allocation per string;
+ *     bench_memory), and every request dumped it again. The text is
+ *     spliced into an OpenAI body as it is; a provider that wants a tree
+ *     gets one parsed per request (providers.h, AG_PROVIDER_MESSAGES_TEXT).
+ *   - Copying the history into a request buffer to add the error context:
+ *     a copy of up to the whole cap per request. The context message is
+ *     appended to the stored text for the request (its retries included)
+ *     and cut off as soon as complete() ends it, before anything else is
+ *     appended, in the same function, so a stop or an out-of-memory cannot
+ *     leave it there.
  *   - Counting retried model requests as iterations (DESIGN.md: they do not
  *     count again) or emitting model_request per retry: a reader counting
  *     model_request events gets the iterations; provider_retry tells the
@@ -61,6 +70,10 @@
 
 #define DEFAULT_HISTORY_BYTES ((size_t)8 << 20)
 #define ECTX_CAP ((size_t)64 << 10)
+/* The most the buffer ever holds beyond max_history_bytes: the current
+ * iteration is never cut (docs/agent.md "History cap"), so the cap leaves
+ * it room; past it an append fails like out of memory. */
+#define HISTORY_OVER_CAP ((size_t)1 << 30)
 #define HINT_CAP 4096
 #define MAX_WAIT_MS ((int64_t)5 * 60 * 1000) /* bound of any retry wait */
 
@@ -70,6 +83,13 @@ typedef struct turn_span {
   size_t start;
   size_t bytes;
 } turn_span;
+
+/* One stored message: its compact JSON is text.p[off .. off + len). */
+typedef struct hist_msg {
+  size_t off;
+  size_t len;
+  bool tool; /* role "tool": answers the assistant message before it */
+} hist_msg;
 
 struct ag_agent {
   ag_config cfg;
@@ -88,7 +108,13 @@ struct ag_agent {
   ag_scheduler *sched;
   ag__events ev;
 
-  json_t *history;
+  /* The history as text ("History" below): the messages' compact JSON,
+   * a ready array, and where each message is in it. */
+  ag__buf text;
+  size_t base; /* where the array starts in text.p (after a front drop) */
+  hist_msg *msgs_mem; /* cap_msgs records allocated */
+  hist_msg *msgs;     /* msgs_mem + a gap of records dropped at the front */
+  size_t n_msgs, cap_msgs;
   /* Each stored turn: the history index of its user message and its size
    * as compact JSON (messages and their commas), measured once when it
    * ended, so capping the history never re-serializes it. */
@@ -204,7 +230,7 @@ static json_t *message(const char *role, const char *content) {
   return m;
 }
 
-static size_t json_size(const json_t *j);
+static bool hist_push(ag_agent *a, const json_t *m, bool tool);
 
 AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
                                 ag_error_t *err) {
@@ -266,19 +292,21 @@ AG_EXTERN ag_err_t ag_agent_new(ag_agent **out, const ag_agent_opts *opts,
     goto fail;
 
   rc = AG_ENOMEM;
-  a->history = json_array();
+  ag__buf_init(&a->text, a->max_history_bytes < SIZE_MAX - HISTORY_OVER_CAP
+                             ? a->max_history_bytes + HISTORY_OVER_CAP
+                             : SIZE_MAX);
   a->ectx = malloc(ECTX_CAP);
-  if (a->history == NULL || a->ectx == NULL)
+  if (ag__buf_add(&a->text, "[]", 2) != AG_OK || a->ectx == NULL)
     goto fail_nomem;
   if (opts->system_prompt != NULL) {
     /* the history's system message is the only copy of the prompt */
     json_t *m = message("system", opts->system_prompt);
-    if (m == NULL || json_array_append_new(a->history, m) != 0)
+    bool ok = m != NULL && hist_push(a, m, false);
+    json_decref(m);
+    if (!ok)
       goto fail_nomem;
   }
-  a->stored_bytes = json_size(a->history); /* brackets and system message */
-  if (a->stored_bytes == SIZE_MAX)
-    goto fail_nomem;
+  a->stored_bytes = a->text.len; /* brackets and system message */
   *out = a;
   return AG_OK;
 
@@ -295,15 +323,25 @@ AG_EXTERN void ag_agent_free(ag_agent *a) {
   ag_scheduler_free(a->sched);
   ag_registry_free(a->own_reg);
   ag_guard_free(a->guard);
-  json_decref(a->history);
+  ag__buf_free(&a->text);
+  free(a->msgs_mem);
   free(a->turns);
   free(a->ectx);
   ag__ev_destroy(&a->ev);
   free(a);
 }
 
-AG_EXTERN const json_t *ag_agent_history(const ag_agent *a) {
-  return a != NULL ? a->history : NULL;
+AG_EXTERN json_t *ag_agent_history(const ag_agent *a) {
+  if (a == NULL)
+    return NULL;
+  return json_loadb(a->text.p + a->base, a->text.len - a->base, JSON_ALLOW_NUL,
+                    NULL);
+}
+
+AG_EXTERN const char *ag_agent_history_json(const ag_agent *a, size_t *len) {
+  if (len != NULL)
+    *len = a != NULL ? a->text.len - a->base : 0;
+  return a != NULL ? a->text.p + a->base : NULL;
 }
 
 AG_EXTERN const ag_guard *ag_agent_guard(const ag_agent *a) {
@@ -314,50 +352,187 @@ AG_EXTERN const ag_guard *ag_agent_guard(const ag_agent *a) {
 /* History                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static int count_bytes(const char *buf, size_t size, void *data) {
-  (void)buf;
-  *(size_t *)data += size;
-  return 0;
+/*
+ * The stored history is text: a->text holds the messages' compact JSON back
+ * to back as a ready array, "[m0,m1,...,mk]" (NUL-terminated), and
+ * a->msgs[i] says where message i starts and how long it is. Appending
+ * writes over the closing bracket; dropping messages is one memmove and an
+ * offset fix; compacting a message rewrites its text in place. About 1 byte
+ * of heap per byte of JSON plus the buffer's doubling slack (jansson trees
+ * cost about 10).
+ *
+ * A drop moves the smaller side: the text after the dropped messages to
+ * the left, or the text before them (the system prompt and the user
+ * message, when a long turn loses its oldest iterations) to the right,
+ * leaving a gap at the front (a->base). The gap is closed (one memmove of
+ * everything) once it is larger than a quarter of the text, so it costs at
+ * most that much memory and each dropped byte is moved a bounded number of
+ * times.
+ */
+
+static int buf_sink(const char *s, size_t n, void *data) {
+  return ag__buf_add(data, s, n) == AG_OK ? 0 : -1;
 }
 
-/* The compact JSON size of `j`, or SIZE_MAX when it cannot be measured:
- * jansson's dump allocates, and a size cut short by out of memory would let
- * the history outgrow its cap. */
-static size_t json_size(const json_t *j) {
-  size_t n = 0;
-  if (json_dump_callback(j, count_bytes, &n, JSON_COMPACT | JSON_ENCODE_ANY))
-    return SIZE_MAX;
-  return n;
+/* Room for one more record. */
+static bool msgs_reserve(ag_agent *a) {
+  size_t gap = (size_t)(a->msgs - a->msgs_mem);
+  if (gap + a->n_msgs < a->cap_msgs)
+    return true;
+  if (gap > 0) { /* close the front gap first */
+    memmove(a->msgs_mem, a->msgs, a->n_msgs * sizeof(*a->msgs));
+    a->msgs = a->msgs_mem;
+    if (a->n_msgs < a->cap_msgs)
+      return true;
+  }
+  size_t cap = a->cap_msgs ? a->cap_msgs * 2 : 64;
+  hist_msg *p = realloc(a->msgs_mem, cap * sizeof(*p));
+  if (p == NULL)
+    return false;
+  a->msgs_mem = a->msgs = p;
+  a->cap_msgs = cap;
+  return true;
+}
+
+/* Puts the closing bracket back at `len` (the text's new length). */
+static void close_at(ag_agent *a, size_t len) {
+  a->text.p[len] = ']';
+  a->text.p[len + 1] = '\0';
+  a->text.len = len + 1;
+}
+
+/* Appends message `m` (borrowed) as compact JSON; false on ENOMEM (or the
+ * buffer's cap), the history unchanged. No size accounting: see
+ * hist_append. */
+static bool hist_push(ag_agent *a, const json_t *m, bool tool) {
+  if (!msgs_reserve(a))
+    return false;
+  size_t close = a->text.len - 1; /* where the ']' is */
+  a->text.len = close;            /* write over it */
+  if (a->n_msgs > 0 && ag__buf_add(&a->text, ",", 1) != AG_OK) {
+    close_at(a, close);
+    return false;
+  }
+  size_t off = a->text.len;
+  if (json_dump_callback(m, buf_sink, &a->text, JSON_COMPACT) != 0 ||
+      ag__buf_add(&a->text, "]", 1) != AG_OK) {
+    close_at(a, close);
+    return false;
+  }
+  a->msgs[a->n_msgs].off = off;
+  a->msgs[a->n_msgs].len = a->text.len - 1 - off;
+  a->msgs[a->n_msgs].tool = tool;
+  a->n_msgs++;
+  return true;
+}
+
+/* Closes the gap at the front: the array starts at text.p again. */
+static void close_gap(ag_agent *a) {
+  size_t k = a->base;
+  if (k == 0)
+    return;
+  memmove(a->text.p, a->text.p + k, a->text.len + 1 - k);
+  a->text.len -= k;
+  for (size_t i = 0; i < a->n_msgs; i++)
+    a->msgs[i].off -= k;
+  a->base = 0;
+}
+
+/* Removes messages [from, to) (to <= n_msgs). */
+static void hist_cut(ag_agent *a, size_t from, size_t to) {
+  if (from >= to)
+    return;
+  if (to == a->n_msgs) {
+    /* the tail: the text ends after message from - 1, or is "[]" */
+    close_at(a, from > 0 ? a->msgs[from - 1].off + a->msgs[from - 1].len
+                         : a->base + 1);
+    a->n_msgs = from;
+    return;
+  }
+  size_t start = a->msgs[from].off, end = a->msgs[to].off, k = end - start;
+  if (start - a->base < a->text.len - end) {
+    /* the front is smaller: move it right */
+    memmove(a->text.p + a->base + k, a->text.p + a->base, start - a->base);
+    a->base += k;
+    for (size_t i = 0; i < from; i++)
+      a->msgs[i].off += k;
+  } else {
+    memmove(a->text.p + start, a->text.p + end, a->text.len + 1 - end);
+    a->text.len -= k;
+    for (size_t i = to; i < a->n_msgs; i++)
+      a->msgs[i].off -= k;
+  }
+  if (from < a->n_msgs - to) { /* the records likewise */
+    memmove(a->msgs + (to - from), a->msgs, from * sizeof(*a->msgs));
+    a->msgs += to - from;
+  } else {
+    memmove(a->msgs + from, a->msgs + to, (a->n_msgs - to) * sizeof(*a->msgs));
+  }
+  a->n_msgs -= to - from;
+  if (a->base > (a->text.len - a->base) / 4)
+    close_gap(a);
+}
+
+/* Replaces message i's text with `s` (n bytes); false on ENOMEM. */
+static bool hist_replace(ag_agent *a, size_t i, const char *s, size_t n) {
+  hist_msg *m = &a->msgs[i];
+  size_t end = m->off + m->len;
+  if (n > m->len) {
+    size_t grow = n - m->len;
+    if (a->text.len > a->text.cap || grow > a->text.cap - a->text.len ||
+        ag__buf_reserve(&a->text, a->text.len + grow) != AG_OK)
+      return false;
+  }
+  memmove(a->text.p + m->off + n, a->text.p + end, a->text.len + 1 - end);
+  memcpy(a->text.p + m->off, s, n);
+  a->text.len = a->text.len - m->len + n;
+  for (size_t k = i + 1; k < a->n_msgs; k++)
+    a->msgs[k].off = a->msgs[k].off - m->len + n;
+  m->len = n;
+  return true;
+}
+
+/* Gives memory back after a large drop: the text and the records keep at
+ * most twice what they hold. */
+static void hist_shrink(ag_agent *a) {
+  close_gap(a);
+  size_t need = a->text.len + 1;
+  if (a->text.alloc > 4 * need && a->text.alloc > ((size_t)64 << 10)) {
+    char *p = realloc(a->text.p, 2 * need);
+    if (p != NULL) {
+      a->text.p = p;
+      a->text.alloc = 2 * need;
+    }
+  }
+  if (a->msgs != a->msgs_mem) {
+    memmove(a->msgs_mem, a->msgs, a->n_msgs * sizeof(*a->msgs));
+    a->msgs = a->msgs_mem;
+  }
+  if (a->cap_msgs > 4 * a->n_msgs && a->cap_msgs > 1024) {
+    hist_msg *p = realloc(a->msgs_mem, 2 * a->n_msgs * sizeof(*p));
+    if (p != NULL) {
+      a->msgs_mem = a->msgs = p;
+      a->cap_msgs = 2 * a->n_msgs;
+    }
+  }
 }
 
 /* Measures the turn that just ended (the last stored one): the compact JSON
- * size of its messages, each with a separating comma. Work proportional to
- * the turn, not to the history. Out of memory: the turn is not kept (an
- * unmeasured turn could outgrow the cap) and false is returned. */
-static bool measure_last_turn(ag_agent *a) {
+ * size of its messages, each with a separating comma. */
+static void measure_last_turn(ag_agent *a) {
   if (a->n_turns == 0)
-    return true;
+    return;
   turn_span *t = &a->turns[a->n_turns - 1];
-  size_t n = json_array_size(a->history), bytes = 0;
-  for (size_t i = t->start; i < n; i++) {
-    size_t size = json_size(json_array_get(a->history, i));
-    if (size == SIZE_MAX) {
-      while (json_array_size(a->history) > t->start)
-        json_array_remove(a->history, json_array_size(a->history) - 1);
-      a->n_turns--;
-      return false;
-    }
-    bytes += size + 1;
-  }
+  size_t bytes = 0;
+  for (size_t i = t->start; i < a->n_msgs; i++)
+    bytes += a->msgs[i].len + 1;
   t->bytes = bytes;
   a->stored_bytes += bytes;
-  return true;
 }
 
 /* Drops the oldest complete turns while the history (compact JSON, plus
  * `extra` bytes of the turn in progress) is larger than the cap; never the
- * system message, never the last turn. The kept messages move to a new
- * array in one pass. */
+ * system message, never the last turn. One memmove of the kept text. */
 static void cap_history(ag_agent *a, size_t extra) {
   size_t drop = 0;
   size_t size = a->stored_bytes;
@@ -366,20 +541,7 @@ static void cap_history(ag_agent *a, size_t extra) {
   if (drop == 0)
     return;
   size_t from = a->turns[0].start, to = a->turns[drop].start;
-  size_t n = json_array_size(a->history);
-  json_t *kept = json_array();
-  if (kept == NULL)
-    return; /* out of memory: keep the longer history rather than lose it */
-  for (size_t i = 0; i < n; i++) {
-    if (i >= from && i < to)
-      continue;
-    if (json_array_append(kept, json_array_get(a->history, i)) != 0) {
-      json_decref(kept);
-      return;
-    }
-  }
-  json_decref(a->history);
-  a->history = kept;
+  hist_cut(a, from, to);
   a->stored_bytes = size;
   size_t k = to - from;
   memmove(a->turns, a->turns + drop, (a->n_turns - drop) * sizeof(*a->turns));
@@ -409,30 +571,42 @@ static bool over_cap(const ag_agent *a) {
   return a->stored_bytes + a->turn_bytes > a->max_history_bytes;
 }
 
-/* Replaces the long texts of message `m` (content, call arguments) with
- * notes; adjusts turn_bytes. */
-static void compact_message(ag_agent *a, json_t *m) {
-  size_t before = json_size(m);
+/* Replaces the long texts of message i (content, call arguments) with
+ * notes, rewriting its text; adjusts turn_bytes. Out of memory: the
+ * message stays as it was. */
+static void compact_message(ag_agent *a, size_t i) {
+  json_t *m = json_loadb(a->text.p + a->msgs[i].off, a->msgs[i].len,
+                         JSON_ALLOW_NUL, NULL);
+  if (m == NULL)
+    return;
   char note[160];
+  bool changed = false;
   json_t *c = json_object_get(m, "content");
   if (json_is_string(c) && json_string_length(c) > COMPACT_MIN) {
     snprintf(note, sizeof(note), COMPACTED_NOTE, json_string_length(c));
     json_object_set_new(m, "content", json_string(note));
+    changed = true;
   }
-  size_t i;
+  size_t k;
   json_t *call;
-  json_array_foreach(json_object_get(m, "tool_calls"), i, call) {
+  json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
     json_t *fn = json_object_get(call, "function");
     json_t *args = json_object_get(fn, "arguments");
     if (json_is_string(args) && json_string_length(args) > COMPACT_MIN) {
       snprintf(note, sizeof(note), COMPACTED_ARGS, json_string_length(args));
       json_object_set_new(fn, "arguments", json_string(note));
+      changed = true;
     }
   }
-  size_t after = json_size(m);
-  if (before != SIZE_MAX && before > after) /* SIZE_MAX: not measured */
+  char *s = changed ? json_dumps(m, JSON_COMPACT) : NULL;
+  json_decref(m);
+  if (s == NULL)
+    return;
+  size_t before = a->msgs[i].len, after = strlen(s);
+  if (hist_replace(a, i, s, after) && before > after)
     a->turn_bytes -=
         before - after < a->turn_bytes ? before - after : a->turn_bytes;
+  free(s);
 }
 
 /*
@@ -448,19 +622,18 @@ static void bound_turn(ag_agent *a) {
   cap_history(a, a->turn_bytes);
   size_t i = a->compact_from;
   while (over_cap(a) && i < a->iter_start)
-    compact_message(a, json_array_get(a->history, i++));
+    compact_message(a, i++);
   a->compact_from = i;
   size_t first = a->turns[a->n_turns - 1].start + 1;
   while (over_cap(a) && first < a->iter_start) {
     size_t end = first + 1;
-    while (end < a->iter_start &&
-           is_tool_message(json_array_get(a->history, end)))
+    while (end < a->iter_start && a->msgs[end].tool)
       end++;
     for (size_t k = first; k < end; k++) {
-      size_t size = json_size(json_array_get(a->history, first)) + 1;
+      size_t size = a->msgs[k].len + 1;
       a->turn_bytes -= size < a->turn_bytes ? size : a->turn_bytes;
-      json_array_remove(a->history, first);
     }
+    hist_cut(a, first, end);
     a->iter_start -= end - first;
     a->compact_from =
         a->compact_from > end ? a->compact_from - (end - first) : first;
@@ -487,31 +660,29 @@ static bool note_turn_start(ag_agent *a, size_t index) {
 static bool hist_append(ag_agent *a, json_t *m) {
   if (m == NULL)
     return false;
-  size_t size = a->in_turn ? json_size(m) : 0;
-  if (size == SIZE_MAX) {
-    json_decref(m);
+  bool ok = hist_push(a, m, is_tool_message(m));
+  json_decref(m);
+  if (!ok)
     return false;
+  if (a->in_turn) {
+    a->turn_bytes += a->msgs[a->n_msgs - 1].len + 1;
+    if (over_cap(a))
+      bound_turn(a);
   }
-  if (a->in_turn)
-    size++;
-  if (json_array_append_new(a->history, m) != 0)
-    return false;
-  a->turn_bytes += size;
-  if (a->in_turn && a->stored_bytes + a->turn_bytes > a->max_history_bytes)
-    bound_turn(a);
   return true;
 }
 
 /* Removes history entries past `len` (undoing a partial append). */
 static void hist_truncate(ag_agent *a, size_t len) {
-  while (json_array_size(a->history) > len) {
-    size_t last = json_array_size(a->history) - 1;
-    if (a->in_turn) {
-      size_t size = json_size(json_array_get(a->history, last)) + 1;
+  if (len >= a->n_msgs)
+    return;
+  if (a->in_turn) {
+    for (size_t i = len; i < a->n_msgs; i++) {
+      size_t size = a->msgs[i].len + 1;
       a->turn_bytes -= size < a->turn_bytes ? size : a->turn_bytes;
     }
-    json_array_remove(a->history, last);
   }
+  hist_cut(a, len, a->n_msgs);
 }
 
 /* The call ids of a reply: the model's, or generated "call_<t>_<i>_<k>". */
@@ -808,25 +979,26 @@ static int on_delta(void *user, const char *text, size_t len) {
 static req_status request_model(turn_ctx *t, const json_t *tools,
                                 bool with_ectx, ag_reply *reply) {
   ag_agent *a = t->a;
-  json_t *msgs;
+  /* The error context joins the text for this request only and is cut off
+   * again before anything else is appended (ectx_cut). */
+  size_t n_stored = a->n_msgs;
   if (with_ectx) {
-    /* A shallow copy: the error context never enters the history. */
-    msgs = json_array();
-    if (msgs == NULL)
+    json_t *m = message("user", a->ectx);
+    bool ok = m != NULL && hist_push(a, m, false);
+    json_decref(m);
+    if (!ok)
       return REQ_NOMEM;
-    json_t *m = json_array_extend(msgs, a->history) == 0
-                    ? message("user", a->ectx)
-                    : NULL;
-    if (m == NULL || json_array_append_new(msgs, m) != 0) {
-      json_decref(msgs);
-      return REQ_NOMEM;
-    }
-  } else {
-    msgs = json_incref(a->history);
   }
-  ag_request req = {msgs, tools, a->turn, t->iterations};
+  ag_request req;
+  memset(&req, 0, sizeof(req));
+  req.tools = tools;
+  req.turn = a->turn;
+  req.iteration = t->iterations;
+  req.messages_json = a->text.p + a->base;
+  req.messages_json_len = a->text.len - a->base;
   t->streamed = t->content_stop = false;
-  ag__ev_model_request(&a->ev, msgs, tools != NULL ? t->tool_names : NULL,
+  ag__ev_model_request(&a->ev, req.messages_json, req.messages_json_len,
+                       a->n_msgs, tools != NULL ? t->tool_names : NULL,
                        tools != NULL ? t->n_tools : 0, with_ectx,
                        a->stored_bytes + a->turn_bytes, a->events_full);
   t->stream_len = 0;
@@ -847,6 +1019,8 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
     memset(reply, 0, sizeof(*reply));
     ag_err_t rc =
         ag_provider_complete(a->provider, &req, t->tt, on_delta, t, reply, &pe);
+    if (rc != AG_EPROVIDER)
+      hist_cut(a, n_stored, a->n_msgs); /* no retry: the context goes */
     if (rc == AG_OK) {
       st = REQ_OK;
       break;
@@ -905,11 +1079,28 @@ static req_status request_model(turn_ctx *t, const json_t *tools,
     }
     retries++;
   }
-  json_decref(msgs);
+  hist_cut(a, n_stored, a->n_msgs);
   return st;
 }
 
 /* ---- the batch --------------------------------------------------------- */
+
+/* snprintf's return value as the length written into `cap` bytes. */
+static size_t fit(int n, size_t cap) {
+  return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+/* "Not run: <why>", the tool message of a call that was never executed,
+ * into buf; its length. */
+static size_t not_run_text(char *buf, size_t cap, const char *why) {
+  return fit(snprintf(buf, cap, "Not run: %s", why), cap);
+}
+
+/* A run's output text ("" when there is none) and its length. */
+static const char *exec_text(const ag_exec_result *er, size_t *len) {
+  *len = er->text != NULL ? er->text_len : 0;
+  return er->text != NULL ? er->text : "";
+}
 
 typedef struct batch_ctx {
   turn_ctx *t;
@@ -963,8 +1154,8 @@ static int64_t run_cb(void *user, const ag_call *calls,
       continue;
     }
     ag_exec_result *er = &b->ers[i];
-    const char *text = er->text != NULL ? er->text : "";
-    size_t len = er->text != NULL ? er->text_len : 0;
+    size_t len;
+    const char *text = exec_text(er, &len);
     if (requires_approval(a->reg, name) && er->status != AG_EXEC_NOT_FOUND &&
         er->status != AG_EXEC_INVALID && er->status != AG_EXEC_SKIPPED &&
         !(er->status == AG_EXEC_CANCELLED && er->attempts == 0))
@@ -1038,7 +1229,7 @@ static bool is_loop_breaking(const ag_config *cfg, const char *name) {
 /* Appends one tool message per call. `texts[i]` (lens[i]) is its content. */
 static bool append_tool_messages(ag_agent *a, const call_ids *ids, size_t n,
                                  char **texts, const size_t *lens) {
-  size_t before = json_array_size(a->history);
+  size_t before = a->n_msgs;
   for (size_t i = 0; i < n; i++) {
     const char *s = texts[i] != NULL ? texts[i] : "";
     size_t l = texts[i] != NULL ? lens[i] : 0;
@@ -1055,11 +1246,8 @@ static bool answer_not_run(turn_ctx *t, const ag_reply *r, const call_ids *ids,
                            const char *reason_code, const char *why) {
   ag_agent *a = t->a;
   char text[AG_VERDICT_MSG_MAX + 16];
-  int len = snprintf(text, sizeof(text), "Not run: %s", why);
-  size_t l = len < 0                      ? 0
-             : (size_t)len < sizeof(text) ? (size_t)len
-                                          : sizeof(text) - 1;
-  size_t before = json_array_size(a->history);
+  size_t l = not_run_text(text, sizeof(text), why);
+  size_t before = a->n_msgs;
   for (size_t i = 0; i < r->n_calls; i++) {
     size_t alen;
     const char *args = call_args(&r->calls[i], &alen);
@@ -1108,15 +1296,211 @@ static step after_errors(turn_ctx *t, ag_recover_kind kind) {
   return GO_ON;
 }
 
-/* A reply with tool calls, docs/agent.md steps 6 and 7: the batch through
- * ag_guard_run_batch, the tool messages, the verdict (a stop, an escalation
- * with its human answer, a nudge, or a loop-breaking tool that ends the
- * turn), and for step 8 the error context that the next request carries. */
+/* ---- one batch of tool calls (docs/agent.md steps 6 to 8) --------------- */
+
+/* The per-call arrays of a batch, allocated together, freed together. */
+typedef struct batch {
+  size_t n;
+  ag_call *calls;
+  ag_call_check *checks;
+  ag_result *results;
+  ag_exec_call *ecalls;
+  ag_exec_result *ers;
+  char **texts; /* each call's tool message content (malloc'd) */
+  size_t *lens;
+} batch;
+
+static bool batch_new(batch *b, const ag_reply *reply) {
+  size_t n = reply->n_calls;
+  b->n = n;
+  b->calls = calloc(n, sizeof(*b->calls));
+  b->checks = calloc(n, sizeof(*b->checks));
+  b->results = calloc(n, sizeof(*b->results));
+  b->ecalls = calloc(n, sizeof(*b->ecalls));
+  b->ers = calloc(n, sizeof(*b->ers));
+  b->texts = calloc(n, sizeof(*b->texts));
+  b->lens = calloc(n, sizeof(*b->lens));
+  if (b->calls == NULL || b->checks == NULL || b->results == NULL ||
+      b->ecalls == NULL || b->ers == NULL || b->texts == NULL ||
+      b->lens == NULL)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    b->calls[i].name = call_name(&reply->calls[i]);
+    b->calls[i].args = call_args(&reply->calls[i], &b->calls[i].args_len);
+  }
+  return true;
+}
+
+static void batch_free(batch *b) {
+  for (size_t i = 0; b->ers != NULL && i < b->n; i++)
+    ag_exec_result_clear(&b->ers[i]);
+  for (size_t i = 0; b->texts != NULL && i < b->n; i++)
+    free(b->texts[i]);
+  free(b->calls);
+  free(b->checks);
+  free(b->results);
+  free(b->ecalls);
+  free(b->ers);
+  free(b->texts);
+  free(b->lens);
+}
+
+/* What a batch's tool messages tell the next steps. */
+typedef struct batch_seen {
+  bool any_error, not_found, invalid;
+  bool have_breaking;        /* a loop-breaking tool succeeded: */
+  const char *breaking_name; /* its name */
+  char *breaking;            /* its result (malloc'd), the final text */
+} batch_seen;
+
+/* Sets the tool message of call i of a batch that ran (texts[i], lens[i])
+ * and notes what it says in `seen`; false when out of memory. */
+static bool call_message(ag_agent *a, batch *b, size_t i, batch_seen *seen) {
+  const char *name = b->calls[i].name;
+  char **out = &b->texts[i];
+  size_t *out_len = &b->lens[i];
+  if (b->checks[i].action == AG_NUDGE) { /* held back: its nudge */
+    *out_len = strlen(b->checks[i].message);
+    *out = ag__strndup(b->checks[i].message, *out_len);
+    return *out != NULL;
+  }
+  if (!b->checks[i].valid) {
+    seen->any_error = seen->invalid = true;
+    *out = error_feedback(a, name, AG_CAT_VALIDATION, b->results[i].text,
+                          b->results[i].text_len, out_len);
+    return *out != NULL;
+  }
+  const ag_exec_result *er = &b->ers[i];
+  size_t len;
+  const char *text = exec_text(er, &len);
+  switch (er->status) {
+  case AG_EXEC_OK:
+  case AG_EXEC_DENIED:
+  case AG_EXEC_SKIPPED:
+    *out_len = len;
+    *out = ag__strndup(text, len);
+    if (er->status != AG_EXEC_OK)
+      break;
+    if (ag_guard_is_error_text(a->guard, text, len)) {
+      seen->any_error = true;
+    } else if (!seen->have_breaking && a->cfg.loop.require_tool_call &&
+               is_loop_breaking(&a->cfg, name)) {
+      seen->have_breaking = true;
+      seen->breaking_name = name;
+      seen->breaking = ag__strndup(text, len);
+      if (seen->breaking == NULL)
+        return false;
+    }
+    break;
+  case AG_EXEC_NOT_FOUND:
+    seen->not_found = seen->any_error = true;
+    if (a->cfg.errors.feedback == AG_FEEDBACK_GENERIC) {
+      /* M.E.AI's own text for a function it does not have */
+      char nf[AG_TOOL_NAME_MAX + 64];
+      *out_len = fit(snprintf(nf, sizeof(nf),
+                              "Error: Requested function \"%.*s\" not found.",
+                              AG_TOOL_NAME_MAX, name),
+                     sizeof(nf));
+      *out = ag__strndup(nf, *out_len);
+    } else {
+      *out = error_feedback(a, name, er->category, text, len, out_len);
+    }
+    break;
+  case AG_EXEC_INVALID:
+    seen->invalid = true;
+    /* fall through */
+  default:
+    seen->any_error = true;
+    *out = error_feedback(a, name, er->category, text, len, out_len);
+    break;
+  }
+  return *out != NULL;
+}
+
+/* A nudge after the results (call_and_result scope): the call ran, and
+ * its tool message carries the nudge after its result. False on ENOMEM. */
+static bool join_nudge(batch *b, const ag_verdict *v) {
+  if (v->call_index < 0 || (size_t)v->call_index >= b->n)
+    return true;
+  size_t k = (size_t)v->call_index;
+  size_t ml = strlen(v->message);
+  char *joined = malloc(b->lens[k] + 2 + ml + 1);
+  if (joined == NULL)
+    return false;
+  memcpy(joined, b->texts[k], b->lens[k]);
+  memcpy(joined + b->lens[k], "\n\n", 2);
+  memcpy(joined + b->lens[k] + 2, v->message, ml + 1);
+  free(b->texts[k]);
+  b->texts[k] = joined;
+  b->lens[k] += 2 + ml;
+  return true;
+}
+
+/* The guard stopped the batch before it ran: every call is answered
+ * "Not run: <why>". False on ENOMEM. */
+static bool blocked_messages(ag_agent *a, batch *b, const call_ids *ids,
+                             const ag_verdict *v) {
+  const char *code = ag_reason_name(v->reason);
+  for (size_t i = 0; i < b->n; i++) {
+    ag__ev_tool_call(&a->ev, ids->ids[i], b->calls[i].name, b->calls[i].args,
+                     b->calls[i].args_len,
+                     b->checks[i].valid ? b->checks[i].sig : NULL);
+    ag__ev_tool_blocked(&a->ev, ids->ids[i], b->calls[i].name, code);
+  }
+  char text[AG_VERDICT_MSG_MAX + 16];
+  size_t len = not_run_text(text, sizeof(text), v->message);
+  for (size_t i = 0; i < b->n; i++) {
+    b->lens[i] = len;
+    b->texts[i] = ag__strndup(text, len);
+    if (b->texts[i] == NULL)
+      return false;
+  }
+  return true;
+}
+
+/* Step 7 after the tool messages joined the history: the batch's verdict
+ * (a stop, an escalation with its human answer, a loop-breaking tool that
+ * ends the turn) and, for step 8, the error context of the next request. */
+static step batch_verdict(turn_ctx *t, ag_action act, const ag_verdict *v,
+                          batch_seen *seen) {
+  ag_cancel_reason why = fired(t);
+  if (why != AG_CANCEL_NONE) {
+    end_cancelled(t, why);
+    return END_TURN;
+  }
+  switch (act) {
+  case AG_STOP:
+    end_stopped(t, v);
+    return END_TURN;
+  case AG_ESCALATE:
+    if (!escalate(t, v))
+      return END_TURN;
+    break;
+  case AG_ALLOW:
+  case AG_NUDGE:
+    if (seen->have_breaking) {
+      set_outcome(t->out, AG_TURN_COMPLETED, "loop_breaking_tool",
+                  "The model called %s, which ends the turn.",
+                  seen->breaking_name);
+      t->out->final_text = seen->breaking;
+      seen->breaking = NULL;
+      return END_TURN;
+    }
+    break;
+  }
+  if (seen->any_error)
+    after_errors(t, seen->not_found ? AG_RECOVER_UNKNOWN_TOOL
+                    : seen->invalid ? AG_RECOVER_INVALID_JSON
+                                    : AG_RECOVER_EXECUTION);
+  return GO_ON;
+}
+
+/* A reply with tool calls, docs/agent.md steps 6 to 8: the batch through
+ * ag_guard_run_batch, one tool message per call, the verdict. */
 static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
   ag_agent *a = t->a;
-  size_t n = reply->n_calls;
   /* the reply's assistant message is the last entry of the history */
-  size_t base = json_array_size(a->history) - 1;
+  size_t base = a->n_msgs - 1;
 
   ag_cancel_reason why = fired(t);
   if (why != AG_CANCEL_NONE) {
@@ -1128,191 +1512,50 @@ static step run_calls(turn_ctx *t, const ag_reply *reply, const call_ids *ids) {
     return END_TURN;
   }
 
-  ag_call *calls = calloc(n, sizeof(*calls));
-  ag_call_check *checks = calloc(n, sizeof(*checks));
-  ag_result *results = calloc(n, sizeof(*results));
-  ag_exec_call *ecalls = calloc(n, sizeof(*ecalls));
-  ag_exec_result *ers = calloc(n, sizeof(*ers));
-  char **texts = calloc(n, sizeof(*texts));
-  size_t *lens = calloc(n, sizeof(*lens));
+  batch b;
+  memset(&b, 0, sizeof(b));
+  batch_seen seen;
+  memset(&seen, 0, sizeof(seen));
+  seen.breaking_name = "";
   step s = END_TURN;
-  char *breaking = NULL;
-  const char *breaking_name = "";
-  bool have_breaking = false;
-  if (calls == NULL || checks == NULL || results == NULL || ecalls == NULL ||
-      ers == NULL || texts == NULL || lens == NULL) {
+  if (!batch_new(&b, reply)) {
     t->oom = true;
-    answer_lost(a, ids, n, base);
+    answer_lost(a, ids, reply->n_calls, base);
     goto done;
   }
-  for (size_t i = 0; i < n; i++) {
-    calls[i].name = call_name(&reply->calls[i]);
-    calls[i].args = call_args(&reply->calls[i], &calls[i].args_len);
-  }
 
-  batch_ctx b = {t, ids, ecalls, ers, false};
+  batch_ctx bc = {t, ids, b.ecalls, b.ers, false};
   ag_verdict v;
   bool ran = false;
-  ag_action act = ag_guard_run_batch(a->guard, calls, n, ag_now_ms(), run_cb,
-                                     &b, checks, results, &v, &ran);
+  ag_action act =
+      ag_guard_run_batch(a->guard, b.calls, b.n, ag_now_ms(), run_cb, &bc,
+                         b.checks, b.results, &v, &ran);
 
-  /* The tool messages, and what the batch tells the next steps. */
-  bool any_error = false, not_found = false, invalid = false;
+  bool ok = true; /* every tool message was built */
   if (!ran) {
-    const char *code = ag_reason_name(v.reason);
-    for (size_t i = 0; i < n; i++) {
-      ag__ev_tool_call(&a->ev, ids->ids[i], calls[i].name, calls[i].args,
-                       calls[i].args_len,
-                       checks[i].valid ? checks[i].sig : NULL);
-      ag__ev_tool_blocked(&a->ev, ids->ids[i], calls[i].name, code);
+    ok = blocked_messages(a, &b, ids, &v);
+  } else {
+    for (size_t i = 0; i < b.n && ok; i++)
+      ok = call_message(a, &b, i, &seen);
+    if (ok && act == AG_NUDGE) {
+      ag__ev_nudge(&a->ev, ag_reason_name(v.reason), v.message);
+      ok = join_nudge(&b, &v);
     }
   }
-  bool lost = false; /* a tool message could not be built */
-  for (size_t i = 0; i < n && !lost; i++) {
-    const char *name = calls[i].name;
-    if (!ran) {
-      char buf[AG_VERDICT_MSG_MAX + 16];
-      int l = snprintf(buf, sizeof(buf), "Not run: %s", v.message);
-      lens[i] = l < 0                     ? 0
-                : (size_t)l < sizeof(buf) ? (size_t)l
-                                          : sizeof(buf) - 1;
-      texts[i] = ag__strndup(buf, lens[i]);
-    } else if (checks[i].action == AG_NUDGE) {
-      lens[i] = strlen(checks[i].message);
-      texts[i] = ag__strndup(checks[i].message, lens[i]);
-    } else if (!checks[i].valid) {
-      any_error = invalid = true;
-      texts[i] = error_feedback(a, name, AG_CAT_VALIDATION, results[i].text,
-                                results[i].text_len, &lens[i]);
-    } else {
-      const ag_exec_result *er = &ers[i];
-      const char *text = er->text != NULL ? er->text : "";
-      size_t len = er->text != NULL ? er->text_len : 0;
-      switch (er->status) {
-      case AG_EXEC_OK:
-      case AG_EXEC_DENIED:
-      case AG_EXEC_SKIPPED:
-        lens[i] = len;
-        texts[i] = ag__strndup(text, len);
-        if (er->status == AG_EXEC_OK) {
-          if (ag_guard_is_error_text(a->guard, text, len))
-            any_error = true;
-          else if (!have_breaking && a->cfg.loop.require_tool_call &&
-                   is_loop_breaking(&a->cfg, name)) {
-            have_breaking = true;
-            breaking_name = name;
-            breaking = ag__strndup(text, len);
-            if (breaking == NULL)
-              lost = true;
-          }
-        }
-        break;
-      case AG_EXEC_NOT_FOUND:
-        not_found = true;
-        any_error = true;
-        if (a->cfg.errors.feedback == AG_FEEDBACK_GENERIC) {
-          /* M.E.AI's own text for a function it does not have */
-          char nf[AG_TOOL_NAME_MAX + 64];
-          int l = snprintf(nf, sizeof(nf),
-                           "Error: Requested function \"%.*s\" not found.",
-                           AG_TOOL_NAME_MAX, name);
-          lens[i] = l < 0                    ? 0
-                    : (size_t)l < sizeof(nf) ? (size_t)l
-                                             : sizeof(nf) - 1;
-          texts[i] = ag__strndup(nf, lens[i]);
-        } else {
-          texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
-        }
-        break;
-      case AG_EXEC_INVALID:
-        invalid = true;
-        any_error = true;
-        texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
-        break;
-      default:
-        any_error = true;
-        texts[i] = error_feedback(a, name, er->category, text, len, &lens[i]);
-        break;
-      }
-    }
-    if (texts[i] == NULL)
-      lost = true;
-  }
-
-  /* A nudge after the results (call_and_result scope): the call ran; its
-   * answer carries the nudge. */
-  if (ran && act == AG_NUDGE && !lost) {
-    ag__ev_nudge(&a->ev, ag_reason_name(v.reason), v.message);
-    if (v.call_index >= 0 && (size_t)v.call_index < n) {
-      size_t k = (size_t)v.call_index;
-      size_t ml = strlen(v.message);
-      char *joined = malloc(lens[k] + 2 + ml + 1);
-      if (joined == NULL) {
-        lost = true;
-      } else {
-        memcpy(joined, texts[k], lens[k]);
-        memcpy(joined + lens[k], "\n\n", 2);
-        memcpy(joined + lens[k] + 2, v.message, ml + 1);
-        free(texts[k]);
-        texts[k] = joined;
-        lens[k] += 2 + ml;
-      }
-    }
-  }
-
-  if (lost || !append_tool_messages(a, ids, n, texts, lens)) {
+  if (!ok || !append_tool_messages(a, ids, b.n, b.texts, b.lens)) {
     t->oom = true;
-    answer_lost(a, ids, n, base);
+    answer_lost(a, ids, b.n, base);
     goto done;
   }
-  if (b.sched_failed) {
+  if (bc.sched_failed) {
     t->oom = true; /* the results were written; the turn still fails */
     goto done;
   }
-
-  why = fired(t);
-  if (why != AG_CANCEL_NONE) {
-    end_cancelled(t, why);
-    goto done;
-  }
-  switch (act) {
-  case AG_STOP:
-    end_stopped(t, &v);
-    goto done;
-  case AG_ESCALATE:
-    if (!escalate(t, &v))
-      goto done;
-    break;
-  case AG_ALLOW:
-  case AG_NUDGE:
-    if (have_breaking) {
-      set_outcome(t->out, AG_TURN_COMPLETED, "loop_breaking_tool",
-                  "The model called %s, which ends the turn.", breaking_name);
-      t->out->final_text = breaking;
-      breaking = NULL;
-      goto done;
-    }
-    break;
-  }
-  s = GO_ON;
-  if (any_error)
-    after_errors(t, not_found ? AG_RECOVER_UNKNOWN_TOOL
-                    : invalid ? AG_RECOVER_INVALID_JSON
-                              : AG_RECOVER_EXECUTION);
+  s = batch_verdict(t, act, &v, &seen);
 
 done:
-  for (size_t i = 0; ers != NULL && i < n; i++)
-    ag_exec_result_clear(&ers[i]);
-  for (size_t i = 0; texts != NULL && i < n; i++)
-    free(texts[i]);
-  free(breaking);
-  free(calls);
-  free(checks);
-  free(results);
-  free(ecalls);
-  free(ers);
-  free(texts);
-  free(lens);
+  batch_free(&b);
+  free(seen.breaking);
   return s;
 }
 
@@ -1380,7 +1623,7 @@ static void note_usage(turn_ctx *t, const ag_reply *reply) {
 /* Appends the assistant message of `reply`; false on ENOMEM. */
 static bool append_assistant(turn_ctx *t, const ag_reply *reply,
                              const call_ids *ids) {
-  t->a->iter_start = json_array_size(t->a->history); /* kept whole */
+  t->a->iter_start = t->a->n_msgs; /* kept whole */
   return hist_append(t->a, assistant_message(reply, ids));
 }
 
@@ -1421,7 +1664,7 @@ static void wrap_up(turn_ctx *t, const ag_verdict *v) {
       !append_assistant(t, &reply, &ids)) {
     t->oom = true;
   } else if (reply.n_calls > 0) {
-    size_t base = json_array_size(a->history) - 1;
+    size_t base = a->n_msgs - 1;
     if (!answer_not_run(t, &reply, &ids, ag_reason_name(v->reason),
                         v->message)) {
       t->oom = true;
@@ -1500,7 +1743,7 @@ static void iterate(turn_ctx *t) {
         !append_assistant(t, &reply, &ids)) {
       t->oom = true;
     } else if (looped) {
-      size_t base = json_array_size(a->history) - 1;
+      size_t base = a->n_msgs - 1;
       if (reply.n_calls > 0 &&
           !answer_not_run(t, &reply, &ids, ag_reason_name(cv.reason),
                           cv.message)) {
@@ -1563,7 +1806,7 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
   t.out = out;
 
   ag__ev_turn_start(&a->ev, user_message);
-  size_t start = json_array_size(a->history);
+  size_t start = a->n_msgs;
   bool stored = false; /* the turn's user message is in the history */
   a->in_turn = true;
   a->turn_bytes = 0;
@@ -1594,12 +1837,10 @@ AG_EXTERN ag_err_t ag_agent_run_turn(ag_agent *a, const char *user_message,
 
   a->in_turn = false;
   /* measured once, whatever the in-turn cap dropped */
-  if (stored && !measure_last_turn(a)) {
-    set_outcome(out, AG_TURN_FAILED, "out_of_memory",
-                "The turn ran out of memory.");
-    rc = nomem(err);
-  }
+  if (stored)
+    measure_last_turn(a);
   cap_history(a, 0);
+  hist_shrink(a);
   ag__ev_turn_end(&a->ev, out);
 
   free(t.partial);

@@ -232,9 +232,21 @@ static json_t *convert_tools(const json_t *tools) {
 char *ag__anthropic_request(const ag__wire_opts *o, const ag_request *req,
                             size_t *len, ag_err_t *rc, char *msg, size_t cap) {
   *rc = AG_ENOMEM;
-  if (!json_is_array(req->messages)) {
+  /* Messages as text (the agent loop's): parsed here, for this request. */
+  json_t *parsed = NULL;
+  const json_t *messages = req->messages;
+  if (messages == NULL && req->messages_json != NULL) {
+    json_error_t jerr;
+    parsed = json_loadb(req->messages_json, req->messages_json_len,
+                        JSON_ALLOW_NUL, &jerr);
+    if (parsed == NULL && json_error_code(&jerr) == json_error_out_of_memory)
+      return NULL;
+    messages = parsed;
+  }
+  if (!json_is_array(messages)) {
+    json_decref(parsed);
     *rc = AG_EINVAL;
-    snprintf(msg, cap, "messages: expected an array");
+    snprintf(msg, cap, "messages: expected an array (or its JSON text)");
     return NULL;
   }
   json_t *body = json_object();
@@ -245,7 +257,7 @@ char *ag__anthropic_request(const ag__wire_opts *o, const ag_request *req,
   msg[0] = '\0';
   if (body == NULL || msgs == NULL)
     goto done;
-  if (!convert(req->messages, msgs, &system, &system_len, msg, cap)) {
+  if (!convert(messages, msgs, &system, &system_len, msg, cap)) {
     if (msg[0] != '\0')
       *rc = AG_EINVAL;
     goto done;
@@ -280,6 +292,7 @@ char *ag__anthropic_request(const ag__wire_opts *o, const ag_request *req,
     }
   }
 done:
+  json_decref(parsed);
   free(system);
   json_decref(msgs);
   json_decref(body);

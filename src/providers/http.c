@@ -1007,10 +1007,14 @@ static ag_err_t http_complete(void *self, const ag_request *req,
   return rc;
 }
 
+/* Both wire formats read ag_request.messages_json (openai.c splices it
+ * into the body, anthropic.c parses it where it converts). */
 static const ag_provider_vtable openai_vtable = {
-    sizeof(ag_provider_vtable), "openai", http_complete, http_destroy};
+    sizeof(ag_provider_vtable), "openai", http_complete, http_destroy,
+    AG_PROVIDER_MESSAGES_TEXT};
 static const ag_provider_vtable anthropic_vtable = {
-    sizeof(ag_provider_vtable), "anthropic", http_complete, http_destroy};
+    sizeof(ag_provider_vtable), "anthropic", http_complete, http_destroy,
+    AG_PROVIDER_MESSAGES_TEXT};
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc = CURLE_OK;

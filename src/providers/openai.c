@@ -3,9 +3,11 @@
  * servers that speak it: Azure OpenAI, Ollama, vLLM, llama.cpp's server,
  * LM Studio, OpenRouter, Groq, DeepSeek, ...).
  *
- * The loop's history is already Chat Completions messages, so the request
- * body is the history written as it is (spliced into the small object of
- * options; see ag__openai_request). A reply is
+ * The loop's history is already Chat Completions messages, kept as compact
+ * JSON text, so the request body is that text spliced as it is into the
+ * small object of options (see ag__openai_request); a request that carries
+ * only a tree (the proxy, a caller of ag_provider_complete) is written by
+ * jansson. A reply is
  * read into the shared assembler (http.c): text, refusal, tool calls by
  * index, finish reason and usage. Streamed chunks carry the same parts as
  * fragments; tool call fragments are joined by their `index`, a call's id
@@ -26,18 +28,13 @@ static bool set_new(json_t *o, const char *k, json_t *v) {
   return v != NULL && json_object_set_new(o, k, v) == 0;
 }
 
-/* Appends `,"key":<value as compact JSON>` to *buf. */
-static bool splice(char **buf, size_t *len, const char *key,
-                   const json_t *value) {
-  char *v = json_dumps(value, JSON_COMPACT);
-  if (v == NULL)
-    return false;
-  size_t kl = strlen(key), vl = strlen(v);
+/* Appends `,"key":<v, vl bytes of JSON text>` to *buf. */
+static bool splice_text(char **buf, size_t *len, const char *key, const char *v,
+                        size_t vl) {
+  size_t kl = strlen(key);
   char *g = realloc(*buf, *len + kl + vl + 5);
-  if (g == NULL) {
-    free(v);
+  if (g == NULL)
     return false;
-  }
   *buf = g;
   g[(*len)++] = ',';
   g[(*len)++] = '"';
@@ -48,24 +45,44 @@ static bool splice(char **buf, size_t *len, const char *key,
   memcpy(g + *len, v, vl);
   *len += vl;
   g[*len] = '\0';
-  free(v);
   return true;
+}
+
+/* Appends `,"key":<value as compact JSON>` to *buf. */
+static bool splice(char **buf, size_t *len, const char *key,
+                   const json_t *value) {
+  char *v = json_dumps(value, JSON_COMPACT);
+  if (v == NULL)
+    return false;
+  bool ok = splice_text(buf, len, key, v, strlen(v));
+  free(v);
+  return ok;
+}
+
+/* The messages as text: ag_request.messages_json when set (the agent
+ * loop's history, spliced as it is), else NULL. */
+static bool messages_text(const ag_request *req) {
+  return req->messages_json != NULL && req->messages_json_len >= 2 &&
+         req->messages_json[0] == '[' &&
+         req->messages_json[req->messages_json_len - 1] == ']';
 }
 
 /*
  * The body is our small object (model, stream, options, extra_body) written
- * by jansson, then the caller's messages and tools written by jansson too
- * and spliced in before the closing brace: they are borrowed, and setting
- * them into our object would change their reference counts, which is not
- * safe when the caller shares them between threads (ThreadSanitizer sees
- * jansson's json_incref read the count without an atomic).
+ * by jansson, then the caller's messages (their text when the request has
+ * it, else the tree written by jansson) and tools written by jansson, spliced
+ * in before the closing brace: they are borrowed, and setting them into our
+ * object would change their reference counts, which is not safe when the caller
+ * shares them between threads (ThreadSanitizer sees jansson's json_incref read
+ * the count without an atomic).
  */
 char *ag__openai_request(const ag__wire_opts *o, const ag_request *req,
                          size_t *len, ag_err_t *rc, char *msg, size_t cap) {
   *rc = AG_ENOMEM;
-  if (!json_is_array(req->messages)) {
+  bool as_text = messages_text(req);
+  if (!as_text && !json_is_array(req->messages)) {
     *rc = AG_EINVAL;
-    snprintf(msg, cap, "messages: expected an array");
+    snprintf(msg, cap, "messages: expected an array (or its JSON text)");
     return NULL;
   }
   json_t *body = json_object();
@@ -97,8 +114,12 @@ char *ag__openai_request(const ag__wire_opts *o, const ag_request *req,
     return NULL;
   size_t n = strlen(text) - 1; /* drop the closing brace */
   text[n] = '\0';
-  if ((own_messages && !splice(&text, &n, "messages", req->messages)) ||
-      (own_tools && !splice(&text, &n, "tools", req->tools))) {
+  bool spliced =
+      !own_messages ||
+      (as_text ? splice_text(&text, &n, "messages", req->messages_json,
+                             req->messages_json_len)
+               : splice(&text, &n, "messages", req->messages));
+  if (!spliced || (own_tools && !splice(&text, &n, "tools", req->tools))) {
     free(text);
     return NULL;
   }

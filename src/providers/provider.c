@@ -27,6 +27,11 @@
  * Threading. A provider is used by one thread at a time; nothing here has
  * state of its own beyond the handle.
  *
+ * Messages as text. The loop sends its history as JSON text
+ * (ag_request.messages_json); a provider whose vtable does not set
+ * AG_PROVIDER_MESSAGES_TEXT gets a tree parsed from it for the call and
+ * freed after it, so custom providers written for the tree keep working.
+ *
  * Rejected: validating req->messages here (a scripted provider ignores
  * them, and the loop builds them); retrying here (retries are the loop's,
  * with DESIGN.md's network rules, so that every retry is an event).
@@ -183,6 +188,12 @@ static void redact_field(char *buf, size_t cap, const ag__secret *sec,
   ag__redact(tmp, len, sec, n, buf, cap);
 }
 
+/* Whether the vtable has the flags field and says it reads messages_json. */
+static bool reads_text(const ag_provider_vtable *vt) {
+  return vt->size >= offsetof(ag_provider_vtable, flags) + sizeof(vt->flags) &&
+         (vt->flags & AG_PROVIDER_MESSAGES_TEXT) != 0;
+}
+
 static void sanitize_perr(const ag_provider *p, ag_provider_error *perr) {
   terminate(perr->service, sizeof(perr->service));
   terminate(perr->message, sizeof(perr->message));
@@ -228,8 +239,25 @@ AG_EXTERN ag_err_t ag_provider_complete(ag_provider *p, const ag_request *req,
   if (ag_cancel_check(cancel, ag_now_ms()) != AG_CANCEL_NONE)
     return AG_ECANCELLED;
 
+  /* Messages only as text, for a provider that reads the tree: a tree for
+   * this call (providers.h, AG_PROVIDER_MESSAGES_TEXT). */
+  ag_request with_tree;
+  json_t *tree = NULL;
+  if (req->messages == NULL && req->messages_json != NULL &&
+      !reads_text(p->vt)) {
+    json_error_t jerr;
+    tree = json_loadb(req->messages_json, req->messages_json_len,
+                      JSON_ALLOW_NUL, &jerr);
+    if (tree == NULL)
+      return json_error_code(&jerr) == json_error_out_of_memory ? AG_ENOMEM
+                                                                : AG_EINVAL;
+    with_tree = *req;
+    with_tree.messages = tree;
+    req = &with_tree;
+  }
   ag_err_t rc =
       p->vt->complete(p->self, req, cancel, on_delta, delta_user, out, perr);
+  json_decref(tree);
   if (rc == AG_OK)
     return AG_OK;
   ag_reply_clear(out);

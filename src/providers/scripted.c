@@ -529,8 +529,8 @@ static ag_err_t scripted_complete(void *self, const ag_request *req,
 }
 
 static const ag_provider_vtable scripted_vtable = {
-    sizeof(ag_provider_vtable), "scripted", scripted_complete,
-    scripted_destroy};
+    sizeof(ag_provider_vtable), "scripted", scripted_complete, scripted_destroy,
+    AG_PROVIDER_MESSAGES_TEXT /* reads only turn and iteration */};
 
 AG_EXTERN ag_err_t ag_provider_scripted_new(ag_provider **out,
                                             const json_t *turns,

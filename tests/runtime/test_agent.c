@@ -16,6 +16,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,9 +48,17 @@ static ag_err_t fake_complete(void *self, const ag_request *req,
   (void)on_delta;
   (void)delta_user;
   fake *f = self;
-  json_t *rec = json_pack("{s:i, s:i, s:b, s:O}", "turn", req->turn,
-                          "iteration", req->iteration, "tools",
-                          req->tools != NULL, "messages", req->messages);
+  /* the text the request carries is the tree's compact dump */
+  char *dump =
+      req->messages != NULL ? json_dumps(req->messages, JSON_COMPACT) : NULL;
+  bool text_matches = dump != NULL && req->messages_json != NULL &&
+                      strlen(dump) == req->messages_json_len &&
+                      memcmp(dump, req->messages_json, strlen(dump)) == 0;
+  free(dump);
+  json_t *rec =
+      json_pack("{s:i, s:i, s:b, s:O, s:b}", "turn", req->turn, "iteration",
+                req->iteration, "tools", req->tools != NULL, "messages",
+                req->messages, "text_matches", text_matches);
   /* a deep copy: the history changes after the request */
   json_t *copy = json_deep_copy(rec);
   json_decref(rec);
@@ -119,7 +128,7 @@ static void fake_destroy(void *self) {
 }
 
 static const ag_provider_vtable fake_vt = {sizeof(ag_provider_vtable), "fake",
-                                           fake_complete, fake_destroy};
+                                           fake_complete, fake_destroy, 0};
 
 /* ------------------------------------------------------------------------ */
 /* Tools                                                                    */
@@ -267,6 +276,7 @@ typedef struct harness {
   ag_human_action human_action;
   const char *human_hint;
   char last_record[4096];
+  json_t *hists; /* the trees history() returned, freed at teardown */
 } harness;
 
 static harness H;
@@ -330,6 +340,7 @@ static void setup_with(const ag_config *cfg, const char *turns, setup_opts so) {
   memset(&H, 0, sizeof(H));
   pthread_mutex_init(&H.mu, NULL);
   H.events = json_array();
+  H.hists = json_array();
   ag_error_t err;
 
   json_error_t jerr;
@@ -382,6 +393,7 @@ static void teardown(void) {
   ag_provider_free(H.provider);
   ag_registry_free(H.reg);
   json_decref(H.events);
+  json_decref(H.hists);
   pthread_mutex_destroy(&H.mu);
 }
 
@@ -426,8 +438,20 @@ static const char *str(const json_t *o, const char *key) {
   return s != NULL ? s : "(null)";
 }
 
+/* The history as a tree (new each call, kept until teardown). Checks on
+ * the way that the stored text is exactly the tree's compact dump. */
 static const json_t *history(void) {
-  return ag_agent_history(H.agent);
+  size_t len = 0;
+  const char *text = ag_agent_history_json(H.agent, &len);
+  cr_assert_not_null(text);
+  cr_assert_eq(strlen(text), len);
+  json_t *h = ag_agent_history(H.agent);
+  cr_assert_not_null(h);
+  char *dump = json_dumps(h, JSON_COMPACT);
+  cr_assert_str_eq(dump, text);
+  free(dump);
+  json_array_append_new(H.hists, h);
+  return h;
 }
 
 /* Every assistant tool call has exactly one tool message, right after its
@@ -1636,4 +1660,373 @@ Test(agent, provider_reason_phrase_said_once) {
     ag_agent_free(a);
     ag_provider_free(p);
   }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The history as text                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* A session through every way the history changes: a tool call, a denied
+ * call, a failed call (its error context rides in the next request only),
+ * a nudge and a stop, a turn larger than the cap (its oldest results and
+ * arguments compacted, older turns dropped), invalid UTF-8 output. */
+#define HIST_TURNS 6
+static const char *const hist_users[HIST_TURNS] = {"first", "second", "third",
+                                                   "loop",  "big",    "after"};
+
+static void hist_scenario_setup(void) {
+  ag_config cfg = preset("default");
+  cfg.loop.nudge_before_stop = true;
+  setup_opts so = {.max_history_bytes = 3000};
+  char big[4][700];
+  for (int i = 0; i < 4; i++) {
+    memset(big[i], 'k' + i, 600);
+    big[i][600] = '\0';
+  }
+  char *script = malloc(16384);
+  snprintf(
+      script, 16384,
+      "[{\"model\": [{\"tool_calls\": [{\"name\": \"echo\", \"arguments\": "
+      "{\"s\": \"a\"}}]}, {\"text\": \"one\"}]},"
+      " {\"model\": [{\"tool_calls\": [{\"name\": \"danger\", \"arguments\": "
+      "{}}]}, {\"text\": \"two\"}]},"
+      " {\"model\": [{\"tool_calls\": [{\"name\": \"fail\", \"arguments\": "
+      "{\"path\": \"x.c\"}}]}, {\"text\": \"three\"}]},"
+      " {\"model\": [" STUCK_ECHO "], \"repeat_last\": true},"
+      " {\"model\": ["
+      "{\"text\": \"reading\", \"tool_calls\": [{\"name\": \"echo\", "
+      "\"arguments\": {\"s\": \"%s\"}}]},"
+      "{\"tool_calls\": [{\"name\": \"echo\", \"arguments\": {\"s\": "
+      "\"%s\"}}]},"
+      "{\"tool_calls\": [{\"name\": \"echo\", \"arguments\": {\"s\": "
+      "\"%s\"}}]},"
+      "{\"tool_calls\": [{\"name\": \"echo\", \"arguments\": {\"s\": "
+      "\"%s\"}}]},"
+      "{\"text\": \"five\"}]},"
+      " {\"model\": [{\"tool_calls\": [{\"name\": \"bytes\", \"arguments\": "
+      "{}}]}, {\"text\": \"six\"}]}]",
+      big[0], big[1], big[2], big[3]);
+  setup_with(&cfg, script, so);
+  free(script);
+  H.deny = true;
+}
+
+/* What the jansson tree history dumped after each turn of the scenario
+ * (recorded with the tree implementation, commit 4d4b847). */
+static const char *const hist_golden[HIST_TURNS][2] = {
+    {"completed final_answer",
+     "[{\"role\":\"system\",\"content\":\"You are a test.\"},{\"role\":\"u"
+     "ser\",\"content\":\"first\"},{\"role\":\"assistant\",\"content\":nul"
+     "l,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"functio"
+     "n\":{\"name\":\"echo\",\"arguments\":\"{\\\"s\\\":\\\"a\\\"}\"}}]},{"
+     "\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"echo {\\"
+     "\"s\\\":\\\"a\\\"}\"},{\"role\":\"assistant\",\"content\":\"one\"}]"},
+    {"completed final_answer",
+     "[{\"role\":\"system\",\"content\":\"You are a test.\"},{\"role\":\"u"
+     "ser\",\"content\":\"first\"},{\"role\":\"assistant\",\"content\":nul"
+     "l,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"functio"
+     "n\":{\"name\":\"echo\",\"arguments\":\"{\\\"s\\\":\\\"a\\\"}\"}}]},{"
+     "\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"echo {\\"
+     "\"s\\\":\\\"a\\\"}\"},{\"role\":\"assistant\",\"content\":\"one\"},{"
+     "\"role\":\"user\",\"content\":\"second\"},{\"role\":\"assistant\",\""
+     "content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"functio"
+     "n\",\"function\":{\"name\":\"danger\",\"arguments\":\"{}\"}}]},{\"ro"
+     "le\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"Tool call re"
+     "jected: the user said no\"},{\"role\":\"assistant\",\"content\":\"tw"
+     "o\"}]"},
+    {"completed final_answer",
+     "[{\"role\":\"system\",\"content\":\"You are a test.\"},{\"role\":\"u"
+     "ser\",\"content\":\"first\"},{\"role\":\"assistant\",\"content\":nul"
+     "l,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"functio"
+     "n\":{\"name\":\"echo\",\"arguments\":\"{\\\"s\\\":\\\"a\\\"}\"}}]},{"
+     "\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"echo {\\"
+     "\"s\\\":\\\"a\\\"}\"},{\"role\":\"assistant\",\"content\":\"one\"},{"
+     "\"role\":\"user\",\"content\":\"second\"},{\"role\":\"assistant\",\""
+     "content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"functio"
+     "n\",\"function\":{\"name\":\"danger\",\"arguments\":\"{}\"}}]},{\"ro"
+     "le\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"Tool call re"
+     "jected: the user said no\"},{\"role\":\"assistant\",\"content\":\"tw"
+     "o\"},{\"role\":\"user\",\"content\":\"third\"},{\"role\":\"assistant"
+     "\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"fu"
+     "nction\",\"function\":{\"name\":\"fail\",\"arguments\":\"{\\\"path\\"
+     "\":\\\"x.c\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\""
+     ",\"content\":\"<error>\\ntool: fail\\ntype: not_found\\nmessage: Err"
+     "or: cannot open x.c: no such file or directory\\nsuggestion: Verify "
+     "the resource exists or list available options\\n</error>\"},{\"role"
+     "\":\"assistant\",\"content\":\"three\"}]"},
+    {"stopped identical_calls",
+     "[{\"role\":\"system\",\"content\":\"You are a test.\"},{\"role\":\"u"
+     "ser\",\"content\":\"first\"},{\"role\":\"assistant\",\"content\":nul"
+     "l,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"functio"
+     "n\":{\"name\":\"echo\",\"arguments\":\"{\\\"s\\\":\\\"a\\\"}\"}}]},{"
+     "\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"echo {\\"
+     "\"s\\\":\\\"a\\\"}\"},{\"role\":\"assistant\",\"content\":\"one\"},{"
+     "\"role\":\"user\",\"content\":\"second\"},{\"role\":\"assistant\",\""
+     "content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"functio"
+     "n\",\"function\":{\"name\":\"danger\",\"arguments\":\"{}\"}}]},{\"ro"
+     "le\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"Tool call re"
+     "jected: the user said no\"},{\"role\":\"assistant\",\"content\":\"tw"
+     "o\"},{\"role\":\"user\",\"content\":\"third\"},{\"role\":\"assistant"
+     "\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"fu"
+     "nction\",\"function\":{\"name\":\"fail\",\"arguments\":\"{\\\"path\\"
+     "\":\\\"x.c\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\""
+     ",\"content\":\"<error>\\ntool: fail\\ntype: not_found\\nmessage: Err"
+     "or: cannot open x.c: no such file or directory\\nsuggestion: Verify "
+     "the resource exists or list available options\\n</error>\"},{\"role"
+     "\":\"assistant\",\"content\":\"three\"},{\"role\":\"user\",\"content"
+     "\":\"loop\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\""
+     ":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\""
+     "echo\",\"arguments\":\"{\\\"q\\\":1}\"}}]},{\"role\":\"tool\",\"tool"
+     "_call_id\":\"call_1\",\"content\":\"echo {\\\"q\\\":1}\"},{\"role\":"
+     "\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\""
+     "type\":\"function\",\"function\":{\"name\":\"echo\",\"arguments\":\""
+     "{\\\"q\\\":1}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\","
+     "\"content\":\"echo {\\\"q\\\":1}\"},{\"role\":\"assistant\",\"conten"
+     "t\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\""
+     "function\":{\"name\":\"echo\",\"arguments\":\"{\\\"q\\\":1}\"}}]},{"
+     "\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"echo {\\"
+     "\"q\\\":1}\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls"
+     "\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
+     "\"echo\",\"arguments\":\"{\\\"q\\\":1}\"}}]},{\"role\":\"tool\",\"to"
+     "ol_call_id\":\"call_1\",\"content\":\"echo {\\\"q\\\":1}\"},{\"role"
+     "\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\""
+     ",\"type\":\"function\",\"function\":{\"name\":\"echo\",\"arguments\""
+     ":\"{\\\"q\\\":1}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1"
+     "\",\"content\":\"Potential loop detected: echo was called 5 times in"
+     " a row with the same arguments. This call was not run. Stop repeatin"
+     "g this call: use its earlier result, change the arguments, or try a "
+     "different approach.\"},{\"role\":\"assistant\",\"content\":null,\"to"
+     "ol_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{"
+     "\"name\":\"echo\",\"arguments\":\"{\\\"q\\\":1}\"}}]},{\"role\":\"to"
+     "ol\",\"tool_call_id\":\"call_1\",\"content\":\"Not run: echo was cal"
+     "led 6 times in a row with the same arguments\"}]"},
+    {"completed final_answer",
+     "[{\"role\":\"system\",\"content\":\"You are a test.\"},{\"role\":\"u"
+     "ser\",\"content\":\"big\"},{\"role\":\"assistant\",\"content\":\"rea"
+     "ding\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"fu"
+     "nction\":{\"name\":\"echo\",\"arguments\":\"{\\\"dropped\\\":\\\"608"
+     " bytes of arguments (size cap)\\\"}\"}}]},{\"role\":\"tool\",\"tool_"
+     "call_id\":\"call_1\",\"content\":\"[613 bytes dropped from this mess"
+     "age to keep the conversation under its size cap]\"},{\"role\":\"assi"
+     "stant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\""
+     ":\"function\",\"function\":{\"name\":\"echo\",\"arguments\":\"{\\\"d"
+     "ropped\\\":\\\"608 bytes of arguments (size cap)\\\"}\"}}]},{\"role"
+     "\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"[613 bytes dro"
+     "pped from this message to keep the conversation under its size cap]"
+     "\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\""
+     ":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"echo\",\""
+     "arguments\":\"{\\\"dropped\\\":\\\"608 bytes of arguments (size cap)"
+     "\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content"
+     "\":\"[613 bytes dropped from this message to keep the conversation u"
+     "nder its size cap]\"},{\"role\":\"assistant\",\"content\":null,\"too"
+     "l_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\""
+     "name\":\"echo\",\"arguments\":\"{\\\"s\\\":\\\"nnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\\\"}\"}}]},{\"role\":\"tool\",\""
+     "tool_call_id\":\"call_1\",\"content\":\"echo {\\\"s\\\":\\\"nnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\\\"}\"},{\"role\":"
+     "\"assistant\",\"content\":\"five\"}]"},
+    {"completed final_answer",
+     "[{\"role\":\"system\",\"content\":\"You are a test.\"},{\"role\":\"u"
+     "ser\",\"content\":\"big\"},{\"role\":\"assistant\",\"content\":\"rea"
+     "ding\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"fu"
+     "nction\":{\"name\":\"echo\",\"arguments\":\"{\\\"dropped\\\":\\\"608"
+     " bytes of arguments (size cap)\\\"}\"}}]},{\"role\":\"tool\",\"tool_"
+     "call_id\":\"call_1\",\"content\":\"[613 bytes dropped from this mess"
+     "age to keep the conversation under its size cap]\"},{\"role\":\"assi"
+     "stant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\""
+     ":\"function\",\"function\":{\"name\":\"echo\",\"arguments\":\"{\\\"d"
+     "ropped\\\":\\\"608 bytes of arguments (size cap)\\\"}\"}}]},{\"role"
+     "\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"[613 bytes dro"
+     "pped from this message to keep the conversation under its size cap]"
+     "\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\""
+     ":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"echo\",\""
+     "arguments\":\"{\\\"dropped\\\":\\\"608 bytes of arguments (size cap)"
+     "\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content"
+     "\":\"[613 bytes dropped from this message to keep the conversation u"
+     "nder its size cap]\"},{\"role\":\"assistant\",\"content\":null,\"too"
+     "l_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\""
+     "name\":\"echo\",\"arguments\":\"{\\\"s\\\":\\\"nnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\\\"}\"}}]},{\"role\":\"tool\",\""
+     "tool_call_id\":\"call_1\",\"content\":\"echo {\\\"s\\\":\\\"nnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\\\"}\"},{\"role\":"
+     "\"assistant\",\"content\":\"five\"},{\"role\":\"user\",\"content\":"
+     "\"after\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":["
+     "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"by"
+     "tes\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+     "\"call_1\",\"content\":\"ok \357\277\275\357\277\275\357\277\275 end"
+     "\"},{\"role\":\"assistant\",\"content\":\"six\"}]"},
+};
+
+/* The stored text is, byte for byte, what the tree history dumped, after
+ * every turn; every request a tree-reading provider got carried the same
+ * messages as text. */
+Test(agent, history_text_is_the_tree_it_replaced) {
+  hist_scenario_setup();
+  for (int i = 0; i < HIST_TURNS; i++) {
+    ag_turn_outcome o = run(hist_users[i]);
+    char st[64];
+    snprintf(st, sizeof(st), "%s %s", ag_turn_status_name(o.status), o.reason);
+    cr_assert_str_eq(st, hist_golden[i][0], "turn %d", i + 1);
+    size_t len = 0;
+    const char *text = ag_agent_history_json(H.agent, &len);
+    cr_assert_eq(len, strlen(hist_golden[i][1]), "turn %d: %zu bytes, want %zu",
+                 i + 1, len, strlen(hist_golden[i][1]));
+    cr_assert_str_eq(text, hist_golden[i][1], "turn %d", i + 1);
+    assert_history_well_formed();
+    ag_turn_outcome_clear(&o);
+  }
+  /* the scenario went where it should: a nudge, a denial, an error
+   * context, a compaction */
+  cr_assert_eq(count_events("nudge"), 1);
+  cr_assert_eq(count_events("error_context"), 1);
+  cr_assert(strstr(hist_golden[4][1], "bytes of arguments (size cap)") != NULL);
+  size_t i;
+  json_t *rq;
+  size_t with_ectx = 0;
+  json_array_foreach(H.fake->requests, i, rq) {
+    cr_assert(json_is_true(json_object_get(rq, "text_matches")),
+              "request %zu: messages_json is not the tree's dump", i);
+    json_t *msgs = json_object_get(rq, "messages");
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    if (strstr(str(last, "content"), "x.c") != NULL &&
+        strcmp(str(last, "role"), "user") == 0)
+      with_ectx++;
+  }
+  cr_assert_eq(with_ectx, 1, "the error context rode in one request");
+  teardown();
+}
+
+/* A provider that reads text: messages_json only, no tree. */
+typedef struct text_model {
+  int requests;
+  bool tree_seen;
+  bool text_valid;
+} text_model;
+
+static ag_err_t text_complete(void *self, const ag_request *req,
+                              ag_cancel *cancel, ag_delta_fn on_delta,
+                              void *delta_user, ag_reply *out,
+                              ag_provider_error *perr) {
+  (void)cancel;
+  (void)on_delta;
+  (void)delta_user;
+  (void)perr;
+  text_model *m = self;
+  m->requests++;
+  if (req->messages != NULL)
+    m->tree_seen = true;
+  json_t *j =
+      req->messages_json != NULL
+          ? json_loadb(req->messages_json, req->messages_json_len, 0, NULL)
+          : NULL;
+  m->text_valid = json_is_array(j) && json_array_size(j) == 2 &&
+                  req->messages_json[req->messages_json_len] == '\0';
+  json_decref(j);
+  out->text = malloc(3);
+  if (out->text != NULL)
+    memcpy(out->text, "hi", 3);
+  return out->text != NULL ? AG_OK : AG_ENOMEM;
+}
+
+static const ag_provider_vtable text_vt = {sizeof(ag_provider_vtable), "text",
+                                           text_complete, NULL,
+                                           AG_PROVIDER_MESSAGES_TEXT};
+/* The layout before `flags`: such a provider reads the tree. */
+static const ag_provider_vtable old_vt = {
+    offsetof(ag_provider_vtable, flags), "old", text_complete, NULL,
+    AG_PROVIDER_MESSAGES_TEXT /* not read: the size leaves it out */};
+
+static void one_turn_with(const ag_provider_vtable *vt, text_model *m) {
+  ag_provider *p = NULL;
+  ag_agent *a = NULL;
+  ag_error_t err;
+  cr_assert_eq(ag_provider_new(&p, vt, m, &err), AG_OK, "%s", err.msg);
+  ag_agent_opts o;
+  ag_agent_opts_init(&o);
+  o.provider = p;
+  o.system_prompt = "s";
+  cr_assert_eq(ag_agent_new(&a, &o, &err), AG_OK, "%s", err.msg);
+  ag_turn_outcome out;
+  cr_assert_eq(ag_agent_run_turn(a, "u", NULL, &out, &err), AG_OK);
+  ASSERT_OUTCOME(out, AG_TURN_COMPLETED, "final_answer");
+  ag_turn_outcome_clear(&out);
+  size_t len = 0;
+  cr_assert_str_eq(ag_agent_history_json(a, &len),
+                   "[{\"role\":\"system\",\"content\":\"s\"},{\"role\":"
+                   "\"user\",\"content\":\"u\"},{\"role\":\"assistant\","
+                   "\"content\":\"hi\"}]");
+  json_t *h = ag_agent_history(a);
+  cr_assert_eq(json_array_size(h), 3);
+  json_decref(h);
+  ag_agent_free(a);
+  ag_provider_free(p);
+}
+
+Test(agent, text_provider_gets_text_not_tree) {
+  text_model m = {0};
+  one_turn_with(&text_vt, &m);
+  cr_assert_eq(m.requests, 1);
+  cr_assert_not(m.tree_seen, "a MESSAGES_TEXT provider got a tree");
+  cr_assert(m.text_valid, "messages_json is not the 2-message array");
+}
+
+Test(agent, provider_without_the_flag_gets_a_tree) {
+  text_model m = {0};
+  one_turn_with(&old_vt, &m);
+  cr_assert(m.tree_seen, "an older vtable got no tree");
+  cr_assert(m.text_valid);
+}
+
+Test(agent, history_api_null_and_fresh_trees) {
+  size_t len = 7;
+  cr_assert_null(ag_agent_history_json(NULL, &len));
+  cr_assert_eq(len, 0);
+  cr_assert_null(ag_agent_history_json(NULL, NULL));
+  ag_config cfg = preset("default");
+  setup(&cfg, "[{\"model\": [{\"text\": \"ok\"}]}]");
+  json_t *a = ag_agent_history(H.agent);
+  json_t *b = ag_agent_history(H.agent);
+  cr_assert(a != b, "each call is a new tree");
+  cr_assert(json_equal(a, b));
+  cr_assert_eq(json_array_size(a), 1, "the system prompt");
+  json_array_clear(a); /* the caller's to change */
+  json_t *c = ag_agent_history(H.agent);
+  cr_assert_eq(json_array_size(b), 1);
+  cr_assert_eq(json_array_size(c), 1, "the session's history is untouched");
+  json_decref(c);
+  json_decref(a);
+  json_decref(b);
+  teardown();
 }

@@ -402,7 +402,7 @@ static int on_delta(void *user, const char *text, size_t len) {
 static ag_err_t ask(ag_provider *p, const json_t *msgs, const json_t *tl,
                     ag_cancel *cancel, deltas *d, ag_reply *r,
                     ag_provider_error *pe) {
-  ag_request req = {msgs, tl, 1, 1};
+  ag_request req = {msgs, tl, 1, 1, NULL, 0};
   return ag_provider_complete(p, &req, cancel, d != NULL ? on_delta : NULL, d,
                               r, pe);
 }
@@ -1498,4 +1498,41 @@ Test(http, stream_line_over_the_cap) {
   cr_expect(strstr(pe.message, "exceeds 1048576 bytes at byte") != NULL, "%s",
             pe.message);
   ag_provider_free(p);
+}
+
+/* Messages sent as text only (ag_request.messages_json, as the agent loop
+ * sends them): both wire formats send the body they send for the tree. */
+static void text_body_equals_tree_body(const char *kind, const char *fixture) {
+  json_t *msgs = history(), *tl = tools();
+  char *text = json_dumps(msgs, JSON_COMPACT);
+  cr_assert_not_null(text);
+  json_t *bodies[2];
+  for (int k = 0; k < 2; k++) {
+    serve_fixture(fixture, "application/json", 0, 0);
+    ag_provider *p = provider(kind, false, edit_options);
+    ag_request req = {k == 0 ? msgs : NULL,     tl, 1, 1, k == 0 ? NULL : text,
+                      k == 0 ? 0 : strlen(text)};
+    ag_reply r;
+    ag_provider_error pe;
+    cr_assert_eq(ag_provider_complete(p, &req, NULL, NULL, NULL, &r, &pe),
+                 AG_OK, "%s: %s", kind, pe.message);
+    bodies[k] = sent_body();
+    ag_reply_clear(&r);
+    ag_provider_free(p);
+  }
+  cr_expect(json_equal(bodies[0], bodies[1]), "%s: the text request sent %s",
+            kind, S.last_body);
+  cr_expect(json_equal(
+      json_object_get(bodies[1], kind[0] == 'o' ? "messages" : "system"),
+      kind[0] == 'o' ? msgs : json_object_get(bodies[0], "system")));
+  json_decref(bodies[0]);
+  json_decref(bodies[1]);
+  free(text);
+  json_decref(msgs);
+  json_decref(tl);
+}
+
+Test(http, messages_as_text_send_the_same_body) {
+  text_body_equals_tree_body("openai", "openai/chat_tool_calls.json");
+  text_body_equals_tree_body("anthropic", "anthropic/message_tool_use.json");
 }

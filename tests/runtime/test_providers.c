@@ -74,7 +74,7 @@ static void expect_shape_error(const char *text, const char *want) {
 
 static ag_err_t ask_c(ag_provider *p, int turn, ag_cancel *cancel,
                       ag_reply *out, ag_provider_error *perr) {
-  ag_request req = {NULL, NULL, turn, 1};
+  ag_request req = {NULL, NULL, turn, 1, NULL, 0};
   return ag_provider_complete(p, &req, cancel, NULL, NULL, out, perr);
 }
 
@@ -592,7 +592,7 @@ Test(scripted, turns_are_numbered_from_one) {
 Test(scripted, iteration_does_not_pick_the_reply) {
   ag_provider *p =
       load("[{'user':'a','model':[{'text':'first'},{'text':'second'}]}]");
-  ag_request req = {NULL, NULL, 1, 7};
+  ag_request req = {NULL, NULL, 1, 7, NULL, 0};
   ag_reply r;
   ag_provider_error pe;
   cr_assert_eq(ag_provider_complete(p, &req, NULL, NULL, NULL, &r, &pe), AG_OK);
@@ -630,7 +630,7 @@ Test(scripted, text_is_streamed_once) {
   ag_provider *p = load("[{'user':'a','model':[{'text':'hello world'},"
                         " {'tool_calls':[{'name':'x'}]},{'text':'stop me'},"
                         " {'text':'after'}]}]");
-  ag_request req = {NULL, NULL, 1, 1};
+  ag_request req = {NULL, NULL, 1, 1, NULL, 0};
   deltas d = {"", 0, 0};
   ag_reply r;
   ag_provider_error pe;
@@ -813,7 +813,7 @@ static void fake_destroy(void *self) {
 }
 
 static const ag_provider_vtable fake_vt = {sizeof(ag_provider_vtable), "fake",
-                                           fake_complete, fake_destroy};
+                                           fake_complete, fake_destroy, 0};
 
 static ag_provider *new_fake(fake *f, int *destroyed, fake_mode mode) {
   memset(f, 0, sizeof(*f));
@@ -830,7 +830,7 @@ Test(provider, custom_vtable_round_trip) {
   fake f;
   ag_provider *p = new_fake(&f, &destroyed, MODE_REPLY);
   cr_expect_str_eq(ag_provider_kind(p), "fake");
-  ag_request req = {NULL, NULL, 2, 3};
+  ag_request req = {NULL, NULL, 2, 3, NULL, 0};
   deltas d = {"", 0, 0};
   ag_reply r;
   ag_provider_error pe;
@@ -937,7 +937,7 @@ Test(provider, bad_arguments) {
   int destroyed = 0;
   fake f;
   ag_provider *p = new_fake(&f, &destroyed, MODE_REPLY);
-  ag_request req = {NULL, NULL, 1, 1};
+  ag_request req = {NULL, NULL, 1, 1, NULL, 0};
   ag_reply r;
   ag_provider_error pe;
   cr_expect_eq(ag_provider_complete(NULL, &req, NULL, NULL, NULL, &r, &pe),
@@ -962,7 +962,7 @@ Test(provider, new_rejects_bad_vtables_and_steals_self) {
   cr_expect_str_eq(err.msg, "ag_provider_new: vtable is NULL");
 
   static const ag_provider_vtable no_complete = {sizeof(ag_provider_vtable),
-                                                 "x", NULL, fake_destroy};
+                                                 "x", NULL, fake_destroy, 0};
   p = (ag_provider *)&p;
   cr_expect_eq(ag_provider_new(&p, &no_complete, &f, &err), AG_EINVAL);
   cr_expect_null(p);
@@ -973,7 +973,7 @@ Test(provider, new_rejects_bad_vtables_and_steals_self) {
 
   /* No kind, no destroy: allowed. */
   static const ag_provider_vtable bare = {sizeof(ag_provider_vtable), NULL,
-                                          fake_complete, NULL};
+                                          fake_complete, NULL, 0};
   cr_assert_eq(ag_provider_new(&p, &bare, &f, NULL), AG_OK);
   cr_expect_str_eq(ag_provider_kind(p), "custom");
   ag_provider_free(p);
@@ -1039,13 +1039,14 @@ Test(provider, new_checks_vtable_size) {
   fake f = {.destroyed = &destroyed};
   ag_provider *p = (ag_provider *)&p;
   ag_error_t err;
-  static const ag_provider_vtable zero = {0, "x", fake_complete, fake_destroy};
+  static const ag_provider_vtable zero = {0, "x", fake_complete, fake_destroy,
+                                          0};
   cr_expect_eq(ag_provider_new(&p, &zero, &f, &err), AG_EINVAL);
   cr_expect_null(p);
   cr_expect_eq(destroyed, 1);
   cr_expect(strstr(err.msg, "size 0") != NULL, "%s", err.msg);
   static const ag_provider_vtable big = {sizeof(ag_provider_vtable) + 8, "x",
-                                         fake_complete, fake_destroy};
+                                         fake_complete, fake_destroy, 0};
   cr_expect_eq(ag_provider_new(&p, &big, &f, &err), AG_EINVAL);
   cr_expect_eq(destroyed, 2);
   cr_expect(strstr(err.msg, "newer") != NULL, "%s", err.msg);

@@ -56,7 +56,7 @@ static ag_err_t fake_complete(void *self, const ag_request *req,
 }
 
 static const ag_provider_vtable fake_vt = {sizeof(ag_provider_vtable), "fake",
-                                           fake_complete, NULL};
+                                           fake_complete, NULL, 0};
 
 /* ---- tools -------------------------------------------------------------- */
 
@@ -253,7 +253,8 @@ int main(void) {
         atomic_load(&turn_ends));
 
   /* the history stays valid JSON with every call answered */
-  const json_t *h = ag_agent_history(a);
+  json_t *h = ag_agent_history(a);
+  CHECK(h != NULL, "history does not parse");
   char *dump = json_dumps(h, JSON_COMPACT);
   CHECK(dump != NULL, "history does not serialize");
   free(dump);
@@ -268,6 +269,7 @@ int main(void) {
   }
   CHECK(tools == want_tools, "%zu tool messages for %zu calls", tools,
         want_tools);
+  json_decref(h);
 
   ag_agent_free(a);
   ag_registry_free(reg);

@@ -53,7 +53,7 @@ static json_t *msgs;
 
 static void *run(void *arg) {
   job *j = arg;
-  ag_request req = {msgs, NULL, 1, 1};
+  ag_request req = {msgs, NULL, 1, 1, NULL, 0};
   ag_reply r;
   ag_provider_error pe;
   j->rc = ag_provider_complete(j->p, &req, j->c, NULL, NULL, &r, &pe);
