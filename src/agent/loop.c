@@ -1134,6 +1134,9 @@ static int64_t run_cb(void *user, const ag_call *calls,
     b->ecalls[i].args = calls[i].args;
     b->ecalls[i].args_len = calls[i].args_len;
     b->ecalls[i].skip = !(checks[i].action == AG_ALLOW && checks[i].valid);
+    /* the guard's signature: the scheduler groups approval questions by
+     * it without signing the call a second time */
+    b->ecalls[i].signature = checks[i].valid ? checks[i].sig : NULL;
   }
   a->batch_ids = b->ids->ids;
   a->batch_n = n;
