@@ -1808,6 +1808,9 @@ Test(proxy, tape_refusals_fall_back_to_the_tree) {
       "]]]]]]]]],",                         /* deeper than the tape goes */
       "\"x\":123456789012345678901234567,", /* too big for jansson */
       "\"x\":\"a\\u0000b\",",               /* NUL: jansson refuses it */
+      "\"x\":\"\xed\xa0\x80\",",            /* a surrogate in UTF-8 */
+      "\"x\":\"\xc0\xaf\",",                /* an overlong encoding */
+      "\"x\":[1,2,],",                      /* not JSON at all */
   };
   for (size_t i = 0; i < sizeof extras / sizeof extras[0]; i++) {
     char body[8192];
