@@ -55,6 +55,12 @@
  * without parameters; whitespace-only text is invalid JSON. The one-shot
  * public functions size their scratch to the input: no token cap, depth 256.
  *
+ * The tape is also a read-only JSON reader for the rest of the library
+ * (internal.h, ag__jcs_tape and its accessors, at the end of this file):
+ * the proxy reads a request's messages from it instead of a jansson tree.
+ * Those functions only read what pass 1 wrote; the signature path does
+ * not go through them.
+ *
  * Threading: an ag__jcs is used by one thread at a time; the public
  * convenience functions create their own and are safe from any thread.
  * Nothing depends on the process locale.

@@ -5,8 +5,14 @@
  * same way in Anthropic's shapes, its turn read by fast_turn_anth or, on
  * the slow path, converted to chat form by anthropic_to_chat, its streams
  * relayed by on_anth_event):
- *   1. the body is read (capped), parsed, and its shape checked (400 in
- *      OpenAI's error shape otherwise);
+ *   1. the body is read (capped) and tokenized once by the core's JCS
+ *      tokenizer (tape_decide: a flat tape, no jansson tree); for the plain
+ *      shape the turn is read from the tape (t_turn_chat, t_turn_anth) and
+ *      decided as in step 2, and the body is parsed with jansson only when
+ *      the decision needs it (a stop reply, the error context, a stream, a
+ *      reply to replace or nudge). Any other body - one the tape refuses,
+ *      an unusual shape, one that gets a 400 - takes the jansson path:
+ *      parsed, its shape checked (400 in the API's error shape otherwise);
  *   2. the turn (the last user message and everything after it) becomes
  *      an ag_trajectory - built straight from the parsed request for the
  *      plain shape (fast_turn), else written out and read by
@@ -24,9 +30,14 @@
  *      the nudge text.
  * Every stop sets `x-agentguard-stop: REASON` and writes an event.
  *
- * Rejected: keeping sessions keyed by conversation. Replaying a 500-message
- * turn costs about 0.1 ms beyond parsing the request (bench/bench_proxy.c)
- * and makes every replica decide alike behind any load balancer.
+ * Rejected: keeping sessions keyed by conversation. The whole decision for
+ * a 500-message turn, read from the tape, costs about 0.3 ms of CPU
+ * (bench/bench_proxy.c; jansson alone took 1.2 ms to parse that body), and
+ * replaying makes every replica decide alike behind any load balancer.
+ * Rejected: a JSON reader of the proxy's own (the tape is the core's
+ * tokenizer, already validating every call's arguments), and reading every
+ * body from the tape (the shapes it leaves to jansson are rare, and the
+ * jansson path's decisions and 400 messages stay the reference).
  */
 #define _GNU_SOURCE /* memmem */
 #include "agentguard/proxy.h"
