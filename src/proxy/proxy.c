@@ -2393,7 +2393,9 @@ static const char *t_str(tape *t, size_t i, size_t *len) {
   return o;
 }
 
-/* Whether token i is a string equal to `lit` (decoded). */
+/* Whether token i is a string equal to `lit` (decoded; at most 20 bytes).
+ * A decoded byte takes at most 6 bytes of source ("\u0061"), so a string
+ * whose source is longer than 6 x 20 cannot be equal to one. */
 static bool t_eq(const tape *t, size_t i, const char *lit) {
   if (!t_is(t, i, AG__JT_STR))
     return false;
@@ -2401,7 +2403,7 @@ static bool t_eq(const tape *t, size_t i, const char *lit) {
   size_t n = ag__jcs_str_raw(t->j, i, &raw), l = strlen(lit);
   if (!ag__jcs_str_escaped(t->j, i))
     return n == l && memcmp(raw, lit, l) == 0;
-  char tmp[64];
+  char tmp[6 * 20 + 1];
   return n < sizeof tmp && ag__jcs_str_decode(t->j, i, tmp) == l &&
          memcmp(tmp, lit, l) == 0;
 }

@@ -1792,6 +1792,19 @@ Test(proxy, tape_reads_escaped_keys_and_roles) {
            anth_round, anth_round, anth_round);
   cr_expect_eq(expect_same_decision(&cfg, body, true, "escaped anthropic"),
                AG_STOP);
+  /* every byte of a compared word escaped: "tool_result", "assistant" */
+  const char *full_round =
+      "{\"role\":\"\\u0061\\u0073\\u0073\\u0069\\u0073\\u0074\\u0061"
+      "\\u006e\\u0074\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t1\","
+      "\"name\":\"read\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{"
+      "\"type\":\"\\u0074\\u006f\\u006f\\u006c\\u005f\\u0072\\u0065"
+      "\\u0073\\u0075\\u006c\\u0074\",\"tool_use_id\":\"t1\",\"content\":"
+      "\"Error: x\",\"is_error\":true}]}";
+  snprintf(body, sizeof body,
+           "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\","
+           "\"content\":\"go\"},%s,%s,%s]}",
+           full_round, full_round, full_round);
+  cr_expect_eq(expect_same_decision(&cfg, body, true, "all escaped"), AG_STOP);
 }
 
 /* Bodies the tape does not take: each decided by the tree, as before. */
