@@ -2336,11 +2336,13 @@ static int replay_turn_anth(ag_guard *g, const json_t *msgs, ag_verdict *v,
  * tape several times faster, so the decision reads the request from the
  * tape: the turn is found and turned into the fast_traj that fast_turn /
  * fast_turn_anth would build from the tree, with the strings decoded into
- * one buffer. Only the plain shape those two take is read here; anything
- * else - a body the tape refuses (a duplicate key, nesting past
- * TAPE_DEPTH, a number outside a double, "\u0000", an integer jansson
- * cannot hold), a shape fast_turn leaves to the slow path, a message the
- * tree path answers with 400 - returns TAPE_FALLBACK, and the caller takes
+ * one buffer. The shape those two take is read here, and one more: chat
+ * contents given as arrays of parts, read as the audit's parser reads them
+ * (fast_turn leaves those to it; AG_CAT_AUTO and the parser's unjudged
+ * category replay alike). Anything else - a body the tape refuses (a duplicate
+ * key, nesting past TAPE_DEPTH, a number outside a double, "\u0000", an integer
+ * jansson cannot hold), a shape fast_turn leaves to the slow path, a message
+ * the tree path answers with 400 - returns TAPE_FALLBACK, and the caller takes
  * the jansson path, whose decisions and messages are the reference (the
  * parity tests in tests/runtime/test_proxy.c replay both).
  */
@@ -2473,6 +2475,41 @@ static const char *t_anth_text(tape *t, size_t c, size_t *len) {
   return out;
 }
 
+/* A tool message's content as ag_trajectory_parse reads it (b_text in
+ * src/audit/trajectory.c): a string; null or absent: ""; an array of parts
+ * (strings, or objects with a "text" string; others skipped) or a single
+ * part object, joined by "\n". NULL for any other value (the audit's
+ * parser refuses it) or when the buffer is full. */
+static const char *t_chat_text(tape *t, size_t c, size_t *len) {
+  *len = 0;
+  if (c == 0 || t_is(t, c, AG__JT_NULL))
+    return "";
+  if (t_is(t, c, AG__JT_STR))
+    return t_str(t, c, len);
+  if (!t_is(t, c, AG__JT_ARR) && !t_is(t, c, AG__JT_OBJ))
+    return NULL;
+  char *out = t->buf + t->used;
+  size_t n = 0, one_end = ag__jcs_tok_next(t->j, c);
+  bool arr = t_is(t, c, AG__JT_ARR);
+  for (size_t p = arr ? c + 1 : c; p < (arr ? one_end : c + 1);
+       p = ag__jcs_tok_next(t->j, p)) {
+    size_t tx = t_is(t, p, AG__JT_STR) ? p : t_get(t, p, "text"), l;
+    if (!t_is(t, tx, AG__JT_STR))
+      continue; /* images, audio: no text to judge */
+    if (n++ > 0)
+      t->buf[t->used - 1] = '\n';
+    if (t_str(t, tx, &l) == NULL)
+      return NULL;
+  }
+  if (n == 0) {
+    if (t->used >= t->cap)
+      return NULL;
+    t->buf[t->used++] = '\0';
+  }
+  *len = (size_t)(t->buf + t->used - 1 - out);
+  return out;
+}
+
 static int t_alloc(fast_traj *f, size_t n_steps, size_t n_calls) {
   memset(f, 0, sizeof(*f));
   f->steps = calloc(n_steps + 1, sizeof(*f->steps));
@@ -2529,14 +2566,17 @@ static int t_turn_chat(tape *t, const size_t *msg, size_t n, size_t start,
         if (!f->answered[k])
           goto slow;
       size_t content = t_get(t, m, "content"), tcs = t_get(t, m, "tool_calls");
-      if ((!t_is(t, content, AG__JT_STR) && !t_is(t, content, AG__JT_NULL)) ||
+      /* content: a string or null (an array of parts: no text, as the
+       * audit's parser reads it) */
+      if ((!t_is(t, content, AG__JT_STR) && !t_is(t, content, AG__JT_NULL) &&
+           !t_is(t, content, AG__JT_ARR)) ||
           t_get(t, m, "function_call") != 0 ||
           (tcs != 0 && !t_is(t, tcs, AG__JT_NULL) && !t_is(t, tcs, AG__JT_ARR)))
         goto slow;
       ag_traj_step *st = &f->steps[si++];
       in_step = true;
       step0 = ci;
-      st->text = "";
+      st->text = t_is(t, content, AG__JT_ARR) ? NULL : "";
       if (t_is(t, content, AG__JT_STR) &&
           (st->text = t_str(t, content, &st->text_len)) == NULL)
         goto slow;
@@ -2566,7 +2606,7 @@ static int t_turn_chat(tape *t, const size_t *msg, size_t n, size_t start,
           (ie != 0 && !t_is(t, ie, AG__JT_TRUE) && !t_is(t, ie, AG__JT_FALSE)))
         goto slow;
       const char *id = t_str(t, t_get(t, m, "tool_call_id"), NULL);
-      const char *content = t_str(t, t_get(t, m, "content"), &len);
+      const char *content = t_chat_text(t, t_get(t, m, "content"), &len);
       if (id == NULL || content == NULL)
         goto slow;
       size_t q = step0;

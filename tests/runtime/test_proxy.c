@@ -1692,6 +1692,33 @@ static void add_escapes(json_t *msgs) {
   }
 }
 
+/* Chat contents as arrays of parts, which the audit's parser reads (and
+ * fast_turn leaves to it): a tool result as a text part and an image part,
+ * the text of every second result in two parts, an assistant's text as a
+ * text part. The same for the same text, so repeats stay repeats. */
+static void to_parts(json_t *msgs) {
+  size_t i;
+  json_t *m;
+  json_array_foreach(msgs, i, m) {
+    const char *role = json_string_value(json_object_get(m, "role"));
+    json_t *c = json_object_get(m, "content");
+    if (!json_is_string(c) || json_string_length(c) == 0)
+      continue;
+    if (strcmp(role, "tool") == 0 && i % 2 == 0)
+      json_object_set_new(m, "content",
+                          json_pack("[{s:s, s:O}, {s:s, s:{s:s}}]", "type",
+                                    "text", "text", c, "type", "image_url",
+                                    "image_url", "url", "u"));
+    else if (strcmp(role, "tool") == 0)
+      json_object_set_new(
+          m, "content",
+          json_pack("[s, {s:s, s:O}]", "Result:", "type", "text", "text", c));
+    else if (strcmp(role, "assistant") == 0)
+      json_object_set_new(m, "content",
+                          json_pack("[{s:s, s:O}]", "type", "text", "text", c));
+  }
+}
+
 /* The body decided through the tape alone and through the tree alone:
  * the same action, reason, call, tool and message. Returns the action. */
 static int expect_same_decision(const ag_config *cfg, const char *body,
@@ -1739,6 +1766,10 @@ Test(proxy, tape_decisions_equal_the_tree_ones) {
         add_escapes(msgs);
         add_escapes(chat);
         add_escapes(anth);
+      }
+      if (i % 5 >= 3) {
+        to_parts(msgs);
+        to_parts(chat);
       }
       json_t *r1 = json_pack("{s:s, s:o}", "model", "m", "messages", msgs);
       json_t *r2 = json_pack("{s:s, s:o}", "model", "m", "messages", chat);
