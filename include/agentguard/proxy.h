@@ -87,6 +87,19 @@ uint16_t ag_proxy_port(const ag_proxy *p);
  */
 int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
                     bool anthropic, ag_verdict *v, ag_error_t *err);
+/* ag_proxy_decide through one reading of the body (tests, benchmarks):
+ * AG_PROXY_READ_ANY is ag_proxy_decide (the tape first, the jansson tree
+ * when the tape leaves the body to it); AG_PROXY_READ_TREE the jansson
+ * tree alone; AG_PROXY_READ_TAPE the tape alone, returning -2 (err not
+ * set) where it would leave the body to the tree. */
+typedef enum ag_proxy_read {
+  AG_PROXY_READ_ANY,
+  AG_PROXY_READ_TAPE,
+  AG_PROXY_READ_TREE
+} ag_proxy_read;
+int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
+                         bool anthropic, ag_proxy_read how, ag_verdict *v,
+                         ag_error_t *err);
 
 /* Stops serving (waits for the connections' threads) and frees. NULL does
  * nothing. */

@@ -103,6 +103,56 @@ typedef int (*ag__sink_fn)(void *user, const char *data, size_t len);
 ag_err_t ag__jcs_write(ag__jcs *j, const char *args, size_t args_len,
                        ag__sink_fn sink, void *user, ag_error_t *err);
 
+/*
+ * The tokenizer's tape as a read-only JSON reader (the proxy's decision,
+ * src/proxy/proxy.c): ag__jcs_tape validates `text` (RFC 8259, plus: no
+ * duplicate keys, nesting at most max_depth, well-formed surrogate escapes)
+ * and writes one token per value or key in source order; an object's
+ * members follow it as key, value subtree, key, ... Nothing is allocated
+ * but growth of the scratch. The text must outlive the accessors' use;
+ * token indices are < *n_tokens. A scratch made by ag__jcs_tape_new (no
+ * SHA-256) serves ag__jcs_tape only; a guard's may serve both.
+ */
+enum {
+  AG__JT_OBJ = 1,
+  AG__JT_ARR,
+  AG__JT_STR,
+  AG__JT_KEY,
+  AG__JT_NUM,
+  AG__JT_TRUE,
+  AG__JT_FALSE,
+  AG__JT_NULL
+};
+/* A scratch for texts of up to max_bytes (<= UINT32_MAX - 2; no token cap
+ * beyond one per byte). AG_ETOOBIG, AG_EINVAL, AG_ENOMEM. */
+ag_err_t ag__jcs_tape_new(ag__jcs **out, size_t max_bytes, int max_depth,
+                          ag_error_t *err);
+/* AG_EJSON (also for len 0), AG_EDUPKEY, AG_EUTF8, AG_ENUMBER (a number out
+ * of the range of a double), AG_EDEPTH, AG_ETOOBIG, AG_ENOMEM; err->pos is
+ * the byte. */
+ag_err_t ag__jcs_tape(ag__jcs *j, const char *text, size_t len,
+                      size_t *n_tokens, ag_error_t *err);
+int ag__jcs_tok_type(const ag__jcs *j, size_t i); /* AG__JT_* */
+/* The index just past token i's subtree (i + 1 for all but containers). */
+size_t ag__jcs_tok_next(const ag__jcs *j, size_t i);
+/* Strings and keys: the first content byte; numbers, literals, arrays: the
+ * first byte. */
+size_t ag__jcs_tok_off(const ag__jcs *j, size_t i);
+/* Whether key token i, decoded, is s[0..n). */
+bool ag__jcs_key_is(const ag__jcs *j, size_t i, const char *s, size_t n);
+/* A string or key token's source content (between the quotes, escapes as
+ * written): *s and the length. */
+size_t ag__jcs_str_raw(const ag__jcs *j, size_t i, const char **s);
+/* Whether that content holds any escape. */
+bool ag__jcs_str_escaped(const ag__jcs *j, size_t i);
+/* Decodes string or key token i into out (room for its raw length + 1: the
+ * decoded text is never longer) and NUL-terminates it; returns the decoded
+ * length (a \u0000 escape decodes to a NUL byte inside it). */
+size_t ag__jcs_str_decode(const ag__jcs *j, size_t i, char *out);
+/* The source text of the value of the member whose key is token `key`:
+ * *start and the length. */
+size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start);
+
 /* ------------------------------------------------------------------------ */
 /* Classifier helpers (src/core/classify.c)                                 */
 /* ------------------------------------------------------------------------ */

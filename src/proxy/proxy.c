@@ -5,8 +5,14 @@
  * same way in Anthropic's shapes, its turn read by fast_turn_anth or, on
  * the slow path, converted to chat form by anthropic_to_chat, its streams
  * relayed by on_anth_event):
- *   1. the body is read (capped), parsed, and its shape checked (400 in
- *      OpenAI's error shape otherwise);
+ *   1. the body is read (capped) and tokenized once by the core's JCS
+ *      tokenizer (tape_decide: a flat tape, no jansson tree); for the plain
+ *      shape the turn is read from the tape (t_turn_chat, t_turn_anth) and
+ *      decided as in step 2, and the body is parsed with jansson only when
+ *      the decision needs it (a stop reply, the error context, a stream, a
+ *      reply to replace or nudge). Any other body - one the tape refuses,
+ *      an unusual shape, one that gets a 400 - takes the jansson path:
+ *      parsed, its shape checked (400 in the API's error shape otherwise);
  *   2. the turn (the last user message and everything after it) becomes
  *      an ag_trajectory - built straight from the parsed request for the
  *      plain shape (fast_turn), else written out and read by
@@ -24,10 +30,16 @@
  *      the nudge text.
  * Every stop sets `x-agentguard-stop: REASON` and writes an event.
  *
- * Rejected: keeping sessions keyed by conversation. Replaying a 500-message
- * turn costs about 0.1 ms beyond parsing the request (bench/bench_proxy.c)
- * and makes every replica decide alike behind any load balancer.
+ * Rejected: keeping sessions keyed by conversation. The whole decision for
+ * a 500-message turn, read from the tape, costs about 0.3 ms of CPU
+ * (bench/bench_proxy.c; jansson alone took 1.2 ms to parse that body), and
+ * replaying makes every replica decide alike behind any load balancer.
+ * Rejected: a JSON reader of the proxy's own (the tape is the core's
+ * tokenizer, already validating every call's arguments), and reading every
+ * body from the tape (the shapes it leaves to jansson are rare, and the
+ * jansson path's decisions and 400 messages stay the reference).
  */
+#define _GNU_SOURCE /* memmem */
 #include "agentguard/proxy.h"
 
 #include <arpa/inet.h>
@@ -48,6 +60,7 @@
 #include <microhttpd.h>
 #include <openssl/crypto.h>
 
+#include "../core/internal.h"
 #include "../providers/internal.h"
 #include "agentguard/audit.h"
 #include "agentguard/providers.h"
@@ -2312,6 +2325,541 @@ static int replay_turn_anth(ag_guard *g, const json_t *msgs, ag_verdict *v,
   return act;
 }
 
+/* ------------------------------------------------------------------------ */
+/* The decision from the tape: no jansson tree                              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * jansson builds a tree at about 60 MB/s here: 1.2 ms for a 500-message
+ * (76 KB) request, more than the whole decision may take. The JCS
+ * tokenizer (src/core/jcs.c) validates the same text and writes a flat
+ * tape several times faster, so the decision reads the request from the
+ * tape: the turn is found and turned into the fast_traj that fast_turn /
+ * fast_turn_anth would build from the tree, with the strings decoded into
+ * one buffer. The shape those two take is read here, and one more: chat
+ * contents given as arrays of parts, read as the audit's parser reads them
+ * (fast_turn leaves those to it; AG_CAT_AUTO and the parser's unjudged
+ * category replay alike). Anything else - a body the tape refuses (a duplicate
+ * key, nesting past TAPE_DEPTH, a number outside a double, "\u0000", an integer
+ * jansson cannot hold), a shape fast_turn leaves to the slow path, a message
+ * the tree path answers with 400 - returns TAPE_FALLBACK, and the caller takes
+ * the jansson path, whose decisions and messages are the reference (the
+ * parity tests in tests/runtime/test_proxy.c replay both).
+ */
+#define TAPE_FALLBACK (-3)
+#define TAPE_DEPTH 64
+
+typedef struct tape {
+  ag__jcs *j;
+  const char *s;
+  size_t len, n;
+  char *buf; /* decoded strings, NUL-terminated, back to back */
+  size_t used, cap;
+} tape;
+
+/* The value of member `key` of object token `obj`, or 0 (the root is
+ * nobody's member). */
+static size_t t_get(const tape *t, size_t obj, const char *key) {
+  if (ag__jcs_tok_type(t->j, obj) != AG__JT_OBJ)
+    return 0;
+  size_t n = strlen(key), end = ag__jcs_tok_next(t->j, obj);
+  for (size_t i = obj + 1; i < end; i = ag__jcs_tok_next(t->j, i + 1))
+    if (ag__jcs_key_is(t->j, i, key, n))
+      return i + 1;
+  return 0;
+}
+
+static bool t_is(const tape *t, size_t i, int type) {
+  return i != 0 && ag__jcs_tok_type(t->j, i) == type;
+}
+
+/* String token i decoded into the buffer (NUL-terminated), or NULL when it
+ * is no string or the buffer is full. */
+static const char *t_str(tape *t, size_t i, size_t *len) {
+  if (!t_is(t, i, AG__JT_STR))
+    return NULL;
+  const char *raw;
+  size_t n = ag__jcs_str_raw(t->j, i, &raw);
+  if (t->cap - t->used < n + 1)
+    return NULL;
+  char *o = t->buf + t->used;
+  if (ag__jcs_str_escaped(t->j, i)) {
+    n = ag__jcs_str_decode(t->j, i, o);
+  } else {
+    memcpy(o, raw, n);
+    o[n] = '\0';
+  }
+  t->used += n + 1;
+  if (len != NULL)
+    *len = n;
+  return o;
+}
+
+/* Whether token i is a string equal to `lit` (decoded; at most 20 bytes).
+ * A decoded byte takes at most 6 bytes of source ("\u0061"), so a string
+ * whose source is longer than 6 x 20 cannot be equal to one. */
+static bool t_eq(const tape *t, size_t i, const char *lit) {
+  if (!t_is(t, i, AG__JT_STR))
+    return false;
+  const char *raw;
+  size_t n = ag__jcs_str_raw(t->j, i, &raw), l = strlen(lit);
+  if (!ag__jcs_str_escaped(t->j, i))
+    return n == l && memcmp(raw, lit, l) == 0;
+  char tmp[6 * 20 + 1];
+  return n < sizeof tmp && ag__jcs_str_decode(t->j, i, tmp) == l &&
+         memcmp(tmp, lit, l) == 0;
+}
+
+/* The elements of array token `arr` (0: not an array). */
+static size_t t_count(const tape *t, size_t arr) {
+  if (!t_is(t, arr, AG__JT_ARR))
+    return 0;
+  size_t n = 0, end = ag__jcs_tok_next(t->j, arr);
+  for (size_t i = arr + 1; i < end; i = ag__jcs_tok_next(t->j, i))
+    n++;
+  return n;
+}
+
+/* Iterates the elements e of array token a. */
+#define T_EACH(t, a, e)                                                        \
+  for (size_t e = t_is(t, a, AG__JT_ARR) ? (a) + 1 : 0,                        \
+              e##_end = t_is(t, a, AG__JT_ARR) ? ag__jcs_tok_next((t)->j, a)   \
+                                               : 0;                            \
+       e < e##_end; e = ag__jcs_tok_next((t)->j, e))
+
+/* Whether jansson (json_loadb, flags 0) takes every value of the tape:
+ * it refuses "\u0000" in strings and integers outside json_int_t, which
+ * the tokenizer allows. Conservative: any "\u0000" and any integer literal
+ * of more than 18 digits send the body to jansson. */
+static bool t_jansson_safe(const tape *t) {
+  if (memmem(t->s, t->len, "\\u0000", 6) != NULL)
+    return false;
+  for (size_t i = 0; i < t->n; i++) {
+    if (ag__jcs_tok_type(t->j, i) != AG__JT_NUM)
+      continue;
+    size_t p = ag__jcs_tok_off(t->j, i), d;
+    p += t->s[p] == '-';
+    for (d = 0; p + d < t->len && t->s[p + d] >= '0' && t->s[p + d] <= '9';)
+      d++;
+    if (d > 18 && (p + d >= t->len ||
+                   (t->s[p + d] != '.' && (t->s[p + d] | 0x20) != 'e')))
+      return false;
+  }
+  return true;
+}
+
+/* The text blocks_text / anth_text make of Anthropic content token c: a
+ * string, or the "text" strings of an array's blocks joined by "\n"; ""
+ * for anything else. NULL when the buffer is full. */
+static const char *t_anth_text(tape *t, size_t c, size_t *len) {
+  *len = 0;
+  if (t_is(t, c, AG__JT_STR))
+    return t_str(t, c, len);
+  char *out = t->buf + t->used;
+  size_t n = 0;
+  T_EACH(t, c, b) {
+    size_t tx = t_get(t, b, "text"), l;
+    if (!t_is(t, tx, AG__JT_STR))
+      continue;
+    if (n++ > 0) /* the separator takes the previous string's NUL */
+      t->buf[t->used - 1] = '\n';
+    if (t_str(t, tx, &l) == NULL)
+      return NULL;
+  }
+  if (n == 0) {
+    if (t->used >= t->cap)
+      return NULL;
+    t->buf[t->used++] = '\0';
+  }
+  *len = (size_t)(t->buf + t->used - 1 - out);
+  return out;
+}
+
+/* A tool message's content as ag_trajectory_parse reads it (b_text in
+ * src/audit/trajectory.c): a string; null or absent: ""; an array of parts
+ * (strings, or objects with a "text" string; others skipped) or a single
+ * part object, joined by "\n". NULL for any other value (the audit's
+ * parser refuses it) or when the buffer is full. */
+static const char *t_chat_text(tape *t, size_t c, size_t *len) {
+  *len = 0;
+  if (c == 0 || t_is(t, c, AG__JT_NULL))
+    return "";
+  if (t_is(t, c, AG__JT_STR))
+    return t_str(t, c, len);
+  if (!t_is(t, c, AG__JT_ARR) && !t_is(t, c, AG__JT_OBJ))
+    return NULL;
+  char *out = t->buf + t->used;
+  size_t n = 0, one_end = ag__jcs_tok_next(t->j, c);
+  bool arr = t_is(t, c, AG__JT_ARR);
+  for (size_t p = arr ? c + 1 : c; p < (arr ? one_end : c + 1);
+       p = ag__jcs_tok_next(t->j, p)) {
+    size_t tx = t_is(t, p, AG__JT_STR) ? p : t_get(t, p, "text"), l;
+    if (!t_is(t, tx, AG__JT_STR))
+      continue; /* images, audio: no text to judge */
+    if (n++ > 0)
+      t->buf[t->used - 1] = '\n';
+    if (t_str(t, tx, &l) == NULL)
+      return NULL;
+  }
+  if (n == 0) {
+    if (t->used >= t->cap)
+      return NULL;
+    t->buf[t->used++] = '\0';
+  }
+  *len = (size_t)(t->buf + t->used - 1 - out);
+  return out;
+}
+
+static int t_alloc(fast_traj *f, size_t n_steps, size_t n_calls) {
+  memset(f, 0, sizeof(*f));
+  f->steps = calloc(n_steps + 1, sizeof(*f->steps));
+  f->calls = calloc(n_calls + 1, sizeof(*f->calls));
+  f->results = calloc(n_calls + 1, sizeof(*f->results));
+  f->ids = calloc(n_calls + 1, sizeof(*f->ids));
+  f->answered = calloc(n_calls + 1, sizeof(*f->answered));
+  if (f->steps == NULL || f->calls == NULL || f->results == NULL ||
+      f->ids == NULL || f->answered == NULL) {
+    fast_free(f);
+    return -1;
+  }
+  return 0;
+}
+
+static void t_done(fast_traj *f, size_t si, size_t ci) {
+  f->turn.steps = f->steps;
+  f->turn.n_steps = si;
+  f->turn.t_start_ms = -1;
+  f->t.format = AG_TRAJ_CHAT;
+  f->t.turns = &f->turn;
+  f->t.n_turns = 1;
+  f->t.n_steps = si;
+  f->t.n_calls = ci;
+}
+
+static void t_step(ag_traj_step *st, fast_traj *f, size_t ci) {
+  st->tokens = -1;
+  st->t_request_ms = st->t_response_ms = st->t_done_ms = -1;
+  st->calls = &f->calls[ci];
+  st->results = &f->results[ci];
+}
+
+/* fast_turn over the tape: the messages' tokens msg[start..n). 1 (f
+ * filled), 0 (fall back), -1 (out of memory). */
+static int t_turn_chat(tape *t, const size_t *msg, size_t n, size_t start,
+                       fast_traj *f) {
+  size_t n_calls = 0, n_steps = 0;
+  for (size_t i = start; i < n; i++)
+    if (t_eq(t, t_get(t, msg[i], "role"), "assistant")) {
+      n_steps++;
+      n_calls += t_count(t, t_get(t, msg[i], "tool_calls"));
+    }
+  if (t_alloc(f, n_steps, n_calls) < 0)
+    return -1;
+  size_t si = 0, ci = 0, step0 = 0;
+  bool in_step = false;
+  for (size_t i = start; i < n; i++) {
+    const size_t m = msg[i], role = t_get(t, m, "role");
+    if (t_get(t, m, "usage") != 0)
+      goto slow;
+    if (t_eq(t, role, "assistant")) {
+      for (size_t k = step0; in_step && k < ci; k++)
+        if (!f->answered[k])
+          goto slow;
+      size_t content = t_get(t, m, "content"), tcs = t_get(t, m, "tool_calls");
+      /* content: a string or null (an array of parts: no text, as the
+       * audit's parser reads it) */
+      if ((!t_is(t, content, AG__JT_STR) && !t_is(t, content, AG__JT_NULL) &&
+           !t_is(t, content, AG__JT_ARR)) ||
+          t_get(t, m, "function_call") != 0 ||
+          (tcs != 0 && !t_is(t, tcs, AG__JT_NULL) && !t_is(t, tcs, AG__JT_ARR)))
+        goto slow;
+      ag_traj_step *st = &f->steps[si++];
+      in_step = true;
+      step0 = ci;
+      st->text = t_is(t, content, AG__JT_ARR) ? NULL : "";
+      if (t_is(t, content, AG__JT_STR) &&
+          (st->text = t_str(t, content, &st->text_len)) == NULL)
+        goto slow;
+      t_step(st, f, ci);
+      T_EACH(t, tcs, tc) {
+        size_t fn = t_get(t, tc, "function");
+        const char *id = t_str(t, t_get(t, tc, "id"), NULL);
+        const char *name = t_str(t, t_get(t, fn, "name"), NULL);
+        size_t args_len;
+        const char *args = t_str(t, t_get(t, fn, "arguments"), &args_len);
+        if (id == NULL || name == NULL || args == NULL)
+          goto slow;
+        for (size_t q = step0; q < ci; q++)
+          if (strcmp(f->ids[q], id) == 0)
+            goto slow; /* a repeated id */
+        f->ids[ci] = id;
+        f->calls[ci].name = name;
+        f->calls[ci].args = args;
+        f->calls[ci].args_len = args_len;
+        f->results[ci].text = "";
+        ci++;
+      }
+      st->n_calls = st->n_results = ci - step0;
+    } else if (t_eq(t, role, "tool")) {
+      size_t ie = t_get(t, m, "is_error"), len;
+      if (!in_step ||
+          (ie != 0 && !t_is(t, ie, AG__JT_TRUE) && !t_is(t, ie, AG__JT_FALSE)))
+        goto slow;
+      const char *id = t_str(t, t_get(t, m, "tool_call_id"), NULL);
+      const char *content = t_chat_text(t, t_get(t, m, "content"), &len);
+      if (id == NULL || content == NULL)
+        goto slow;
+      size_t q = step0;
+      while (q < ci && strcmp(f->ids[q], id) != 0)
+        q++;
+      if (q == ci || f->answered[q])
+        goto slow;
+      f->answered[q] = true;
+      f->results[q].outcome =
+          t_is(t, ie, AG__JT_TRUE) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
+      f->results[q].category = AG_CAT_AUTO;
+      f->results[q].text = content;
+      f->results[q].text_len = len;
+    } else if (t_eq(t, role, "user")) {
+      if (i != start)
+        goto slow;
+    } else if (!t_eq(t, role, "system") && !t_eq(t, role, "developer")) {
+      goto slow;
+    }
+  }
+  for (size_t k = step0; in_step && k < ci; k++)
+    if (!f->answered[k])
+      goto slow;
+  t_done(f, si, ci);
+  return 1;
+slow:
+  fast_free(f);
+  return 0;
+}
+
+/* Whether anthropic_to_chat passes message token m (its 400s are the
+ * jansson path's to give). */
+static bool t_anth_ok(const tape *t, size_t m) {
+  size_t role = t_get(t, m, "role"), content = t_get(t, m, "content");
+  if (!t_eq(t, role, "user") && !t_eq(t, role, "assistant"))
+    return false;
+  if (!t_is(t, content, AG__JT_STR) && !t_is(t, content, AG__JT_ARR))
+    return false;
+  T_EACH(t, content, b) {
+    size_t bt = t_get(t, b, "type");
+    if (!t_is(t, bt, AG__JT_STR))
+      return false;
+    if (t_eq(t, bt, "tool_use") && (!t_is(t, t_get(t, b, "id"), AG__JT_STR) ||
+                                    !t_is(t, t_get(t, b, "name"), AG__JT_STR)))
+      return false;
+    if (t_eq(t, bt, "tool_result") &&
+        !t_is(t, t_get(t, b, "tool_use_id"), AG__JT_STR))
+      return false;
+  }
+  return true;
+}
+
+/* anth_has_text over the tape. */
+static bool t_anth_has_text(const tape *t, size_t m) {
+  size_t content = t_get(t, m, "content");
+  if (t_is(t, content, AG__JT_STR))
+    return true;
+  T_EACH(t, content, b) {
+    if (t_eq(t, t_get(t, b, "type"), "text"))
+      return true;
+  }
+  return false;
+}
+
+/* fast_turn_anth over the tape: the turn from msg[from] (a user message
+ * with text). Returns as t_turn_chat. */
+static int t_turn_anth(tape *t, const size_t *msg, size_t n, size_t from,
+                       fast_traj *f) {
+  size_t n_calls = 0, n_steps = 0;
+  for (size_t i = from + 1; i < n; i++) {
+    if (!t_eq(t, t_get(t, msg[i], "role"), "assistant"))
+      continue;
+    n_steps++;
+    T_EACH(t, t_get(t, msg[i], "content"), b) {
+      n_calls += t_eq(t, t_get(t, b, "type"), "tool_use");
+    }
+  }
+  if (t_alloc(f, n_steps, n_calls) < 0)
+    return -1;
+  size_t si = 0, ci = 0, step0 = 0;
+  bool in_step = false;
+  for (size_t i = from + 1; i < n; i++) {
+    const size_t m = msg[i], content = t_get(t, m, "content");
+    if (t_eq(t, t_get(t, m, "role"), "assistant")) {
+      for (size_t q = step0; in_step && q < ci; q++)
+        if (!f->answered[q])
+          goto slow;
+      ag_traj_step *st = &f->steps[si++];
+      in_step = true;
+      step0 = ci;
+      if ((st->text = t_anth_text(t, content, &st->text_len)) == NULL)
+        goto slow;
+      t_step(st, f, ci);
+      T_EACH(t, content, b) {
+        size_t bt = t_get(t, b, "type");
+        if (t_eq(t, bt, "tool_result"))
+          goto slow;
+        if (!t_eq(t, bt, "tool_use"))
+          continue;
+        const char *id = t_str(t, t_get(t, b, "id"), NULL);
+        const char *name = t_str(t, t_get(t, b, "name"), NULL);
+        if (id == NULL || name == NULL)
+          goto slow;
+        for (size_t q = step0; q < ci; q++)
+          if (strcmp(f->ids[q], id) == 0)
+            goto slow; /* a repeated id */
+        /* The arguments: the input's own text. fast_turn_anth gives
+         * jansson's compact dump of it; the guard reads arguments only
+         * through their JCS form (the call signature), the same for both
+         * (duplicate keys and numbers jansson reads differently fall back
+         * above). */
+        size_t input = t_get(t, b, "input"), at = 0, al = 2;
+        const char *args = "{}";
+        if (input != 0) {
+          al = ag__jcs_member_span(t->j, input - 1, &at);
+          args = t->s + at;
+        }
+        f->ids[ci] = id;
+        f->calls[ci].name = name;
+        f->calls[ci].args = args;
+        f->calls[ci].args_len = al;
+        f->results[ci].text = "";
+        ci++;
+      }
+      st->n_calls = st->n_results = ci - step0;
+      continue;
+    }
+    T_EACH(t, content, b) {
+      if (!t_eq(t, t_get(t, b, "type"), "tool_result"))
+        continue;
+      if (!in_step)
+        goto slow;
+      const char *id = t_str(t, t_get(t, b, "tool_use_id"), NULL);
+      if (id == NULL)
+        goto slow;
+      size_t q = step0;
+      while (q < ci && strcmp(f->ids[q], id) != 0)
+        q++;
+      if (q == ci || f->answered[q])
+        goto slow;
+      f->answered[q] = true;
+      f->results[q].outcome = t_is(t, t_get(t, b, "is_error"), AG__JT_TRUE)
+                                  ? AG_OUTCOME_ERROR
+                                  : AG_OUTCOME_OK;
+      f->results[q].category = AG_CAT_AUTO;
+      f->results[q].text =
+          t_anth_text(t, t_get(t, b, "content"), &f->results[q].text_len);
+      if (f->results[q].text == NULL)
+        goto slow;
+    }
+  }
+  for (size_t q = step0; in_step && q < ci; q++)
+    if (!f->answered[q])
+      goto slow;
+  t_done(f, si, ci);
+  return 1;
+slow:
+  fast_free(f);
+  return 0;
+}
+
+/*
+ * The decision before forwarding, from the tape: the turn replayed through
+ * a new guard (*g, which the caller frees), then the coming request
+ * counted - what the jansson path decides for the same body. Returns the
+ * action (v filled; *stream: the body's "stream" is true), -2 when out of
+ * memory, or TAPE_FALLBACK (*g NULL): take the jansson path.
+ */
+static int tape_decide(const ag_config *cfg, const char *body, size_t len,
+                       bool anth, ag_guard **g, ag_verdict *v, bool *stream) {
+  *g = NULL;
+  tape t = {NULL, body, len, 0, NULL, 0, 0};
+  size_t *msg = NULL;
+  int act = TAPE_FALLBACK;
+  ag_error_t err;
+  if (body == NULL || len == 0)
+    return TAPE_FALLBACK;
+  ag_err_t rc = ag__jcs_tape_new(&t.j, len, TAPE_DEPTH, &err);
+  if (rc == AG_OK)
+    rc = ag__jcs_tape(t.j, body, len, &t.n, &err);
+  if (rc == AG_ENOMEM) {
+    act = -2;
+    goto out;
+  }
+  /* the root is token 0 (which t_is refuses: it is nobody's member) */
+  if (rc != AG_OK || !t_jansson_safe(&t) ||
+      ag__jcs_tok_type(t.j, 0) != AG__JT_OBJ)
+    goto out;
+  size_t msgs = t_get(&t, 0, "messages"), n = t_count(&t, msgs);
+  if (n == 0)
+    goto out;
+  *stream = t_is(&t, t_get(&t, 0, "stream"), AG__JT_TRUE);
+  msg = malloc(n * sizeof(*msg));
+  t.cap = 2 * len + 16; /* decoded strings fit in 2x their source */
+  t.buf = malloc(t.cap);
+  if (msg == NULL || t.buf == NULL) {
+    act = -2;
+    goto out;
+  }
+  size_t k = 0;
+  T_EACH(&t, msgs, e) {
+    if (!t_is(&t, t_get(&t, e, "role"), AG__JT_STR) ||
+        (anth && !t_anth_ok(&t, e)))
+      goto out;
+    msg[k++] = e;
+  }
+  size_t start = SIZE_MAX;
+  for (size_t i = n; i-- > 0 && start == SIZE_MAX;)
+    if (t_eq(&t, t_get(&t, msg[i], "role"), "user") &&
+        (!anth || t_anth_has_text(&t, msg[i])))
+      start = i;
+  bool has_steps = false;
+  if (start == SIZE_MAX) {
+    if (anth)
+      goto out; /* the jansson path converts every message then */
+    start = 0;
+  }
+  for (size_t i = start; i < n && !has_steps; i++)
+    has_steps = t_eq(&t, t_get(&t, msg[i], "role"), "assistant");
+  fast_traj f;
+  int fr = 0;
+  if (has_steps || anth)
+    fr = anth ? t_turn_anth(&t, msg, n, start, &f)
+              : t_turn_chat(&t, msg, n, start, &f);
+  if (fr < 0) {
+    act = -2;
+    goto out;
+  }
+  if (fr == 0 && (has_steps || anth))
+    goto out;
+  if (ag_guard_new(g, cfg, NULL, &err) != AG_OK) {
+    if (fr > 0)
+      fast_free(&f);
+    act = err.code == AG_ENOMEM ? -2 : TAPE_FALLBACK;
+    goto out;
+  }
+  memset(v, 0, sizeof(*v));
+  v->call_index = -1;
+  ag_guard_begin_turn(*g, 0);
+  act = fr > 0 ? replay_fast(*g, &f, v) : AG_ALLOW;
+  if (act >= 0 && !is_stop((ag_action)act))
+    act = ag_guard_begin_iteration(*g, 0, v);
+out:
+  if (act == TAPE_FALLBACK || act == -2) {
+    ag_guard_free(*g);
+    *g = NULL;
+  }
+  free(msg);
+  free(t.buf);
+  ag__jcs_free(t.j);
+  return act;
+}
+
 /* An Anthropic message object as the events of a stream. */
 static void anthropic_sse(reply *r) {
   json_t *msg = json_loadb(r->body != NULL ? r->body : "", r->len, 0, NULL);
@@ -2381,6 +2929,21 @@ static void anthropic_sse(reply *r) {
   set_sse(r, &b);
 }
 
+/* The request as a jansson tree (*req), parsed now if the decision came
+ * from the tape; false with a 400 in r if jansson refuses it. */
+static bool load_req(const req_ctx *q, json_t **req, reply *r) {
+  if (*req != NULL)
+    return true;
+  json_error_t je;
+  *req = json_loadb(q->body != NULL ? q->body : "", q->len, 0, &je);
+  if (*req == NULL)
+    set_error(r, 400, "invalid_request_error", "invalid_json",
+              "agentguard proxy: the request body is not JSON: %s (line %d, "
+              "column %d)",
+              je.text, je.line, je.column);
+  return *req != NULL;
+}
+
 static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
                  const char *path, reply *r, stream_st **st_out) {
   const bool anth = r->anthropic;
@@ -2388,13 +2951,28 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
   char *fwd = NULL;
   size_t fwd_len = 0;
   json_error_t je;
-  json_t *req = json_loadb(q->body != NULL ? q->body : "", q->len, 0, &je);
+  json_t *req = NULL;
   ag_guard *g = NULL;
   ag_reply rep, rep2;
   memset(&rep, 0, sizeof rep);
   memset(&rep2, 0, sizeof rep2);
   upstream u;
   memset(&u, 0, sizeof u);
+  ag_verdict v;
+  bool stream = false;
+  /* the decision from the tape; the tree is parsed only when needed */
+  int act = tape_decide(&p->cfg, q->body, q->len, anth, &g, &v, &stream);
+  if (act == -2) {
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return;
+  }
+  if (act != TAPE_FALLBACK) {
+    anth_stream = anth && stream;
+    if ((is_stop((ag_action)act) || stream) && !load_req(q, &req, r))
+      goto out;
+    goto decided;
+  }
+  req = json_loadb(q->body != NULL ? q->body : "", q->len, 0, &je);
   if (req == NULL) {
     set_error(r, 400, "invalid_request_error", "invalid_json",
               "agentguard proxy: the request body is not JSON: %s (line %d, "
@@ -2430,9 +3008,8 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
     set_error(r, 500, "server_error", "guard", "agentguard proxy: %s", err.msg);
     goto out;
   }
-  ag_verdict v;
-  int act = anth ? replay_turn_anth(g, msgs, &v, emsg, sizeof emsg)
-                 : replay_turn(g, msgs, SIZE_MAX, &v, emsg, sizeof emsg);
+  act = anth ? replay_turn_anth(g, msgs, &v, emsg, sizeof emsg)
+             : replay_turn(g, msgs, SIZE_MAX, &v, emsg, sizeof emsg);
   if (act == -1) {
     set_error(r, 400, "invalid_request_error", "invalid_request",
               "agentguard proxy: %s", emsg);
@@ -2444,6 +3021,7 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
   }
   if (!is_stop((ag_action)act))
     act = ag_guard_begin_iteration(g, 0, &v);
+decided:
   if (is_stop((ag_action)act)) {
     bool final = p->cfg.loop.final_request_without_tools && v.action == AG_STOP;
     event(p, final ? "final_request_without_tools" : "stopped_before_request",
@@ -2461,6 +3039,8 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
     size_t need = ag_guard_error_context(g, AG_RECOVER_EXECUTION, NULL, 0, ectx,
                                          sizeof ectx);
     if (need > 0 && ectx[0] != '\0') {
+      if (!load_req(q, &req, r))
+        goto out;
       json_t *extra =
           json_pack("[{s:s, s:s}]", "role", "user", "content", ectx);
       free(fwd);
@@ -2495,6 +3075,8 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
     pass_back(&u, r);
     goto out;
   }
+  if (!load_req(q, &req, r))
+    goto out;
   if (is_stop((ag_action)act)) {
     event(p, "reply_replaced", path, &v, NULL);
     set_stop_reply(p, req, &v, r);
@@ -2552,6 +3134,27 @@ out:
 
 int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
                     bool anthropic, ag_verdict *v, ag_error_t *err) {
+  return ag_proxy_decide_read(cfg, body, len, anthropic, AG_PROXY_READ_ANY, v,
+                              err);
+}
+
+int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
+                         bool anthropic, ag_proxy_read how, ag_verdict *v,
+                         ag_error_t *err) {
+  if (how != AG_PROXY_READ_TREE) {
+    ag_guard *tg = NULL;
+    bool stream = false;
+    int tact = tape_decide(cfg, body, len, anthropic, &tg, v, &stream);
+    ag_guard_free(tg);
+    if (tact == -2) {
+      fail(err, AG_ENOMEM, "out of memory");
+      return -1;
+    }
+    if (tact != TAPE_FALLBACK)
+      return tact;
+    if (how == AG_PROXY_READ_TAPE)
+      return -2;
+  }
   json_error_t je;
   json_t *req = json_loadb(body, len, 0, &je);
   if (req == NULL) {

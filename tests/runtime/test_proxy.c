@@ -1635,3 +1635,251 @@ Test(proxy, anthropic_decisions_equal_the_chat_ones) {
   }
   cr_expect_gt(stops, 30, "the random turns exercise stops (%d)", stops);
 }
+
+/* ---- the tape's decision equals the tree's --------------------------------
+ */
+
+#define ODD "\xc3\xa9\xf0\x9f\x98\x80\n\"/" /* é, 😀, newline, quote, slash */
+
+/* Escapes in every string the decision reads: arguments get an extra
+ * member (the same for every call, so repeats stay repeats), results and
+ * texts a suffix; dumped with JSON_ENSURE_ASCII they become \u00e9,
+ * \ud83d\ude00, \n, \". */
+static void add_escapes(json_t *msgs) {
+  size_t i, k;
+  json_t *m, *x;
+  json_array_foreach(msgs, i, m) {
+    json_array_foreach(json_object_get(m, "tool_calls"), k, x) {
+      json_t *fn = json_object_get(x, "function");
+      json_t *a = json_loads(
+          json_string_value(json_object_get(fn, "arguments")), 0, NULL);
+      json_object_set_new(a, "s", json_string(ODD));
+      char *d = json_dumps(a, JSON_COMPACT);
+      json_object_set_new(fn, "arguments", json_string(d));
+      free(d);
+      json_decref(a);
+    }
+    json_t *c = json_object_get(m, "content");
+    if (json_is_string(c) && json_string_length(c) > 0) {
+      char buf[256];
+      snprintf(buf, sizeof buf, "%s" ODD, json_string_value(c));
+      json_object_set_new(m, "content", json_string(buf));
+    }
+    json_array_foreach(c, k, x) {
+      json_t *in = json_object_get(x, "input");
+      if (json_is_object(in))
+        json_object_set_new(in, "s", json_string(ODD));
+      json_t *t = json_object_get(x, "text");
+      json_t *rc = json_object_get(x, "content");
+      if (json_is_string(rc)) {
+        t = rc;
+      } else {
+        size_t q;
+        json_t *y;
+        json_array_foreach(rc, q, y) {
+          char buf[256];
+          snprintf(buf, sizeof buf, "%s" ODD,
+                   json_string_value(json_object_get(y, "text")));
+          json_object_set_new(y, "text", json_string(buf));
+        }
+      }
+      if (json_is_string(t)) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s" ODD, json_string_value(t));
+        json_string_set(t, buf);
+      }
+    }
+  }
+}
+
+/* Chat contents as arrays of parts, which the audit's parser reads (and
+ * fast_turn leaves to it): a tool result as a text part and an image part,
+ * the text of every second result in two parts, an assistant's text as a
+ * text part. The same for the same text, so repeats stay repeats. */
+static void to_parts(json_t *msgs) {
+  size_t i;
+  json_t *m;
+  json_array_foreach(msgs, i, m) {
+    const char *role = json_string_value(json_object_get(m, "role"));
+    json_t *c = json_object_get(m, "content");
+    if (!json_is_string(c) || json_string_length(c) == 0)
+      continue;
+    if (strcmp(role, "tool") == 0 && i % 2 == 0)
+      json_object_set_new(m, "content",
+                          json_pack("[{s:s, s:O}, {s:s, s:{s:s}}]", "type",
+                                    "text", "text", c, "type", "image_url",
+                                    "image_url", "url", "u"));
+    else if (strcmp(role, "tool") == 0)
+      json_object_set_new(
+          m, "content",
+          json_pack("[s, {s:s, s:O}]", "Result:", "type", "text", "text", c));
+    else if (strcmp(role, "assistant") == 0)
+      json_object_set_new(m, "content",
+                          json_pack("[{s:s, s:O}]", "type", "text", "text", c));
+  }
+}
+
+/* The body decided through the tape alone and through the tree alone:
+ * the same action, reason, call, tool and message. Returns the action. */
+static int expect_same_decision(const ag_config *cfg, const char *body,
+                                bool anth, const char *what) {
+  ag_verdict vt, vj;
+  ag_error_t et, ej;
+  size_t len = strlen(body);
+  int at =
+      ag_proxy_decide_read(cfg, body, len, anth, AG_PROXY_READ_TAPE, &vt, &et);
+  int aj =
+      ag_proxy_decide_read(cfg, body, len, anth, AG_PROXY_READ_TREE, &vj, &ej);
+  cr_assert_geq(aj, 0, "%s: the tree refuses it: %s", what, ej.msg);
+  cr_assert_neq(at, -2, "%s: the tape left it to the tree: %s", what, body);
+  cr_assert_eq(at, aj, "%s: tape %d, tree %d: %s", what, at, aj, body);
+  if (aj != AG_ALLOW) {
+    cr_expect_eq(vt.reason, vj.reason, "%s: %s vs %s", what,
+                 ag_reason_name(vt.reason), ag_reason_name(vj.reason));
+    cr_expect_eq(vt.call_index, vj.call_index, "%s", what);
+    cr_expect_str_eq(vt.tool, vj.tool, "%s", what);
+    cr_expect_str_eq(vt.message, vj.message, "%s", what);
+  }
+  return aj;
+}
+
+Test(proxy, tape_decisions_equal_the_tree_ones) {
+  ag_config cfgs[3];
+  cfgs[0] = test_cfg();
+  cr_assert_eq(ag_config_preset(&cfgs[1], "default", NULL), AG_OK);
+  cfgs[2] = test_cfg();
+  cfgs[2].loop.nudge_before_stop = true;
+  cfgs[2].loop.cycle_limit = 2;
+  int stops = 0;
+  char what[64];
+  for (int c = 0; c < 3; c++) {
+    cfgs[c].loop.max_iterations = 0;
+    cfgs[c].loop.max_tokens_per_turn = 0;
+    for (int i = 0; i < 150; i++) {
+      bool esc = i % 2 == 1; /* escapes, in \u form (ENSURE_ASCII) */
+      size_t flags = JSON_COMPACT | (esc ? JSON_ENSURE_ASCII : 0) |
+                     (i % 3 == 2 ? JSON_INDENT(1) : 0);
+      json_t *msgs = random_turn(1 + (int)rnd(12));
+      json_t *chat = NULL, *anth = NULL;
+      random_pair(1 + (int)rnd(12), &chat, &anth);
+      if (esc) {
+        add_escapes(msgs);
+        add_escapes(chat);
+        add_escapes(anth);
+      }
+      if (i % 5 >= 3) {
+        to_parts(msgs);
+        to_parts(chat);
+      }
+      json_t *r1 = json_pack("{s:s, s:o}", "model", "m", "messages", msgs);
+      json_t *r2 = json_pack("{s:s, s:o}", "model", "m", "messages", chat);
+      json_t *r3 = json_pack("{s:s, s:i, s:o, s:b}", "model", "m", "max_tokens",
+                             10, "messages", anth, "stream", i % 4 == 0);
+      char *b1 = json_dumps(r1, flags), *b2 = json_dumps(r2, flags),
+           *b3 = json_dumps(r3, flags);
+      snprintf(what, sizeof what, "cfg %d run %d chat", c, i);
+      stops += expect_same_decision(&cfgs[c], b1, false, what) != AG_ALLOW;
+      snprintf(what, sizeof what, "cfg %d run %d pair chat", c, i);
+      stops += expect_same_decision(&cfgs[c], b2, false, what) != AG_ALLOW;
+      snprintf(what, sizeof what, "cfg %d run %d pair anthropic", c, i);
+      stops += expect_same_decision(&cfgs[c], b3, true, what) != AG_ALLOW;
+      json_decref(r1);
+      json_decref(r2);
+      json_decref(r3);
+      free(b1);
+      free(b2);
+      free(b3);
+    }
+  }
+  cr_expect_gt(stops, 100, "the random turns exercise stops (%d)", stops);
+}
+
+/* Escapes where the decision compares: in roles, keys and ids. */
+Test(proxy, tape_reads_escaped_keys_and_roles) {
+  ag_config cfg = test_cfg();
+  const char *round =
+      "{\"role\":\"assist\\u0061nt\",\"content\":null,\"tool_c\\u0061lls\":"
+      "[{\"id\":\"c\\u0031\",\"type\":\"function\",\"function\":{\"name\":"
+      "\"re\\u0061d\",\"arguments\":\"{\\\"p\\\":\\\"\\\\u00e9\\\"}\"}}]},"
+      "{\"role\":\"tool\",\"tool_call_id\":\"\\u00631\",\"content\":"
+      "\"Error: no \\\"x\\\"\"}";
+  char body[2048];
+  snprintf(
+      body, sizeof body,
+      "{\"model\":\"m\",\"messages\":[{\"role\":\"us\\u0065r\",\"content\":"
+      "\"go\"},%s,%s,%s]}",
+      round, round, round);
+  cr_expect_eq(expect_same_decision(&cfg, body, false, "escaped"), AG_STOP);
+  const char *anth_round =
+      "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_\\u0075se\","
+      "\"id\":\"t\\u0031\",\"name\":\"read\",\"input\":{ \"p\" : "
+      "\"\\u00e9\", \"q\": [1, {\"r\": 2.50}] }}]},{\"role\":\"user\","
+      "\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t1\","
+      "\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\","
+      "\"text\":\"b\\n\"}]}]}";
+  snprintf(body, sizeof body,
+           "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\","
+           "\"content\":\"go\"},%s,%s,%s]}",
+           anth_round, anth_round, anth_round);
+  cr_expect_eq(expect_same_decision(&cfg, body, true, "escaped anthropic"),
+               AG_STOP);
+  /* every byte of a compared word escaped: "tool_result", "assistant" */
+  const char *full_round =
+      "{\"role\":\"\\u0061\\u0073\\u0073\\u0069\\u0073\\u0074\\u0061"
+      "\\u006e\\u0074\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t1\","
+      "\"name\":\"read\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{"
+      "\"type\":\"\\u0074\\u006f\\u006f\\u006c\\u005f\\u0072\\u0065"
+      "\\u0073\\u0075\\u006c\\u0074\",\"tool_use_id\":\"t1\",\"content\":"
+      "\"Error: x\",\"is_error\":true}]}";
+  snprintf(body, sizeof body,
+           "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\","
+           "\"content\":\"go\"},%s,%s,%s]}",
+           full_round, full_round, full_round);
+  cr_expect_eq(expect_same_decision(&cfg, body, true, "all escaped"), AG_STOP);
+}
+
+/* Bodies the tape does not take: each decided by the tree, as before. */
+Test(proxy, tape_refusals_fall_back_to_the_tree) {
+  ag_config cfg = test_cfg();
+  char *stop = conversation(3, "read", "{\"p\":1}", "same");
+  cr_assert_not_null(stop);
+  /* the stopping conversation with something the tape refuses in front */
+  static const char *const extras[] = {
+      "\"model\":\"a\",\"model\":\"b\",", /* a duplicate key */
+      "\"x\":1e400,",                     /* a number out of a double */
+      "\"x\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+      "[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
+      "]]]]]]]]],",                         /* deeper than the tape goes */
+      "\"x\":123456789012345678901234567,", /* too big for jansson */
+      "\"x\":\"a\\u0000b\",",               /* NUL: jansson refuses it */
+      "\"x\":\"\xed\xa0\x80\",",            /* a surrogate in UTF-8 */
+      "\"x\":\"\xc0\xaf\",",                /* an overlong encoding */
+      "\"x\":[1,2,],",                      /* not JSON at all */
+  };
+  for (size_t i = 0; i < sizeof extras / sizeof extras[0]; i++) {
+    char body[8192];
+    snprintf(body, sizeof body, "{%s%s", extras[i], stop + 1);
+    ag_verdict vt, vj, va;
+    ag_error_t et, ej, ea;
+    size_t len = strlen(body);
+    cr_expect_eq(ag_proxy_decide_read(&cfg, body, len, false,
+                                      AG_PROXY_READ_TAPE, &vt, &et),
+                 -2, "%zu: the tape takes %s", i, body);
+    int aj = ag_proxy_decide_read(&cfg, body, len, false, AG_PROXY_READ_TREE,
+                                  &vj, &ej);
+    int aa = ag_proxy_decide(&cfg, body, len, false, &va, &ea);
+    cr_expect_eq(aa, aj, "%zu", i);
+    if (aj < 0)
+      cr_expect_str_eq(ea.msg, ej.msg, "%zu", i);
+    else
+      cr_expect_eq(va.reason, vj.reason, "%zu", i);
+  }
+  free(stop);
+  /* malformed: the tree's message */
+  ag_verdict v;
+  ag_error_t e;
+  cr_expect_eq(ag_proxy_decide(&cfg, "{\"messages\":[}", 14, false, &v, &e),
+               -1);
+  cr_expect_eq(e.code, AG_EJSON);
+  cr_expect(strstr(e.msg, "not JSON") != NULL, "%s", e.msg);
+}

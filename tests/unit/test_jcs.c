@@ -841,3 +841,69 @@ Test(jcs, null_arguments) {
   cr_expect_str_eq(out, "{}");
   ag_free(out);
 }
+
+/* ---- the tape as a JSON reader (ag__jcs_tape, for the proxy) ------------ */
+
+Test(jcs, tape_reader) {
+  ag__jcs *j = NULL;
+  ag_error_t err;
+  cr_assert_eq(ag__jcs_tape_new(&j, 4096, 8, &err), AG_OK, "%s", err.msg);
+  const char *text =
+      "{ \"b\\u0061\" : [1, {\"x\": \"\\u00e9\\ud83d\\ude00\\n\\\"\\/\"}, "
+      "-2.5e3 ] , \"c\":true,\"d\": { } ,\"e\":\"plain\"}";
+  size_t n = 0;
+  cr_assert_eq(ag__jcs_tape(j, text, strlen(text), &n, &err), AG_OK, "%s",
+               err.msg);
+  /* { ba [ 1 { x "..." } -2.5e3 ] c true d {} e "plain" } */
+  cr_assert_eq(n, 14);
+  cr_expect_eq(ag__jcs_tok_type(j, 0), AG__JT_OBJ);
+  cr_expect_eq(ag__jcs_tok_next(j, 0), 14);
+  cr_expect_eq(ag__jcs_tok_type(j, 1), AG__JT_KEY);
+  cr_expect(ag__jcs_key_is(j, 1, "ba", 2)); /* decoded */
+  cr_expect(!ag__jcs_key_is(j, 1, "b\\u0061", 7));
+  cr_expect_eq(ag__jcs_tok_type(j, 2), AG__JT_ARR);
+  cr_expect_eq(ag__jcs_tok_next(j, 2), 8);
+  cr_expect_eq(ag__jcs_tok_type(j, 3), AG__JT_NUM);
+  cr_expect_eq(ag__jcs_tok_next(j, 4), 7);
+  cr_expect_eq(ag__jcs_tok_type(j, 6), AG__JT_STR);
+  cr_expect(ag__jcs_str_escaped(j, 6));
+  char out[64];
+  size_t l = ag__jcs_str_decode(j, 6, out);
+  cr_expect_eq(l, 2 + 4 + 3);
+  cr_expect_str_eq(out, "\xc3\xa9\xf0\x9f\x98\x80\n\"/");
+  cr_expect_eq(ag__jcs_tok_type(j, 7), AG__JT_NUM);
+  cr_expect_eq(ag__jcs_tok_type(j, 9), AG__JT_TRUE);
+  cr_expect_eq(ag__jcs_tok_type(j, 11), AG__JT_OBJ);
+  cr_expect_eq(ag__jcs_tok_next(j, 11), 12);
+  cr_expect(!ag__jcs_str_escaped(j, 13));
+  const char *raw;
+  cr_expect_eq(ag__jcs_str_raw(j, 13, &raw), 5);
+  cr_expect_eq(strncmp(raw, "plain", 5), 0);
+  /* member spans: the value's own text, whitespace around it left out */
+  size_t at, len;
+  len = ag__jcs_member_span(j, 1, &at);
+  cr_expect_eq(len, strlen("[1, {\"x\": \"\\u00e9\\ud83d\\ude00\\n\\\"\\/\"}, "
+                           "-2.5e3 ]"));
+  cr_expect_eq(text[at], '[');
+  cr_expect_eq(text[at + len - 1], ']');
+  len = ag__jcs_member_span(j, 5, &at); /* inside: "x" */
+  cr_expect_eq(text[at], '"');
+  cr_expect_eq(text[at + len - 1], '"');
+  len = ag__jcs_member_span(j, 10, &at);
+  cr_expect_eq(len, 3);
+  cr_expect_eq(strncmp(text + at, "{ }", 3), 0);
+  len = ag__jcs_member_span(j, 8, &at);
+  cr_expect_eq(len, 4);
+  cr_expect_eq(strncmp(text + at, "true", 4), 0);
+  /* a number at the end of a member */
+  const char *num = "{\"n\":-12.5e-3}";
+  cr_assert_eq(ag__jcs_tape(j, num, strlen(num), &n, &err), AG_OK);
+  len = ag__jcs_member_span(j, 1, &at);
+  cr_expect_eq(len, 8);
+  /* refusals: empty text (no "{}" default here), duplicates, depth */
+  cr_expect_eq(ag__jcs_tape(j, "", 0, &n, &err), AG_EJSON);
+  cr_expect_eq(ag__jcs_tape(j, "{\"a\":1,\"a\":2}", 13, &n, &err), AG_EDUPKEY);
+  cr_expect_eq(ag__jcs_tape(j, "[[[[[[[[[1]]]]]]]]]", 19, &n, &err), AG_EDEPTH);
+  cr_expect_eq(ag__jcs_tape(j, "{\"a\":1} x", 9, &n, &err), AG_EJSON);
+  ag__jcs_free(j);
+}
