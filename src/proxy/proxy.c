@@ -698,16 +698,10 @@ static void fast_free(fast_traj *f) {
   free(f->owned);
 }
 
-static int fast_turn(const json_t *msgs, size_t start, fast_traj *f) {
+/* Zeroes `f` and sizes its arrays for a turn of n_steps replies and n_calls
+ * calls: 0, or -1 (out of memory, nothing kept). */
+static int t_alloc(fast_traj *f, size_t n_steps, size_t n_calls) {
   memset(f, 0, sizeof(*f));
-  size_t n = json_array_size(msgs), n_calls = 0, n_steps = 0;
-  for (size_t i = start; i < n; i++) {
-    const json_t *m = json_array_get(msgs, i);
-    if (strcmp(role_of(m), "assistant") == 0) {
-      n_steps++;
-      n_calls += json_array_size(json_object_get(m, "tool_calls"));
-    }
-  }
   f->steps = calloc(n_steps + 1, sizeof(*f->steps));
   f->calls = calloc(n_calls + 1, sizeof(*f->calls));
   f->results = calloc(n_calls + 1, sizeof(*f->results));
@@ -718,6 +712,41 @@ static int fast_turn(const json_t *msgs, size_t start, fast_traj *f) {
     fast_free(f);
     return -1;
   }
+  return 0;
+}
+
+/* Makes `f` the one-turn trajectory of its si steps and ci calls. */
+static void t_done(fast_traj *f, size_t si, size_t ci) {
+  f->turn.steps = f->steps;
+  f->turn.n_steps = si;
+  f->turn.t_start_ms = -1;
+  f->t.format = AG_TRAJ_CHAT;
+  f->t.turns = &f->turn;
+  f->t.n_turns = 1;
+  f->t.n_steps = si;
+  f->t.n_calls = ci;
+}
+
+/* A new step whose calls and results start at call ci, untimed. */
+static void t_step(ag_traj_step *st, fast_traj *f, size_t ci) {
+  st->tokens = -1;
+  st->t_request_ms = st->t_response_ms = st->t_done_ms = -1;
+  st->calls = &f->calls[ci];
+  st->results = &f->results[ci];
+}
+
+static int fast_turn(const json_t *msgs, size_t start, fast_traj *f) {
+  memset(f, 0, sizeof(*f));
+  size_t n = json_array_size(msgs), n_calls = 0, n_steps = 0;
+  for (size_t i = start; i < n; i++) {
+    const json_t *m = json_array_get(msgs, i);
+    if (strcmp(role_of(m), "assistant") == 0) {
+      n_steps++;
+      n_calls += json_array_size(json_object_get(m, "tool_calls"));
+    }
+  }
+  if (t_alloc(f, n_steps, n_calls) < 0)
+    return -1;
   size_t si = 0, ci = 0, step0 = 0; /* step0: first call of the step */
   bool in_step = false;
   for (size_t i = start; i < n; i++) {
@@ -740,10 +769,7 @@ static int fast_turn(const json_t *msgs, size_t start, fast_traj *f) {
       step0 = ci;
       st->text = json_is_string(content) ? json_string_value(content) : "";
       st->text_len = json_is_string(content) ? json_string_length(content) : 0;
-      st->tokens = -1;
-      st->t_request_ms = st->t_response_ms = st->t_done_ms = -1;
-      st->calls = &f->calls[ci];
-      st->results = &f->results[ci];
+      t_step(st, f, ci);
       size_t k;
       const json_t *tc;
       json_array_foreach(tcs, k, tc) {
@@ -793,14 +819,7 @@ static int fast_turn(const json_t *msgs, size_t start, fast_traj *f) {
   for (size_t k = step0; in_step && k < ci; k++)
     if (!f->answered[k])
       goto slow;
-  f->turn.steps = f->steps;
-  f->turn.n_steps = si;
-  f->turn.t_start_ms = -1;
-  f->t.format = AG_TRAJ_CHAT;
-  f->t.turns = &f->turn;
-  f->t.n_turns = 1;
-  f->t.n_steps = si;
-  f->t.n_calls = ci;
+  t_done(f, si, ci);
   return 1;
 slow:
   fast_free(f);
@@ -2181,14 +2200,10 @@ static int fast_turn_anth(const json_t *msgs, size_t from, fast_traj *f) {
       n_calls += bt != NULL && strcmp(bt, "tool_use") == 0;
     }
   }
-  f->steps = calloc(n_steps + 1, sizeof(*f->steps));
-  f->calls = calloc(n_calls + 1, sizeof(*f->calls));
-  f->results = calloc(n_calls + 1, sizeof(*f->results));
-  f->ids = calloc(n_calls + 1, sizeof(*f->ids));
-  f->answered = calloc(n_calls + 1, sizeof(*f->answered));
+  if (t_alloc(f, n_steps, n_calls) < 0)
+    return -1;
   f->owned = calloc(n_steps + n_calls + n_blocks + 1, sizeof(*f->owned));
-  if (f->steps == NULL || f->calls == NULL || f->results == NULL ||
-      f->ids == NULL || f->answered == NULL || f->owned == NULL)
+  if (f->owned == NULL)
     goto oom;
   size_t si = 0, ci = 0, step0 = 0;
   bool in_step = false;
@@ -2207,10 +2222,7 @@ static int fast_turn_anth(const json_t *msgs, size_t from, fast_traj *f) {
       st->text = anth_text(content, f, &st->text_len);
       if (st->text == NULL)
         goto oom;
-      st->tokens = -1;
-      st->t_request_ms = st->t_response_ms = st->t_done_ms = -1;
-      st->calls = &f->calls[ci];
-      st->results = &f->results[ci];
+      t_step(st, f, ci);
       json_array_foreach(content, k, b) {
         const char *bt = json_string_value(json_object_get(b, "type"));
         if (strcmp(bt, "tool_result") == 0)
@@ -2266,14 +2278,7 @@ static int fast_turn_anth(const json_t *msgs, size_t from, fast_traj *f) {
   for (size_t q = step0; in_step && q < ci; q++)
     if (!f->answered[q])
       goto slow;
-  f->turn.steps = f->steps;
-  f->turn.n_steps = si;
-  f->turn.t_start_ms = -1;
-  f->t.format = AG_TRAJ_CHAT;
-  f->t.turns = &f->turn;
-  f->t.n_turns = 1;
-  f->t.n_steps = si;
-  f->t.n_calls = ci;
+  t_done(f, si, ci);
   return 1;
 slow:
   fast_free(f);
@@ -2508,39 +2513,6 @@ static const char *t_chat_text(tape *t, size_t c, size_t *len) {
   }
   *len = (size_t)(t->buf + t->used - 1 - out);
   return out;
-}
-
-static int t_alloc(fast_traj *f, size_t n_steps, size_t n_calls) {
-  memset(f, 0, sizeof(*f));
-  f->steps = calloc(n_steps + 1, sizeof(*f->steps));
-  f->calls = calloc(n_calls + 1, sizeof(*f->calls));
-  f->results = calloc(n_calls + 1, sizeof(*f->results));
-  f->ids = calloc(n_calls + 1, sizeof(*f->ids));
-  f->answered = calloc(n_calls + 1, sizeof(*f->answered));
-  if (f->steps == NULL || f->calls == NULL || f->results == NULL ||
-      f->ids == NULL || f->answered == NULL) {
-    fast_free(f);
-    return -1;
-  }
-  return 0;
-}
-
-static void t_done(fast_traj *f, size_t si, size_t ci) {
-  f->turn.steps = f->steps;
-  f->turn.n_steps = si;
-  f->turn.t_start_ms = -1;
-  f->t.format = AG_TRAJ_CHAT;
-  f->t.turns = &f->turn;
-  f->t.n_turns = 1;
-  f->t.n_steps = si;
-  f->t.n_calls = ci;
-}
-
-static void t_step(ag_traj_step *st, fast_traj *f, size_t ci) {
-  st->tokens = -1;
-  st->t_request_ms = st->t_response_ms = st->t_done_ms = -1;
-  st->calls = &f->calls[ci];
-  st->results = &f->results[ci];
 }
 
 /* fast_turn over the tape: the messages' tokens msg[start..n). 1 (f
