@@ -1005,10 +1005,10 @@ static ag_err_t scan_string(ag__jcs *j, size_t q, size_t p, size_t *endp,
   }
 }
 
-/* Decodes the escaped key content s[a..b) into the arena. */
-static void decode_key(ag__jcs *j, tok *t, size_t a, size_t b) {
-  const uint8_t *s = j->src;
-  uint8_t *o = j->arena + j->arena_len;
+/* Decodes the (validated) string content s[a..b), escapes and all, into
+ * `o`, which has room for b - a bytes; returns the bytes written. */
+static size_t decode_escaped(const uint8_t *s, size_t a, size_t b, uint8_t *o) {
+  uint8_t *o0 = o;
   size_t p = a;
   while (p < b) {
     const uint8_t *bs = memchr(s + p, '\\', b - p);
@@ -1019,9 +1019,15 @@ static void decode_key(ag__jcs *j, tok *t, size_t a, size_t b) {
     if (p < b)
       o += utf8_put(esc_decode(s, &p), o);
   }
+  return (size_t)(o - o0);
+}
+
+/* Decodes the escaped key content s[a..b) into the arena. */
+static void decode_key(ag__jcs *j, tok *t, size_t a, size_t b) {
+  size_t n = decode_escaped(j->src, a, b, j->arena + j->arena_len);
   t->w[1] = (uint32_t)j->arena_len;
-  t->w[0] = (uint32_t)(o - (j->arena + j->arena_len));
-  j->arena_len += t->w[0];
+  t->w[0] = (uint32_t)n;
+  j->arena_len += n;
 }
 
 /* Sorts the keys of the object in frame f, checks duplicates, stores the
@@ -1982,20 +1988,10 @@ bool ag__jcs_str_escaped(const ag__jcs *j, size_t i) {
 
 size_t ag__jcs_str_decode(const ag__jcs *j, size_t i, char *out) {
   const tok *t = &j->tape[i];
-  const uint8_t *s = j->src;
-  size_t p = t->off, b = t->off + raw_len(j, t);
-  uint8_t *o = (uint8_t *)out;
-  while (p < b) {
-    const uint8_t *bs = memchr(s + p, '\\', b - p);
-    size_t run = bs ? (size_t)(bs - (s + p)) : b - p;
-    memcpy(o, s + p, run);
-    o += run;
-    p += run;
-    if (p < b)
-      o += utf8_put(esc_decode(s, &p), o);
-  }
-  *o = '\0';
-  return (size_t)(o - (uint8_t *)out);
+  size_t n =
+      decode_escaped(j->src, t->off, t->off + raw_len(j, t), (uint8_t *)out);
+  out[n] = '\0';
+  return n;
 }
 
 size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start) {
