@@ -83,8 +83,8 @@ static void run(bool openai, const char *body, size_t len, size_t first,
   o->failed = r < 0 ? why : c.a.failed;
   o->done = c.a.done;
   if (o->failed == AG_OK) {
-    o->text_len = c.a.text_len;
-    o->text = c.a.text != NULL ? strdup(c.a.text) : NULL;
+    o->text_len = c.a.text.len;
+    o->text = c.a.text.p != NULL ? strdup(c.a.text.p) : NULL;
     for (int i = 0; i < c.a.n_slots; i++) {
       ag__part_call *k = &c.a.calls[i];
       if (!k->used)
@@ -93,8 +93,8 @@ static void run(bool openai, const char *body, size_t len, size_t first,
       size_t at = strlen(o->calls);
       snprintf(o->calls + at, sizeof(o->calls) - at, "%d|%s|%s|%.*s;", i,
                k->id ? k->id : "", k->name ? k->name : "",
-               (int)(k->args_len > 512 ? 512 : k->args_len),
-               k->args ? k->args : "");
+               (int)(k->args.len > 512 ? 512 : k->args.len),
+               k->args.p ? k->args.p : "");
     }
     memcpy(o->finish, c.a.finish_reason, sizeof(o->finish));
     o->usage = c.a.usage;
