@@ -715,6 +715,20 @@ static int t_alloc(fast_traj *f, size_t n_steps, size_t n_calls) {
   return 0;
 }
 
+/* The result slot of the step's call (calls step0..ci) whose id is `id`,
+ * marked answered; NULL when no call of the step has it or it was answered
+ * already (the caller then takes the slow path). */
+static ag_traj_result *t_answer(fast_traj *f, size_t step0, size_t ci,
+                                const char *id) {
+  size_t q = step0;
+  while (q < ci && strcmp(f->ids[q], id) != 0)
+    q++;
+  if (q == ci || f->answered[q])
+    return NULL;
+  f->answered[q] = true;
+  return &f->results[q];
+}
+
 /* Makes `f` the one-turn trajectory of its si steps and ci calls. */
 static void t_done(fast_traj *f, size_t si, size_t ci) {
   f->turn.steps = f->steps;
@@ -798,17 +812,13 @@ static int fast_turn(const json_t *msgs, size_t start, fast_traj *f) {
       if (!in_step || !json_is_string(id) || !json_is_string(content) ||
           (ie != NULL && !json_is_boolean(ie)))
         goto slow;
-      size_t q = step0;
-      while (q < ci && strcmp(f->ids[q], json_string_value(id)) != 0)
-        q++;
-      if (q == ci || f->answered[q])
+      ag_traj_result *res = t_answer(f, step0, ci, json_string_value(id));
+      if (res == NULL)
         goto slow;
-      f->answered[q] = true;
-      f->results[q].outcome =
-          json_is_true(ie) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
-      f->results[q].category = AG_CAT_AUTO;
-      f->results[q].text = json_string_value(content);
-      f->results[q].text_len = json_string_length(content);
+      res->outcome = json_is_true(ie) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
+      res->category = AG_CAT_AUTO;
+      res->text = json_string_value(content);
+      res->text_len = json_string_length(content);
     } else if (strcmp(role, "user") == 0) {
       if (i != start)
         goto slow;
@@ -2259,19 +2269,15 @@ static int fast_turn_anth(const json_t *msgs, size_t from, fast_traj *f) {
       if (!in_step)
         goto slow;
       const char *id = json_string_value(json_object_get(b, "tool_use_id"));
-      size_t q = step0;
-      while (q < ci && strcmp(f->ids[q], id) != 0)
-        q++;
-      if (q == ci || f->answered[q])
+      ag_traj_result *res = t_answer(f, step0, ci, id);
+      if (res == NULL)
         goto slow;
-      f->answered[q] = true;
-      f->results[q].outcome = json_is_true(json_object_get(b, "is_error"))
-                                  ? AG_OUTCOME_ERROR
-                                  : AG_OUTCOME_OK;
-      f->results[q].category = AG_CAT_AUTO;
-      f->results[q].text =
-          anth_text(json_object_get(b, "content"), f, &f->results[q].text_len);
-      if (f->results[q].text == NULL)
+      res->outcome = json_is_true(json_object_get(b, "is_error"))
+                         ? AG_OUTCOME_ERROR
+                         : AG_OUTCOME_OK;
+      res->category = AG_CAT_AUTO;
+      res->text = anth_text(json_object_get(b, "content"), f, &res->text_len);
+      if (res->text == NULL)
         goto oom;
     }
   }
@@ -2581,17 +2587,14 @@ static int t_turn_chat(tape *t, const size_t *msg, size_t n, size_t start,
       const char *content = t_chat_text(t, t_get(t, m, "content"), &len);
       if (id == NULL || content == NULL)
         goto slow;
-      size_t q = step0;
-      while (q < ci && strcmp(f->ids[q], id) != 0)
-        q++;
-      if (q == ci || f->answered[q])
+      ag_traj_result *res = t_answer(f, step0, ci, id);
+      if (res == NULL)
         goto slow;
-      f->answered[q] = true;
-      f->results[q].outcome =
+      res->outcome =
           t_is(t, ie, AG__JT_TRUE) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
-      f->results[q].category = AG_CAT_AUTO;
-      f->results[q].text = content;
-      f->results[q].text_len = len;
+      res->category = AG_CAT_AUTO;
+      res->text = content;
+      res->text_len = len;
     } else if (t_eq(t, role, "user")) {
       if (i != start)
         goto slow;
@@ -2714,19 +2717,15 @@ static int t_turn_anth(tape *t, const size_t *msg, size_t n, size_t from,
       const char *id = t_str(t, t_get(t, b, "tool_use_id"), NULL);
       if (id == NULL)
         goto slow;
-      size_t q = step0;
-      while (q < ci && strcmp(f->ids[q], id) != 0)
-        q++;
-      if (q == ci || f->answered[q])
+      ag_traj_result *res = t_answer(f, step0, ci, id);
+      if (res == NULL)
         goto slow;
-      f->answered[q] = true;
-      f->results[q].outcome = t_is(t, t_get(t, b, "is_error"), AG__JT_TRUE)
-                                  ? AG_OUTCOME_ERROR
-                                  : AG_OUTCOME_OK;
-      f->results[q].category = AG_CAT_AUTO;
-      f->results[q].text =
-          t_anth_text(t, t_get(t, b, "content"), &f->results[q].text_len);
-      if (f->results[q].text == NULL)
+      res->outcome = t_is(t, t_get(t, b, "is_error"), AG__JT_TRUE)
+                         ? AG_OUTCOME_ERROR
+                         : AG_OUTCOME_OK;
+      res->category = AG_CAT_AUTO;
+      res->text = t_anth_text(t, t_get(t, b, "content"), &res->text_len);
+      if (res->text == NULL)
         goto slow;
     }
   }
