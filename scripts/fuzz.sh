@@ -5,7 +5,7 @@
 # crashes, leaks, times out, runs out of memory or breaks a property it
 # checks, or when the build fails.
 #
-# TARGET is a name without "fuzz_" (config, scenario, trajectory, schema,
+# TARGET is a name without "fuzz_" (config, scenario, trajectory, schema, proxy,
 # classify, jcs); no TARGET: all of tests/fuzz/fuzz_*.c.
 #
 # Each target starts from its seed corpus (tests/fuzz/corpus/NAME/) and
