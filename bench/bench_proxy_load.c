@@ -32,9 +32,11 @@
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdatomic.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,13 +193,77 @@ static const char BODY[] =
     "{\"model\":\"fake\",\"stream\":true,\"messages\":[{\"role\":\"user\","
     "\"content\":\"Say twenty words.\"}]}";
 
+/* The client's event loop: libcurl's sockets in an epoll set, its timer
+ * as a deadline (curl_multi_socket_action). A load generator that polled
+ * every transfer on each event (curl_multi_poll) spent most of the two
+ * cores itself at a thousand streams, and read /proc on every wake. */
+typedef struct client {
+  int ep;
+  double deadline; /* ms since t0 for libcurl's timer; < 0: none */
+  double t0;
+} client;
+
+static int cl_socket(CURL *e, curl_socket_t s, int what, void *userp,
+                     void *socketp) {
+  (void)e;
+  (void)socketp;
+  client *c = userp;
+  if (what == CURL_POLL_REMOVE) {
+    epoll_ctl(c->ep, EPOLL_CTL_DEL, s, NULL);
+    return 0;
+  }
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = (what & CURL_POLL_IN ? EPOLLIN : 0u) |
+              (what & CURL_POLL_OUT ? EPOLLOUT : 0u);
+  ev.data.fd = s;
+  if (epoll_ctl(c->ep, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
+    epoll_ctl(c->ep, EPOLL_CTL_ADD, s, &ev);
+  return 0;
+}
+
+static int cl_timer(CURLM *m, long timeout_ms, void *userp) {
+  (void)m;
+  client *c = userp;
+  c->deadline = timeout_ms < 0 ? -1 : mono_ms() - c->t0 + (double)timeout_ms;
+  return 0;
+}
+
+/* A finished request's figures. Returns 1 when it failed. */
+static int take_done(CURLMsg *msg, const char *base, int *shown) {
+  req *r = NULL;
+  curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+  long status = 0;
+  curl_off_t ttfb = 0, total = 0;
+  curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_getinfo(msg->easy_handle, CURLINFO_STARTTRANSFER_TIME_T, &ttfb);
+  curl_easy_getinfo(msg->easy_handle, CURLINFO_TOTAL_TIME_T, &total);
+  r->ttfb_ms = (double)ttfb / 1000.0;
+  r->total_ms = (double)total / 1000.0;
+  r->ok = msg->data.result == CURLE_OK && status == 200 &&
+          strstr(r->tail, "[DONE]") != NULL;
+  if (!r->ok && (*shown)++ < 5)
+    fprintf(stderr, "bench_proxy_load: %s: %s, status %ld, %zu bytes\n", base,
+            curl_easy_strerror(msg->data.result), status, r->got);
+  return !r->ok;
+}
+
 /* Runs n concurrent streams against base (all at once, or spread over
  * ramp_ms); fills rs; returns the failures and sets *peak_rss to the
- * highest RSS seen while they ran. */
+ * highest RSS seen while they ran (sampled every 20 ms). */
 static int run_side(const char *base, req *rs, int n, long *peak_rss) {
   char url[128];
   snprintf(url, sizeof url, "%s/v1/chat/completions", base);
   CURLM *m = curl_multi_init();
+  client cl = {epoll_create1(EPOLL_CLOEXEC), -1, 0};
+  if (cl.ep < 0) {
+    perror("bench_proxy_load: epoll_create1");
+    exit(1);
+  }
+  curl_multi_setopt(m, CURLMOPT_SOCKETFUNCTION, cl_socket);
+  curl_multi_setopt(m, CURLMOPT_SOCKETDATA, &cl);
+  curl_multi_setopt(m, CURLMOPT_TIMERFUNCTION, cl_timer);
+  curl_multi_setopt(m, CURLMOPT_TIMERDATA, &cl);
   struct curl_slist *hdr =
       curl_slist_append(NULL, "Content-Type: application/json");
   hdr = curl_slist_append(hdr, "Authorization: Bearer sk-bench");
@@ -216,54 +282,55 @@ static int run_side(const char *base, req *rs, int n, long *peak_rss) {
     curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, 1L);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   }
-  int running = 0, added = 0;
-  *peak_rss = 0;
-  const double t0 = mono_ms();
-  while (running > 0 || added < n) {
+  int running = 0, added = 0, done = 0, failures = 0, shown = 0;
+  *peak_rss = rss_kib();
+  cl.t0 = mono_ms();
+  double next_rss = 0;
+  struct epoll_event evs[256];
+  while (done < n) {
     /* the requests due by now join the transfer */
-    double now = mono_ms() - t0;
+    double now = mono_ms() - cl.t0;
     while (added < n && (ramp_ms == 0 || (double)added * ramp_ms / n <= now))
       curl_multi_add_handle(m, rs[added++].h);
-    curl_multi_perform(m, &running);
-    long r = rss_kib();
-    if (r > *peak_rss)
-      *peak_rss = r;
-    int wait = 50;
-    if (added < n) {
-      double next = (double)added * ramp_ms / n - (mono_ms() - t0);
-      wait = next <= 0 ? 0 : next < 50 ? (int)next + 1 : 50;
+    if (now >= next_rss) {
+      long r = rss_kib();
+      if (r > *peak_rss)
+        *peak_rss = r;
+      next_rss = now + 20;
     }
-    if (running > 0 || added < n)
-      curl_multi_poll(m, NULL, 0, wait, NULL);
+    double until = next_rss;
+    if (added < n && (double)added * ramp_ms / n < until)
+      until = (double)added * ramp_ms / n;
+    if (cl.deadline >= 0 && cl.deadline < until)
+      until = cl.deadline;
+    double w = until - (mono_ms() - cl.t0);
+    int k = epoll_wait(cl.ep, evs, 256, w <= 0 ? 0 : (int)w + 1);
+    for (int i = 0; i < k; i++) {
+      int flags =
+          (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
+          (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
+          (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
+      curl_multi_socket_action(m, evs[i].data.fd, flags, &running);
+    }
+    if (cl.deadline >= 0 && mono_ms() - cl.t0 >= cl.deadline) {
+      cl.deadline = -1;
+      curl_multi_socket_action(m, CURL_SOCKET_TIMEOUT, 0, &running);
+    }
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(m, &left)) != NULL) {
+      if (msg->msg != CURLMSG_DONE)
+        continue;
+      failures += take_done(msg, base, &shown);
+      curl_multi_remove_handle(m, msg->easy_handle);
+      done++;
+    }
   }
-  int failures = 0, shown = 0;
-  CURLMsg *msg;
-  int left;
-  while ((msg = curl_multi_info_read(m, &left)) != NULL) {
-    if (msg->msg != CURLMSG_DONE)
-      continue;
-    req *r = NULL;
-    curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&r);
-    long status = 0;
-    curl_off_t ttfb = 0, total = 0;
-    curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_getinfo(msg->easy_handle, CURLINFO_STARTTRANSFER_TIME_T, &ttfb);
-    curl_easy_getinfo(msg->easy_handle, CURLINFO_TOTAL_TIME_T, &total);
-    r->ttfb_ms = (double)ttfb / 1000.0;
-    r->total_ms = (double)total / 1000.0;
-    r->ok = msg->data.result == CURLE_OK && status == 200 &&
-            strstr(r->tail, "[DONE]") != NULL;
-    if (!r->ok && shown++ < 5)
-      fprintf(stderr, "bench_proxy_load: %s: %s, status %ld, %zu bytes\n", base,
-              curl_easy_strerror(msg->data.result), status, r->got);
-  }
-  for (int i = 0; i < n; i++) {
-    failures += !rs[i].ok;
-    curl_multi_remove_handle(m, rs[i].h);
+  for (int i = 0; i < n; i++)
     curl_easy_cleanup(rs[i].h);
-  }
   curl_slist_free_all(hdr);
   curl_multi_cleanup(m);
+  close(cl.ep);
   return failures;
 }
 

@@ -54,6 +54,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 #include <jansson.h>
@@ -61,6 +62,7 @@
 #include <openssl/crypto.h>
 
 #include "../core/internal.h"
+#include "relay.h"
 #include "../providers/internal.h"
 #include "agentguard/audit.h"
 #include "agentguard/providers.h"
@@ -72,24 +74,38 @@
   "you stopped."
 #define ERR_MSG_MAX 1024
 
-/* A libcurl multi handle and an easy one, kept between requests so that the
- * upstream connection (in the multi handle's cache) is used again: no new
- * connection, no new TLS handshake. One thread at a time has a slot
- * (slot_get / slot_put, under pool_mu). */
-typedef struct up_slot {
-  CURLM *multi;
-  CURL *h;
-  struct up_slot *next;
-} up_slot;
-
-/* Idle slots kept (each may hold an open upstream connection). */
+/* Idle upstream connections kept by the relay (each one saves a new
+ * connection, and against a real API a TLS handshake, for the next
+ * request). */
 #define UP_POOL_MAX 64
 
-struct ag_proxy {
+/* The stack of a request's thread (job_main): the deepest is a decision's
+ * replay and a reply's check, well under this; ASan builds need more. */
+#define JOB_STACK (2u << 20)
+
+/* One event loop: a libmicrohttpd daemon and the relay whose thread runs
+ * it (and the transfers of its connections' streams). */
+typedef struct shard {
+  struct ag_proxy *p;
   struct MHD_Daemon *d;
-  pthread_mutex_t pool_mu;
-  up_slot *idle; /* n_idle of them, at most UP_POOL_MAX */
-  unsigned n_idle;
+  ag__relay *relay;
+} shard;
+
+/* Event loops: one. Measured (bench_proxy_load, 2 cores): a second loop
+ * on the shared listening socket lowered neither the proxy's CPU per
+ * relayed chunk (the kernel's socket work is most of it) nor the added
+ * latency, and it split the upstream connection cache (libcurl cannot
+ * share connections between threads), so that requests following each
+ * other on new client connections opened new upstream connections. */
+#define SHARDS_MAX 1
+
+struct ag_proxy {
+  shard sh[SHARDS_MAX];
+  unsigned n_sh;
+  pthread_mutex_t jobs_mu;
+  pthread_cond_t jobs_cv;
+  unsigned jobs;  /* request threads running */
+  bool stopping;  /* under jobs_mu: ag_proxy_stop has begun */
   char *upstream; /* without a trailing slash */
   bool upstream_v1;
   ag_config cfg;
@@ -102,15 +118,6 @@ struct ag_proxy {
   atomic_ulong ids;
 };
 
-/* One request being read. */
-typedef struct req_ctx {
-  char *uri; /* as the client sent it: path and query */
-  char *body;
-  size_t len, cap;
-  bool too_big;
-  bool begun; /* the handler has seen the headers */
-} req_ctx;
-
 /* What goes back to the client. */
 typedef struct reply {
   unsigned status;
@@ -121,6 +128,25 @@ typedef struct reply {
   const char *stop;           /* x-agentguard-stop, or NULL */
   bool anthropic;             /* errors in Anthropic's shape (/v1/messages) */
 } reply;
+
+/* One request: read, then answered by its own thread (job_main) while
+ * the connection is suspended, then sent. */
+typedef struct req_ctx {
+  char *uri; /* as the client sent it: path and query */
+  char *body;
+  size_t len, cap;
+  bool too_big;
+  bool begun; /* the handler has seen the headers */
+  /* from the handler's last call on: */
+  bool job;             /* the request's thread was started */
+  atomic_bool answered; /* it has set `r` or `st` */
+  shard *sh;            /* the connection's loop */
+  struct MHD_Connection *c;
+  struct curl_slist *client_hdrs; /* the client's headers, hop-by-hop out */
+  char *method;
+  reply r;              /* the answer, unless `st` */
+  struct stream_st *st; /* a relayed stream, or NULL */
+} req_ctx;
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                            */
@@ -358,63 +384,24 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
   return MHD_YES;
 }
 
-/* A slot from the pool, or a new one; NULL when out of memory. */
-static up_slot *slot_get(ag_proxy *p) {
-  pthread_mutex_lock(&p->pool_mu);
-  up_slot *s = p->idle;
-  if (s != NULL) {
-    p->idle = s->next;
-    p->n_idle--;
+/* The client's headers, hop-by-hop ones removed; false when out of
+ * memory. Read once, on the connection's thread. */
+static bool client_headers(struct MHD_Connection *c, struct curl_slist **out) {
+  hdr_walk w = {NULL, false};
+  MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &w);
+  if (w.failed) {
+    curl_slist_free_all(w.list);
+    return false;
   }
-  pthread_mutex_unlock(&p->pool_mu);
-  if (s != NULL)
-    return s;
-  s = calloc(1, sizeof(*s));
-  if (s == NULL)
-    return NULL;
-  s->multi = curl_multi_init();
-  s->h = curl_easy_init();
-  if (s->multi == NULL || s->h == NULL) {
-    curl_easy_cleanup(s->h);
-    curl_multi_cleanup(s->multi);
-    free(s);
-    return NULL;
-  }
-  return s;
-}
-
-static void slot_free(up_slot *s) {
-  curl_easy_cleanup(s->h);
-  curl_multi_cleanup(s->multi); /* closes its connections */
-  free(s);
-}
-
-/* Gives a slot back: its transfer taken out of the multi handle (one cut
- * short has its connection closed by libcurl), its options cleared so that
- * nothing points into the request that used it, its connection kept when
- * the pool has room. NULL does nothing. */
-static void slot_put(ag_proxy *p, up_slot *s) {
-  if (s == NULL)
-    return;
-  curl_multi_remove_handle(s->multi, s->h);
-  curl_easy_reset(s->h);
-  pthread_mutex_lock(&p->pool_mu);
-  if (p->n_idle < UP_POOL_MAX) {
-    s->next = p->idle;
-    p->idle = s;
-    p->n_idle++;
-    s = NULL;
-  }
-  pthread_mutex_unlock(&p->pool_mu);
-  if (s != NULL)
-    slot_free(s);
+  *out = w.list;
+  return true;
 }
 
 /* Sets `h` up for a transfer to the upstream with the client's headers
- * (hop-by-hop ones removed: credentials go as they came). `json_body`: the
- * body is ours (rewritten), sent as application/json. false when out of
- * memory; the caller frees *hdrs and *url after the transfer. */
-static bool upstream_handle(ag_proxy *p, struct MHD_Connection *c, CURL *h,
+ * `ch` (credentials go as they came). `json_body`: the body is ours
+ * (rewritten), sent as application/json. false when out of memory; the
+ * caller frees *hdrs and *url after the transfer. */
+static bool upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
                             const char *method, const char *uri,
                             const char *body, size_t len, bool json_body,
                             upstream *u, struct curl_slist **hdrs, char **url) {
@@ -425,24 +412,30 @@ static bool upstream_handle(ag_proxy *p, struct MHD_Connection *c, CURL *h,
     path += 3;
   size_t ul = strlen(p->upstream) + strlen(path) + 1;
   *url = malloc(ul);
-  hdr_walk w = {NULL, false};
-  MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &w);
-  if (json_body && !w.failed) {
-    struct curl_slist *s = curl_slist_append(w.list, "Content-Type: "
-                                                     "application/json");
-    w.failed = s == NULL;
+  struct curl_slist *list = NULL;
+  bool failed = false;
+  for (; ch != NULL && !failed; ch = ch->next) {
+    struct curl_slist *s = curl_slist_append(list, ch->data);
+    failed = s == NULL;
     if (s != NULL)
-      w.list = s;
+      list = s;
   }
-  if (!w.failed) {
+  if (json_body && !failed) {
+    struct curl_slist *s = curl_slist_append(list, "Content-Type: "
+                                                   "application/json");
+    failed = s == NULL;
+    if (s != NULL)
+      list = s;
+  }
+  if (!failed) {
     /* no "Expect: 100-continue" wait, no compressed body to read */
-    struct curl_slist *s = curl_slist_append(w.list, "Expect:");
-    w.failed = s == NULL;
+    struct curl_slist *s = curl_slist_append(list, "Expect:");
+    failed = s == NULL;
     if (s != NULL)
-      w.list = s;
+      list = s;
   }
-  *hdrs = w.list;
-  if (*url == NULL || h == NULL || w.failed)
+  *hdrs = list;
+  if (*url == NULL || h == NULL || failed)
     return false;
   snprintf(*url, ul, "%s%s", p->upstream, path);
   curl_easy_setopt(h, CURLOPT_URL, *url);
@@ -450,7 +443,7 @@ static bool upstream_handle(ag_proxy *p, struct MHD_Connection *c, CURL *h,
   curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)p->timeout_ms);
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, w.list);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, u);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
@@ -470,48 +463,25 @@ static bool upstream_handle(ag_proxy *p, struct MHD_Connection *c, CURL *h,
   return true;
 }
 
-/* The slot's transfer, run to its end in the slot's multi handle. */
-static CURLcode slot_run(up_slot *s) {
-  if (curl_multi_add_handle(s->multi, s->h) != CURLM_OK)
-    return CURLE_FAILED_INIT;
-  CURLcode cc = CURLE_OK;
-  for (;;) {
-    int running = 0;
-    if (curl_multi_perform(s->multi, &running) != CURLM_OK) {
-      cc = CURLE_FAILED_INIT;
-      break;
-    }
-    if (running == 0)
-      break;
-    curl_multi_poll(s->multi, NULL, 0, 1000, NULL);
-  }
-  int left = 0;
-  CURLMsg *m;
-  while ((m = curl_multi_info_read(s->multi, &left)) != NULL)
-    if (m->msg == CURLMSG_DONE)
-      cc = m->data.result;
-  curl_multi_remove_handle(s->multi, s->h);
-  return cc;
-}
-
-/* One whole request upstream (see upstream_handle), on a pooled slot. */
-static void send_upstream(ag_proxy *p, struct MHD_Connection *c,
+/* One whole request upstream (see upstream_handle), run on the relay while
+ * this thread waits. */
+static void send_upstream(ag_proxy *p, const struct curl_slist *ch,
                           const char *method, const char *uri, const char *body,
                           size_t len, bool json_body, upstream *u) {
   struct curl_slist *hdrs = NULL;
   char *url = NULL;
-  up_slot *s = slot_get(p);
-  if (s == NULL) {
+  CURL *h = curl_easy_init();
+  if (h == NULL) {
     memset(u, 0, sizeof(*u));
     u->cc = CURLE_OUT_OF_MEMORY;
     return;
   }
-  if (upstream_handle(p, c, s->h, method, uri, body, len, json_body, u, &hdrs,
+  if (upstream_handle(p, ch, h, method, uri, body, len, json_body, u, &hdrs,
                       &url)) {
-    u->cc = slot_run(s);
-    curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &u->status);
+    u->cc = ag__relay_run(p->sh[0].relay, h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
   }
-  slot_put(p, s);
+  curl_easy_cleanup(h);
   curl_slist_free_all(hdrs);
   free(url);
 }
@@ -1139,7 +1109,7 @@ static bool read_reply(const upstream *u, ag_reply *out, reply *r) {
 }
 
 /* The final request without tools: the reply, tool calls stripped. */
-static void final_without_tools(ag_proxy *p, struct MHD_Connection *c,
+static void final_without_tools(ag_proxy *p, const struct curl_slist *hdrs,
                                 const char *uri, const json_t *req,
                                 const ag_verdict *v, reply *r) {
   json_t *b = without_tools(req);
@@ -1164,7 +1134,7 @@ static void final_without_tools(ag_proxy *p, struct MHD_Connection *c,
     return;
   }
   upstream u;
-  send_upstream(p, c, "POST", uri, body, len, true, &u);
+  send_upstream(p, hdrs, "POST", uri, body, len, true, &u);
   free(body);
   if (upstream_failed(p, &u, r)) {
     upstream_free(&u);
@@ -1356,33 +1326,40 @@ static ag_action record_nudged(ag_guard *g, const ag_reply *rep,
  * The upstream's stream relayed as it comes: text deltas go to the client
  * at once (after the content-loop detector has seen them); chunks with
  * tool-call fragments, the finish reason or only usage are held until the
- * stream ends and the calls are checked. The transfer runs in a curl multi
- * handle driven from the response's content reader, on the connection's
- * own thread.
+ * stream ends and the calls are checked.
+ *
+ * Three threads share a stream, and only through `mu`:
+ * - the relay (relay.c) runs the transfer: its callbacks parse the events,
+ *   write what the client gets into `out` and move it to `q` (flush);
+ * - the request's thread (job_main) starts it, waits for its end (`up`),
+ *   then checks the calls, maybe asks again (a nudge), writes the end into
+ *   `out` and flushes it with `finished`;
+ * - the connection's thread reads `q` (stream_read); when it is empty it
+ *   suspends the connection (`reader_waits`) and a flush resumes it.
+ * `out` has one writer at a time: the relay until `up`, then the request's
+ * thread. The stream is freed when the request's thread and the response
+ * have let go of it (`refs`) and no request to the relay is queued (`ops`).
  */
 typedef struct stream_st {
   ag_proxy *p;
+  shard *sh; /* the connection's loop: it runs the transfer too */
   struct MHD_Connection *c;
   char *uri, *path;
+  struct curl_slist *ch; /* the client's headers, for a nudge's request */
   json_t *req;
   ag_guard *g;
-  up_slot *slot; /* multi and h are its */
-  CURLM *multi;
-  CURL *h;
+  ag__relay_xfer x; /* the transfer; x.h is its easy handle */
   struct curl_slist *hdrs;
   char *url;
   upstream u;
   ag__sse sse;
   ag__asm asmb;
   ag_provider_error perr;
-  bool performed; /* curl_multi_perform has run: pump waits first */
-  bool done;      /* the transfer ended */
-  bool finished;  /* the last bytes are queued */
-  bool looped;    /* the content-loop detector stopped the reply */
-  bool any_text;  /* text was relayed */
+  bool finished; /* the last bytes are queued */
+  bool looped;   /* the content-loop detector stopped the reply */
+  bool any_text; /* text was relayed */
   ag_verdict loop_v;
   sbuf out, held;
-  size_t out_pos;
   char id[96], model[96];
   /* Anthropic: blocks are renumbered for the client (held tool_use blocks
    * take their numbers when released); map[upstream index] is the client's
@@ -1391,26 +1368,135 @@ typedef struct stream_st {
   int next_index;
   int map[256];
   json_t *held_ev; /* [[event name, data object], ...] held back */
+  /* under mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  sbuf q; /* for the client, from q_pos on */
+  size_t q_pos;
+  long status;       /* the upstream's, once its headers are in */
+  bool added;        /* the transfer went to the relay */
+  bool up;           /* the transfer has ended (its `done` ran) */
+  bool reader_waits; /* the connection is suspended in stream_read */
+  bool paused;       /* the transfer is paused: `q` is full */
+  bool client_gone;  /* the response was freed */
+  bool cancel_queued, unpause_queued;
+  int refs, ops;
+  ag__relay_op op_cancel, op_unpause;
 } stream_st;
 
-static void stream_free(void *cls) {
-  stream_st *st = cls;
-  if (st == NULL)
-    return;
-  slot_put(st->p, st->slot);
+/* Bytes waiting for the client past which the upstream is paused (it is
+ * resumed below half of it), and the most that may wait: one write
+ * callback's events past the mark (libcurl hands at most 16 KiB at once;
+ * a held reply's calls are capped by AG__CALLS_MAX and AG__CALL_ARGS_MAX
+ * but released in the end's flush, which may go past it). */
+#define STREAM_Q_HIGH (1u << 20)
+#define STREAM_Q_MAX (2u << 20)
+
+static void stream_destroy(stream_st *st) {
+  curl_easy_cleanup(st->x.h);
   curl_slist_free_all(st->hdrs);
+  curl_slist_free_all(st->ch);
   free(st->url);
   upstream_free(&st->u);
   ag__sse_free(&st->sse);
   ag__asm_free(&st->asmb);
   free(st->out.p);
+  free(st->q.p);
   free(st->held.p);
   json_decref(st->held_ev);
   ag_guard_free(st->g);
   json_decref(st->req);
   free(st->uri);
   free(st->path);
+  pthread_cond_destroy(&st->cv);
+  pthread_mutex_destroy(&st->mu);
   free(st);
+}
+
+/* Lets go of one reference (refs) or one finished relay request (ops). */
+static void stream_release(stream_st *st, bool ref) {
+  pthread_mutex_lock(&st->mu);
+  if (ref)
+    st->refs--;
+  else
+    st->ops--;
+  bool last = st->refs == 0 && st->ops == 0;
+  pthread_mutex_unlock(&st->mu);
+  if (last)
+    stream_destroy(st);
+}
+
+static void on_cancel_taken(void *user) {
+  stream_st *st = user;
+  pthread_mutex_lock(&st->mu);
+  st->cancel_queued = false;
+  pthread_mutex_unlock(&st->mu);
+  stream_release(st, false);
+}
+
+static void on_unpause_taken(void *user) {
+  stream_st *st = user;
+  pthread_mutex_lock(&st->mu);
+  st->unpause_queued = false;
+  pthread_mutex_unlock(&st->mu);
+  stream_release(st, false);
+}
+
+/* The response's free callback: the client has it all, or has gone. A
+ * transfer still running is ended. */
+static void stream_free(void *cls) {
+  stream_st *st = cls;
+  if (st == NULL)
+    return;
+  pthread_mutex_lock(&st->mu);
+  st->client_gone = true;
+  bool cancel = st->added && !st->up && !st->cancel_queued;
+  if (cancel) {
+    st->cancel_queued = true;
+    st->ops++;
+  }
+  pthread_mutex_unlock(&st->mu);
+  if (cancel)
+    ag__relay_cancel(st->sh->relay, &st->x, &st->op_cancel);
+  stream_release(st, true);
+}
+
+/* Resumes a suspended connection: libmicrohttpd (run by the relay's
+ * thread, without an inter-thread channel of its own) takes it up at the
+ * relay's next round, which this wakes. */
+static void resume(shard *sh, struct MHD_Connection *c) {
+  MHD_resume_connection(c);
+  ag__relay_wake(sh->relay);
+}
+
+/* Moves what `out` holds to the client's queue (`last`: and it is all),
+ * and wakes the connection if it waits. */
+static void flush(stream_st *st, bool last) {
+  bool wake = false;
+  pthread_mutex_lock(&st->mu);
+  if (st->out.len > 0) {
+    if (st->q_pos == st->q.len)
+      st->q.len = st->q_pos = 0;
+    if (!last && st->q.len - st->q_pos + st->out.len > STREAM_Q_MAX)
+      st->q.failed = true; /* the pause did not hold it back */
+    if (last)
+      st->q.failed = false; /* the end (an error event, if it failed) */
+    sb_add(&st->q, st->out.p, st->out.len);
+    if (st->q.failed)
+      st->out.failed = true;
+    st->out.len = 0;
+  }
+  if (last)
+    st->finished = true;
+  if (st->reader_waits && (st->q_pos < st->q.len || st->finished)) {
+    st->reader_waits = false;
+    wake = true;
+  }
+  pthread_mutex_unlock(&st->mu);
+  /* The connection stays suspended until this call (nobody else resumes
+   * it), so it and the stream are still there. */
+  if (wake)
+    resume(st->sh, st->c);
 }
 
 static int on_sse_event(void *user, const char *event_name, const char *data,
@@ -1473,42 +1559,65 @@ static int on_sse_event(void *user, const char *event_name, const char *data,
 static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
   stream_st *st = user;
   long status = 0;
-  curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
   if (status < 200 || status >= 300)
     return on_body(ptr, size, nmemb, &st->u);
+  pthread_mutex_lock(&st->mu);
+  bool full = st->q.len - st->q_pos > STREAM_Q_HIGH;
+  if (full)
+    st->paused = true; /* stream_read asks for the rest when q drains */
+  pthread_mutex_unlock(&st->mu);
+  if (full)
+    return CURL_WRITEFUNC_PAUSE;
   size_t n = size * nmemb;
   ag_err_t why = AG_OK;
   int r = ag__sse_feed(&st->sse, ptr, n, &why);
   if (r < 0 && st->asmb.failed == AG_OK)
     st->asmb.failed = why;
-  return r == 0 ? n : 0;
+  flush(st, false);
+  return r == 0 && !st->out.failed ? n : 0;
 }
 
-/* Moves the transfer on: waits up to wait_ms for the upstream (unless
- * nothing was read since the transfer was added), then reads what it sent.
- * The wait comes first: waiting after a read would hold what was read back
- * until the upstream's next event. The callers call again until they have
- * something to hand on. */
-static void pump(stream_st *st, int wait_ms) {
-  if (st->performed)
-    curl_multi_poll(st->multi, NULL, 0, wait_ms, NULL);
-  st->performed = true;
-  int running = 0;
-  curl_multi_perform(st->multi, &running);
-  if (running == 0) {
-    int left = 0;
-    CURLMsg *m;
-    while ((m = curl_multi_info_read(st->multi, &left)) != NULL)
-      if (m->msg == CURLMSG_DONE)
-        st->u.cc = m->data.result;
-    curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &st->u.status);
-    if (st->u.cc == CURLE_OK) {
-      ag_err_t why = AG_OK;
-      if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
-        st->asmb.failed = why;
+/* The relay's headers: the status is known once they are in. */
+static size_t on_stream_header(char *ptr, size_t size, size_t nmemb,
+                               void *user) {
+  stream_st *st = user;
+  size_t n = on_header(ptr, size, nmemb, &st->u);
+  if (st->u.hdr_end) {
+    long status = 0;
+    curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
+    if (status >= 200) {
+      pthread_mutex_lock(&st->mu);
+      if (st->status == 0) {
+        st->status = status;
+        pthread_cond_broadcast(&st->cv);
+      }
+      pthread_mutex_unlock(&st->mu);
     }
-    st->done = true;
   }
+  return n;
+}
+
+/* The transfer has ended (on the relay's thread): the last events parsed,
+ * then the request's thread told. */
+static void on_stream_done(ag__relay_xfer *x, CURLcode cc) {
+  stream_st *st = x->user;
+  long status = 0;
+  curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
+  st->u.cc = cc;
+  st->u.status = status;
+  if (cc == CURLE_OK && status >= 200 && status < 300) {
+    ag_err_t why = AG_OK;
+    if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
+      st->asmb.failed = why;
+    flush(st, false);
+  }
+  pthread_mutex_lock(&st->mu);
+  st->up = true;
+  if (st->status == 0)
+    st->status = status;
+  pthread_cond_broadcast(&st->cv);
+  pthread_mutex_unlock(&st->mu);
 }
 
 /* The end of a relayed stream that was stopped: the stop message as text,
@@ -1536,7 +1645,7 @@ static void stream_error(stream_st *st, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   st->out.failed = false;
-  st->out.len = st->out_pos = 0;
+  st->out.len = 0;
   sb_json(&st->out,
           json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
                     "upstream_error", "param", "code", "upstream_stream"));
@@ -1745,7 +1854,7 @@ static void stream_finish_anth(stream_st *st) {
   memset(&r, 0, sizeof r);
   r.anthropic = true;
   if (!is_stop(act))
-    send_upstream(st->p, st->c, "POST", st->uri, body, len, true, &u);
+    send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, &u);
   free(body);
   if (is_stop(act)) {
     /* v says why */
@@ -1796,13 +1905,6 @@ out:
 
 /* The stream has ended: check the calls, then release or replace them. */
 static void stream_finish(stream_st *st) {
-  st->finished = true;
-  /* the upstream connection back to the pool before the client sees the
-   * end (its next request may come at once), and for a nudge's request */
-  slot_put(st->p, st->slot);
-  st->slot = NULL;
-  st->multi = NULL;
-  st->h = NULL;
   if (st->anth) {
     stream_finish_anth(st);
     return;
@@ -1870,7 +1972,7 @@ static void stream_finish(stream_st *st) {
   upstream u;
   memset(&u, 0, sizeof u);
   if (!is_stop(act))
-    send_upstream(st->p, st->c, "POST", st->uri, body, len, true, &u);
+    send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, &u);
   free(body);
   reply r;
   memset(&r, 0, sizeof r);
@@ -1901,29 +2003,69 @@ out:
   ag_reply_clear(&rep2);
 }
 
+/* The response's content reader, on the connection's thread: what the
+ * queue holds, or the end, or nothing yet - then the connection waits,
+ * suspended, until a flush resumes it. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
   (void)pos;
   stream_st *st = cls;
-  while (st->out_pos >= st->out.len) {
-    if (st->finished)
-      return MHD_CONTENT_READER_END_OF_STREAM;
-    st->out.len = st->out_pos = 0;
-    if (!st->done)
-      pump(st, 100);
-    else
-      stream_finish(st);
+  bool unpause = false;
+  ssize_t ret;
+  pthread_mutex_lock(&st->mu);
+  if (st->q_pos < st->q.len) {
+    size_t n = st->q.len - st->q_pos;
+    if (n > max)
+      n = max;
+    memcpy(buf, st->q.p + st->q_pos, n);
+    st->q_pos += n;
+    if (st->paused && !st->unpause_queued &&
+        st->q.len - st->q_pos < STREAM_Q_HIGH / 2) {
+      st->paused = false;
+      st->unpause_queued = true;
+      st->ops++;
+      unpause = true;
+    }
+    ret = (ssize_t)n;
+  } else if (st->finished) {
+    ret = MHD_CONTENT_READER_END_OF_STREAM;
+  } else {
+    st->reader_waits = true;
+    MHD_suspend_connection(st->c);
+    ret = 0;
   }
-  size_t n = st->out.len - st->out_pos;
-  if (n > max)
-    n = max;
-  memcpy(buf, st->out.p + st->out_pos, n);
-  st->out_pos += n;
-  return (ssize_t)n;
+  pthread_mutex_unlock(&st->mu);
+  if (unpause)
+    ag__relay_unpause(st->sh->relay, &st->x, &st->op_unpause);
+  return ret;
+}
+
+/* Waits, on the request's thread, until `cond` holds. */
+#define STREAM_WAIT(st, cond)                                                  \
+  do {                                                                         \
+    pthread_mutex_lock(&(st)->mu);                                             \
+    while (!(cond))                                                            \
+      pthread_cond_wait(&(st)->cv, &(st)->mu);                                 \
+    pthread_mutex_unlock(&(st)->mu);                                           \
+  } while (0)
+
+/* The rest of a relayed stream, on the request's thread once the response
+ * is queued: waits for the transfer's end, then checks the calls and
+ * writes the end (unless the client has gone), and lets go. */
+static void stream_run(stream_st *st) {
+  STREAM_WAIT(st, st->up);
+  pthread_mutex_lock(&st->mu);
+  bool gone = st->client_gone;
+  pthread_mutex_unlock(&st->mu);
+  if (!gone)
+    stream_finish(st);
+  flush(st, true);
+  stream_release(st, true);
 }
 
 /* Starts relaying: the transfer runs until the upstream's status is known.
- * Returns the stream (the guard and the request are now its), or NULL with
- * `r` filled (502, the upstream's own error, or 500). */
+ * Returns the stream (the guard and the request are now its; two
+ * references: the response's and the request thread's, see stream_run),
+ * or NULL with `r` filled (502, the upstream's own error, or 500). */
 static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
                                const req_ctx *q, const char *body, size_t len,
                                bool ours, bool anth, const char *path,
@@ -1933,7 +2075,11 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return NULL;
   }
+  pthread_mutex_init(&st->mu, NULL);
+  pthread_cond_init(&st->cv, NULL);
+  st->refs = 1;
   st->p = p;
+  st->sh = q->sh;
   st->c = c;
   st->uri = dupz(q->uri);
   st->path = dupz(path);
@@ -1943,16 +2089,19 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   st->held_ev = json_array();
   ag__sse_init(&st->sse, anth ? on_anth_event : on_sse_event, st);
   ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
-  st->slot = slot_get(p);
-  bool set = st->slot != NULL &&
-             upstream_handle(p, c, st->slot->h, "POST", q->uri, body, len, ours,
-                             &st->u, &st->hdrs, &st->url);
-  if (st->slot != NULL) {
-    st->multi = st->slot->multi;
-    st->h = st->slot->h;
+  st->x.h = curl_easy_init();
+  bool set = st->x.h != NULL &&
+             upstream_handle(p, q->client_hdrs, st->x.h, "POST", q->uri, body,
+                             len, ours, &st->u, &st->hdrs, &st->url);
+  for (const struct curl_slist *s = q->client_hdrs; set && s != NULL;
+       s = s->next) {
+    struct curl_slist *n = curl_slist_append(st->ch, s->data);
+    set = n != NULL;
+    if (n != NULL)
+      st->ch = n;
   }
   if (!set || st->uri == NULL || st->path == NULL || st->held_ev == NULL) {
-    stream_free(st);
+    stream_release(st, true);
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return NULL;
   }
@@ -1960,32 +2109,43 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   st->g = *g;
   *req = NULL;
   *g = NULL;
-  curl_easy_setopt(st->h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-  curl_easy_setopt(st->h, CURLOPT_COPYPOSTFIELDS, body != NULL ? body : "");
-  curl_easy_setopt(st->h, CURLOPT_WRITEFUNCTION, on_stream_body);
-  curl_easy_setopt(st->h, CURLOPT_WRITEDATA, st);
+  curl_easy_setopt(st->x.h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+  curl_easy_setopt(st->x.h, CURLOPT_COPYPOSTFIELDS, body != NULL ? body : "");
+  curl_easy_setopt(st->x.h, CURLOPT_WRITEFUNCTION, on_stream_body);
+  curl_easy_setopt(st->x.h, CURLOPT_WRITEDATA, st);
+  curl_easy_setopt(st->x.h, CURLOPT_HEADERFUNCTION, on_stream_header);
+  curl_easy_setopt(st->x.h, CURLOPT_HEADERDATA, st);
   st->u.cc = CURLE_OK;
-  curl_multi_add_handle(st->multi, st->h);
-  while (!st->u.hdr_end && !st->done)
-    pump(st, 100);
-  long status = 0;
-  curl_easy_getinfo(st->h, CURLINFO_RESPONSE_CODE, &status);
-  if (!st->done && (status < 200 || status >= 300))
-    while (!st->done)
-      pump(st, 100);
-  if (st->done && (st->u.cc != CURLE_OK || st->u.too_big) &&
-      st->u.status == 0) {
+  st->x.done = on_stream_done;
+  st->x.user = st;
+  st->op_cancel.taken = on_cancel_taken;
+  st->op_cancel.user = st;
+  st->op_unpause.taken = on_unpause_taken;
+  st->op_unpause.user = st;
+  st->added = true;
+  ag__relay_add(st->sh->relay, &st->x);
+  STREAM_WAIT(st, st->status != 0 || st->up);
+  pthread_mutex_lock(&st->mu);
+  long status = st->status;
+  pthread_mutex_unlock(&st->mu);
+  if (status < 200 || status >= 300)
+    STREAM_WAIT(st, st->up); /* the error's whole body */
+  /* st->u is the relay's until `up`; read only after it */
+  if (status == 0 && (st->u.cc != CURLE_OK || st->u.too_big)) {
     upstream_failed(p, &st->u, r);
-    stream_free(st);
+    stream_release(st, true);
     return NULL;
   }
   if (status < 200 || status >= 300) {
     st->u.status = status;
     if (!upstream_failed(p, &st->u, r))
       pass_back(&st->u, r);
-    stream_free(st);
+    stream_release(st, true);
     return NULL;
   }
+  pthread_mutex_lock(&st->mu);
+  st->refs = 2;
+  pthread_mutex_unlock(&st->mu);
   return st;
 }
 
@@ -2998,7 +3158,7 @@ decided:
     event(p, final ? "final_request_without_tools" : "stopped_before_request",
           path, &v, NULL);
     if (final)
-      final_without_tools(p, c, q->uri, req, &v, r);
+      final_without_tools(p, q->client_hdrs, q->uri, req, &v, r);
     else
       set_stop_reply(p, req, &v, r);
     goto out;
@@ -3030,7 +3190,7 @@ decided:
                            path, &req, &g, r);
     goto out;
   }
-  send_upstream(p, c, "POST", q->uri, fwd != NULL ? fwd : q->body,
+  send_upstream(p, q->client_hdrs, "POST", q->uri, fwd != NULL ? fwd : q->body,
                 fwd != NULL ? fwd_len : q->len, fwd != NULL, &u);
   if (upstream_failed(p, &u, r))
     goto out;
@@ -3072,7 +3232,7 @@ decided:
     goto out;
   }
   upstream_free(&u);
-  send_upstream(p, c, "POST", q->uri, body, len, true, &u);
+  send_upstream(p, q->client_hdrs, "POST", q->uri, body, len, true, &u);
   free(body);
   if (upstream_failed(p, &u, r))
     goto out;
@@ -3220,16 +3380,130 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
   return q;
 }
 
+/* The path of a request's URI, without its query. */
+static void uri_path(const char *uri, char *path, size_t cap) {
+  size_t pl = strcspn(uri, "?");
+  snprintf(path, cap, "%.*s", (int)(pl < cap ? pl : 0), uri);
+}
+
+static void job_end(ag_proxy *p) {
+  pthread_mutex_lock(&p->jobs_mu);
+  if (--p->jobs == 0)
+    pthread_cond_broadcast(&p->jobs_cv);
+  pthread_mutex_unlock(&p->jobs_mu);
+}
+
+/* A request's thread: the decision and every upstream request it needs,
+ * while the connection is suspended; then the connection is resumed (the
+ * handler sends the answer) and, for a relayed stream, the stream is seen
+ * to its end. `q` belongs to the connection again once it is resumed. */
+static void *job_main(void *arg) {
+  req_ctx *q = arg;
+  shard *sh = q->sh;
+  ag_proxy *p = sh->p;
+  struct MHD_Connection *c = q->c;
+  char path[2048];
+  uri_path(q->uri, path, sizeof path);
+  stream_st *st = NULL;
+  if (strcmp(q->method, "POST") == 0 && guarded_path(path)) {
+    chat(p, c, q, path, &q->r, &st);
+    q->st = st;
+  } else {
+    upstream u;
+    send_upstream(p, q->client_hdrs, q->method, q->uri, q->body, q->len, false,
+                  &u);
+    if (!upstream_failed(p, &u, &q->r))
+      pass_back(&u, &q->r);
+    upstream_free(&u);
+  }
+  atomic_store(&q->answered, true);
+  resume(sh, c);
+  if (st != NULL)
+    stream_run(st);
+  job_end(p);
+  return NULL;
+}
+
+/* The request's answer, once its thread has given it. */
+static enum MHD_Result send_answer(struct MHD_Connection *c, req_ctx *q) {
+  if (!atomic_load(&q->answered))
+    return MHD_YES; /* not expected: the connection was suspended */
+  stream_st *st = q->st;
+  q->st = NULL;
+  if (st == NULL) {
+    enum MHD_Result ret = send_reply(c, &q->r);
+    reply_free(&q->r);
+    return ret;
+  }
+  struct MHD_Response *resp = MHD_create_response_from_callback(
+      MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
+  if (resp == NULL) {
+    stream_free(st);
+    return MHD_NO;
+  }
+  MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+  MHD_add_response_header(resp, "Cache-Control", "no-cache");
+  enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+  MHD_destroy_response(resp);
+  return ret;
+}
+
+/* Hands the request to its own thread (job_main) and suspends the
+ * connection; false with q->r filled when that cannot be done. */
+static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q,
+                      const char *method) {
+  ag_proxy *p = sh->p;
+  q->method = dupz(method);
+  if (q->method == NULL || !client_headers(c, &q->client_hdrs)) {
+    set_error(&q->r, 500, "server_error", "out_of_memory", "out of memory");
+    return false;
+  }
+  pthread_mutex_lock(&p->jobs_mu);
+  bool stopping = p->stopping;
+  if (!stopping)
+    p->jobs++;
+  pthread_mutex_unlock(&p->jobs_mu);
+  if (stopping) {
+    set_error(&q->r, 503, "server_error", "shutting_down",
+              "agentguard proxy: shutting down");
+    return false;
+  }
+  q->sh = sh;
+  q->c = c;
+  q->job = true;
+  MHD_suspend_connection(c);
+  pthread_attr_t at;
+  pthread_t t;
+  bool ok = pthread_attr_init(&at) == 0;
+  if (ok) {
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&at, JOB_STACK);
+    ok = pthread_create(&t, &at, job_main, q) == 0;
+    pthread_attr_destroy(&at);
+  }
+  if (!ok) {
+    job_end(p);
+    set_error(&q->r, 503, "server_error", "no_thread",
+              "agentguard proxy: cannot start a thread for the request");
+    atomic_store(&q->answered, true);
+    resume(sh, c); /* the handler is called again: send_answer */
+  }
+  return true;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
                                const char *url, const char *method,
                                const char *version, const char *upload,
                                size_t *upload_size, void **con_cls) {
   (void)version;
   (void)url;
-  ag_proxy *p = cls;
+  shard *sh = cls;
+  ag_proxy *p = sh->p;
   req_ctx *q = *con_cls;
   if (q == NULL || q->uri == NULL)
     return MHD_NO; /* out of memory at the start */
+  if (q->job)
+    return send_answer(c, q);
   if (!q->begun) {
     q->begun = true; /* headers only: the body comes next */
     return MHD_YES;
@@ -3259,46 +3533,23 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
     q->body[q->len] = '\0';
     return MHD_YES;
   }
-  reply r;
-  memset(&r, 0, sizeof r);
   char path[2048];
-  size_t pl = strcspn(q->uri, "?");
-  snprintf(path, sizeof path, "%.*s", (int)(pl < sizeof path ? pl : 0), q->uri);
-  r.anthropic = strcmp(path, "/v1/messages") == 0;
+  uri_path(q->uri, path, sizeof path);
+  q->r.anthropic = strcmp(path, "/v1/messages") == 0;
   if (!key_ok(p, c)) {
-    set_error(&r, 401, "invalid_request_error", "agentguard_key",
+    set_error(&q->r, 401, "invalid_request_error", "agentguard_key",
               "agentguard proxy: this proxy needs its client key in the "
               "x-agentguard-key header");
   } else if (q->too_big) {
-    set_error(&r, 413, "invalid_request_error", "body_too_large",
+    set_error(&q->r, 413, "invalid_request_error", "body_too_large",
               "agentguard proxy: the request body is larger than %zu bytes "
               "(--max-body)",
               p->max_body);
-  } else if (strcmp(method, "POST") == 0 && guarded_path(path)) {
-    stream_st *st = NULL;
-    chat(p, c, q, path, &r, &st);
-    if (st != NULL) {
-      struct MHD_Response *resp = MHD_create_response_from_callback(
-          MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
-      if (resp == NULL) {
-        stream_free(st);
-        return MHD_NO;
-      }
-      MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-      MHD_add_response_header(resp, "Cache-Control", "no-cache");
-      enum MHD_Result ret = MHD_queue_response(c, 200, resp);
-      MHD_destroy_response(resp);
-      return ret;
-    }
-  } else {
-    upstream u;
-    send_upstream(p, c, method, q->uri, q->body, q->len, false, &u);
-    if (!upstream_failed(p, &u, &r))
-      pass_back(&u, &r);
-    upstream_free(&u);
+  } else if (start_job(sh, c, q, method)) {
+    return MHD_YES; /* suspended: answered by the request's thread */
   }
-  enum MHD_Result ret = send_reply(c, &r);
-  reply_free(&r);
+  enum MHD_Result ret = send_reply(c, &q->r);
+  reply_free(&q->r);
   return ret;
 }
 
@@ -3309,11 +3560,28 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   (void)toe;
   req_ctx *q = *con_cls;
   if (q != NULL) {
+    reply_free(&q->r);
+    if (q->st != NULL)
+      stream_free(q->st);
+    curl_slist_free_all(q->client_hdrs);
+    free(q->method);
     free(q->uri);
     free(q->body);
     free(q);
   }
   *con_cls = NULL;
+}
+
+/* The relay's hook: the daemon's work, on the relay's thread. */
+static void mhd_run(void *user) {
+  MHD_run(user);
+}
+
+static long mhd_timeout(void *user) {
+  MHD_UNSIGNED_LONG_LONG t = 0;
+  if (MHD_get_timeout(user, &t) != MHD_YES)
+    return -1;
+  return t > 60000 ? 60000 : (long)t;
 }
 
 static void quiet_log(void *cls, const char *fmt, va_list ap) {
@@ -3333,6 +3601,73 @@ static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_rc = CURLE_OK;
 static void curl_init(void) {
   curl_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+/* The listening socket, shared by every loop (each daemon takes a
+ * duplicate): bound once, so a port in use is refused as it should be. */
+static int listen_on(const struct sockaddr_in *sa, int *e) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd < 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) != 0 ||
+      listen(fd, SOMAXCONN) != 0) {
+    *e = errno;
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* The event loops (SHARDS_MAX), each a daemon (no threads of its own, its
+ * epoll set served by the relay's loop: a chunk read from the upstream is
+ * checked and written to the client on one thread) and a relay, on the
+ * shared listening socket. Each daemon may hold `limit` connections.
+ * false on failure (errno). */
+static bool start_shards(ag_proxy *p, int lfd, unsigned limit) {
+  for (p->n_sh = 0; p->n_sh < SHARDS_MAX; p->n_sh++) {
+    shard *sh = &p->sh[p->n_sh];
+    sh->p = p;
+    int fd = dup(lfd);
+    if (fd < 0)
+      return false;
+    sh->d = MHD_start_daemon(
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL,
+        NULL, handler, sh, MHD_OPTION_LISTEN_SOCKET, fd,
+        MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)120, MHD_OPTION_URI_LOG_CALLBACK, on_uri, NULL,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+        MHD_OPTION_EXTERNAL_LOGGER, quiet_log, NULL, MHD_OPTION_END);
+    if (sh->d == NULL)
+      return false; /* fd: whether MHD closed it is not said; not closed
+                       again here */
+    const union MHD_DaemonInfo *ep =
+        MHD_get_daemon_info(sh->d, MHD_DAEMON_INFO_EPOLL_FD);
+    if (ep != NULL) {
+      ag__relay_hook hook = {ep->epoll_fd, mhd_run, mhd_timeout, sh->d};
+      sh->relay = ag__relay_start(UP_POOL_MAX, &hook);
+    }
+    if (sh->relay == NULL) {
+      MHD_stop_daemon(sh->d);
+      sh->d = NULL;
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Stops the loops started (no request's thread may be left). */
+static void stop_shards(ag_proxy *p) {
+  for (unsigned i = 0; i < p->n_sh; i++) {
+    shard *sh = &p->sh[i];
+    ag__relay_stop(sh->relay); /* the daemon is this thread's from here on */
+    /* the connections resumed last are taken off the suspended list */
+    MHD_run(sh->d);
+    MHD_run(sh->d);
+    MHD_stop_daemon(sh->d);
+  }
+  p->n_sh = 0;
 }
 
 static ag_err_t fail(ag_error_t *err, ag_err_t code, const char *fmt, ...) {
@@ -3404,34 +3739,37 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   p->events = o->events;
   p->timeout_ms = o->upstream_timeout_ms > 0 ? o->upstream_timeout_ms : 600000;
   pthread_mutex_init(&p->ev_mu, NULL);
-  pthread_mutex_init(&p->pool_mu, NULL);
+  pthread_mutex_init(&p->jobs_mu, NULL);
+  pthread_cond_init(&p->jobs_cv, NULL);
   atomic_init(&p->ids, 1);
   unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections
                                           : AG_PROXY_MAX_CONNECTIONS;
-  /* poll(), not select(): a connection's descriptor may be past FD_SETSIZE
-   * (1024) once more than a few hundred are open (--max-connections). */
-  p->d = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-          MHD_USE_POLL | MHD_USE_ERROR_LOG,
-      o->port, NULL, NULL, handler, p, MHD_OPTION_SOCK_ADDR,
-      (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, limit,
-      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_URI_LOG_CALLBACK,
-      on_uri, NULL, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-      MHD_OPTION_EXTERNAL_LOGGER, quiet_log, NULL, MHD_OPTION_END);
-  if (p->d == NULL) {
-    int e = errno;
+  int e = 0;
+  int lfd = listen_on(&sa, &e);
+  if (lfd < 0 || !start_shards(p, lfd, limit)) {
+    if (lfd >= 0)
+      e = errno;
+    stop_shards(p);
+    if (lfd >= 0)
+      close(lfd);
     pthread_mutex_destroy(&p->ev_mu);
-    pthread_mutex_destroy(&p->pool_mu);
+    pthread_mutex_destroy(&p->jobs_mu);
+    pthread_cond_destroy(&p->jobs_cv);
     free(p->upstream);
     free(p->client_key);
     free(p);
+    if (lfd >= 0)
+      return fail(err, AG_ENOMEM, "cannot start the proxy's event loops%s%s",
+                  e != 0 ? ": " : "", e != 0 ? strerror(e) : "");
     return fail(err, AG_EIO, "cannot listen on %s:%u: %s", host,
-                (unsigned)o->port,
-                e != 0 ? strerror(e) : "libmicrohttpd refused to start");
+                (unsigned)o->port, strerror(e));
   }
-  const union MHD_DaemonInfo *info =
-      MHD_get_daemon_info(p->d, MHD_DAEMON_INFO_BIND_PORT);
-  p->port = info != NULL ? info->port : o->port;
+  struct sockaddr_in bound;
+  socklen_t bl = sizeof bound;
+  p->port = getsockname(lfd, (struct sockaddr *)&bound, &bl) == 0
+                ? ntohs(bound.sin_port)
+                : o->port;
+  close(lfd); /* each daemon has its own duplicate */
   *out = p;
   return AG_OK;
 }
@@ -3443,14 +3781,22 @@ uint16_t ag_proxy_port(const ag_proxy *p) {
 void ag_proxy_stop(ag_proxy *p) {
   if (p == NULL)
     return;
-  MHD_stop_daemon(p->d); /* every connection's thread has ended */
-  while (p->idle != NULL) {
-    up_slot *s = p->idle;
-    p->idle = s->next;
-    slot_free(s);
-  }
+  /* New requests get a 503; every upstream transfer ends (streams end
+   * with an error event); then no request's thread is left and no
+   * connection is suspended, which MHD_stop_daemon needs. */
+  pthread_mutex_lock(&p->jobs_mu);
+  p->stopping = true;
+  pthread_mutex_unlock(&p->jobs_mu);
+  for (unsigned i = 0; i < p->n_sh; i++)
+    ag__relay_close(p->sh[i].relay);
+  pthread_mutex_lock(&p->jobs_mu);
+  while (p->jobs > 0)
+    pthread_cond_wait(&p->jobs_cv, &p->jobs_mu);
+  pthread_mutex_unlock(&p->jobs_mu);
+  stop_shards(p);
   pthread_mutex_destroy(&p->ev_mu);
-  pthread_mutex_destroy(&p->pool_mu);
+  pthread_mutex_destroy(&p->jobs_mu);
+  pthread_cond_destroy(&p->jobs_cv);
   if (p->client_key != NULL)
     OPENSSL_cleanse(p->client_key, strlen(p->client_key));
   free(p->client_key);

@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1001,6 +1002,253 @@ Test(proxy, stream_chunks_are_relayed_as_they_arrive) {
                delay[SLOW_CHUNKS / 2], delay[0], delay[SLOW_CHUNKS - 1]);
   free(t);
   free(body);
+}
+
+/* ---- Streams the client does not keep up with, leaves, or that the
+ * proxy's stop cuts ------------------------------------------------------- */
+
+/* An upstream that streams `chunks` text chunks of `bytes` random letters
+ * (each tagged <k>), `gap_ms` apart, then [DONE]; it notes when its response is
+ * let go of (the transfer ended, or the proxy closed the connection). */
+typedef struct long_up {
+  int chunks, bytes, gap_ms;
+  atomic_int sent;
+  atomic_llong freed_us; /* CLOCK_MONOTONIC; 0 until freed */
+} long_up;
+
+typedef struct long_conn {
+  long_up *u;
+  int sent;
+  unsigned long long rng;
+  char *pending;
+  size_t plen, poff;
+} long_conn;
+
+static void nap_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static long long mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static ssize_t long_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  long_conn *k = cls;
+  if (k->poff == k->plen) {
+    if (k->sent > k->u->chunks)
+      return MHD_CONTENT_READER_END_OF_STREAM;
+    if (k->sent > 0 && k->u->gap_ms > 0) {
+      struct timespec ts = {0, k->u->gap_ms * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    if (k->sent < k->u->chunks) {
+      int n = snprintf(k->pending, 256,
+                       "data: {\"id\":\"c\",\"object\":\"chat.completion."
+                       "chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{"
+                       "\"index\":0,\"delta\":{\"content\":\"<k>");
+      /* letters that never repeat: the content-loop detector stays quiet */
+      for (int i = 0; i < k->u->bytes; i++) {
+        k->rng = k->rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        k->pending[n + i] = (char)('a' + (k->rng >> 33) % 26);
+      }
+      n += k->u->bytes;
+      n += snprintf(k->pending + n, 64, "\"},\"finish_reason\":null}]}\n\n");
+      k->plen = (size_t)n;
+      atomic_fetch_add(&k->u->sent, 1);
+    } else {
+      k->plen = (size_t)snprintf(
+          k->pending, 256,
+          "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\","
+          "\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,"
+          "\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
+    }
+    k->sent++;
+    k->poff = 0;
+  }
+  size_t n = k->plen - k->poff < max ? k->plen - k->poff : max;
+  memcpy(buf, k->pending + k->poff, n);
+  k->poff += n;
+  return (ssize_t)n;
+}
+
+static void long_free(void *cls) {
+  long_conn *k = cls;
+  atomic_store(&k->u->freed_us, mono_us());
+  free(k->pending);
+  free(k);
+}
+
+static enum MHD_Result long_handler(void *cls, struct MHD_Connection *c,
+                                    const char *url, const char *method,
+                                    const char *version, const char *upload,
+                                    size_t *upload_size, void **con_cls) {
+  (void)url, (void)method, (void)version, (void)upload;
+  if (*con_cls == NULL) {
+    *con_cls = c;
+    return MHD_YES;
+  }
+  if (*upload_size > 0) {
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  long_conn *k = calloc(1, sizeof *k);
+  k->u = cls;
+  k->pending = malloc(512 + (size_t)k->u->bytes);
+  struct MHD_Response *r = MHD_create_response_from_callback(
+      MHD_SIZE_UNKNOWN, 16384, long_reader, k, long_free);
+  MHD_add_response_header(r, "Content-Type", "text/event-stream");
+  enum MHD_Result ret = MHD_queue_response(c, 200, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+/* Starts a long_up upstream and a proxy in front of it (P replaced). */
+static struct MHD_Daemon *long_start(long_up *u) {
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL,
+      NULL, long_handler, u, MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL,
+      MHD_OPTION_END);
+  cr_assert_not_null(d);
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%u",
+           (unsigned)MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT)->port);
+  P = proxy_with(test_cfg(), 0, NULL);
+  return d;
+}
+
+typedef struct big_body {
+  char *p;
+  size_t len, cap;
+  int stop_after; /* > 0: the client leaves once it has this many bytes */
+} big_body;
+
+static size_t big_write(char *p, size_t s, size_t n, void *u) {
+  big_body *b = u;
+  size_t k = s * n;
+  if (b->stop_after > 0 && b->len >= (size_t)b->stop_after)
+    return 0; /* the client goes away */
+  if (b->len + k + 1 > b->cap) {
+    b->cap = (b->len + k + 1) * 2;
+    b->p = realloc(b->p, b->cap);
+  }
+  memcpy(b->p + b->len, p, k);
+  b->len += k;
+  b->p[b->len] = '\0';
+  return k;
+}
+
+static CURLcode long_get(big_body *b, long max_recv_speed) {
+  char url[128];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/chat/completions",
+           (unsigned)ag_proxy_port(P));
+  char *body = streaming(conversation(0, "read", "{}", ""));
+  CURL *h = curl_easy_init();
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, big_write);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, b);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 30000L);
+  if (max_recv_speed > 0)
+    curl_easy_setopt(h, CURLOPT_MAX_RECV_SPEED_LARGE,
+                     (curl_off_t)max_recv_speed);
+  CURLcode cc = curl_easy_perform(h);
+  curl_easy_cleanup(h);
+  free(body);
+  return cc;
+}
+
+static int count_of(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; p != NULL && (p = strstr(p, needle)) != NULL;
+       p += strlen(needle))
+    n++;
+  return n;
+}
+
+/* A client reading slower than the upstream sends: the relay pauses the
+ * upstream while 1 MiB waits for the client and the stream arrives whole
+ * (3 MB; without the pause the queue passes its 2 MiB cap and the stream
+ * ends in an error). */
+Test(proxy, stream_slow_client_gets_it_all) {
+  long_up u = {.chunks = 3000, .bytes = 1000, .gap_ms = 0};
+  struct MHD_Daemon *d = long_start(&u);
+  big_body b = {NULL, 0, 0, 0};
+  CURLcode cc = long_get(&b, 6L << 20); /* 6 MB/s: about half a second */
+  MHD_stop_daemon(d);
+  cr_assert_eq(cc, CURLE_OK, "%s", curl_easy_strerror(cc));
+  cr_expect_eq(count_of(b.p, "<k>"), 3000, "%d chunks of 3000; end: %s",
+               count_of(b.p, "<k>"), b.len > 300 ? b.p + b.len - 300 : b.p);
+  cr_expect(strstr(b.p, "data: [DONE]") != NULL);
+  free(b.p);
+}
+
+/* A client that leaves mid-stream: the proxy ends its upstream transfer
+ * at once (the upstream would otherwise stream for 4 more seconds). */
+Test(proxy, stream_client_gone_ends_the_upstream_transfer) {
+  long_up u = {.chunks = 200, .bytes = 10, .gap_ms = 20};
+  struct MHD_Daemon *d = long_start(&u);
+  big_body b = {NULL, 0, 0, 1};
+  CURLcode cc = long_get(&b, 0);
+  long long left = mono_us();
+  cr_expect_eq(cc, CURLE_WRITE_ERROR, "%s", curl_easy_strerror(cc));
+  while (atomic_load(&u.freed_us) == 0 && mono_us() - left < 10000000)
+    nap_ms(10);
+  long long freed = atomic_load(&u.freed_us);
+  int sent = atomic_load(&u.sent);
+  MHD_stop_daemon(d);
+  cr_assert_neq(freed, 0, "the upstream's response was never let go of");
+  cr_expect_lt(freed - left, 1500000,
+               "the upstream transfer went on %.0f ms after the client left "
+               "(%d of 200 chunks sent)",
+               (double)(freed - left) / 1000.0, sent);
+  cr_expect_lt(sent, 150, "%d of 200 chunks sent", sent);
+  free(b.p);
+}
+
+typedef struct stop_client {
+  big_body b;
+  CURLcode cc;
+} stop_client;
+
+static void *stop_client_main(void *arg) {
+  stop_client *sc = arg;
+  sc->cc = long_get(&sc->b, 0);
+  return NULL;
+}
+
+/* The proxy stopped while a stream is relayed: the stop returns soon, the
+ * client's stream ends (with an error event, not [DONE]), nothing hangs
+ * and libmicrohttpd is not left with a suspended connection. */
+Test(proxy, stop_with_a_stream_open_ends_it) {
+  long_up u = {.chunks = 200, .bytes = 10, .gap_ms = 20};
+  struct MHD_Daemon *d = long_start(&u);
+  stop_client sc;
+  memset(&sc, 0, sizeof sc);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, stop_client_main, &sc), 0);
+  long long t0 = mono_us();
+  while (atomic_load(&u.sent) < 3 && mono_us() - t0 < 10000000)
+    nap_ms(5);
+  cr_assert_geq(atomic_load(&u.sent), 3, "the stream never started");
+  long long s0 = mono_us();
+  ag_proxy_stop(P);
+  P = NULL;
+  long long stopped = mono_us() - s0;
+  pthread_join(t, NULL);
+  long long ended = mono_us() - s0;
+  int sent = atomic_load(&u.sent);
+  MHD_stop_daemon(d);
+  cr_expect_lt(stopped, 2000000, "ag_proxy_stop took %lld ms", stopped / 1000);
+  cr_expect_lt(ended, 2000000, "the client's stream ended %lld ms after",
+               ended / 1000);
+  cr_expect_lt(sent, 150, "%d of 200 chunks sent", sent);
+  cr_expect(sc.b.p != NULL && strstr(sc.b.p, "data: [DONE]") == NULL, "%s",
+            sc.b.p != NULL ? sc.b.p : "(nothing)");
+  free(sc.b.p);
 }
 
 /* Requests one after the other (plain, streamed, passed through) reach
