@@ -56,6 +56,7 @@
 extern char **environ;
 
 static char workdir[256];
+static bool stopped; /* stop() ran */
 
 /* The child on the pty and what it showed ('\r' dropped). */
 static struct {
@@ -81,6 +82,7 @@ static void kill_child(void) {
 }
 
 static void start(void) {
+  stopped = false;
   fake_start();
   snprintf(workdir, sizeof(workdir), "/tmp/ag-run-tty-XXXXXX");
   cr_assert_not_null(mkdtemp(workdir));
@@ -93,7 +95,11 @@ static void start(void) {
   T.eof = false;
 }
 
+/* Also called before a skip: Criterion runs no .fini after cr_skip_test. */
 static void stop(void) {
+  if (stopped)
+    return;
+  stopped = true;
   kill_child(); /* first: it may be waiting on the server */
   fake_stop();
   free(T.shown);
@@ -116,6 +122,7 @@ static int64_t now_ms(void) {
 
 /* Skips the test, saying so on stderr (`make test` lists these lines). */
 static void skip_no_pty(const char *what, int e) {
+  stop();
   fprintf(stderr, "skipped: %s::%s: cannot make a pseudo-terminal: %s: %s\n",
           criterion_current_test->category, criterion_current_test->name, what,
           strerror(e));
