@@ -13,8 +13,10 @@
  *
  * Covered: an interactive session keeps the history across turns and ends
  * on Ctrl-D with exit 0; Ctrl-C cancels a slow turn, not the session, and
- * `exit` ends it; approvals asked on the terminal (no, yes, always);
- * an escalation answered on the terminal (continue with a hint, or stop).
+ * `exit` ends it; approvals asked on the terminal (no, yes, always), and
+ * Ctrl-C at such a question (the turn ends, nothing runs, the session goes
+ * on); an escalation answered on the terminal (continue with a hint, or
+ * stop).
  * Without a pty (posix_openpt and friends fail) every test skips, saying
  * why. The child is killed after each test, whatever happened.
  */
@@ -454,6 +456,37 @@ Test(run_tty, approvals_are_asked_on_the_terminal) {
   cr_assert(strstr(second, "the user said no") != NULL,
             "the model was not told of the denial:\n%s", second);
   free(second);
+}
+
+Test(run_tty, ctrl_c_at_a_question_cancels_the_turn) {
+  F.replies[0] = CALL_REPLY(
+      "run_command", "\"{\\\"command\\\":\\\"touch never.txt; echo n\\\"}\"");
+  F.replies[1] = CALL_REPLY(
+      "run_command", "\"{\\\"command\\\":\\\"touch later.txt; echo l\\\"}\"");
+  F.replies[2] = TEXT_REPLY("Touched HOTEL.");
+  F.n_replies = 3;
+  const char *const extra[] = {"--allow-commands", NULL};
+  spawn(PLAIN_CONFIG, extra, NULL, true);
+  expect(PROMPT);
+  type("Touch a file\r");
+  expect("touch never.txt");
+  expect(ALLOW_Q);
+  type("\x03"); /* Ctrl-C at the question: no answer, and the turn ends */
+  expect("The turn was cancelled");
+  expect(PROMPT);
+  /* the terminal still answers questions after the interrupted one */
+  type("Touch another\r");
+  expect("touch later.txt");
+  expect(ALLOW_Q);
+  type("y\r");
+  expect("Touched HOTEL.");
+  expect(PROMPT);
+  type("\x04");
+  int status = child_exit();
+  cr_assert_eq(status, 0, "exit %d; the pty showed:\n%s", status, T.shown);
+  cr_assert(!file_exists("never.txt"), "ran without an answer:\n%s", T.shown);
+  cr_assert(file_exists("later.txt"), "the approved command did not run:\n%s",
+            T.shown);
 }
 
 Test(run_tty, an_escalation_continues_with_a_hint) {
