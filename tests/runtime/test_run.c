@@ -39,8 +39,11 @@ static void start(void) {
 
 static void stop(void) {
   fake_stop();
-  char cmd[512];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", workdir);
+  char cmd[1600]; /* the workdir and run_task's files beside it */
+  snprintf(cmd, sizeof(cmd),
+           "rm -rf '%s' '%s'.config.json '%s'.events.jsonl "
+           "'%s'.out '%s'.err",
+           workdir, workdir, workdir, workdir, workdir);
   if (system(cmd) != 0)
     fprintf(stderr, "could not remove %s\n", workdir);
 }
