@@ -1,7 +1,8 @@
 /*
  * tests/runtime/test_run.c - `agentguard run` end to end: the built program
- * against a fake OpenAI-compatible server on 127.0.0.1 (libmicrohttpd, in
- * this process), with the built-in tools in a temporary workdir.
+ * against a fake OpenAI-compatible server on 127.0.0.1 (fake_model.c:
+ * libmicrohttpd, in this process), with the built-in tools in a temporary
+ * workdir.
  *
  * The server answers request k with reply k of the script (the last one
  * repeats) and keeps what the client sent. Covered: a task that writes a
@@ -23,102 +24,26 @@
 #include <unistd.h>
 
 #include "agentguard.h"
+#include "fake_model.h"
 
 #define BIN AG_BINARY_DIR "/agentguard"
 #define KEY "sk-run-test-KEY-0123456789abcdef"
 
-/* ---- the fake server ---------------------------------------------------- */
-
-#define MAX_REPLIES 8
-
-static struct {
-  struct MHD_Daemon *d;
-  int port;
-  pthread_mutex_t mu;
-  const char *replies[MAX_REPLIES];
-  int n_replies;
-  int n_requests;
-  char *bodies; /* every request body, concatenated */
-  size_t bodies_len;
-} F;
-
-typedef struct upload {
-  char *body;
-  size_t len;
-} upload;
-
-static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
-                               const char *url, const char *method,
-                               const char *version, const char *data,
-                               size_t *data_size, void **con_cls) {
-  (void)cls;
-  (void)url;
-  (void)method;
-  (void)version;
-  upload *u = *con_cls;
-  if (u == NULL) {
-    *con_cls = calloc(1, sizeof(upload));
-    return MHD_YES;
-  }
-  if (*data_size > 0) {
-    u->body = realloc(u->body, u->len + *data_size + 1);
-    memcpy(u->body + u->len, data, *data_size);
-    u->len += *data_size;
-    u->body[u->len] = '\0';
-    *data_size = 0;
-    return MHD_YES;
-  }
-  pthread_mutex_lock(&F.mu);
-  int k = F.n_requests++;
-  F.bodies = realloc(F.bodies, F.bodies_len + u->len + 2);
-  memcpy(F.bodies + F.bodies_len, u->body != NULL ? u->body : "", u->len);
-  F.bodies_len += u->len;
-  F.bodies[F.bodies_len++] = '\n';
-  F.bodies[F.bodies_len] = '\0';
-  const char *reply = F.replies[k < F.n_replies ? k : F.n_replies - 1];
-  pthread_mutex_unlock(&F.mu);
-  struct MHD_Response *r = MHD_create_response_from_buffer(
-      strlen(reply), (void *)reply, MHD_RESPMEM_MUST_COPY);
-  MHD_add_response_header(r, "Content-Type", "application/json");
-  enum MHD_Result ret = MHD_queue_response(c, 200, r);
-  MHD_destroy_response(r);
-  return ret;
-}
-
-static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
-                      enum MHD_RequestTerminationCode toe) {
-  (void)cls;
-  (void)c;
-  (void)toe;
-  upload *u = *con_cls;
-  if (u != NULL) {
-    free(u->body);
-    free(u);
-  }
-  *con_cls = NULL;
-}
-
 static char workdir[256];
 
 static void start(void) {
-  memset(&F, 0, sizeof(F));
-  pthread_mutex_init(&F.mu, NULL);
-  F.d = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL,
-      NULL, handler, NULL, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-      MHD_OPTION_END);
-  cr_assert_not_null(F.d, "the fake server did not start");
-  F.port = MHD_get_daemon_info(F.d, MHD_DAEMON_INFO_BIND_PORT)->port;
+  fake_start();
   snprintf(workdir, sizeof(workdir), "/tmp/ag-run-XXXXXX");
   cr_assert_not_null(mkdtemp(workdir));
 }
 
 static void stop(void) {
-  MHD_stop_daemon(F.d);
-  free(F.bodies);
-  pthread_mutex_destroy(&F.mu);
-  char cmd[512];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", workdir);
+  fake_stop();
+  char cmd[1600]; /* the workdir and run_task's files beside it */
+  snprintf(cmd, sizeof(cmd),
+           "rm -rf '%s' '%s'.config.json '%s'.events.jsonl "
+           "'%s'.out '%s'.err",
+           workdir, workdir, workdir, workdir, workdir);
   if (system(cmd) != 0)
     fprintf(stderr, "could not remove %s\n", workdir);
 }
@@ -221,20 +146,6 @@ static void no_key_anywhere(const result *r) {
   cr_assert(strstr(r->err, KEY) == NULL);
   cr_assert(strstr(r->events, KEY) == NULL);
 }
-
-#define CALL_REPLY(name, args_json)                                            \
-  "{\"id\":\"x\",\"object\":\"chat.completion\",\"created\":1,\"model\":"      \
-  "\"fake-model\",\"choices\":[{\"index\":0,\"message\":{\"role\":"            \
-  "\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"    \
-  "\"function\",\"function\":{\"name\":\"" name "\",\"arguments\":" args_json  \
-  "}}]},\"finish_reason\":\"tool_calls\"}],\"usage\":{\"prompt_tokens\":"      \
-  "100,\"completion_tokens\":10,\"total_tokens\":110}}"
-#define TEXT_REPLY(text)                                                       \
-  "{\"id\":\"y\",\"object\":\"chat.completion\",\"created\":1,\"model\":"      \
-  "\"fake-model\",\"choices\":[{\"index\":0,\"message\":{\"role\":"            \
-  "\"assistant\",\"content\":\"" text "\"},\"finish_reason\":\"stop\"}],"      \
-  "\"usage\":{\"prompt_tokens\":120,\"completion_tokens\":5,"                  \
-  "\"total_tokens\":125}}"
 
 /* ---- the tests ---------------------------------------------------------- */
 
