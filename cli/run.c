@@ -19,10 +19,11 @@
  * flags override both. network.timeout is the provider's total request
  * timeout unless provider.timeout is given.
  */
-#define _DEFAULT_SOURCE /* realpath */
+#define _GNU_SOURCE /* realpath, ppoll */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,7 +68,8 @@ typedef struct run_ctx {
   json_t *turn_end;
   FILE *tty; /* the terminal for questions, or NULL */
   bool yes;
-  bool streamed_text; /* text went to stdout in this turn */
+  bool streamed_text; /* a streamed line is open on stdout */
+  bool reply_shown;   /* the current reply's text went to stdout */
 } run_ctx;
 
 static void usage(FILE *f) {
@@ -175,10 +177,11 @@ static int parse_args(int argc, char **argv, run_args *a) {
 
 static ag_cancel *volatile g_turn;
 static volatile sig_atomic_t g_signals;
+static volatile sig_atomic_t g_last_signal;
 
 static void on_signal(int sig) {
-  (void)sig;
   ag_cancel *c = g_turn;
+  g_last_signal = sig;
   g_signals = g_signals + 1;
   if (c == NULL)
     return;
@@ -221,6 +224,8 @@ static void on_event(void *user, const json_t *ev) {
     }
   }
   const char *name = json_string_value(json_object_get(ev, "event"));
+  if (name != NULL && strcmp(name, "model_request") == 0)
+    R->reply_shown = false; /* a new reply: its text is not out yet */
   if (R->streamed_text && name != NULL && strcmp(name, "model_response") == 0) {
     fputc('\n', stdout); /* end the streamed line before the timeline */
     fflush(stdout);
@@ -239,17 +244,51 @@ static int on_delta(void *user, const char *text, size_t len) {
   fwrite(text, 1, len, stdout);
   fflush(stdout);
   R->streamed_text = len > 0;
+  if (len > 0)
+    R->reply_shown = true;
   return 0;
 }
 
 /* Reads one answer line from the terminal into buf (cap bytes). */
+/* The signals of set_handlers. */
+static void stop_signals(sigset_t *set) {
+  sigemptyset(set);
+  sigaddset(set, SIGINT);
+  sigaddset(set, SIGTERM);
+  sigaddset(set, SIGHUP);
+}
+
+/* Waits until fd has a line to read; false when a signal came first. The
+ * caller has the signals blocked and `open_mask` unblocks them inside
+ * ppoll only, so one that comes just before the wait is not lost (a plain
+ * read is interrupted only by one that comes during it). */
+static bool wait_line(int fd, const sigset_t *open_mask) {
+  struct pollfd pf = {fd, POLLIN, 0};
+  for (;;) {
+    if (ppoll(&pf, 1, NULL, open_mask) >= 0)
+      return true;
+    if (errno == EINTR)
+      return false;
+  }
+}
+
+/* Reads one answer line from the terminal into buf (cap bytes); false at
+ * its end, or when a signal (Ctrl-C) came before or during the question. */
 static bool ask(run_ctx *R, const char *question, char *buf, size_t cap) {
-  fputs(question, R->tty);
-  fflush(R->tty);
-  if (fgets(buf, (int)cap, R->tty) == NULL)
-    return false;
-  buf[strcspn(buf, "\r\n")] = '\0';
-  return true;
+  sigset_t sigs, open_mask;
+  stop_signals(&sigs);
+  sigprocmask(SIG_BLOCK, &sigs, &open_mask);
+  bool ok = false;
+  if (g_signals == 0) { /* not cancelled already */
+    fputs(question, R->tty);
+    fflush(R->tty);
+    ok = wait_line(fileno(R->tty), &open_mask) &&
+         fgets(buf, (int)cap, R->tty) != NULL;
+  }
+  sigprocmask(SIG_SETMASK, &open_mask, NULL);
+  if (ok)
+    buf[strcspn(buf, "\r\n")] = '\0';
+  return ok;
 }
 
 static ag_approval approve(void *user, const char *tool, const char *args,
@@ -459,6 +498,7 @@ static int one_turn(ag_agent *agent, const char *task, run_ctx *R, bool quiet) {
   json_decref(R->turn_end);
   R->turn_end = NULL;
   R->streamed_text = false;
+  R->reply_shown = false;
   ag_err_t e = ag_agent_run_turn(agent, task, turn, &o, &err);
   g_turn = NULL;
   int rc;
@@ -471,9 +511,10 @@ static int one_turn(ag_agent *agent, const char *task, run_ctx *R, bool quiet) {
       fputc('\n', stdout);
     if (R->timeline == NULL && !quiet)
       cli_outcome_line(stderr, 1, &o, R->turn_end);
-    /* the answer on stdout when it was not streamed there */
+    /* the answer on stdout when it was not streamed there (a provider
+     * asked not to stream may still hand the whole text to on_delta) */
     if (o.status == AG_TURN_COMPLETED && o.final_text != NULL &&
-        R->timeline != NULL && !R->streamed_text)
+        R->timeline != NULL && !R->reply_shown)
       printf("%s\n", o.final_text);
     rc = cli_exit_code(o.status);
   }
@@ -542,12 +583,27 @@ int cli_run(int argc, char **argv) {
                     "interactive session: give the task as an argument\n");
     rc = AG_EXIT_USAGE;
   } else {
-    /* the interactive session */
+    /* the interactive session: Ctrl-C at the prompt drops the line and
+     * asks again, as a shell does; SIGTERM or SIGHUP there ends it */
     rc = AG_EXIT_OK;
     char *line = malloc(TASK_MAX + 2);
+    set_handlers(true);
+    /* At the prompt the signals are blocked except inside ppoll, so one
+     * that comes just before the wait is not lost (a plain read would
+     * only be interrupted by one that comes during it). */
+    sigset_t sigs, open_mask;
+    stop_signals(&sigs);
+    sigprocmask(SIG_BLOCK, &sigs, &open_mask);
     while (line != NULL) {
       fputs("\nagentguard> ", stderr);
       fflush(stderr);
+      g_last_signal = 0;
+      if (!wait_line(STDIN_FILENO, &open_mask)) {
+        if (g_last_signal == SIGINT)
+          continue; /* Ctrl-C: the line is dropped, asked again */
+        rc = 128 + g_last_signal;
+        break;
+      }
       if (fgets(line, TASK_MAX + 2, stdin) == NULL)
         break; /* Ctrl-D */
       line[strcspn(line, "\r\n")] = '\0';
@@ -555,10 +611,12 @@ int cli_run(int argc, char **argv) {
         break;
       if (line[0] == '\0')
         continue;
-      set_handlers(true);
+      sigprocmask(SIG_SETMASK, &open_mask, NULL);
       rc = one_turn(agent, line, &R, a.quiet);
-      set_handlers(false);
+      sigprocmask(SIG_BLOCK, &sigs, NULL);
     }
+    sigprocmask(SIG_SETMASK, &open_mask, NULL);
+    set_handlers(false);
     free(line);
   }
 

@@ -165,7 +165,11 @@ Test(run, a_task_with_the_built_in_tools_completes) {
   char *content = slurp(path);
   cr_assert_str_eq(content, "hello from the model");
   free(content);
-  cr_assert(strstr(r.out, "I wrote notes/hello.txt.") != NULL, "%s", r.out);
+  const char *answer = strstr(r.out, "I wrote notes/hello.txt.");
+  cr_assert(answer != NULL, "%s", r.out);
+  /* once: the provider (not streaming) hands the text to on_delta too */
+  cr_assert(strstr(answer + 1, "I wrote notes/hello.txt.") == NULL,
+            "the answer is on stdout twice: %s", r.out);
   cr_assert_eq(F.n_requests, 3);
   /* what the model saw: the tools offered, the read's result */
   cr_assert(strstr(F.bodies, "\"read_file\"") != NULL);

@@ -411,6 +411,38 @@ Test(run_tty, ctrl_c_cancels_the_turn_not_the_session) {
   free(second);
 }
 
+/* Ctrl-C at the prompt drops the line typed so far and asks again, as a
+ * shell does (it used to end the session: SIGINT had its default action
+ * outside a turn). The answer is shown once, though the provider does not
+ * stream. */
+Test(run_tty, ctrl_c_at_the_prompt_asks_again) {
+  F.replies[0] = TEXT_REPLY("Answer HOTEL.");
+  F.n_replies = 1;
+  spawn(PLAIN_CONFIG, NULL, NULL, true);
+  expect(PROMPT);
+  type("half a ta");
+  type("\x03");
+  expect(PROMPT);
+  type("A whole task\r");
+  expect("Answer HOTEL.");
+  expect(PROMPT);
+  type("exit\r");
+  int status = child_exit();
+  cr_assert_eq(status, 0, "exit %d; the pty showed:\n%s", status, T.shown);
+  cr_assert_eq(F.n_requests, 1, "%d requests", F.n_requests);
+  char *first = fake_body(0);
+  cr_assert_not_null(first);
+  cr_assert(strstr(first, "half a ta") == NULL, "%s", first);
+  cr_assert(strstr(first, "A whole task") != NULL, "%s", first);
+  free(first);
+  /* stdout's lines (the timeline on stderr quotes the text) */
+  int shown = 0;
+  for (const char *at = T.shown; (at = strstr(at, "Answer HOTEL.")) != NULL;
+       at++)
+    shown += at == T.shown || at[-1] != '"';
+  cr_assert_eq(shown, 1, "the answer was shown %d times:\n%s", shown, T.shown);
+}
+
 Test(run_tty, approvals_are_asked_on_the_terminal) {
   F.replies[0] = CALL_REPLY(
       "run_command", "\"{\\\"command\\\":\\\"touch denied.txt; echo d\\\"}\"");
