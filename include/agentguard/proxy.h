@@ -6,9 +6,14 @@
  * with libmicrohttpd) is built for the program and the tests only, so that
  * the installed libagentguard does not depend on an HTTP server.
  *
- * The proxy serves HTTP with libmicrohttpd (one thread per connection,
- * connections capped) and talks to the upstream with libcurl (up to 64 idle
- * upstream connections kept between requests).
+ * The proxy serves HTTP with libmicrohttpd and talks to the upstream with
+ * libcurl, both on event loops, one per core (src/proxy/relay.c: a
+ * daemon's epoll set and its connections' upstream transfers through
+ * curl_multi_socket_action), so a relayed stream holds no thread while it
+ * waits; each request's decision
+ * and its blocking upstream requests run on a thread of its own while its
+ * connection is suspended. Connections are capped; up to 64 idle upstream
+ * connections are kept between requests.
  *   - POST /v1/chat/completions and POST /v1/messages (Anthropic, its
  *     messages read as chat form) are guarded: the request's turn (everything
  *     after the last user message) is parsed as a chat transcript
@@ -21,8 +26,12 @@
  *     ones) and body; the upstream's status, headers and body come back.
  * Nothing is kept between requests: replicas decide alike.
  *
- * Thread-safety: ag_proxy_start and ag_proxy_stop from one thread; the
- * proxy's own threads share nothing but the events file (under a mutex).
+ * Thread-safety: ag_proxy_start and ag_proxy_stop from one thread. The
+ * proxy's own threads (the loops, and one per request being decided or
+ * waiting for the upstream) share the events file and each stream's queue,
+ * each under its mutex. ag_proxy_stop answers new requests with 503, ends
+ * every upstream transfer (a relayed stream ends with an error event),
+ * waits for the requests' threads and then stops the loops.
  */
 #ifndef AG_PROXY_H
 #define AG_PROXY_H

@@ -30,6 +30,13 @@
  *      the nudge text.
  * Every stop sets `x-agentguard-stop: REASON` and writes an event.
  *
+ * Serving: event loops, one per core (shard: a libmicrohttpd daemon run
+ * by a relay's thread, relay.c), share the listening socket; the handler
+ * reads a request on its loop, then suspends the connection and hands the
+ * request to a thread of its own (job_main) for the decision and the
+ * upstream requests it waits for whole; a stream's transfer and its chunks
+ * run on the connection's loop (stream_st says who touches what).
+ *
  * Rejected: keeping sessions keyed by conversation. The whole decision for
  * a 500-message turn, read from the tape, costs about 0.3 ms of CPU
  * (bench/bench_proxy.c; jansson alone took 1.2 ms to parse that body), and
@@ -91,17 +98,20 @@ typedef struct shard {
   ag__relay *relay;
 } shard;
 
-/* Event loops: one. Measured (bench_proxy_load, 2 cores): a second loop
- * on the shared listening socket lowered neither the proxy's CPU per
- * relayed chunk (the kernel's socket work is most of it) nor the added
- * latency, and it split the upstream connection cache (libcurl cannot
- * share connections between threads), so that requests following each
- * other on new client connections opened new upstream connections. */
-#define SHARDS_MAX 1
+/* Event loops at most: one per core (ag_proxy_start), so that relaying
+ * uses every core; a connection stays with the loop that accepted it. */
+#define SHARDS_MAX 4
+
+/* Connections a loop takes past --max-connections, to answer them with a
+ * 503 (on_connection) rather than leave them in the listening socket's
+ * queue, as libmicrohttpd does at its own limit. */
+#define CONN_SLACK 16u
 
 struct ag_proxy {
   shard sh[SHARDS_MAX];
   unsigned n_sh;
+  unsigned max_conns; /* --max-connections, over every loop */
+  atomic_uint conns;  /* client connections open */
   pthread_mutex_t jobs_mu;
   pthread_cond_t jobs_cv;
   unsigned jobs;  /* request threads running */
@@ -127,6 +137,7 @@ typedef struct reply {
   struct curl_slist *headers; /* "Name: value" from the upstream, or NULL */
   const char *stop;           /* x-agentguard-stop, or NULL */
   bool anthropic;             /* errors in Anthropic's shape (/v1/messages) */
+  bool close;                 /* the connection is closed after it */
 } reply;
 
 /* One request: read, then answered by its own thread (job_main) while
@@ -136,7 +147,8 @@ typedef struct req_ctx {
   char *body;
   size_t len, cap;
   bool too_big;
-  bool begun; /* the handler has seen the headers */
+  bool begun;    /* the handler has seen the headers */
+  bool too_many; /* its connection is past --max-connections */
   /* from the handler's last call on: */
   bool job;             /* the request's thread was started */
   atomic_bool answered; /* it has set `r` or `st` */
@@ -463,6 +475,11 @@ static bool upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
   return true;
 }
 
+/* The relay of the request this thread serves (job_main): its transfers
+ * run in its loop, whose connection cache its client's earlier requests
+ * filled. */
+static _Thread_local ag__relay *tl_relay;
+
 /* One whole request upstream (see upstream_handle), run on the relay while
  * this thread waits. */
 static void send_upstream(ag_proxy *p, const struct curl_slist *ch,
@@ -478,7 +495,7 @@ static void send_upstream(ag_proxy *p, const struct curl_slist *ch,
   }
   if (upstream_handle(p, ch, h, method, uri, body, len, json_body, u, &hdrs,
                       &url)) {
-    u->cc = ag__relay_run(p->sh[0].relay, h);
+    u->cc = ag__relay_run(tl_relay != NULL ? tl_relay : p->sh[0].relay, h);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
   }
   curl_easy_cleanup(h);
@@ -3357,6 +3374,8 @@ static enum MHD_Result send_reply(struct MHD_Connection *c, reply *r) {
     MHD_add_response_header(resp, "Content-Type", r->ctype);
   if (r->stop != NULL)
     MHD_add_response_header(resp, "x-agentguard-stop", r->stop);
+  if (r->close)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   enum MHD_Result ret = MHD_queue_response(c, r->status, resp);
   MHD_destroy_response(resp);
   return ret;
@@ -3371,12 +3390,35 @@ static bool key_ok(const ag_proxy *p, struct MHD_Connection *c) {
   return k != NULL && strlen(k) == n && CRYPTO_memcmp(k, p->client_key, n) == 0;
 }
 
+/* The mark of a connection past --max-connections (its socket context). */
+static char over_limit;
+
+/* Counts the client connections of every loop: each daemon may hold
+ * --max-connections itself, so the limit over all of them is kept here;
+ * a request on a connection past it gets a 503 and the connection is
+ * closed. */
+static void on_connection(void *cls, struct MHD_Connection *c,
+                          void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode code) {
+  (void)c;
+  ag_proxy *p = ((shard *)cls)->p;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    if (atomic_fetch_add(&p->conns, 1) >= p->max_conns)
+      *socket_ctx = &over_limit;
+  } else {
+    atomic_fetch_sub(&p->conns, 1);
+  }
+}
+
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
   (void)cls;
-  (void)c;
   req_ctx *q = calloc(1, sizeof(*q));
-  if (q != NULL)
+  if (q != NULL) {
     q->uri = dupz(uri != NULL ? uri : "/");
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    q->too_many = ci != NULL && ci->socket_context == &over_limit;
+  }
   return q;
 }
 
@@ -3402,6 +3444,7 @@ static void *job_main(void *arg) {
   shard *sh = q->sh;
   ag_proxy *p = sh->p;
   struct MHD_Connection *c = q->c;
+  tl_relay = sh->relay;
   char path[2048];
   uri_path(q->uri, path, sizeof path);
   stream_st *st = NULL;
@@ -3536,7 +3579,13 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
   char path[2048];
   uri_path(q->uri, path, sizeof path);
   q->r.anthropic = strcmp(path, "/v1/messages") == 0;
-  if (!key_ok(p, c)) {
+  if (q->too_many) {
+    set_error(&q->r, 503, "server_error", "too_many_connections",
+              "agentguard proxy: more than %u client connections are open "
+              "(--max-connections)",
+              p->max_conns);
+    q->r.close = true;
+  } else if (!key_ok(p, c)) {
     set_error(&q->r, 401, "invalid_request_error", "agentguard_key",
               "agentguard proxy: this proxy needs its client key in the "
               "x-agentguard-key header");
@@ -3620,13 +3669,19 @@ static int listen_on(const struct sockaddr_in *sa, int *e) {
   return fd;
 }
 
-/* The event loops (SHARDS_MAX), each a daemon (no threads of its own, its
- * epoll set served by the relay's loop: a chunk read from the upstream is
- * checked and written to the client on one thread) and a relay, on the
- * shared listening socket. Each daemon may hold `limit` connections.
+/* The event loops, one per core (at most SHARDS_MAX), each a daemon (no
+ * threads of its own, its epoll set served by the relay's loop: a chunk
+ * read from the upstream is checked and written to the client on one
+ * thread) and a relay, on the shared listening socket (the kernel wakes
+ * the loops for new connections; one accepts). Each daemon may hold
+ * `limit` + CONN_SLACK connections; on_connection keeps the limit over all
+ * of them.
  * false on failure (errno). */
 static bool start_shards(ag_proxy *p, int lfd, unsigned limit) {
-  for (p->n_sh = 0; p->n_sh < SHARDS_MAX; p->n_sh++) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  unsigned n = cpus < 1 ? 1u : cpus > SHARDS_MAX ? SHARDS_MAX : (unsigned)cpus;
+  p->max_conns = limit;
+  for (p->n_sh = 0; p->n_sh < n; p->n_sh++) {
     shard *sh = &p->sh[p->n_sh];
     sh->p = p;
     int fd = dup(lfd);
@@ -3635,9 +3690,10 @@ static bool start_shards(ag_proxy *p, int lfd, unsigned limit) {
     sh->d = MHD_start_daemon(
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL,
         NULL, handler, sh, MHD_OPTION_LISTEN_SOCKET, fd,
-        MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)120, MHD_OPTION_URI_LOG_CALLBACK, on_uri, NULL,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+        MHD_OPTION_CONNECTION_LIMIT, limit + CONN_SLACK,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+        MHD_OPTION_URI_LOG_CALLBACK, on_uri, NULL, MHD_OPTION_NOTIFY_COMPLETED,
+        completed, NULL, MHD_OPTION_NOTIFY_CONNECTION, on_connection, sh,
         MHD_OPTION_EXTERNAL_LOGGER, quiet_log, NULL, MHD_OPTION_END);
     if (sh->d == NULL)
       return false; /* fd: whether MHD closed it is not said; not closed

@@ -281,13 +281,14 @@ static size_t rhdr(char *p, size_t s, size_t n, void *u) {
   return k;
 }
 
-static resp *call(const ag_proxy *p, const char *method, const char *path,
-                  const char *body, const char *extra_header) {
+/* A request on the client handle h (its connection kept for the next). */
+static resp *call_on(CURL *h, const ag_proxy *p, const char *method,
+                     const char *path, const char *body,
+                     const char *extra_header) {
   resp *r = calloc(1, sizeof *r);
   char url[256];
   snprintf(url, sizeof url, "http://127.0.0.1:%u%s", (unsigned)ag_proxy_port(p),
            path);
-  CURL *h = curl_easy_init();
   struct curl_slist *hs = curl_slist_append(NULL, "Authorization: Bearer "
                                                   "sk-client-secret");
   hs = curl_slist_append(hs, "Content-Type: application/json");
@@ -298,6 +299,9 @@ static resp *call(const ag_proxy *p, const char *method, const char *path,
   curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
   if (body != NULL)
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+  else
+    curl_easy_setopt(h, CURLOPT_HTTPGET,
+                     1L); /* a used handle may have posted */
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rbody);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, rhdr);
@@ -306,7 +310,15 @@ static resp *call(const ag_proxy *p, const char *method, const char *path,
   CURLcode cc = curl_easy_perform(h);
   cr_assert_eq(cc, CURLE_OK, "%s", curl_easy_strerror(cc));
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
   curl_slist_free_all(hs);
+  return r;
+}
+
+static resp *call(const ag_proxy *p, const char *method, const char *path,
+                  const char *body, const char *extra_header) {
+  CURL *h = curl_easy_init();
+  resp *r = call_on(h, p, method, path, body, extra_header);
   curl_easy_cleanup(h);
   return r;
 }
@@ -1251,9 +1263,11 @@ Test(proxy, stop_with_a_stream_open_ends_it) {
   free(sc.b.p);
 }
 
-/* Requests one after the other (plain, streamed, passed through) reach
- * the upstream over one connection: the proxy keeps it between requests
- * (before, every request opened a new one). */
+/* Requests one after the other (plain, streamed, passed through) from one
+ * client, on its kept connection as the SDKs keep theirs, reach the
+ * upstream over one connection: the proxy keeps it between requests (in
+ * the event loop that serves the client's connection; before, every
+ * request opened a new one). */
 Test(proxy, upstream_connection_is_used_again) {
   canned_call(NULL, "one");
   canned_call(NULL, "two");
@@ -1262,19 +1276,21 @@ Test(proxy, upstream_connection_is_used_again) {
   char *body = conversation(0, "read", "{}", "");
   char *sbody =
       streaming(conversation(1, "read", "{\"path\":\"a\"}", "text of a"));
-  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  CURL *h = curl_easy_init();
+  resp *r = call_on(h, P, "POST", "/v1/chat/completions", body, NULL);
   cr_expect_eq(r->status, 200, "%s", r->body);
   free(r);
-  r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  r = call_on(h, P, "POST", "/v1/chat/completions", body, NULL);
   cr_expect_eq(r->status, 200, "%s", r->body);
   free(r);
-  r = call(P, "POST", "/v1/chat/completions", sbody, NULL);
+  r = call_on(h, P, "POST", "/v1/chat/completions", sbody, NULL);
   cr_expect_eq(r->status, 200, "%s", r->body);
   cr_expect(ends_with_done(r), "%s", r->body);
   free(r);
-  r = call(P, "GET", "/v1/models", NULL, NULL);
+  r = call_on(h, P, "GET", "/v1/models", NULL, NULL);
   cr_expect_eq(r->status, 200, "%s", r->body);
   free(r);
+  curl_easy_cleanup(h);
   cr_expect_eq(n_upstream(), 4);
   pthread_mutex_lock(&U.mu);
   int conns = U.n_conns;
@@ -1282,6 +1298,44 @@ Test(proxy, upstream_connection_is_used_again) {
   cr_expect_eq(conns, 1, "4 requests, %d upstream connections", conns);
   free(body);
   free(sbody);
+}
+
+/* --max-connections holds over every event loop: with a limit of 1, a
+ * second client connection gets a 503 while the first one is open. */
+Test(proxy, connections_past_the_limit_get_503) {
+  ag_proxy_stop(P);
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = upstream_url;
+  o.cfg = test_cfg();
+  o.max_connections = 1;
+  ag_error_t err;
+  P = NULL;
+  cr_assert_eq(ag_proxy_start(&P, &o, &err), AG_OK, "%s", err.msg);
+  canned_add(200, "{\"data\":[]}");
+  CURL *first = curl_easy_init();
+  resp *r = call_on(first, P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  free(r);
+  /* the first connection is still open (kept by its client) */
+  for (int i = 0; i < 4; i++) {
+    r = call(P, "GET", "/v1/models", NULL, NULL);
+    cr_expect_eq(r->status, 503, "%s", r->body);
+    cr_expect(strstr(r->body, "too_many_connections") != NULL, "%s", r->body);
+    free(r);
+  }
+  curl_easy_cleanup(first); /* closes it */
+  /* the count goes down when a connection closes: a new one is served */
+  bool served = false;
+  for (int i = 0; i < 50 && !served; i++) {
+    r = call(P, "GET", "/v1/models", NULL, NULL);
+    served = r->status == 200;
+    free(r);
+    if (!served)
+      nap_ms(20);
+  }
+  cr_expect(served, "no request was served after the first client left");
 }
 
 /* ---- Anthropic Messages (/v1/messages) --------------------------------- */
