@@ -110,10 +110,14 @@ typedef struct shard {
 struct ag_proxy {
   shard sh[SHARDS_MAX];
   unsigned n_sh;
-  unsigned max_conns; /* --max-connections, over every loop */
-  atomic_uint conns;  /* client connections open */
-  pthread_mutex_t jobs_mu;
-  pthread_cond_t jobs_cv;
+  unsigned max_conns;      /* --max-connections, over every loop */
+  atomic_uint conns;       /* client connections open */
+  pthread_mutex_t jobs_mu; /* the requests' threads (worker_main) */
+  pthread_cond_t jobs_cv;  /* jobs or workers down to 0 */
+  pthread_cond_t work_cv;  /* a request queued for an idle worker */
+  struct req_ctx *queue, *queue_tail;
+  unsigned queued, idle, workers;
+  bool quit;      /* the workers end */
   unsigned jobs;  /* request threads running */
   bool stopping;  /* under jobs_mu: ag_proxy_stop has begun */
   char *upstream; /* without a trailing slash */
@@ -150,9 +154,10 @@ typedef struct req_ctx {
   bool begun;    /* the handler has seen the headers */
   bool too_many; /* its connection is past --max-connections */
   /* from the handler's last call on: */
-  bool job;             /* the request's thread was started */
-  atomic_bool answered; /* it has set `r` or `st` */
-  shard *sh;            /* the connection's loop */
+  bool job;                 /* the request went to a worker */
+  struct req_ctx *next_job; /* in the workers' queue */
+  atomic_bool answered;     /* it has set `r` or `st` */
+  shard *sh;                /* the connection's loop */
   struct MHD_Connection *c;
   struct curl_slist *client_hdrs; /* the client's headers, hop-by-hop out */
   char *method;
@@ -1391,6 +1396,8 @@ typedef struct stream_st {
   sbuf q; /* for the client, from q_pos on */
   size_t q_pos;
   long status;       /* the upstream's, once its headers are in */
+  int answer;        /* 0 not yet, ANSWER_STREAM or ANSWER_REPLY */
+  req_ctx *req_q;    /* the request, until it is answered (answer_*) */
   bool added;        /* the transfer went to the relay */
   bool up;           /* the transfer has ended (its `done` ran) */
   bool reader_waits; /* the connection is suspended in stream_read */
@@ -1400,6 +1407,8 @@ typedef struct stream_st {
   int refs, ops;
   ag__relay_op op_cancel, op_unpause;
 } stream_st;
+
+enum { ANSWER_STREAM = 1, ANSWER_REPLY = 2 };
 
 /* Bytes waiting for the client past which the upstream is paused (it is
  * resumed below half of it), and the most that may wait: one write
@@ -1573,6 +1582,28 @@ static int on_sse_event(void *user, const char *event_name, const char *data,
   return st->out.failed || st->held.failed ? 1 : 0;
 }
 
+/* The stream's request is answered, on its loop (the transfer's callbacks
+ * run there), as soon as the upstream's status is known: with the stream
+ * (2xx) or with the upstream's error or failure. The connection is
+ * resumed; the handler (send_answer) queues the response. */
+static void answer_stream(stream_st *st, req_ctx *q) {
+  q->st = st;
+  atomic_store(&q->answered, true);
+  resume(st->sh, st->c);
+}
+
+static void answer_reply(stream_st *st, req_ctx *q, long status) {
+  if (status == 0 && (st->u.cc != CURLE_OK || st->u.too_big)) {
+    upstream_failed(st->p, &st->u, &q->r);
+  } else {
+    st->u.status = status;
+    if (!upstream_failed(st->p, &st->u, &q->r))
+      pass_back(&st->u, &q->r);
+  }
+  atomic_store(&q->answered, true);
+  resume(st->sh, st->c);
+}
+
 static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
   stream_st *st = user;
   long status = 0;
@@ -1605,11 +1636,19 @@ static size_t on_stream_header(char *ptr, size_t size, size_t nmemb,
     curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
     if (status >= 200) {
       pthread_mutex_lock(&st->mu);
+      req_ctx *q = NULL;
       if (st->status == 0) {
         st->status = status;
-        pthread_cond_broadcast(&st->cv);
+        if (status < 300 && st->answer == 0) {
+          st->answer = ANSWER_STREAM;
+          st->refs++; /* the response's */
+          q = st->req_q;
+          st->req_q = NULL;
+        }
       }
       pthread_mutex_unlock(&st->mu);
+      if (q != NULL)
+        answer_stream(st, q);
     }
   }
   return n;
@@ -1629,6 +1668,17 @@ static void on_stream_done(ag__relay_xfer *x, CURLcode cc) {
       st->asmb.failed = why;
     flush(st, false);
   }
+  pthread_mutex_lock(&st->mu);
+  req_ctx *q = NULL;
+  if (st->answer == 0) {
+    st->answer = ANSWER_REPLY;
+    q = st->req_q;
+    st->req_q = NULL;
+  }
+  long seen = st->status;
+  pthread_mutex_unlock(&st->mu);
+  if (q != NULL)
+    answer_reply(st, q, seen); /* before `up`: st->u is this thread's */
   pthread_mutex_lock(&st->mu);
   st->up = true;
   if (st->status == 0)
@@ -2071,20 +2121,22 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void stream_run(stream_st *st) {
   STREAM_WAIT(st, st->up);
   pthread_mutex_lock(&st->mu);
-  bool gone = st->client_gone;
+  bool relayed = st->answer == ANSWER_STREAM && !st->client_gone;
   pthread_mutex_unlock(&st->mu);
-  if (!gone)
+  if (relayed) {
     stream_finish(st);
-  flush(st, true);
+    flush(st, true);
+  }
   stream_release(st, true);
 }
 
-/* Starts relaying: the transfer runs until the upstream's status is known.
- * Returns the stream (the guard and the request are now its; two
- * references: the response's and the request thread's, see stream_run),
- * or NULL with `r` filled (502, the upstream's own error, or 500). */
+/* Starts relaying: hands the transfer to the connection's loop, which
+ * answers the request (q) when the upstream's status is known. Returns the
+ * stream (the guard and the request body are now its; the request
+ * thread's reference, see stream_run; q is not this thread's any more),
+ * or NULL with `r` filled (500) when it could not start. */
 static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
-                               const req_ctx *q, const char *body, size_t len,
+                               req_ctx *q, const char *body, size_t len,
                                bool ours, bool anth, const char *path,
                                json_t **req, ag_guard **g, reply *r) {
   stream_st *st = calloc(1, sizeof(*st));
@@ -2140,29 +2192,10 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   st->op_unpause.taken = on_unpause_taken;
   st->op_unpause.user = st;
   st->added = true;
+  st->req_q = q;
+  /* from here on q is the loop's: it answers the request (answer_stream,
+   * answer_reply) once the upstream's status is known */
   ag__relay_add(st->sh->relay, &st->x);
-  STREAM_WAIT(st, st->status != 0 || st->up);
-  pthread_mutex_lock(&st->mu);
-  long status = st->status;
-  pthread_mutex_unlock(&st->mu);
-  if (status < 200 || status >= 300)
-    STREAM_WAIT(st, st->up); /* the error's whole body */
-  /* st->u is the relay's until `up`; read only after it */
-  if (status == 0 && (st->u.cc != CURLE_OK || st->u.too_big)) {
-    upstream_failed(p, &st->u, r);
-    stream_release(st, true);
-    return NULL;
-  }
-  if (status < 200 || status >= 300) {
-    st->u.status = status;
-    if (!upstream_failed(p, &st->u, r))
-      pass_back(&st->u, r);
-    stream_release(st, true);
-    return NULL;
-  }
-  pthread_mutex_lock(&st->mu);
-  st->refs = 2;
-  pthread_mutex_unlock(&st->mu);
   return st;
 }
 
@@ -3092,7 +3125,7 @@ static bool load_req(const req_ctx *q, json_t **req, reply *r) {
   return *req != NULL;
 }
 
-static void chat(ag_proxy *p, struct MHD_Connection *c, const req_ctx *q,
+static void chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                  const char *path, reply *r, stream_st **st_out) {
   const bool anth = r->anthropic;
   bool anth_stream = false;
@@ -3205,6 +3238,8 @@ decided:
     *st_out = stream_start(p, c, q, fwd != NULL ? fwd : q->body,
                            fwd != NULL ? fwd_len : q->len, fwd != NULL, anth,
                            path, &req, &g, r);
+    if (*st_out != NULL)
+      anth_stream = false; /* q and r are the loop's now: not touched */
     goto out;
   }
   send_upstream(p, q->client_hdrs, "POST", q->uri, fwd != NULL ? fwd : q->body,
@@ -3450,7 +3485,6 @@ static void *job_main(void *arg) {
   stream_st *st = NULL;
   if (strcmp(q->method, "POST") == 0 && guarded_path(path)) {
     chat(p, c, q, path, &q->r, &st);
-    q->st = st;
   } else {
     upstream u;
     send_upstream(p, q->client_hdrs, q->method, q->uri, q->body, q->len, false,
@@ -3459,11 +3493,47 @@ static void *job_main(void *arg) {
       pass_back(&u, &q->r);
     upstream_free(&u);
   }
-  atomic_store(&q->answered, true);
-  resume(sh, c);
-  if (st != NULL)
-    stream_run(st);
+  if (st != NULL) {
+    stream_run(st); /* its loop answers the request */
+  } else {
+    atomic_store(&q->answered, true);
+    resume(sh, c);
+  }
   job_end(p);
+  return NULL;
+}
+
+/* Idle workers kept at most; more end when their request is done. */
+#define WORKERS_IDLE_MAX 64u
+
+/* A worker: takes queued requests one after the other (job_main) and
+ * waits for the next one, so that a request seldom waits for a thread to
+ * be made. A worker serving a stream stays with it to its end (the
+ * calls are checked there), so there are as many as requests in flight. */
+static void *worker_main(void *arg) {
+  ag_proxy *p = arg;
+  pthread_mutex_lock(&p->jobs_mu);
+  for (;;) {
+    p->idle++;
+    while (p->queue == NULL && !p->quit)
+      pthread_cond_wait(&p->work_cv, &p->jobs_mu);
+    p->idle--;
+    req_ctx *q = p->queue;
+    if (q == NULL)
+      break; /* quit */
+    p->queue = q->next_job;
+    if (p->queue == NULL)
+      p->queue_tail = NULL;
+    p->queued--;
+    pthread_mutex_unlock(&p->jobs_mu);
+    job_main(q);
+    pthread_mutex_lock(&p->jobs_mu);
+    if (p->idle >= WORKERS_IDLE_MAX && p->queue == NULL)
+      break;
+  }
+  if (--p->workers == 0)
+    pthread_cond_broadcast(&p->jobs_cv);
+  pthread_mutex_unlock(&p->jobs_mu);
   return NULL;
 }
 
@@ -3515,15 +3585,42 @@ static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q,
   q->c = c;
   q->job = true;
   MHD_suspend_connection(c);
-  pthread_attr_t at;
-  pthread_t t;
-  bool ok = pthread_attr_init(&at) == 0;
-  if (ok) {
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&at, JOB_STACK);
-    ok = pthread_create(&t, &at, job_main, q) == 0;
-    pthread_attr_destroy(&at);
+  pthread_mutex_lock(&p->jobs_mu);
+  q->next_job = NULL;
+  if (p->queue_tail != NULL)
+    p->queue_tail->next_job = q;
+  else
+    p->queue = q;
+  p->queue_tail = q;
+  p->queued++;
+  bool ok = true;
+  if (p->queued > p->idle) {
+    /* every idle worker has a request coming: one more */
+    pthread_attr_t at;
+    pthread_t t;
+    ok = pthread_attr_init(&at) == 0;
+    if (ok) {
+      pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+      pthread_attr_setstacksize(&at, JOB_STACK);
+      ok = pthread_create(&t, &at, worker_main, p) == 0;
+      pthread_attr_destroy(&at);
+    }
+    if (ok) {
+      p->workers++;
+    } else { /* take it back out: it is the last one */
+      req_ctx **pp = &p->queue;
+      while (*pp != q)
+        pp = &(*pp)->next_job;
+      *pp = NULL;
+      p->queue_tail = NULL;
+      for (req_ctx *k = p->queue; k != NULL; k = k->next_job)
+        p->queue_tail = k;
+      p->queued--;
+    }
+  } else {
+    pthread_cond_signal(&p->work_cv);
   }
+  pthread_mutex_unlock(&p->jobs_mu);
   if (!ok) {
     job_end(p);
     set_error(&q->r, 503, "server_error", "no_thread",
@@ -3797,6 +3894,7 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   pthread_mutex_init(&p->ev_mu, NULL);
   pthread_mutex_init(&p->jobs_mu, NULL);
   pthread_cond_init(&p->jobs_cv, NULL);
+  pthread_cond_init(&p->work_cv, NULL);
   atomic_init(&p->ids, 1);
   unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections
                                           : AG_PROXY_MAX_CONNECTIONS;
@@ -3811,6 +3909,7 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
     pthread_mutex_destroy(&p->ev_mu);
     pthread_mutex_destroy(&p->jobs_mu);
     pthread_cond_destroy(&p->jobs_cv);
+    pthread_cond_destroy(&p->work_cv);
     free(p->upstream);
     free(p->client_key);
     free(p);
@@ -3848,11 +3947,16 @@ void ag_proxy_stop(ag_proxy *p) {
   pthread_mutex_lock(&p->jobs_mu);
   while (p->jobs > 0)
     pthread_cond_wait(&p->jobs_cv, &p->jobs_mu);
+  p->quit = true;
+  pthread_cond_broadcast(&p->work_cv);
+  while (p->workers > 0)
+    pthread_cond_wait(&p->jobs_cv, &p->jobs_mu);
   pthread_mutex_unlock(&p->jobs_mu);
   stop_shards(p);
   pthread_mutex_destroy(&p->ev_mu);
   pthread_mutex_destroy(&p->jobs_mu);
   pthread_cond_destroy(&p->jobs_cv);
+  pthread_cond_destroy(&p->work_cv);
   if (p->client_key != NULL)
     OPENSSL_cleanse(p->client_key, strlen(p->client_key));
   free(p->client_key);
