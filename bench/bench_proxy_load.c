@@ -463,8 +463,7 @@ int main(int argc, char **argv) {
       0, NULL, NULL, up_handler, NULL, MHD_OPTION_CONNECTION_LIMIT,
       (unsigned)(2 * n + 16), MHD_OPTION_LISTEN_BACKLOG_SIZE,
       (unsigned)(n + 16), MHD_OPTION_END);
-  if (up == NULL ||
-      pthread_create(&W.thread, NULL, timer_main, NULL) != 0) {
+  if (up == NULL || pthread_create(&W.thread, NULL, timer_main, NULL) != 0) {
     fprintf(stderr, "bench_proxy_load: the fake upstream did not start\n");
     return 1;
   }
