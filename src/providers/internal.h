@@ -151,6 +151,9 @@ void ag__anthropic_response(ag__asm *a, const char *body, size_t len);
  * in the stream. Returns 0 to go on, non-zero to stop. */
 int ag__openai_event(ag__asm *a, const char *event, const char *data,
                      size_t len, size_t pos);
+/* The same for a chunk already parsed (j, not taken); `at` is the byte
+ * position of its data, for errors. */
+int ag__openai_chunk(ag__asm *a, json_t *j, size_t at);
 int ag__anthropic_event(ag__asm *a, const char *event, const char *data,
                         size_t len, size_t pos);
 

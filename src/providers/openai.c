@@ -273,6 +273,12 @@ int ag__openai_event(ag__asm *a, const char *event, const char *data,
                 "a stream chunk is not JSON (%s)", je.text);
     return 1;
   }
+  int rc = ag__openai_chunk(a, j, at);
+  json_decref(j);
+  return rc;
+}
+
+int ag__openai_chunk(ag__asm *a, json_t *j, size_t at) {
   bool ok = true;
   if (!json_is_object(j)) {
     ok = ag__asm_bad(a, (long)at, "a stream chunk is not a JSON object");
@@ -330,6 +336,5 @@ int ag__openai_event(ag__asm *a, const char *event, const char *data,
   }
   read_usage(a, json_object_get(j, "usage"));
 done:
-  json_decref(j);
   return ok ? 0 : 1;
 }

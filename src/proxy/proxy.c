@@ -1532,11 +1532,17 @@ static int on_sse_event(void *user, const char *event_name, const char *data,
     st->asmb.done = true;
     return 0;
   }
-  if (ag__openai_event(&st->asmb, event_name, data, len, pos) != 0)
-    return 1;
+  /* parsed once, for the assembler and for the relay */
   json_t *j = json_loadb(data, len, 0, NULL);
-  if (j == NULL)
+  if (j == NULL) {
+    /* not JSON: the assembler's reader says where and why */
+    ag__openai_event(&st->asmb, event_name, data, len, pos);
     return 1;
+  }
+  if (ag__openai_chunk(&st->asmb, j, pos + 6) != 0) {
+    json_decref(j);
+    return 1;
+  }
   if (st->id[0] == '\0') {
     const char *id = json_string_value(json_object_get(j, "id"));
     const char *model = json_string_value(json_object_get(j, "model"));
