@@ -9,10 +9,11 @@
  * The proxy serves HTTP with libmicrohttpd and talks to the upstream with
  * libcurl, both on event loops, one per core (src/proxy/relay.c: a
  * daemon's epoll set and its connections' upstream transfers through
- * curl_multi_socket_action), so a relayed stream holds no thread while it
- * waits; each request's decision
- * and its blocking upstream requests run on a thread of its own while its
- * connection is suspended. Connections are capped; up to 64 idle upstream
+ * curl_multi_socket_action), so a relayed chunk wakes no thread but its
+ * loop's; each request's decision and its blocking upstream requests run
+ * on a worker thread of its own while its connection is suspended (for a
+ * stream, the worker waits without CPU until the stream ends, then checks
+ * its calls). Connections are capped; up to 64 idle upstream
  * connections are kept between requests.
  *   - POST /v1/chat/completions and POST /v1/messages (Anthropic, its
  *     messages read as chat form) are guarded: the request's turn (everything

@@ -1501,8 +1501,12 @@ static void flush(stream_st *st, bool last) {
   bool wake = false;
   pthread_mutex_lock(&st->mu);
   if (st->out.len > 0) {
-    if (st->q_pos == st->q.len)
-      st->q.len = st->q_pos = 0;
+    /* what was read goes: q holds only what waits (its cap is on that) */
+    if (st->q_pos > 0) {
+      memmove(st->q.p, st->q.p + st->q_pos, st->q.len - st->q_pos);
+      st->q.len -= st->q_pos;
+      st->q_pos = 0;
+    }
     if (!last && st->q.len - st->q_pos + st->out.len > STREAM_Q_MAX)
       st->q.failed = true; /* the pause did not hold it back */
     if (last)
@@ -1687,6 +1691,7 @@ static void on_stream_done(ag__relay_xfer *x, CURLcode cc) {
     answer_reply(st, q, seen); /* before `up`: st->u is this thread's */
   pthread_mutex_lock(&st->mu);
   st->up = true;
+  st->paused = false; /* nothing to resume: no request to the relay now */
   if (st->status == 0)
     st->status = status;
   pthread_cond_broadcast(&st->cv);
@@ -2091,7 +2096,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
       n = max;
     memcpy(buf, st->q.p + st->q_pos, n);
     st->q_pos += n;
-    if (st->paused && !st->unpause_queued &&
+    if (st->paused && !st->up && !st->unpause_queued &&
         st->q.len - st->q_pos < STREAM_Q_HIGH / 2) {
       st->paused = false;
       st->unpause_queued = true;

@@ -132,10 +132,16 @@ static void take_queue(ag__relay *r) {
     if (op->kind == OP_ADD) {
       start_xfer(r, x, stopping);
     } else {
-      if (x->active && op->kind == OP_CANCEL)
+      if (x->active && op->kind == OP_CANCEL) {
         end_xfer(r, x, CURLE_ABORTED_BY_CALLBACK);
-      else if (x->active)
-        curl_easy_pause(x->h, CURLPAUSE_CONT);
+      } else if (x->active) {
+        /* libcurl hands the held data to the write callback in this call;
+         * when that fails it says so here and no longer watches the
+         * socket: the transfer ends now, not at its timeout */
+        CURLcode cc = curl_easy_pause(x->h, CURLPAUSE_CONT);
+        if (cc != CURLE_OK)
+          end_xfer(r, x, cc);
+      }
       if (op->taken != NULL)
         op->taken(op->user);
     }

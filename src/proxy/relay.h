@@ -4,7 +4,7 @@
  *
  * A relay is one thread that drives one libcurl multi handle with
  * curl_multi_socket_action over epoll: every upstream transfer of the
- * proxy runs in it, so a relayed stream costs no thread while it waits;
+ * proxy runs in it, so a relayed chunk wakes no other thread;
  * connections to the upstream stay in the multi handle's cache between
  * transfers. The same thread can serve one more event source (a hook: the
  * proxy's libmicrohttpd daemon), so that a chunk read from the upstream is
