@@ -117,10 +117,11 @@ struct ag_proxy {
   pthread_cond_t work_cv;  /* a request queued for an idle worker */
   struct req_ctx *queue, *queue_tail;
   unsigned queued, idle, workers;
-  bool quit;      /* the workers end */
-  unsigned jobs;  /* request threads running */
-  bool stopping;  /* under jobs_mu: ag_proxy_stop has begun */
-  char *upstream; /* without a trailing slash */
+  unsigned spawning; /* workers made that have not taken a request yet */
+  bool quit;         /* the workers end */
+  unsigned jobs;     /* request threads running */
+  bool stopping;     /* under jobs_mu: ag_proxy_stop has begun */
+  char *upstream;    /* without a trailing slash */
   bool upstream_v1;
   ag_config cfg;
   size_t max_body;
@@ -3517,13 +3518,67 @@ static void *job_main(void *arg) {
 /* Idle workers kept at most; more end when their request is done. */
 #define WORKERS_IDLE_MAX 64u
 
+static void *worker_main(void *arg);
+
+/* Makes one worker (the caller holds jobs_mu); false when it cannot. */
+static bool spawn_worker(ag_proxy *p) {
+  pthread_attr_t at;
+  pthread_t t;
+  bool ok = pthread_attr_init(&at) == 0;
+  if (ok) {
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&at, JOB_STACK);
+    ok = pthread_create(&t, &at, worker_main, p) == 0;
+    pthread_attr_destroy(&at);
+  }
+  if (ok) {
+    p->workers++;
+    p->spawning++;
+  }
+  return ok;
+}
+
+/* Requests queued with no worker coming for them (none could be made)
+ * are answered 503 (the caller holds jobs_mu; it is released and taken
+ * again). */
+static void refuse_queued(ag_proxy *p) {
+  req_ctx *refused = NULL;
+  while (p->queue != NULL && p->queued > p->idle + p->spawning) {
+    req_ctx *q = p->queue;
+    p->queue = q->next_job;
+    if (p->queue == NULL)
+      p->queue_tail = NULL;
+    p->queued--;
+    q->next_job = refused;
+    refused = q;
+  }
+  pthread_mutex_unlock(&p->jobs_mu);
+  while (refused != NULL) {
+    req_ctx *q = refused;
+    refused = q->next_job;
+    set_error(&q->r, 503, "server_error", "no_thread",
+              "agentguard proxy: cannot start a thread for the request");
+    shard *sh = q->sh;
+    struct MHD_Connection *c = q->c;
+    atomic_store(&q->answered, true);
+    resume(sh, c); /* q is the connection's again */
+    job_end(p);
+  }
+  pthread_mutex_lock(&p->jobs_mu);
+}
+
 /* A worker: takes queued requests one after the other (job_main) and
  * waits for the next one, so that a request seldom waits for a thread to
  * be made. A worker serving a stream stays with it to its end (the
- * calls are checked there), so there are as many as requests in flight. */
+ * calls are checked there), so there are as many as requests in flight.
+ * Workers are made by workers: the loop makes one at a time (start_job),
+ * and a worker that takes a request makes up to two more while requests
+ * wait with none coming, so a burst does not hold the loop's thread in
+ * pthread_create. */
 static void *worker_main(void *arg) {
   ag_proxy *p = arg;
   pthread_mutex_lock(&p->jobs_mu);
+  p->spawning--;
   for (;;) {
     p->idle++;
     while (p->queue == NULL && !p->quit)
@@ -3536,6 +3591,11 @@ static void *worker_main(void *arg) {
     if (p->queue == NULL)
       p->queue_tail = NULL;
     p->queued--;
+    bool made = true;
+    for (int k = 0; k < 2 && made && p->queued > p->idle + p->spawning; k++)
+      made = spawn_worker(p);
+    if (!made && p->spawning == 0)
+      refuse_queued(p); /* no thread can be made: no worker is coming */
     pthread_mutex_unlock(&p->jobs_mu);
     job_main(q);
     pthread_mutex_lock(&p->jobs_mu);
@@ -3605,20 +3665,12 @@ static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q,
   p->queue_tail = q;
   p->queued++;
   bool ok = true;
-  if (p->queued > p->idle) {
-    /* every idle worker has a request coming: one more */
-    pthread_attr_t at;
-    pthread_t t;
-    ok = pthread_attr_init(&at) == 0;
-    if (ok) {
-      pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-      pthread_attr_setstacksize(&at, JOB_STACK);
-      ok = pthread_create(&t, &at, worker_main, p) == 0;
-      pthread_attr_destroy(&at);
-    }
-    if (ok) {
-      p->workers++;
-    } else { /* take it back out: it is the last one */
+  if (p->queued > p->idle + p->spawning) {
+    /* no worker is coming for it: make one, unless one is being made
+     * (it makes more, see worker_main) */
+    if (p->spawning == 0)
+      ok = spawn_worker(p);
+    if (!ok) { /* take it back out: it is the last one */
       req_ctx **pp = &p->queue;
       while (*pp != q)
         pp = &(*pp)->next_job;
