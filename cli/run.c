@@ -191,14 +191,19 @@ static void on_signal(int sig) {
     ag_cancel_force(c);
 }
 
+/* The signals of set_handlers. */
+static void stop_signals(sigset_t *set) {
+  sigemptyset(set);
+  sigaddset(set, SIGINT);
+  sigaddset(set, SIGTERM);
+  sigaddset(set, SIGHUP);
+}
+
 static void set_handlers(bool on) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on ? on_signal : SIG_DFL;
-  sigemptyset(&sa.sa_mask);
-  sigaddset(&sa.sa_mask, SIGINT);
-  sigaddset(&sa.sa_mask, SIGTERM);
-  sigaddset(&sa.sa_mask, SIGHUP);
+  stop_signals(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
@@ -250,13 +255,6 @@ static int on_delta(void *user, const char *text, size_t len) {
 }
 
 /* Reads one answer line from the terminal into buf (cap bytes). */
-/* The signals of set_handlers. */
-static void stop_signals(sigset_t *set) {
-  sigemptyset(set);
-  sigaddset(set, SIGINT);
-  sigaddset(set, SIGTERM);
-  sigaddset(set, SIGHUP);
-}
 
 /* Waits until fd has a line to read; false when a signal came first. The
  * caller has the signals blocked and `open_mask` unblocks them inside

@@ -1399,12 +1399,11 @@ typedef struct stream_st {
   long status;       /* the upstream's, once its headers are in */
   int answer;        /* 0 not yet, ANSWER_STREAM or ANSWER_REPLY */
   req_ctx *req_q;    /* the request, until it is answered (answer_*) */
-  bool added;        /* the transfer went to the relay */
   bool up;           /* the transfer has ended (its `done` ran) */
   bool reader_waits; /* the connection is suspended in stream_read */
   bool paused;       /* the transfer is paused: `q` is full */
   bool client_gone;  /* the response was freed */
-  bool cancel_queued, unpause_queued;
+  bool unpause_queued;
   int refs, ops;
   ag__relay_op op_cancel, op_unpause;
 } stream_st;
@@ -1454,11 +1453,7 @@ static void stream_release(stream_st *st, bool ref) {
 }
 
 static void on_cancel_taken(void *user) {
-  stream_st *st = user;
-  pthread_mutex_lock(&st->mu);
-  st->cancel_queued = false;
-  pthread_mutex_unlock(&st->mu);
-  stream_release(st, false);
+  stream_release(user, false);
 }
 
 static void on_unpause_taken(void *user) {
@@ -1477,11 +1472,11 @@ static void stream_free(void *cls) {
     return;
   pthread_mutex_lock(&st->mu);
   st->client_gone = true;
-  bool cancel = st->added && !st->up && !st->cancel_queued;
-  if (cancel) {
-    st->cancel_queued = true;
+  /* the response exists only once the transfer is on the relay (see
+   * answer_stream), and it is freed once: one cancel at most */
+  bool cancel = !st->up;
+  if (cancel)
     st->ops++;
-  }
   pthread_mutex_unlock(&st->mu);
   if (cancel)
     ag__relay_cancel(st->sh->relay, &st->x, &st->op_cancel);
@@ -2118,21 +2113,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
   return ret;
 }
 
-/* Waits, on the request's thread, until `cond` holds. */
-#define STREAM_WAIT(st, cond)                                                  \
-  do {                                                                         \
-    pthread_mutex_lock(&(st)->mu);                                             \
-    while (!(cond))                                                            \
-      pthread_cond_wait(&(st)->cv, &(st)->mu);                                 \
-    pthread_mutex_unlock(&(st)->mu);                                           \
-  } while (0)
-
 /* The rest of a relayed stream, on the request's thread once the response
  * is queued: waits for the transfer's end, then checks the calls and
  * writes the end (unless the client has gone), and lets go. */
 static void stream_run(stream_st *st) {
-  STREAM_WAIT(st, st->up);
   pthread_mutex_lock(&st->mu);
+  while (!st->up)
+    pthread_cond_wait(&st->cv, &st->mu);
   bool relayed = st->answer == ANSWER_STREAM && !st->client_gone;
   pthread_mutex_unlock(&st->mu);
   if (relayed) {
@@ -2203,7 +2190,6 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   st->op_cancel.user = st;
   st->op_unpause.taken = on_unpause_taken;
   st->op_unpause.user = st;
-  st->added = true;
   st->req_q = q;
   /* from here on q is the loop's: it answers the request (answer_stream,
    * answer_reply) once the upstream's status is known */

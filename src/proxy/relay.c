@@ -17,6 +17,8 @@
 #define _GNU_SOURCE
 #include "relay.h"
 
+#include "agentguard/base.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -24,7 +26,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 
 enum { OP_ADD, OP_CANCEL, OP_UNPAUSE };
@@ -44,12 +45,6 @@ struct ag__relay {
   bool closing; /* every transfer ends, new ones too */
   bool quit;    /* the thread ends */
 };
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int on_socket(CURL *e, curl_socket_t s, int what, void *userp,
                      void *socketp) {
@@ -73,7 +68,7 @@ static int on_socket(CURL *e, curl_socket_t s, int what, void *userp,
 static int on_timer(CURLM *m, long timeout_ms, void *userp) {
   (void)m;
   ag__relay *r = userp;
-  r->deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+  r->deadline = timeout_ms < 0 ? -1 : ag_now_ms() + timeout_ms;
   return 0;
 }
 
@@ -171,7 +166,7 @@ static void *relay_main(void *arg) {
   for (;;) {
     int wait = -1;
     if (r->deadline >= 0) {
-      int64_t d = r->deadline - now_ms();
+      int64_t d = r->deadline - ag_now_ms();
       wait = d < 0 ? 0 : d > 60000 ? 60000 : (int)d;
     }
     if (r->has_hook && r->hook.timeout_ms != NULL) {
@@ -195,7 +190,7 @@ static void *relay_main(void *arg) {
           (evs[i].events & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
       curl_multi_socket_action(r->multi, evs[i].data.fd, flags, &running);
     }
-    if (r->deadline >= 0 && now_ms() >= r->deadline) {
+    if (r->deadline >= 0 && ag_now_ms() >= r->deadline) {
       r->deadline = -1;
       curl_multi_socket_action(r->multi, CURL_SOCKET_TIMEOUT, 0, &running);
     }
