@@ -1351,17 +1351,23 @@ static ag_action record_nudged(ag_guard *g, const ag_reply *rep,
  * tool-call fragments, the finish reason or only usage are held until the
  * stream ends and the calls are checked.
  *
- * Three threads share a stream, and only through `mu`:
- * - the relay (relay.c) runs the transfer: its callbacks parse the events,
- *   write what the client gets into `out` and move it to `q` (flush);
- * - the request's thread (job_main) starts it, waits for its end (`up`),
- *   then checks the calls, maybe asks again (a nudge), writes the end into
- *   `out` and flushes it with `finished`;
- * - the connection's thread reads `q` (stream_read); when it is empty it
- *   suspends the connection (`reader_waits`) and a flush resumes it.
- * `out` has one writer at a time: the relay until `up`, then the request's
- * thread. The stream is freed when the request's thread and the response
- * have let go of it (`refs`) and no request to the relay is queued (`ops`).
+ * The request's thread (job_main) decides and starts the transfer on the
+ * connection's loop (stream_start), and is done with it. From then on the
+ * loop's thread runs the stream, and shares it with other threads only
+ * through `mu`:
+ * - the transfer's callbacks (relay.c) parse the events, write what the
+ *   client gets into `out` and move it to `q` (flush); at the transfer's
+ *   end (on_stream_done) the calls are checked and the end is written and
+ *   flushed with `finished`, on the same thread - unless the check asks
+ *   for a nudge, which waits for the upstream: then a thread of its own
+ *   (nudge_main) asks again and writes the end;
+ * - the connection's side (libmicrohttpd, run by the same loop) reads `q`
+ *   (stream_read); when it is empty it suspends the connection
+ *   (`reader_waits`) and a flush resumes it.
+ * `out` has one writer at a time: the loop, then the nudge's thread if
+ * there is one. The stream is freed when its end (`refs`: the loop's, or
+ * the nudge's thread) and the response have let go of it, and no request
+ * to the relay is queued (`ops`).
  */
 typedef struct stream_st {
   ag_proxy *p;
@@ -1369,7 +1375,8 @@ typedef struct stream_st {
   struct MHD_Connection *c;
   char *uri, *path;
   struct curl_slist *ch; /* the client's headers, for a nudge's request */
-  json_t *req;
+  char *body;            /* what goes upstream (CURLOPT_POSTFIELDS) */
+  char *orig;            /* the client's request, if not `body`: a nudge's */
   ag_guard *g;
   ag__relay_xfer x; /* the transfer; x.h is its easy handle */
   struct curl_slist *hdrs;
@@ -1393,7 +1400,6 @@ typedef struct stream_st {
   json_t *held_ev; /* [[event name, data object], ...] held back */
   /* under mu */
   pthread_mutex_t mu;
-  pthread_cond_t cv;
   sbuf q; /* for the client, from q_pos on */
   size_t q_pos;
   long status;       /* the upstream's, once its headers are in */
@@ -1431,10 +1437,10 @@ static void stream_destroy(stream_st *st) {
   free(st->held.p);
   json_decref(st->held_ev);
   ag_guard_free(st->g);
-  json_decref(st->req);
+  free(st->body);
+  free(st->orig);
   free(st->uri);
   free(st->path);
-  pthread_cond_destroy(&st->cv);
   pthread_mutex_destroy(&st->mu);
   free(st);
 }
@@ -1660,8 +1666,11 @@ static size_t on_stream_header(char *ptr, size_t size, size_t nmemb,
   return n;
 }
 
-/* The transfer has ended (on the relay's thread): the last events parsed,
- * then the request's thread told. */
+static void stream_end(stream_st *st);
+
+/* The transfer has ended (on the relay's thread): the last events parsed;
+ * then the request answered if it was not yet, or the stream's end
+ * written (stream_end). */
 static void on_stream_done(ag__relay_xfer *x, CURLcode cc) {
   stream_st *st = x->user;
   long status = 0;
@@ -1690,8 +1699,12 @@ static void on_stream_done(ag__relay_xfer *x, CURLcode cc) {
   st->paused = false; /* nothing to resume: no request to the relay now */
   if (st->status == 0)
     st->status = status;
-  pthread_cond_broadcast(&st->cv);
+  bool relayed = st->answer == ANSWER_STREAM && !st->client_gone;
   pthread_mutex_unlock(&st->mu);
+  if (relayed)
+    stream_end(st);
+  else
+    stream_release(st, true);
 }
 
 /* The end of a relayed stream that was stopped: the stop message as text,
@@ -1853,8 +1866,41 @@ static void anth_error(stream_st *st, const char *msg) {
                      "api_error", "message", msg));
 }
 
+/* ---- The end of a relayed stream ------------------------------------- */
+
+/* A nudge at a stream's end: the reply whose calls were held back and
+ * what the check said, for the thread that asks again (nudge_main). */
+typedef struct nudge_job {
+  stream_st *st;
+  ag_reply rep;
+  ag_verdict v;
+  ag_call_check checks[AG__CALLS_MAX];
+} nudge_job;
+
+/* Takes *rep (it is left empty) and copies the rest; NULL when out of
+ * memory. */
+static nudge_job *nudge_new(stream_st *st, ag_reply *rep,
+                            const ag_call_check *checks, const ag_verdict *v) {
+  nudge_job *nj = malloc(sizeof(*nj));
+  if (nj == NULL)
+    return NULL;
+  nj->st = st;
+  nj->rep = *rep;
+  memset(rep, 0, sizeof *rep);
+  nj->v = *v;
+  memcpy(nj->checks, checks, sizeof nj->checks);
+  return nj;
+}
+
+/* The client's request as a tree, for a nudge's request (it is parsed
+ * only then: most streams never need it). NULL if it cannot be. */
+static json_t *stream_request(const stream_st *st) {
+  const char *b = st->orig != NULL ? st->orig : st->body;
+  return json_loads(b != NULL ? b : "", 0, NULL);
+}
+
 /* The end of a relayed Anthropic stream (stream_finish's counterpart). */
-static void stream_finish_anth(stream_st *st) {
+static void stream_finish_anth(stream_st *st, nudge_job **nj) {
   char msg[ERR_MSG_MAX];
   if (st->looped) {
     event(st->p, "stream_stopped", st->path, &st->loop_v, NULL);
@@ -1874,9 +1920,8 @@ static void stream_finish_anth(stream_st *st) {
     anth_error(st, msg);
     return;
   }
-  ag_reply rep, rep2;
+  ag_reply rep;
   memset(&rep, 0, sizeof rep);
-  memset(&rep2, 0, sizeof rep2);
   if (ag__asm_finish(&st->asmb, &rep) != AG_OK) {
     anth_error(st, "agentguard proxy: out of memory");
     return;
@@ -1906,9 +1951,23 @@ static void stream_finish_anth(stream_st *st) {
     anth_stop(st, &v);
     goto out;
   }
+  *nj = nudge_new(st, &rep, checks, &v);
+  if (*nj == NULL)
+    anth_error(st, "agentguard proxy: out of memory");
+out:
+  ag_reply_clear(&rep);
+}
+
+/* stream_nudge's counterpart for a relayed Anthropic stream. */
+static void stream_nudge_anth(stream_st *st, nudge_job *nj) {
+  char msg[ERR_MSG_MAX];
+  ag_reply rep2;
+  memset(&rep2, 0, sizeof rep2);
+  ag_call_check *checks = nj->checks;
+  ag_verdict v = nj->v;
   event(st->p, "nudge", st->path, &v, NULL);
-  json_t *b = json_copy(st->req);
-  json_t *extra = nudge_messages_anthropic(&rep, checks);
+  json_t *b = stream_request(st);
+  json_t *extra = nudge_messages_anthropic(&nj->rep, checks);
   size_t len = 0;
   char *body = NULL;
   if (b != NULL && extra != NULL) {
@@ -1921,7 +1980,7 @@ static void stream_finish_anth(stream_st *st) {
     anth_error(st, "agentguard proxy: out of memory");
     goto out;
   }
-  act = record_nudged(st->g, &rep, checks, &v);
+  ag_action act = record_nudged(st->g, &nj->rep, checks, &v);
   upstream u;
   memset(&u, 0, sizeof u);
   reply r;
@@ -1973,14 +2032,15 @@ static void stream_finish_anth(stream_st *st) {
   event(st->p, "reply_replaced", st->path, &v, NULL);
   anth_stop(st, &v);
 out:
-  ag_reply_clear(&rep);
   ag_reply_clear(&rep2);
 }
 
-/* The stream has ended: check the calls, then release or replace them. */
-static void stream_finish(stream_st *st) {
+/* The end of a relayed Chat Completions stream, on its loop: the calls
+ * checked, then released or replaced; a nudge is left in *nj for its own
+ * thread (nudge_main), which asks again. */
+static void stream_finish(stream_st *st, nudge_job **nj) {
   if (st->anth) {
-    stream_finish_anth(st);
+    stream_finish_anth(st, nj);
     return;
   }
   if (st->id[0] == '\0') {
@@ -2006,9 +2066,8 @@ static void stream_finish(stream_st *st) {
                      : ag_strerror(st->asmb.failed));
     return;
   }
-  ag_reply rep, rep2;
+  ag_reply rep;
   memset(&rep, 0, sizeof rep);
-  memset(&rep2, 0, sizeof rep2);
   if (ag__asm_finish(&st->asmb, &rep) != AG_OK) {
     stream_error(st, "agentguard proxy: out of memory");
     return;
@@ -2026,9 +2085,24 @@ static void stream_finish(stream_st *st) {
     stream_stop(st, &v);
     goto out;
   }
+  *nj = nudge_new(st, &rep, checks, &v);
+  if (*nj == NULL)
+    stream_error(st, "agentguard proxy: out of memory");
+out:
+  ag_reply_clear(&rep);
+}
+
+/* A relayed Chat Completions stream's nudge, on its own thread: the
+ * held-back calls answered by the nudge, asked once more (not streamed),
+ * and the new reply, checked, written as the stream's end. */
+static void stream_nudge(stream_st *st, nudge_job *nj) {
+  ag_reply rep2;
+  memset(&rep2, 0, sizeof rep2);
+  ag_call_check *checks = nj->checks;
+  ag_verdict v = nj->v;
   event(st->p, "nudge", st->path, &v, NULL);
-  json_t *b = json_copy(st->req);
-  json_t *extra = nudge_messages(&rep, checks);
+  json_t *b = stream_request(st);
+  json_t *extra = nudge_messages(&nj->rep, checks);
   size_t len = 0;
   char *body = NULL;
   if (b != NULL && extra != NULL) {
@@ -2042,7 +2116,7 @@ static void stream_finish(stream_st *st) {
     stream_error(st, "agentguard proxy: out of memory");
     goto out;
   }
-  act = record_nudged(st->g, &rep, checks, &v);
+  ag_action act = record_nudged(st->g, &nj->rep, checks, &v);
   upstream u;
   memset(&u, 0, sizeof u);
   if (!is_stop(act))
@@ -2073,7 +2147,6 @@ static void stream_finish(stream_st *st) {
   event(st->p, "reply_replaced", st->path, &v, NULL);
   stream_stop(st, &v);
 out:
-  ag_reply_clear(&rep);
   ag_reply_clear(&rep2);
 }
 
@@ -2113,39 +2186,22 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
   return ret;
 }
 
-/* The rest of a relayed stream, on the request's thread once the response
- * is queued: waits for the transfer's end, then checks the calls and
- * writes the end (unless the client has gone), and lets go. */
-static void stream_run(stream_st *st) {
-  pthread_mutex_lock(&st->mu);
-  while (!st->up)
-    pthread_cond_wait(&st->cv, &st->mu);
-  bool relayed = st->answer == ANSWER_STREAM && !st->client_gone;
-  pthread_mutex_unlock(&st->mu);
-  if (relayed) {
-    stream_finish(st);
-    flush(st, true);
-  }
-  stream_release(st, true);
-}
-
 /* Starts relaying: hands the transfer to the connection's loop, which
- * answers the request (q) when the upstream's status is known. Returns the
- * stream (the guard and the request body are now its; the request
- * thread's reference, see stream_run; q is not this thread's any more),
- * or NULL with `r` filled (500) when it could not start. */
-static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
-                               req_ctx *q, const char *body, size_t len,
-                               bool ours, bool anth, const char *path,
-                               json_t **req, ag_guard **g, reply *r) {
+ * answers the request (q) when the upstream's status is known and sees
+ * the stream to its end. `*fwd` (may be NULL) is the body to send instead
+ * of the client's (with the error context); it, the guard and the stream
+ * are the loop's now, and q is not this thread's any more. Returns false
+ * with `r` filled (500) when it could not start. */
+static bool stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                         char **fwd, size_t fwd_len, bool anth,
+                         const char *path, ag_guard **g, reply *r) {
   stream_st *st = calloc(1, sizeof(*st));
   if (st == NULL) {
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
-    return NULL;
+    return false;
   }
   pthread_mutex_init(&st->mu, NULL);
-  pthread_cond_init(&st->cv, NULL);
-  st->refs = 1;
+  st->refs = 1; /* the end's (stream_end) */
   st->p = p;
   st->sh = q->sh;
   st->c = c;
@@ -2157,10 +2213,27 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   st->held_ev = json_array();
   ag__sse_init(&st->sse, anth ? on_anth_event : on_sse_event, st);
   ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
+  /* the client's body, kept for a nudge (and sent, unless *fwd is) */
+  char *copy = malloc(q->len + 1);
+  if (copy != NULL) {
+    if (q->len > 0)
+      memcpy(copy, q->body, q->len);
+    copy[q->len] = '\0';
+  }
+  size_t len = q->len;
+  if (*fwd != NULL) {
+    st->body = *fwd;
+    st->orig = copy;
+    len = fwd_len;
+    *fwd = NULL;
+  } else {
+    st->body = copy;
+  }
   st->x.h = curl_easy_init();
-  bool set = st->x.h != NULL &&
-             upstream_handle(p, q->client_hdrs, st->x.h, "POST", q->uri, body,
-                             len, ours, &st->u, &st->hdrs, &st->url);
+  bool set =
+      st->x.h != NULL && copy != NULL &&
+      upstream_handle(p, q->client_hdrs, st->x.h, "POST", q->uri, st->body, len,
+                      st->orig != NULL, &st->u, &st->hdrs, &st->url);
   for (const struct curl_slist *s = q->client_hdrs; set && s != NULL;
        s = s->next) {
     struct curl_slist *n = curl_slist_append(st->ch, s->data);
@@ -2171,14 +2244,10 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   if (!set || st->uri == NULL || st->path == NULL || st->held_ev == NULL) {
     stream_release(st, true);
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
-    return NULL;
+    return false;
   }
-  st->req = *req;
   st->g = *g;
-  *req = NULL;
   *g = NULL;
-  curl_easy_setopt(st->x.h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-  curl_easy_setopt(st->x.h, CURLOPT_COPYPOSTFIELDS, body != NULL ? body : "");
   curl_easy_setopt(st->x.h, CURLOPT_WRITEFUNCTION, on_stream_body);
   curl_easy_setopt(st->x.h, CURLOPT_WRITEDATA, st);
   curl_easy_setopt(st->x.h, CURLOPT_HEADERFUNCTION, on_stream_header);
@@ -2194,7 +2263,7 @@ static stream_st *stream_start(ag_proxy *p, struct MHD_Connection *c,
   /* from here on q is the loop's: it answers the request (answer_stream,
    * answer_reply) once the upstream's status is known */
   ag__relay_add(st->sh->relay, &st->x);
-  return st;
+  return true;
 }
 
 /* ---- Anthropic Messages (/v1/messages) -------------------------------- */
@@ -3124,7 +3193,7 @@ static bool load_req(const req_ctx *q, json_t **req, reply *r) {
 }
 
 static void chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                 const char *path, reply *r, stream_st **st_out) {
+                 const char *path, reply *r, bool *started) {
   const bool anth = r->anthropic;
   bool anth_stream = false;
   char *fwd = NULL;
@@ -3147,7 +3216,7 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   }
   if (act != TAPE_FALLBACK) {
     anth_stream = anth && stream;
-    if ((is_stop((ag_action)act) || stream) && !load_req(q, &req, r))
+    if (is_stop((ag_action)act) && !load_req(q, &req, r))
       goto out;
     goto decided;
   }
@@ -3180,8 +3249,8 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   char emsg[ERR_MSG_MAX];
   /* an Anthropic stream is relayed (stream_start); a reply the proxy makes
    * itself is told as a stream at the end (anthropic_sse) */
-  if (anth)
-    anth_stream = json_is_true(json_object_get(req, "stream"));
+  stream = json_is_true(json_object_get(req, "stream"));
+  anth_stream = anth && stream;
   ag_error_t err;
   if (ag_guard_new(&g, &p->cfg, NULL, &err) != AG_OK) {
     set_error(r, 500, "server_error", "guard", "agentguard proxy: %s", err.msg);
@@ -3232,11 +3301,9 @@ decided:
       event(p, "error_context", path, NULL, NULL);
     }
   }
-  if (json_is_true(json_object_get(req, "stream"))) {
-    *st_out = stream_start(p, c, q, fwd != NULL ? fwd : q->body,
-                           fwd != NULL ? fwd_len : q->len, fwd != NULL, anth,
-                           path, &req, &g, r);
-    if (*st_out != NULL)
+  if (stream) {
+    *started = stream_start(p, c, q, &fwd, fwd_len, anth, path, &g, r);
+    if (*started)
       anth_stream = false; /* q and r are the loop's now: not touched */
     goto out;
   }
@@ -3470,8 +3537,9 @@ static void job_end(ag_proxy *p) {
 
 /* A request's thread: the decision and every upstream request it needs,
  * while the connection is suspended; then the connection is resumed (the
- * handler sends the answer) and, for a relayed stream, the stream is seen
- * to its end. `q` belongs to the connection again once it is resumed. */
+ * handler sends the answer) - or, for a relayed stream, the transfer is
+ * handed to the connection's loop, which answers. `q` belongs to the
+ * connection again once it is resumed. */
 static void *job_main(void *arg) {
   req_ctx *q = arg;
   shard *sh = q->sh;
@@ -3480,9 +3548,9 @@ static void *job_main(void *arg) {
   tl_relay = sh->relay;
   char path[2048];
   uri_path(q->uri, path, sizeof path);
-  stream_st *st = NULL;
+  bool started = false;
   if (strcmp(q->method, "POST") == 0 && guarded_path(path)) {
-    chat(p, c, q, path, &q->r, &st);
+    chat(p, c, q, path, &q->r, &started);
   } else {
     upstream u;
     send_upstream(p, q->client_hdrs, q->method, q->uri, q->body, q->len, false,
@@ -3491,14 +3559,81 @@ static void *job_main(void *arg) {
       pass_back(&u, &q->r);
     upstream_free(&u);
   }
-  if (st != NULL) {
-    stream_run(st); /* its loop answers the request */
-  } else {
+  if (!started) { /* else the stream's loop answers the request */
     atomic_store(&q->answered, true);
     resume(sh, c);
   }
   job_end(p);
   return NULL;
+}
+
+/* A stream's nudge, on a thread of its own (start_nudge): it asks the
+ * upstream again and waits, which the loop may not. */
+static void *nudge_main(void *arg) {
+  nudge_job *nj = arg;
+  stream_st *st = nj->st;
+  ag_proxy *p = st->p;
+  tl_relay = st->sh->relay;
+  if (st->anth)
+    stream_nudge_anth(st, nj);
+  else
+    stream_nudge(st, nj);
+  flush(st, true);
+  ag_reply_clear(&nj->rep);
+  free(nj);
+  stream_release(st, true);
+  job_end(p);
+  return NULL;
+}
+
+/* Starts nj's thread, which takes the stream's end (its reference) from
+ * the loop; false when it cannot (the stream ends with an error event). A
+ * nudge is rare and waits for the upstream, so it does not take a worker
+ * from the requests: a thread is made for it. */
+static bool start_nudge(nudge_job *nj) {
+  stream_st *st = nj->st;
+  ag_proxy *p = st->p;
+  pthread_mutex_lock(&p->jobs_mu);
+  bool stopping = p->stopping;
+  if (!stopping)
+    p->jobs++; /* ag_proxy_stop waits for it */
+  pthread_mutex_unlock(&p->jobs_mu);
+  bool ok = false;
+  pthread_attr_t at;
+  if (!stopping && pthread_attr_init(&at) == 0) {
+    pthread_t t;
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&at, JOB_STACK);
+    ok = pthread_create(&t, &at, nudge_main, nj) == 0;
+    pthread_attr_destroy(&at);
+  }
+  if (ok)
+    return true;
+  if (!stopping)
+    job_end(p);
+  const char *msg = stopping
+                        ? "agentguard proxy: shutting down"
+                        : "agentguard proxy: cannot start a thread to ask the "
+                          "upstream again";
+  if (st->anth)
+    anth_error(st, msg);
+  else
+    stream_error(st, "%s", msg);
+  ag_reply_clear(&nj->rep);
+  free(nj);
+  return false;
+}
+
+/* The end of a relayed stream whose client is still there, on its loop
+ * (on_stream_done): the calls checked and the end written, or a nudge
+ * handed to its own thread; lets go of the end's reference. */
+static void stream_end(stream_st *st) {
+  nudge_job *nj = NULL;
+  stream_finish(st, &nj);
+  if (nj != NULL && start_nudge(nj))
+    return;
+  flush(st, true);
+  stream_release(st, true);
 }
 
 /* Idle workers kept at most; more end when their request is done. */
@@ -3555,12 +3690,11 @@ static void refuse_queued(ag_proxy *p) {
 
 /* A worker: takes queued requests one after the other (job_main) and
  * waits for the next one, so that a request seldom waits for a thread to
- * be made. A worker serving a stream stays with it to its end (the
- * calls are checked there), so there are as many as requests in flight.
- * Workers are made by workers: the loop makes one at a time (start_job),
- * and a worker that takes a request makes up to two more while requests
- * wait with none coming, so a burst does not hold the loop's thread in
- * pthread_create. */
+ * be made. A relayed stream does not keep its worker: the worker is free
+ * once the transfer is on the loop. Workers are made by workers: the loop makes
+ * one at a time (start_job), and a worker that takes a request makes up to two
+ * more while requests wait with none coming, so a burst does not hold the
+ * loop's thread in pthread_create. */
 static void *worker_main(void *arg) {
   ag_proxy *p = arg;
   pthread_mutex_lock(&p->jobs_mu);

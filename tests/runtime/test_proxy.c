@@ -810,6 +810,44 @@ Test(proxy, stream_repeated_call_is_replaced) {
   free(r);
 }
 
+/* A stream whose calls earn a nudge: the text went out as it came; at the
+ * end the proxy asks again (not streamed, the nudge answering the held
+ * call, from the client's own request) and the new reply is the
+ * stream's end. */
+Test(proxy, stream_nudge_asks_upstream_again) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.nudge_before_stop = true;
+  P = proxy_with(c, 0, NULL);
+  canned_stream_call("{\"path\":\"a\"}");
+  canned_call(NULL, "The file says: text of a.");
+  char *body =
+      streaming(conversation(2, "read", "{\"path\":\"a\"}", "text of a"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "call_s") == NULL, "the call is held back: %s",
+            r->body);
+  char *hello = strstr(r->body, "Hello");
+  char *again = strstr(r->body, "The file says: text of a.");
+  cr_expect(hello != NULL && again != NULL && hello < again, "%s", r->body);
+  cr_expect(strstr(r->body, "\"finish_reason\":\"stop\"") != NULL, "%s",
+            r->body);
+  cr_expect(ends_with_done(r), "%s", r->body);
+  cr_assert_eq(n_upstream(), 2);
+  json_t *sent = json_loads(U.reqs[1].body, 0, NULL);
+  cr_expect(json_is_false(json_object_get(sent, "stream")));
+  json_t *msgs = json_object_get(sent, "messages");
+  cr_expect_eq(json_array_size(msgs), 2 + 2 * 2 + 2,
+               "the client's messages, the held call and the nudge");
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  cr_expect_str_eq(json_string_value(json_object_get(last, "role")), "tool");
+  cr_expect_str_eq(json_string_value(json_object_get(last, "tool_call_id")),
+                   "call_s");
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
 Test(proxy, stream_content_loop_ends_the_stream) {
   char *b = NULL;
   size_t n = 0;
@@ -1606,6 +1644,39 @@ Test(proxy, anthropic_stream_repeated_call_replaced) {
                          "agentguard stopped this turn (identical_calls)",
                          "\"stop_reason\":\"end_turn\"", "event: message_stop"};
   expect_in_order(r, order, sizeof order / sizeof order[0]);
+  free(body);
+  free(r);
+}
+
+Test(proxy, anthropic_stream_nudge_answers_with_tool_result) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.nudge_before_stop = true;
+  P = proxy_with(c, 0, NULL);
+  canned_message_stream("{\"path\":\"a\"}");
+  canned_add(200, "{\"id\":\"msg_2\",\"type\":\"message\",\"role\":"
+                  "\"assistant\",\"model\":\"claude\",\"content\":[{\"type\":"
+                  "\"text\",\"text\":\"Done.\"}],\"stop_reason\":\"end_turn\","
+                  "\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}");
+  char *body = messages_conv(2, "{\"path\":\"a\"}", "text", false, true);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "toolu_s") == NULL, "the call is held: %s",
+            r->body);
+  const char *order[] = {"Let me read it.", "Done.",
+                         "\"stop_reason\":\"end_turn\"", "event: message_stop"};
+  expect_in_order(r, order, sizeof order / sizeof order[0]);
+  cr_assert_eq(n_upstream(), 2);
+  json_t *sent = json_loads(U.reqs[1].body, 0, NULL);
+  cr_expect(json_is_false(json_object_get(sent, "stream")));
+  json_t *msgs = json_object_get(sent, "messages");
+  json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+  json_t *blk = json_array_get(json_object_get(last, "content"), 0);
+  cr_expect_str_eq(json_string_value(json_object_get(blk, "type")),
+                   "tool_result");
+  cr_expect_str_eq(json_string_value(json_object_get(blk, "tool_use_id")),
+                   "toolu_s");
+  json_decref(sent);
   free(body);
   free(r);
 }

@@ -2,9 +2,11 @@
  * tests/tsan/tsan_proxy.c - the guard proxy under concurrent clients: 32
  * threads, each sending plain and streaming Chat Completions requests and a
  * pass-through request through one proxy (events written to one file) in
- * front of a fake upstream that streams its reply in delayed chunks. Every
- * request must succeed with its whole reply, every stop must be decided,
- * and under ThreadSanitizer nothing may race.
+ * front of a fake upstream that streams its reply in delayed chunks. The
+ * looping requests' replies repeat a call: the proxy nudges (for a stream,
+ * on a thread of its own at the stream's end), asks again, and stops.
+ * Every request must succeed with its whole reply, every stop must be
+ * decided, and under ThreadSanitizer nothing may race.
  */
 #define _GNU_SOURCE /* memmem */
 #include <curl/curl.h>
@@ -24,6 +26,15 @@ static const char chunk_fmt[] =
     "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,"
     "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":"
     "\"part %d \"},\"finish_reason\":null}]}\n\n";
+static const char call_chunks[] =
+    "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,"
+    "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{"
+    "\"index\":0,\"id\":\"call_s\",\"type\":\"function\",\"function\":{"
+    "\"name\":\"read\",\"arguments\":\"{\\\"path\\\":\\\"a\\\"}\"}}]},"
+    "\"finish_reason\":null}]}\n\n"
+    "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,"
+    "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},"
+    "\"finish_reason\":\"tool_calls\"}]}\n\n";
 static const char plain_reply[] =
     "{\"id\":\"x\",\"object\":\"chat.completion\",\"created\":1,\"model\":"
     "\"m\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
@@ -34,10 +45,12 @@ static const char plain_reply[] =
 typedef struct up_conn {
   int begun;
   int streaming;
+  int calls; /* a looping request: the reply repeats the call */
 } up_conn;
 
 typedef struct chunks {
   int sent;
+  int calls;
 } chunks;
 
 static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -46,8 +59,10 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
   if (c->sent == 4)
     return MHD_CONTENT_READER_END_OF_STREAM;
   tsan_sleep_ms(5); /* a model thinking */
-  int n = c->sent < 3 ? snprintf(buf, max, chunk_fmt, c->sent)
-                      : snprintf(buf, max, "data: [DONE]\n\n");
+  int n = c->sent < 2    ? snprintf(buf, max, chunk_fmt, c->sent)
+          : c->sent == 3 ? snprintf(buf, max, "data: [DONE]\n\n")
+          : c->calls     ? snprintf(buf, max, "%s", call_chunks)
+                         : snprintf(buf, max, chunk_fmt, c->sent);
   c->sent++;
   return n;
 }
@@ -68,12 +83,15 @@ static enum MHD_Result up_handler(void *cls, struct MHD_Connection *c,
   if (*upload_size > 0) {
     if (memmem(upload, *upload_size, "\"stream\":true", 13) != NULL)
       k->streaming = 1;
+    if (memmem(upload, *upload_size, "\"c2\"", 4) != NULL)
+      k->calls = 1;
     *upload_size = 0;
     return MHD_YES;
   }
   struct MHD_Response *r;
   if (k->streaming) {
     chunks *ch = calloc(1, sizeof *ch);
+    ch->calls = k->calls;
     r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1024, stream_cb, ch,
                                           free);
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
@@ -151,6 +169,17 @@ static const char looping[] =
     "\"tool_calls\":[{\"id\":\"c2\",\"type\":\"function\",\"function\":{"
     "\"name\":\"read\",\"arguments\":\"{\\\"path\\\":\\\"a\\\"}\"}}]},{"
     "\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"x\"}]}";
+/* the same as a stream: its reply's call is the third */
+static const char looping_stream[] =
+    "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\","
+    "\"content\":\"go\"},"
+    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
+    "\"type\":\"function\",\"function\":{\"name\":\"read\",\"arguments\":"
+    "\"{\\\"path\\\":\\\"a\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+    "\"c1\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":null,"
+    "\"tool_calls\":[{\"id\":\"c2\",\"type\":\"function\",\"function\":{"
+    "\"name\":\"read\",\"arguments\":\"{\\\"path\\\":\\\"a\\\"}\"}}]},{"
+    "\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"x\"}]}";
 static const char streaming[] =
     "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\","
     "\"content\":\"go\"}]}";
@@ -168,6 +197,14 @@ static void *client(void *arg) {
     st = request("/v1/chat/completions", streaming, b);
     CHECK(st == 200, "status %ld", st);
     CHECK(strstr(b->data, "part 2") != NULL &&
+              strstr(b->data, "data: [DONE]") != NULL,
+          "%s", b->data);
+    st = request("/v1/chat/completions", looping_stream, b);
+    CHECK(st == 200, "status %ld", st);
+    CHECK(strstr(b->data, "part 1") != NULL &&
+              strstr(b->data, "call_s") == NULL &&
+              strstr(b->data, "agentguard stopped this turn "
+                              "(identical_calls)") != NULL &&
               strstr(b->data, "data: [DONE]") != NULL,
           "%s", b->data);
     st = request("/v1/models", NULL, b);
@@ -195,7 +232,7 @@ int main(void) {
   o.port = 0;
   o.upstream = upstream;
   o.cfg.loop.identical_call_limit = 3;
-  o.cfg.loop.nudge_before_stop = false;
+  o.cfg.loop.nudge_before_stop = true;
   o.events = events;
   ag_proxy *p = NULL;
   ag_error_t err;
@@ -213,9 +250,10 @@ int main(void) {
   while ((ch = fgetc(events)) != EOF)
     lines += ch == '\n';
   fclose(events);
-  CHECK(lines == THREADS * ROUNDS, "%d event lines, want %d", lines,
-        THREADS * ROUNDS);
+  /* each looping request: a nudge, then its reply replaced */
+  CHECK(lines == THREADS * ROUNDS * 4, "%d event lines, want %d", lines,
+        THREADS * ROUNDS * 4);
   printf("tsan_proxy: %d requests from %d threads, all answered\n",
-         THREADS * ROUNDS * 3, THREADS);
+         THREADS * ROUNDS * 4, THREADS);
   return 0;
 }
