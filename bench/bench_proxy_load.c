@@ -58,6 +58,7 @@
 static int chunks = 20;
 static int gap_ms = 10;
 static int ramp_ms = 0;
+static bool together = false;
 static atomic_int up_open, up_peak;
 
 typedef struct up_conn {
@@ -114,8 +115,8 @@ static int next_event(up_conn *c) {
         c->pending, sizeof c->pending,
         "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\","
         "\"created\":1,\"model\":\"fake\",\"choices\":[{\"index\":0,"
-        "\"delta\":{\"content\":\"word%d \"},\"finish_reason\":null}]}\n\n",
-        c->sent);
+        "\"delta\":{\"content\":\"t%lld \"},\"finish_reason\":null}]}\n\n",
+        (long long)now_us());
   } else if (c->sent == chunks) {
     c->plen = (size_t)snprintf(
         c->pending, sizeof c->pending,
@@ -193,18 +194,59 @@ static enum MHD_Result up_handler(void *cls, struct MHD_Connection *conn,
   return ret;
 }
 
+/* The chunks' delivery times of one side (ms from the upstream's write to
+ * the client's read), preallocated for every chunk. */
+typedef struct lat {
+  const char *name; /* the side's */
+  double *v;
+  size_t n, cap;
+} lat;
+
 typedef struct req {
   CURL *h;
   char tail[16]; /* the body's last bytes: ends with "[DONE]\n\n" */
   size_t got;
   double ttfb_ms, total_ms;
   int ok;
+  lat *lat;
+  char line[512]; /* the body's current line, for its stamp */
+  size_t line_len;
 } req;
+
+/* A line of the body: a text chunk's content is "t<the upstream's
+ * now_us() when it wrote it> ". */
+static void take_stamp(req *r, const char *line, size_t len, int64_t now) {
+  static const char key[] = "\"content\":\"t";
+  const char *k = memmem(line, len, key, sizeof key - 1);
+  if (k == NULL || r->lat->n == r->lat->cap)
+    return;
+  long long t = strtoll(k + sizeof key - 1, NULL, 10);
+  if (t > 0)
+    r->lat->v[r->lat->n++] = (double)(now - t) / 1000.0;
+}
 
 static size_t on_body(char *p, size_t sz, size_t n, void *ud) {
   req *r = ud;
   size_t len = sz * n;
   r->got += len;
+  int64_t now = now_us();
+  for (size_t i = 0; i < len;) {
+    const char *nl = memchr(p + i, '\n', len - i);
+    size_t k = nl != NULL ? (size_t)(nl - (p + i)) : len - i;
+    if (r->line_len + k < sizeof r->line) {
+      memcpy(r->line + r->line_len, p + i, k);
+      r->line_len += k;
+    } else {
+      r->line_len = sizeof r->line; /* too long: not a chunk of ours */
+    }
+    i += k;
+    if (nl != NULL) {
+      if (r->line_len < sizeof r->line)
+        take_stamp(r, r->line, r->line_len, now);
+      r->line_len = 0;
+      i++;
+    }
+  }
   if (len >= sizeof r->tail - 1) {
     memcpy(r->tail, p + len - (sizeof r->tail - 1), sizeof r->tail - 1);
   } else {
@@ -282,7 +324,7 @@ static int cl_timer(CURLM *m, long timeout_ms, void *userp) {
 }
 
 /* A finished request's figures. Returns 1 when it failed. */
-static int take_done(CURLMsg *msg, const char *base, int *shown) {
+static int take_done(CURLMsg *msg, int *shown) {
   req *r = NULL;
   curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&r);
   long status = 0;
@@ -295,17 +337,29 @@ static int take_done(CURLMsg *msg, const char *base, int *shown) {
   r->ok = msg->data.result == CURLE_OK && status == 200 &&
           strstr(r->tail, "[DONE]") != NULL;
   if (!r->ok && (*shown)++ < 5)
-    fprintf(stderr, "bench_proxy_load: %s: %s, status %ld, %zu bytes\n", base,
-            curl_easy_strerror(msg->data.result), status, r->got);
+    fprintf(stderr, "bench_proxy_load: %s: %s, status %ld, %zu bytes\n",
+            r->lat->name, curl_easy_strerror(msg->data.result), status, r->got);
   return !r->ok;
 }
 
-/* Runs n concurrent streams against base (all at once, or spread over
- * ramp_ms); fills rs; returns the failures and sets *peak_rss to the
- * highest RSS seen while they ran (sampled every 20 ms). */
-static int run_side(const char *base, req *rs, int n, long *peak_rss) {
-  char url[128];
-  snprintf(url, sizeof url, "%s/v1/chat/completions", base);
+/* One side of the comparison: where its requests go, their figures. */
+typedef struct side {
+  const char *base;
+  req *rs;
+  lat *lt;
+} side;
+
+/* Runs n concurrent streams against each of the ns sides at the same time
+ * (all at once, or spread over ramp_ms, the sides' requests alternating);
+ * fills their rs; returns the failures and sets *peak_rss to the highest
+ * RSS seen while they ran (sampled every 20 ms). */
+static int run_sides(const side *sd, int ns, int n, long *peak_rss) {
+  int total = n * ns;
+  CURL **hs = calloc((size_t)total, sizeof *hs);
+  if (hs == NULL) {
+    fprintf(stderr, "bench_proxy_load: out of memory\n");
+    exit(1);
+  }
   CURLM *m = curl_multi_init();
   client cl = {epoll_create1(EPOLL_CLOEXEC), -1, 0};
   if (cl.ep < 0) {
@@ -319,12 +373,19 @@ static int run_side(const char *base, req *rs, int n, long *peak_rss) {
   struct curl_slist *hdr =
       curl_slist_append(NULL, "Content-Type: application/json");
   hdr = curl_slist_append(hdr, "Authorization: Bearer sk-bench");
-  curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, (long)n);
-  for (int i = 0; i < n; i++) {
+  curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, (long)total);
+  for (int j = 0; j < total; j++) {
+    const side *d = &sd[j % ns];
+    req *rs = d->rs;
+    int i = j / ns;
+    char url[128];
+    snprintf(url, sizeof url, "%s/v1/chat/completions", d->base);
     memset(&rs[i], 0, sizeof rs[i]);
+    rs[i].lat = d->lt;
     CURL *h = curl_easy_init();
     rs[i].h = h;
-    curl_easy_setopt(h, CURLOPT_URL, url);
+    hs[j] = h;
+    curl_easy_setopt(h, CURLOPT_URL, url); /* copied by libcurl */
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, BODY);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
@@ -339,11 +400,12 @@ static int run_side(const char *base, req *rs, int n, long *peak_rss) {
   cl.t0 = mono_ms();
   double next_rss = 0;
   struct epoll_event evs[256];
-  while (done < n) {
+  while (done < total) {
     /* the requests due by now join the transfer */
     double now = mono_ms() - cl.t0;
-    while (added < n && (ramp_ms == 0 || (double)added * ramp_ms / n <= now))
-      curl_multi_add_handle(m, rs[added++].h);
+    while (added < total &&
+           (ramp_ms == 0 || (double)added * ramp_ms / total <= now))
+      curl_multi_add_handle(m, hs[added++]);
     if (now >= next_rss) {
       long r = rss_kib();
       if (r > *peak_rss)
@@ -351,8 +413,8 @@ static int run_side(const char *base, req *rs, int n, long *peak_rss) {
       next_rss = now + 20;
     }
     double until = next_rss;
-    if (added < n && (double)added * ramp_ms / n < until)
-      until = (double)added * ramp_ms / n;
+    if (added < total && (double)added * ramp_ms / total < until)
+      until = (double)added * ramp_ms / total;
     if (cl.deadline >= 0 && cl.deadline < until)
       until = cl.deadline;
     double w = until - (mono_ms() - cl.t0);
@@ -373,13 +435,14 @@ static int run_side(const char *base, req *rs, int n, long *peak_rss) {
     while ((msg = curl_multi_info_read(m, &left)) != NULL) {
       if (msg->msg != CURLMSG_DONE)
         continue;
-      failures += take_done(msg, base, &shown);
+      failures += take_done(msg, &shown);
       curl_multi_remove_handle(m, msg->easy_handle);
       done++;
     }
   }
-  for (int i = 0; i < n; i++)
-    curl_easy_cleanup(rs[i].h);
+  for (int j = 0; j < total; j++)
+    curl_easy_cleanup(hs[j]);
+  free(hs);
   curl_slist_free_all(hdr);
   curl_multi_cleanup(m);
   close(cl.ep);
@@ -408,6 +471,14 @@ static double pct(const req *rs, int n, int total_field, double q) {
   return out;
 }
 
+/* The q-th percentile (nearest rank) of v[0..n), sorted. */
+static double pct_of(const double *v, size_t n, double q) {
+  if (n == 0)
+    return 0;
+  size_t idx = (size_t)(q / 100.0 * (double)n + 0.999999);
+  return v[idx == 0 ? 0 : (idx > n ? n - 1 : idx - 1)];
+}
+
 static int parse_int(const char *name, const char *s, int lo, int hi) {
   char *end = NULL;
   long v = strtol(s, &end, 10);
@@ -431,10 +502,13 @@ int main(int argc, char **argv) {
       gap_ms = parse_int("--gap-ms", argv[++i], 0, 1000);
     else if (i + 1 < argc && strcmp(argv[i], "--ramp-ms") == 0)
       ramp_ms = parse_int("--ramp-ms", argv[++i], 0, 600000);
+    else if (strcmp(argv[i], "--together") == 0)
+      together = true;
     else {
       fprintf(stderr,
               "usage: bench_proxy_load [--streams N] [--chunks N] "
-              "[--gap-ms MS] [--ramp-ms MS]\n(unknown or incomplete "
+              "[--gap-ms MS] [--ramp-ms MS] [--together]\n(unknown or "
+              "incomplete "
               "argument '%s')\n",
               argv[i]);
       return 2;
@@ -497,39 +571,77 @@ int main(int argc, char **argv) {
   double load[3] = {0, 0, 0};
   getloadavg(load, 3);
   printf("proxy_load: %d concurrent streams, each %d chunks %d ms apart "
-         "(upstream's own time ~%d ms), arriving %s%d ms; load average %.2f "
-         "%.2f %.2f\n",
+         "(upstream's own time ~%d ms), arriving %s%d ms; %s; load average "
+         "%.2f %.2f %.2f\n",
          n, chunks, gap_ms, (chunks - 1) * gap_ms,
-         ramp_ms > 0 ? "evenly over " : "at once (burst) ", ramp_ms, load[0],
-         load[1], load[2]);
+         ramp_ms > 0 ? "evenly over " : "at once (burst) ", ramp_ms,
+         together ? "direct and proxied streams at the same time"
+                  : "direct streams first, then proxied ones",
+         load[0], load[1], load[2]);
 
   /* A short warm-up of both paths (first-use costs out of the figures). */
   long warm_rss = 0;
-  req warm[4];
+  req warm[8];
   int ramp = ramp_ms;
   ramp_ms = 0;
-  run_side(up_base, warm, 4, &warm_rss);
-  run_side(px_base, warm, 4, &warm_rss);
+  lat lw = {"warm-up", calloc((size_t)8 * chunks, sizeof(double)), 0,
+            (size_t)8 * chunks};
+  lat ld = {"direct", calloc((size_t)n * chunks, sizeof(double)), 0,
+            (size_t)n * chunks};
+  lat lp = {"proxy", calloc((size_t)n * chunks, sizeof(double)), 0,
+            (size_t)n * chunks};
+  if (lw.v == NULL || ld.v == NULL || lp.v == NULL) {
+    fprintf(stderr, "bench_proxy_load: out of memory\n");
+    return 1;
+  }
+  side wu[2] = {{up_base, warm, &lw}, {px_base, warm + 4, &lw}};
+  run_sides(&wu[0], 1, 4, &warm_rss);
+  run_sides(&wu[1], 1, 4, &warm_rss);
   ramp_ms = ramp;
 
+  side sd = {up_base, direct, &ld}, sp = {px_base, proxied, &lp};
   long base_rss = rss_kib(), direct_rss = 0, proxy_rss = 0;
-  atomic_store(&up_peak, 0);
-  double c0 = cpu_s();
-  int f_direct = run_side(up_base, direct, n, &direct_rss);
-  int peak_direct = atomic_load(&up_peak);
-  atomic_store(&up_peak, 0);
-  double c1 = cpu_s();
-  int f_proxy = run_side(px_base, proxied, n, &proxy_rss);
-  int peak_proxy = atomic_load(&up_peak);
-  double c2 = cpu_s();
+  int f_direct = 0, f_proxy = 0, peak_direct = 0, peak_proxy = 0;
+  double c0 = 0, c1 = 0, c2 = 0;
+  if (together) {
+    /* both sides at once: each sees the same moments of the machine */
+    side both[2] = {sd, sp};
+    atomic_store(&up_peak, 0);
+    c0 = cpu_s();
+    f_proxy = run_sides(both, 2, n, &proxy_rss);
+    c1 = c2 = cpu_s();
+    peak_direct = peak_proxy = atomic_load(&up_peak);
+    for (int i = 0; i < n; i++)
+      f_direct += !direct[i].ok;
+    f_proxy -= f_direct;
+  } else {
+    atomic_store(&up_peak, 0);
+    c0 = cpu_s();
+    f_direct = run_sides(&sd, 1, n, &direct_rss);
+    peak_direct = atomic_load(&up_peak);
+    atomic_store(&up_peak, 0);
+    c1 = cpu_s();
+    f_proxy = run_sides(&sp, 1, n, &proxy_rss);
+    peak_proxy = atomic_load(&up_peak);
+    c2 = cpu_s();
+  }
   getloadavg(load, 3);
 
   printf("failures: direct %d, proxy %d (of %d each)\n", f_direct, f_proxy, n);
-  printf("streams open at the upstream at once (peak): direct %d, proxy %d\n",
-         peak_direct, peak_proxy);
-  printf("CPU seconds used by the process (client, upstream and proxy "
-         "threads): direct %.2f, proxy %.2f\n",
-         c1 - c0, c2 - c1);
+  if (together) {
+    printf("streams open at the upstream at once (peak, both sides): %d\n",
+           peak_direct);
+    printf("CPU seconds used by the process (client, upstream and proxy "
+           "threads, both sides): %.2f\n",
+           c1 - c0);
+  } else {
+    printf("streams open at the upstream at once (peak): direct %d, proxy "
+           "%d\n",
+           peak_direct, peak_proxy);
+    printf("CPU seconds used by the process (client, upstream and proxy "
+           "threads): direct %.2f, proxy %.2f\n",
+           c1 - c0, c2 - c1);
+  }
   printf("%-22s %10s %10s %10s %10s\n", "ms", "p50", "p99", "max", "");
   const char *names[2] = {"time to first byte", "total"};
   for (int t = 0; t < 2; t++) {
@@ -544,11 +656,37 @@ int main(int argc, char **argv) {
     printf("proxy_added_%s_ms p50=%.2f p99=%.2f\n", t ? "total" : "ttfb",
            p50 - d50, p99 - d99);
   }
-  printf("RSS KiB: before %ld, peak direct %ld, peak proxy %ld\n", base_rss,
-         direct_rss, proxy_rss);
-  printf("proxy memory per open connection: %.1f KiB ((peak proxy - peak "
-         "direct) / %d)\n",
-         (double)(proxy_rss - direct_rss) / n, n);
+  /* every text chunk's delivery: the latency a streaming client sees on
+   * each token, tens of thousands of samples a side */
+  qsort(ld.v, ld.n, sizeof *ld.v, cmp_d);
+  qsort(lp.v, lp.n, sizeof *lp.v, cmp_d);
+  printf("%-22s %10s %10s %10s %10s\n", "chunk delivery, ms", "p50", "p99",
+         "p99.9", "max");
+  const double qs[4] = {50, 99, 99.9, 100};
+  double dq[4] = {0}, pq[4] = {0};
+  for (int k = 0; k < 4; k++) {
+    dq[k] = pct_of(ld.v, ld.n, qs[k]);
+    pq[k] = pct_of(lp.v, lp.n, qs[k]);
+  }
+  printf("%-22s %10.2f %10.2f %10.2f %10.2f   direct (%zu chunks)\n", "", dq[0],
+         dq[1], dq[2], dq[3], ld.n);
+  printf("%-22s %10.2f %10.2f %10.2f %10.2f   proxy (%zu chunks)\n", "", pq[0],
+         pq[1], pq[2], pq[3], lp.n);
+  printf("%-22s %10.2f %10.2f %10.2f %10s   added (proxy - direct)\n", "",
+         pq[0] - dq[0], pq[1] - dq[1], pq[2] - dq[2], "");
+  printf("proxy_added_chunk_ms p50=%.2f p99=%.2f p99.9=%.2f\n", pq[0] - dq[0],
+         pq[1] - dq[1], pq[2] - dq[2]);
+  if (together) {
+    printf("RSS KiB: before %ld, peak %ld (memory per connection: run "
+           "without --together)\n",
+           base_rss, proxy_rss);
+  } else {
+    printf("RSS KiB: before %ld, peak direct %ld, peak proxy %ld\n", base_rss,
+           direct_rss, proxy_rss);
+    printf("proxy memory per open connection: %.1f KiB ((peak proxy - peak "
+           "direct) / %d)\n",
+           (double)(proxy_rss - direct_rss) / n, n);
+  }
   printf("load average after: %.2f %.2f %.2f\n", load[0], load[1], load[2]);
 
   ag_proxy_stop(p);
@@ -557,6 +695,9 @@ int main(int argc, char **argv) {
   MHD_stop_daemon(up);
   free(direct);
   free(proxied);
+  free(lw.v);
+  free(ld.v);
+  free(lp.v);
   curl_global_cleanup();
   if (f_direct + f_proxy > 0) {
     fprintf(stderr, "bench_proxy_load: %d failed requests\n",
