@@ -38,6 +38,8 @@ struct ag__relay {
   int ep, efd;
   int64_t deadline; /* libcurl's timer, ms on CLOCK_MONOTONIC; -1: none */
   ag__relay_xfer *active;
+  long n_active;      /* transfers in the multi handle */
+  long max_idle;      /* idle connections kept at most */
   pthread_mutex_t mu; /* the queue, `closing` and `quit` */
   ag__relay_op *head, *tail;
   ag__relay_hook hook;
@@ -83,11 +85,24 @@ static void unlink_xfer(ag__relay *r, ag__relay_xfer *x) {
   x->active = false;
 }
 
+/* libcurl's connection cache counts the connections in use too (7.88:
+ * when a transfer gives its connection back to a cache holding more than
+ * CURLMOPT_MAXCONNECTS, the oldest idle one is closed - often that one).
+ * A fixed cap of max_idle would close nearly every connection while more
+ * transfers than that run, and each next request would connect (against
+ * a real API: a TLS handshake) again. The cap follows the transfers:
+ * those running, plus max_idle idle. */
+static void set_cap(ag__relay *r) {
+  curl_multi_setopt(r->multi, CURLMOPT_MAXCONNECTS, r->n_active + r->max_idle);
+}
+
 /* Takes x out of the multi handle and tells its owner; x is not touched
  * after `done` (its owner may free it there or at once on another thread). */
 static void end_xfer(ag__relay *r, ag__relay_xfer *x, CURLcode cc) {
   curl_multi_remove_handle(r->multi, x->h);
   unlink_xfer(r, x);
+  r->n_active--;
+  set_cap(r);
   x->done(x, cc);
 }
 
@@ -108,6 +123,8 @@ static void start_xfer(ag__relay *r, ag__relay_xfer *x, bool stopping) {
   if (r->active != NULL)
     r->active->prev = x;
   r->active = x;
+  r->n_active++;
+  set_cap(r);
 }
 
 /* Carries out the queued requests. */
@@ -230,6 +247,7 @@ ag__relay *ag__relay_start(long max_idle, const ag__relay_hook *hook) {
   if (r == NULL)
     return NULL;
   r->deadline = -1;
+  r->max_idle = max_idle;
   if (hook != NULL) {
     r->hook = *hook;
     r->has_hook = true;
@@ -253,7 +271,7 @@ ag__relay *ag__relay_start(long max_idle, const ag__relay_hook *hook) {
     curl_multi_setopt(r->multi, CURLMOPT_SOCKETDATA, r);
     curl_multi_setopt(r->multi, CURLMOPT_TIMERFUNCTION, on_timer);
     curl_multi_setopt(r->multi, CURLMOPT_TIMERDATA, r);
-    curl_multi_setopt(r->multi, CURLMOPT_MAXCONNECTS, max_idle);
+    set_cap(r);
     ok = pthread_create(&r->thread, NULL, relay_main, r) == 0;
   }
   if (!ok) {

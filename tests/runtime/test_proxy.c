@@ -2401,3 +2401,114 @@ Test(proxy, relay_failed_unpause_ends_the_transfer) {
   pthread_cond_destroy(&pr.cv);
   pthread_mutex_destroy(&pr.mu);
 }
+
+/* A server whose /hold requests wait for `release`; it counts the
+ * connections made to it. */
+static atomic_int hold_seen, hold_conns;
+static atomic_bool hold_release;
+
+static enum MHD_Result hold_up(void *cls, struct MHD_Connection *c,
+                               const char *url, const char *method,
+                               const char *version, const char *upload,
+                               size_t *upload_size, void **state) {
+  (void)cls, (void)method, (void)version, (void)upload, (void)upload_size;
+  if (*state == NULL) {
+    *state = c;
+    return MHD_YES;
+  }
+  if (strcmp(url, "/hold") == 0) {
+    atomic_fetch_add(&hold_seen, 1);
+    int64_t t0 = ag_now_ms();
+    while (!atomic_load(&hold_release) && ag_now_ms() - t0 < 20000)
+      nap_ms(2);
+  }
+  struct MHD_Response *r =
+      MHD_create_response_from_buffer(2, (void *)"ok", MHD_RESPMEM_PERSISTENT);
+  enum MHD_Result ret = MHD_queue_response(c, 200, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+static void hold_conn(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                      enum MHD_ConnectionNotificationCode code) {
+  (void)cls, (void)c, (void)socket_ctx;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED)
+    atomic_fetch_add(&hold_conns, 1);
+}
+
+static size_t discard(char *p, size_t s, size_t n, void *u) {
+  (void)p, (void)u;
+  return s * n;
+}
+
+/* With more transfers running than idle connections are kept, a transfer
+ * that ends still leaves its connection for the next request (libcurl's
+ * cache counts the connections in use: a cap of max_idle closed it, and
+ * every request under load connected again). */
+Test(proxy, relay_keeps_a_connection_while_many_transfers_run) {
+  atomic_store(&hold_seen, 0);
+  atomic_store(&hold_conns, 0);
+  atomic_store(&hold_release, false);
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL,
+      NULL, hold_up, NULL, MHD_OPTION_NOTIFY_CONNECTION, hold_conn, NULL,
+      MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL, MHD_OPTION_END);
+  cr_assert_not_null(d);
+  unsigned port =
+      (unsigned)MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT)->port;
+  char hold_url[64], quick_url[64];
+  snprintf(hold_url, sizeof hold_url, "http://127.0.0.1:%u/hold", port);
+  snprintf(quick_url, sizeof quick_url, "http://127.0.0.1:%u/quick", port);
+  ag__relay *r = ag__relay_start(1, NULL); /* one idle connection kept */
+  cr_assert_not_null(r);
+  enum { HOLDS = 3 };
+  relay_probe pr[HOLDS];
+  ag__relay_xfer x[HOLDS];
+  for (int i = 0; i < HOLDS; i++) {
+    memset(&pr[i], 0, sizeof pr[i]);
+    pthread_mutex_init(&pr[i].mu, NULL);
+    pthread_cond_init(&pr[i].cv, NULL);
+    memset(&x[i], 0, sizeof x[i]);
+    x[i].h = curl_easy_init();
+    x[i].done = relay_done;
+    x[i].user = &pr[i];
+    curl_easy_setopt(x[i].h, CURLOPT_URL, hold_url);
+    curl_easy_setopt(x[i].h, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(x[i].h, CURLOPT_TIMEOUT_MS, 30000L);
+    ag__relay_add(r, &x[i]);
+  }
+  int64_t t0 = ag_now_ms();
+  while (atomic_load(&hold_seen) < HOLDS && ag_now_ms() - t0 < 10000)
+    nap_ms(2);
+  cr_assert_eq(atomic_load(&hold_seen), HOLDS);
+  CURLcode cc[2];
+  for (int k = 0; k < 2; k++) {
+    CURL *h = curl_easy_init();
+    curl_easy_setopt(h, CURLOPT_URL, quick_url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
+    cc[k] = ag__relay_run(r, h);
+    curl_easy_cleanup(h);
+  }
+  int conns = atomic_load(&hold_conns);
+  atomic_store(&hold_release, true);
+  for (int i = 0; i < HOLDS; i++) {
+    pthread_mutex_lock(&pr[i].mu);
+    while (!pr[i].done)
+      pthread_cond_wait(&pr[i].cv, &pr[i].mu);
+    pthread_mutex_unlock(&pr[i].mu);
+  }
+  ag__relay_stop(r);
+  for (int i = 0; i < HOLDS; i++) {
+    curl_easy_cleanup(x[i].h);
+    cr_expect_eq(pr[i].cc, CURLE_OK);
+    pthread_cond_destroy(&pr[i].cv);
+    pthread_mutex_destroy(&pr[i].mu);
+  }
+  MHD_stop_daemon(d);
+  cr_expect_eq(cc[0], CURLE_OK);
+  cr_expect_eq(cc[1], CURLE_OK);
+  cr_expect_eq(conns, HOLDS + 1,
+               "%d connections: the second quick request connected again",
+               conns);
+}
