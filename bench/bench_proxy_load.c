@@ -14,23 +14,32 @@
  *     all of them through the proxy.
  * The upstream and the client are event-driven so that, on a small
  * machine, the proxy is not measured waiting for the CPU behind them.
- * Per request: the time to the first byte and the total time. Printed: the
- * failures (a transfer error, a status other than 200 or a stream without
- * its [DONE]: should be 0), the p50/p99 of both sides and the latency the
- * proxy adds (proxy's percentile minus the direct one), the peak number of
- * streams open at the upstream at once, and the memory per open connection
- * (the process's peak RSS during the proxied run minus its peak during the
- * direct run, over STREAMS). Figures only: it never fails on speed; it
- * exits 1 when something is broken (setup, or failures > 0).
+ * Per request: the time to the first byte and the total time; per text
+ * chunk (each carries the upstream's write time): its delivery time, from
+ * the upstream's write to the client's read - 60,000 samples a side at
+ * the issue's figure, the latency a streaming client sees on each token.
+ * Printed: the failures (a transfer error, a status other than 200 or a
+ * stream without its [DONE]: should be 0), the p50/p99 of both sides and
+ * the latency the proxy adds (proxy's percentile minus the direct one),
+ * the peak number of streams open at the upstream at once, the TCP
+ * connections the proxy made to the upstream (it keeps them for the next
+ * requests), and the memory per open connection (the process's peak RSS
+ * during the proxied run minus its peak during the direct run, over
+ * STREAMS). Figures only: it never fails on speed; it exits 1 when
+ * something is broken (setup, or failures > 0).
  *
  * Arrivals: all at once (an instant burst, the default), or with
  * --ramp-ms MS spread evenly over MS (request i starts at i * MS / N):
  * with MS about the stream's length, the streams overlap so that nearly N
  * are open at once (the peak is printed), as when real model streams that
- * last seconds arrive over time. Both sides are run the same way.
+ * last seconds arrive over time. Both sides are run the same way: the
+ * direct streams first, then the proxied ones; with --together both at
+ * the same time (their requests alternating), so that both sides see the
+ * same moments of a shared machine (2N streams: the machine's load
+ * doubles; no memory figure).
  *
  *   build/bench_proxy_load [--streams N] [--chunks N] [--gap-ms MS]
- *                          [--ramp-ms MS]
+ *                          [--ramp-ms MS] [--together]
  *   (defaults 200 streams, 20 chunks, 10 ms, ramp 0; the issue's figure:
  *   1000 streams)
  */
@@ -60,6 +69,7 @@ static int gap_ms = 10;
 static int ramp_ms = 0;
 static bool together = false;
 static atomic_int up_open, up_peak;
+static atomic_int up_conns; /* TCP connections the upstream accepted */
 
 typedef struct up_conn {
   struct MHD_Connection *mc;
@@ -154,6 +164,14 @@ static ssize_t up_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   memcpy(buf, c->pending + c->poff, n);
   c->poff += n;
   return (ssize_t)n;
+}
+
+static void up_conn_started(void *cls, struct MHD_Connection *c,
+                            void **socket_ctx,
+                            enum MHD_ConnectionNotificationCode code) {
+  (void)cls, (void)c, (void)socket_ctx;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED)
+    atomic_fetch_add(&up_conns, 1);
 }
 
 static void up_free(void *cls) {
@@ -535,8 +553,8 @@ int main(int argc, char **argv) {
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
           MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
       0, NULL, NULL, up_handler, NULL, MHD_OPTION_CONNECTION_LIMIT,
-      (unsigned)(2 * n + 16), MHD_OPTION_LISTEN_BACKLOG_SIZE,
-      (unsigned)(n + 16), MHD_OPTION_END);
+      (unsigned)(2 * n + 16), MHD_OPTION_NOTIFY_CONNECTION, up_conn_started,
+      NULL, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)(n + 16), MHD_OPTION_END);
   if (up == NULL || pthread_create(&W.thread, NULL, timer_main, NULL) != 0) {
     fprintf(stderr, "bench_proxy_load: the fake upstream did not start\n");
     return 1;
@@ -602,6 +620,7 @@ int main(int argc, char **argv) {
   side sd = {up_base, direct, &ld}, sp = {px_base, proxied, &lp};
   long base_rss = rss_kib(), direct_rss = 0, proxy_rss = 0;
   int f_direct = 0, f_proxy = 0, peak_direct = 0, peak_proxy = 0;
+  int proxy_conns = -1;
   double c0 = 0, c1 = 0, c2 = 0;
   if (together) {
     /* both sides at once: each sees the same moments of the machine */
@@ -621,7 +640,9 @@ int main(int argc, char **argv) {
     peak_direct = atomic_load(&up_peak);
     atomic_store(&up_peak, 0);
     c1 = cpu_s();
+    int k0 = atomic_load(&up_conns);
     f_proxy = run_sides(&sp, 1, n, &proxy_rss);
+    proxy_conns = atomic_load(&up_conns) - k0;
     peak_proxy = atomic_load(&up_peak);
     c2 = cpu_s();
   }
@@ -638,6 +659,9 @@ int main(int argc, char **argv) {
     printf("streams open at the upstream at once (peak): direct %d, proxy "
            "%d\n",
            peak_direct, peak_proxy);
+    printf("connections the proxy made to the upstream: %d (for %d "
+           "requests)\n",
+           proxy_conns, n);
     printf("CPU seconds used by the process (client, upstream and proxy "
            "threads): direct %.2f, proxy %.2f\n",
            c1 - c0, c2 - c1);
