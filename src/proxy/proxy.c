@@ -32,10 +32,12 @@
  *
  * Serving: event loops, two per core (shard: a libmicrohttpd daemon run
  * by a relay's thread, relay.c), share the listening socket; the handler
- * reads a request on its loop, then suspends the connection and hands the
- * request to a thread of its own (job_main) for the decision and the
- * upstream requests it waits for whole; a stream's transfer and its chunks
- * run on the connection's loop (stream_st says who touches what).
+ * reads a request on its loop. A streamed request with a small body is
+ * decided there and its transfer started (decide_here); any other is
+ * handed, its connection suspended, to a worker thread (job_main) for the
+ * decision and the upstream requests it waits for whole. A stream's
+ * transfer and its chunks run on the connection's loop (stream_st says
+ * who touches what).
  *
  * Rejected: keeping sessions keyed by conversation. The whole decision for
  * a 500-message turn, read from the tape, costs about 0.3 ms of CPU
@@ -3200,8 +3202,13 @@ static bool load_req(const req_ctx *q, json_t **req, reply *r) {
   return *req != NULL;
 }
 
+/* Decides a guarded request and acts on it: r is the answer, or
+ * *started says a stream was handed to the loop (stream_start). With
+ * `later` (on the loop's thread, which may not wait), a request whose
+ * answer needs a whole upstream reply (not a stream, or the final request
+ * without tools) is left untouched for a worker, with *later set. */
 static void chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                 const char *path, reply *r, bool *started) {
+                 const char *path, reply *r, bool *started, bool *later) {
   const bool anth = r->anthropic;
   bool anth_stream = false;
   char *fwd = NULL;
@@ -3278,6 +3285,13 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   if (!is_stop((ag_action)act))
     act = ag_guard_begin_iteration(g, 0, &v);
 decided:
+  if (later != NULL &&
+      (is_stop((ag_action)act)
+           ? p->cfg.loop.final_request_without_tools && v.action == AG_STOP
+           : !stream)) {
+    *later = true; /* nothing said or sent yet: the worker decides again */
+    goto out;
+  }
   if (is_stop((ag_action)act)) {
     bool final = p->cfg.loop.final_request_without_tools && v.action == AG_STOP;
     event(p, final ? "final_request_without_tools" : "stopped_before_request",
@@ -3558,7 +3572,7 @@ static void *job_main(void *arg) {
   uri_path(q->uri, path, sizeof path);
   bool started = false;
   if (strcmp(q->method, "POST") == 0 && guarded_path(path)) {
-    chat(p, c, q, path, &q->r, &started);
+    chat(p, c, q, path, &q->r, &started, NULL);
   } else {
     upstream u;
     send_upstream(p, q->client_hdrs, q->method, q->uri, q->body, q->len, false,
@@ -3822,6 +3836,56 @@ static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q,
   return true;
 }
 
+/* Bodies the loop decides itself at most (decide_here): the decision of
+ * a turn this size takes well under 0.1 ms, which the loop's other
+ * streams can wait; larger ones (a 500-message turn: 0.3 ms) go to a
+ * worker. */
+#define HERE_BODY_MAX (64u * 1024)
+
+/* A streamed guarded request decided on the loop's own thread, without
+ * the two thread hand-offs of a worker (there and back) before its first
+ * byte: 1 when its stream started (the connection is suspended until the
+ * loop answers), 0 when q->r is the answer (a stop, a bad request), -1
+ * when it is a worker's: not a stream (its answer waits for the upstream's
+ * whole reply), a body over HERE_BODY_MAX, or the final request without
+ * tools. */
+static int decide_here(shard *sh, struct MHD_Connection *c, req_ctx *q,
+                       const char *method, const char *path) {
+  ag_proxy *p = sh->p;
+  if (strcmp(method, "POST") != 0 || !guarded_path(path) ||
+      q->len > HERE_BODY_MAX || q->body == NULL ||
+      memmem(q->body, q->len, "\"stream\"", 8) == NULL)
+    return -1;
+  pthread_mutex_lock(&p->jobs_mu);
+  bool stopping = p->stopping;
+  pthread_mutex_unlock(&p->jobs_mu);
+  if (stopping)
+    return -1; /* start_job answers it */
+  q->method = dupz(method);
+  if (q->method == NULL || !client_headers(c, &q->client_hdrs)) {
+    set_error(&q->r, 500, "server_error", "out_of_memory", "out of memory");
+    return 0;
+  }
+  q->sh = sh;
+  q->c = c;
+  bool started = false, later = false;
+  chat(p, c, q, path, &q->r, &started, &later);
+  if (later) {
+    free(q->method); /* start_job sets them again */
+    q->method = NULL;
+    curl_slist_free_all(q->client_hdrs);
+    q->client_hdrs = NULL;
+    return -1;
+  }
+  if (!started)
+    return 0;
+  /* the transfer is queued on this loop: its answer (answer_stream or
+   * answer_reply) comes in a later round, after this suspension */
+  q->job = true;
+  MHD_suspend_connection(c);
+  return 1;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
                                const char *url, const char *method,
                                const char *version, const char *upload,
@@ -3882,8 +3946,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
               "agentguard proxy: the request body is larger than %zu bytes "
               "(--max-body)",
               p->max_body);
-  } else if (start_job(sh, c, q, method)) {
-    return MHD_YES; /* suspended: answered by the request's thread */
+  } else {
+    int here = decide_here(sh, c, q, method, path);
+    if (here == 1)
+      return MHD_YES; /* a stream: suspended, answered by the loop */
+    if (here < 0 && start_job(sh, c, q, method))
+      return MHD_YES; /* suspended: answered by the request's thread */
   }
   enum MHD_Result ret = send_reply(c, &q->r);
   reply_free(&q->r);

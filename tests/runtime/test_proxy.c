@@ -848,6 +848,65 @@ Test(proxy, stream_nudge_asks_upstream_again) {
   free(r);
 }
 
+/* A streamed request is decided on its event loop when its body is small;
+ * a larger one (here 100 KiB) goes to a worker, which hands the stream to
+ * the loop: relayed the same way. */
+Test(proxy, stream_with_a_large_body_is_relayed) {
+  canned_stream_call("{\"path\":\"b\"}");
+  char *small =
+      streaming(conversation(1, "read", "{\"path\":\"a\"}", "text of a"));
+  json_t *j = json_loads(small, 0, NULL);
+  free(small);
+  char *pad = malloc(100 * 1024 + 1);
+  cr_assert_not_null(pad);
+  memset(pad, 'x', 100 * 1024);
+  pad[100 * 1024] = '\0';
+  json_object_set_new(json_array_get(json_object_get(j, "messages"), 0),
+                      "content", json_string(pad));
+  free(pad);
+  char *body = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  cr_assert_gt(strlen(body), 100 * 1024);
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  char *hello = strstr(r->body, "Hello"), *calls = strstr(r->body, "call_s");
+  cr_expect(hello != NULL && calls != NULL && hello < calls, "%s", r->body);
+  cr_expect(ends_with_done(r), "%s", r->body);
+  cr_assert_eq(n_upstream(), 1);
+  cr_expect_eq(strlen(U.reqs[0].body), strlen(body), "sent as it came");
+  free(body);
+  free(r);
+}
+
+/* A streamed request whose replayed turn stops, with the final request
+ * without tools: that request waits for the upstream's whole reply, so
+ * the loop leaves it to a worker; the client gets the answer as a
+ * stream. */
+Test(proxy, stream_replayed_stop_with_final_request_is_a_stream) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.final_request_without_tools = true;
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  canned_call(NULL, "I could not read x: it does not exist.");
+  char *body = streaming(
+      conversation(3, "read", "{\"path\":\"x\"}", "Error: no such file"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  cr_assert_eq(n_upstream(), 1);
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  cr_expect_null(json_object_get(sent, "tools"), "tools removed");
+  cr_expect(json_is_false(json_object_get(sent, "stream")), "asked whole");
+  json_decref(sent);
+  cr_expect(strncmp(r->body, "data: {", 7) == 0, "%s", r->body);
+  cr_expect(strstr(r->body, "I could not read x: it does not exist.") != NULL,
+            "%s", r->body);
+  cr_expect(ends_with_done(r), "%s", r->body);
+  free(body);
+  free(r);
+}
+
 Test(proxy, stream_content_loop_ends_the_stream) {
   char *b = NULL;
   size_t n = 0;
