@@ -7,14 +7,16 @@
  * the installed libagentguard does not depend on an HTTP server.
  *
  * The proxy serves HTTP with libmicrohttpd and talks to the upstream with
- * libcurl, both on event loops, one per core (src/proxy/relay.c: a
+ * libcurl, both on event loops, two per core (src/proxy/relay.c: a
  * daemon's epoll set and its connections' upstream transfers through
  * curl_multi_socket_action), so a relayed chunk wakes no thread but its
- * loop's; each request's decision and its blocking upstream requests run
- * on a worker thread of its own while its connection is suspended (for a
- * stream, the worker waits without CPU until the stream ends, then checks
- * its calls). Connections are capped; up to 64 idle upstream
- * connections are kept between requests.
+ * loop's. A streamed request with a small body (64 KiB) is decided on its
+ * loop; any other request's decision and its blocking upstream requests
+ * run on a worker thread while its connection is suspended. A stream is
+ * its loop's once started: the loop checks its calls at its end; only a
+ * nudge there, which waits for the upstream, gets a thread. Connections are
+ * capped; up to 64 idle upstream connections per loop are kept between
+ * requests.
  *   - POST /v1/chat/completions and POST /v1/messages (Anthropic, its
  *     messages read as chat form) are guarded: the request's turn (everything
  *     after the last user message) is parsed as a chat transcript
@@ -29,10 +31,10 @@
  *
  * Thread-safety: ag_proxy_start and ag_proxy_stop from one thread. The
  * proxy's own threads (the loops, and one per request being decided or
- * waiting for the upstream) share the events file and each stream's queue,
- * each under its mutex. ag_proxy_stop answers new requests with 503, ends
- * every upstream transfer (a relayed stream ends with an error event),
- * waits for the requests' threads and then stops the loops.
+ * waiting for the upstream, or per stream being nudged) share the events file
+ * and each stream's queue, each under its mutex. ag_proxy_stop answers new
+ * requests with 503, ends every upstream transfer (a relayed stream ends with
+ * an error event), waits for the requests' threads and then stops the loops.
  */
 #ifndef AG_PROXY_H
 #define AG_PROXY_H
