@@ -36,10 +36,13 @@
  * direct streams first, then the proxied ones; with --together both at
  * the same time (their requests alternating), so that both sides see the
  * same moments of a shared machine (2N streams: the machine's load
- * doubles; no memory figure).
+ * doubles; no memory figure). With --warm, the whole run is made once,
+ * untimed, before the measured one: the proxy as it is once its threads'
+ * heaps have grown, as in a proxy that has been serving for a while (no
+ * memory figure).
  *
  *   build/bench_proxy_load [--streams N] [--chunks N] [--gap-ms MS]
- *                          [--ramp-ms MS] [--together]
+ *                          [--ramp-ms MS] [--together] [--warm]
  *   (defaults 200 streams, 20 chunks, 10 ms, ramp 0; the issue's figure:
  *   1000 streams)
  */
@@ -68,6 +71,7 @@ static int chunks = 20;
 static int gap_ms = 10;
 static int ramp_ms = 0;
 static bool together = false;
+static bool warm_first = false;
 static atomic_int up_open, up_peak;
 static atomic_int up_conns; /* TCP connections the upstream accepted */
 
@@ -522,10 +526,12 @@ int main(int argc, char **argv) {
       ramp_ms = parse_int("--ramp-ms", argv[++i], 0, 600000);
     else if (strcmp(argv[i], "--together") == 0)
       together = true;
+    else if (strcmp(argv[i], "--warm") == 0)
+      warm_first = true;
     else {
       fprintf(stderr,
               "usage: bench_proxy_load [--streams N] [--chunks N] "
-              "[--gap-ms MS] [--ramp-ms MS] [--together]\n(unknown or "
+              "[--gap-ms MS] [--ramp-ms MS] [--together] [--warm]\n(unknown or "
               "incomplete "
               "argument '%s')\n",
               argv[i]);
@@ -618,6 +624,14 @@ int main(int argc, char **argv) {
   ramp_ms = ramp;
 
   side sd = {up_base, direct, &ld}, sp = {px_base, proxied, &lp};
+  if (warm_first) {
+    /* the whole run once, untimed: the proxy as it is after its first
+     * thousand streams (its threads' heaps grown), not fresh */
+    long unused = 0;
+    run_sides(&sd, 1, n, &unused);
+    run_sides(&sp, 1, n, &unused);
+    ld.n = lp.n = 0;
+  }
   long base_rss = rss_kib(), direct_rss = 0, proxy_rss = 0;
   int f_direct = 0, f_proxy = 0, peak_direct = 0, peak_proxy = 0;
   int proxy_conns = -1;
@@ -700,9 +714,9 @@ int main(int argc, char **argv) {
          pq[0] - dq[0], pq[1] - dq[1], pq[2] - dq[2], "");
   printf("proxy_added_chunk_ms p50=%.2f p99=%.2f p99.9=%.2f\n", pq[0] - dq[0],
          pq[1] - dq[1], pq[2] - dq[2]);
-  if (together) {
+  if (together || warm_first) {
     printf("RSS KiB: before %ld, peak %ld (memory per connection: run "
-           "without --together)\n",
+           "without --together or --warm)\n",
            base_rss, proxy_rss);
   } else {
     printf("RSS KiB: before %ld, peak direct %ld, peak proxy %ld\n", base_rss,
