@@ -1945,12 +1945,16 @@ static void stream_finish_anth(stream_st *st, nudge_job **nj) {
     json_array_foreach(st->held_ev, i, pair) {
       json_t *o = json_array_get(pair, 1);
       json_t *ix = json_object_get(o, "index");
-      if (json_is_integer(ix)) {
-        json_int_t idx = json_integer_value(ix);
-        if (is_held_index(st, idx))
-          st->map[idx] = st->next_index++;
+      /* a held block takes the client's next number; a block the client
+       * has seen keeps its own; an index the stream never opened (on a
+       * message_delta, or out of range) is left as the upstream sent it */
+      json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : -1;
+      if (is_held_index(st, idx))
+        st->map[idx] = st->next_index++;
+      if (idx >= 0 &&
+          idx < (json_int_t)(sizeof(st->map) / sizeof(st->map[0])) &&
+          st->map[idx] >= 0)
         json_object_set_new(o, "index", json_integer(st->map[idx]));
-      }
       sb_named(&st->out, json_string_value(json_array_get(pair, 0)),
                json_incref(o));
     }

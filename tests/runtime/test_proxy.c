@@ -1740,6 +1740,48 @@ Test(proxy, anthropic_stream_nudge_answers_with_tool_result) {
   free(r);
 }
 
+/* Held events with an "index" the stream never opened (a message_delta
+ * carrying one, far out of range or negative): passed on as they came,
+ * never used to index the proxy's block table (this read past it and
+ * crashed the proxy). */
+Test(proxy, anthropic_stream_odd_index_on_a_held_event) {
+  const char *idx[] = {"100000", "-1", "300"};
+  for (size_t k = 0; k < sizeof idx / sizeof idx[0]; k++) {
+    canned_reset();
+    char b[1024];
+    snprintf(b, sizeof b,
+             "event: message_start\ndata: {\"type\":\"message_start\","
+             "\"message\":{\"id\":\"msg_s\",\"type\":\"message\",\"role\":"
+             "\"assistant\",\"model\":\"claude\",\"content\":[],"
+             "\"stop_reason\":null,\"usage\":{\"input_tokens\":1,"
+             "\"output_tokens\":1}}}\n\n"
+             "event: content_block_start\ndata: {\"type\":"
+             "\"content_block_start\",\"index\":0,\"content_block\":{"
+             "\"type\":\"text\",\"text\":\"\"}}\n\n"
+             "event: content_block_delta\ndata: {\"type\":"
+             "\"content_block_delta\",\"index\":0,\"delta\":{\"type\":"
+             "\"text_delta\",\"text\":\"Done.\"}}\n\n"
+             "event: content_block_stop\ndata: {\"type\":"
+             "\"content_block_stop\",\"index\":0}\n\n"
+             "event: message_delta\ndata: {\"type\":\"message_delta\","
+             "\"index\":%s,\"delta\":{\"stop_reason\":\"end_turn\"},"
+             "\"usage\":{\"output_tokens\":2}}\n\n"
+             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+             idx[k]);
+    canned_add(200, b);
+    char *body = messages_conv(1, "{\"path\":\"a\"}", "text", false, true);
+    resp *r = call(P, "POST", "/v1/messages", body, NULL);
+    cr_expect_eq(r->status, 200);
+    char want[64];
+    snprintf(want, sizeof want, "\"index\":%s", idx[k]);
+    const char *order[] = {"Done.", want, "\"stop_reason\":\"end_turn\"",
+                           "event: message_stop"};
+    expect_in_order(r, order, sizeof order / sizeof order[0]);
+    free(body);
+    free(r);
+  }
+}
+
 Test(proxy, anthropic_stream_stop_before_request_is_events) {
   ag_proxy_stop(P);
   ag_config c = test_cfg();
