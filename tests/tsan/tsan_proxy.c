@@ -160,26 +160,20 @@ static long request(const char *path, const char *body, buf *out) {
 }
 
 /* two identical calls in the history: the reply's third is stopped */
-static const char looping[] =
-    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"go\"},"
-    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
-    "\"type\":\"function\",\"function\":{\"name\":\"read\",\"arguments\":"
-    "\"{\\\"path\\\":\\\"a\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
-    "\"c1\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":null,"
-    "\"tool_calls\":[{\"id\":\"c2\",\"type\":\"function\",\"function\":{"
-    "\"name\":\"read\",\"arguments\":\"{\\\"path\\\":\\\"a\\\"}\"}}]},{"
-    "\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"x\"}]}";
+#define LOOPING_MESSAGES                                                       \
+  "\"messages\":[{\"role\":\"user\",\"content\":\"go\"},{\"role\":"            \
+  "\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"    \
+  "\"function\",\"function\":{\"name\":\"read\",\"arguments\":\"{"             \
+  "\\\"path\\\":"                                                              \
+  "\\\"a\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":"   \
+  "\"x\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"   \
+  "\"c2\",\"type\":\"function\",\"function\":{\"name\":\"read\","              \
+  "\"arguments\":\"{\\\"path\\\":\\\"a\\\"}\"}}]},{\"role\":\"tool\","         \
+  "\"tool_call_id\":\"c2\",\"content\":\"x\"}]}"
+static const char looping[] = "{\"model\":\"m\"," LOOPING_MESSAGES;
 /* the same as a stream: its reply's call is the third */
 static const char looping_stream[] =
-    "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\","
-    "\"content\":\"go\"},"
-    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
-    "\"type\":\"function\",\"function\":{\"name\":\"read\",\"arguments\":"
-    "\"{\\\"path\\\":\\\"a\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
-    "\"c1\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":null,"
-    "\"tool_calls\":[{\"id\":\"c2\",\"type\":\"function\",\"function\":{"
-    "\"name\":\"read\",\"arguments\":\"{\\\"path\\\":\\\"a\\\"}\"}}]},{"
-    "\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"x\"}]}";
+    "{\"model\":\"m\",\"stream\":true," LOOPING_MESSAGES;
 static const char streaming[] =
     "{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\","
     "\"content\":\"go\"}]}";
