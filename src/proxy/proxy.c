@@ -3846,6 +3846,32 @@ static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q,
  * worker. */
 #define HERE_BODY_MAX (64u * 1024)
 
+/* Whether the body has a "stream" key whose value starts with `t` (true):
+ * a cheap look, so that a request that is not streamed goes straight to a
+ * worker instead of being decided twice; the decision reads the body
+ * properly. */
+static const char *skip_ws(const char *v, const char *end) {
+  while (v < end && (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r'))
+    v++;
+  return v;
+}
+
+static bool says_stream(const char *b, size_t len) {
+  const char *end = b + len;
+  const char *k = memmem(b, len, "\"stream\"", 8);
+  while (k != NULL) {
+    const char *v = skip_ws(k + 8, end);
+    if (v < end && *v == ':') {
+      v = skip_ws(v + 1, end);
+      if (v < end && *v == 't')
+        return true;
+    }
+    k += 8;
+    k = memmem(k, (size_t)(end - k), "\"stream\"", 8);
+  }
+  return false;
+}
+
 /* A streamed guarded request decided on the loop's own thread, without
  * the two thread hand-offs of a worker (there and back) before its first
  * byte: 1 when its stream started (the connection is suspended until the
@@ -3858,7 +3884,7 @@ static int decide_here(shard *sh, struct MHD_Connection *c, req_ctx *q,
   ag_proxy *p = sh->p;
   if (strcmp(method, "POST") != 0 || !guarded_path(path) ||
       q->len > HERE_BODY_MAX || q->body == NULL ||
-      memmem(q->body, q->len, "\"stream\"", 8) == NULL)
+      !says_stream(q->body, q->len))
     return -1;
   pthread_mutex_lock(&p->jobs_mu);
   bool stopping = p->stopping;
