@@ -113,6 +113,20 @@ int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
                          bool anthropic, ag_proxy_read how, ag_verdict *v,
                          ag_error_t *err);
 
+/* What the proxy makes of an upstream's stream, without a connection
+ * (tests, tests/fuzz/fuzz_relay.c): the bytes of a streamed reply (SSE;
+ * Chat Completions, or with `anthropic` Messages) go through the relayed
+ * stream's own code - parsed, text checked and passed on, calls held, the
+ * end checked and written - arriving in two writes split at `split` (at
+ * most `len`), a replayed turn with no history. A nudge at the end is not
+ * asked (there is no upstream): the stream ends with the error event a
+ * failed second request gives. *out (malloc'd, *out_len bytes, NUL after
+ * them) is what the client would read. Returns 0, or -1 when out of
+ * memory (*out NULL). */
+int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
+                          const char *stream, size_t len, size_t split,
+                          char **out, size_t *out_len);
+
 /* Stops serving (waits for the connections' threads) and frees. NULL does
  * nothing. */
 void ag_proxy_stop(ag_proxy *p);

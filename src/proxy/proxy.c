@@ -1932,8 +1932,13 @@ static void stream_finish_anth(stream_st *st, nudge_job **nj) {
   }
   ag_reply rep;
   memset(&rep, 0, sizeof rep);
-  if (ag__asm_finish(&st->asmb, &rep) != AG_OK) {
-    anth_error(st, "agentguard proxy: out of memory");
+  ag_err_t fin = ag__asm_finish(&st->asmb, &rep);
+  if (fin != AG_OK) { /* rep may hold the calls before the bad one */
+    ag_reply_clear(&rep);
+    snprintf(msg, sizeof msg,
+             "agentguard proxy: the upstream's stream broke: %s",
+             fin == AG_EPROVIDER ? st->perr.message : ag_strerror(fin));
+    anth_error(st, msg);
     return;
   }
   ag_call_check checks[AG__CALLS_MAX];
@@ -2082,8 +2087,11 @@ static void stream_finish(stream_st *st, nudge_job **nj) {
   }
   ag_reply rep;
   memset(&rep, 0, sizeof rep);
-  if (ag__asm_finish(&st->asmb, &rep) != AG_OK) {
-    stream_error(st, "agentguard proxy: out of memory");
+  ag_err_t fin = ag__asm_finish(&st->asmb, &rep);
+  if (fin != AG_OK) { /* rep may hold the calls before the bad one */
+    ag_reply_clear(&rep);
+    stream_error(st, "agentguard proxy: the upstream's stream broke: %s",
+                 fin == AG_EPROVIDER ? st->perr.message : ag_strerror(fin));
     return;
   }
   ag_call_check checks[AG__CALLS_MAX];
@@ -2278,6 +2286,97 @@ static bool stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
    * answer_reply) once the upstream's status is known */
   ag__relay_add(st->sh->relay, &st->x);
   return true;
+}
+
+/* Feeds a relayed stream's bytes as the transfer's write callback does
+ * (on_stream_body, without the pause); false when the transfer would end
+ * (the callback refused them). */
+static bool replay_feed(stream_st *st, const char *b, size_t n) {
+  if (n == 0)
+    return true;
+  ag_err_t why = AG_OK;
+  int r = ag__sse_feed(&st->sse, b, n, &why);
+  if (r < 0 && st->asmb.failed == AG_OK)
+    st->asmb.failed = why;
+  flush(st, false);
+  return r == 0 && !st->out.failed;
+}
+
+int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
+                          const char *stream, size_t len, size_t split,
+                          char **out, size_t *out_len) {
+  *out = NULL;
+  *out_len = 0;
+  ag_proxy *p = calloc(1, sizeof(*p)); /* no events file: none written */
+  stream_st *st = calloc(1, sizeof(*st));
+  if (p == NULL || st == NULL) {
+    free(p);
+    free(st);
+    return -1;
+  }
+  p->cfg = *cfg;
+  pthread_mutex_init(&st->mu, NULL);
+  st->refs = 1;
+  st->p = p;
+  st->anth = anthropic;
+  st->path = dupz(anthropic ? "/v1/messages" : "/v1/chat/completions");
+  for (size_t k = 0; k < sizeof(st->map) / sizeof(st->map[0]); k++)
+    st->map[k] = -1;
+  st->held_ev = json_array();
+  ag__sse_init(&st->sse, anthropic ? on_anth_event : on_sse_event, st);
+  ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
+  ag_error_t err;
+  if (st->path == NULL || st->held_ev == NULL ||
+      ag_guard_new(&st->g, cfg, NULL, &err) != AG_OK) {
+    stream_release(st, true);
+    free(p);
+    return -1;
+  }
+  ag_verdict v0; /* a turn with no history: its first request goes */
+  (void)ag_guard_begin_iteration(st->g, 0, &v0);
+  st->answer = ANSWER_STREAM;
+  st->status = 200;
+  st->u.cc = CURLE_OK;
+  if (split > len)
+    split = len;
+  /* the transfer: its writes, then its end (on_stream_done) */
+  if (!replay_feed(st, stream, split) ||
+      !replay_feed(st, stream + split, len - split)) {
+    st->u.cc = CURLE_WRITE_ERROR;
+  } else {
+    ag_err_t why = AG_OK;
+    if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
+      st->asmb.failed = why;
+    flush(st, false);
+  }
+  st->up = true;
+  nudge_job *nj = NULL;
+  stream_finish(st, &nj);
+  if (nj != NULL) {
+    const char *msg = "agentguard proxy: asking the upstream again failed: "
+                      "no upstream (ag_proxy_relay_replay)";
+    if (anthropic)
+      anth_error(st, msg);
+    else
+      stream_error(st, "%s", msg);
+    ag_reply_clear(&nj->rep);
+    free(nj);
+  }
+  flush(st, true);
+  int rc = 0;
+  size_t n = st->q.len - st->q_pos;
+  *out = malloc(n + 1);
+  if (*out == NULL) {
+    rc = -1;
+  } else {
+    if (n > 0)
+      memcpy(*out, st->q.p + st->q_pos, n);
+    (*out)[n] = '\0';
+    *out_len = n;
+  }
+  stream_release(st, true);
+  free(p);
+  return rc;
 }
 
 /* ---- Anthropic Messages (/v1/messages) -------------------------------- */

@@ -907,6 +907,29 @@ Test(proxy, stream_replayed_stop_with_final_request_is_a_stream) {
   free(r);
 }
 
+/* A streamed reply whose second tool call has no name: the stream ends
+ * with an error event that says so (it said "out of memory", and the
+ * first call's copy leaked). Run without a connection
+ * (ag_proxy_relay_replay), the relayed stream's own code. */
+Test(proxy, stream_call_without_a_name_is_an_error_event) {
+  const char *up =
+      "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":"
+      "1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":"
+      "[{\"index\":0,\"id\":\"call_a\",\"type\":\"function\",\"function\":{"
+      "\"name\":\"read\",\"arguments\":\"{}\"}},{\"index\":1,\"id\":"
+      "\"call_b\",\"type\":\"function\",\"function\":{\"arguments\":\"{}\"}}"
+      "]},\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n";
+  ag_config c = test_cfg();
+  char *out = NULL;
+  size_t n = 0;
+  cr_assert_eq(ag_proxy_relay_replay(&c, false, up, strlen(up), 40, &out, &n),
+               0);
+  cr_expect(strstr(out, "\"error\"") != NULL, "%s", out);
+  cr_expect(strstr(out, "no function name") != NULL, "%s", out);
+  cr_expect(strstr(out, "call_a") == NULL, "the calls are held: %s", out);
+  free(out);
+}
+
 Test(proxy, stream_content_loop_ends_the_stream) {
   char *b = NULL;
   size_t n = 0;
