@@ -6,7 +6,8 @@
 # checks, or when the build fails.
 #
 # TARGET is a name without "fuzz_" (config, scenario, trajectory, schema, proxy,
-# classify, jcs); no TARGET: all of tests/fuzz/fuzz_*.c.
+# relay, classify, jcs, content, stream); no TARGET: all of
+# tests/fuzz/fuzz_*.c.
 #
 # Each target starts from its seed corpus (tests/fuzz/corpus/NAME/) and
 # dictionary (tests/fuzz/NAME.dict). What it learns is kept in

@@ -1,0 +1,116 @@
+/*
+ * tests/fuzz/fuzz_relay.c - libFuzzer target for what the proxy does to an
+ * upstream's streamed reply (ag_proxy_relay_replay, src/proxy/proxy.c: the
+ * relayed stream's event handlers, the held calls, the end's check and
+ * the blocks renumbered for an Anthropic client). The upstream is the
+ * other party the proxy cannot trust: an input it chokes on takes down
+ * every client's stream (one did: a held event's unchecked "index").
+ *
+ * Input: the first byte chooses the API shape (bit 0: Anthropic Messages,
+ * else Chat Completions) and the preset (bits 1-2: default, forge, hpd,
+ * twelve-factor); the second byte where the stream is split in two writes
+ * (its value times the rest's length over 256); the rest is the stream.
+ *
+ * Properties checked on every input:
+ *  - the client's bytes are the same whether the stream came in one write
+ *    or in two (where the network cuts the bytes changes nothing);
+ *  - they are whole SSE events: Chat Completions, "data: X" lines each
+ *    followed by a blank line, X being [DONE] or a JSON object, the last
+ *    event [DONE] or an error object; Messages, "event: NAME" then
+ *    "data: {JSON object}" and a blank line, every event.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "agentguard.h"
+#include "agentguard/proxy.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static const char *const presets[4] = {"default", "forge", "hpd",
+                                       "twelve-factor"};
+static ag_config cfgs[4];
+static int ready;
+
+static void check(int ok, const char *what, const char *detail) {
+  if (!ok) {
+    fprintf(stderr, "fuzz_relay: property failed: %s%s%.300s\n", what,
+            detail != NULL ? ": " : "", detail != NULL ? detail : "");
+    abort();
+  }
+}
+
+/* Whether b[0..n) is a JSON object. */
+static int is_object(const char *b, size_t n) {
+  json_t *j = json_loadb(b, n, 0, NULL);
+  int ok = json_is_object(j);
+  json_decref(j);
+  return ok;
+}
+
+/* The client's bytes as whole events of their shape. */
+static void check_events(const char *out, size_t len, int anthropic) {
+  const char *p = out, *end = out + len;
+  int last_done = 0, last_error = 0, events = 0;
+  while (p < end) {
+    if (anthropic) {
+      check(len - (size_t)(p - out) > 7 && memcmp(p, "event: ", 7) == 0,
+            "an event starts with its name", p);
+      const char *nl = memchr(p, '\n', (size_t)(end - p));
+      check(nl != NULL, "the name line ends", p);
+      p = nl + 1;
+    }
+    check(end - p > 6 && memcmp(p, "data: ", 6) == 0,
+          "an event has its data line", p);
+    const char *d = p + 6;
+    const char *stop = NULL;
+    for (const char *k = d; k + 1 < end; k++)
+      if (k[0] == '\n' && k[1] == '\n') {
+        stop = k;
+        break;
+      }
+    check(stop != NULL, "an event ends with a blank line", p);
+    size_t n = (size_t)(stop - d);
+    last_done = !anthropic && n == 6 && memcmp(d, "[DONE]", 6) == 0;
+    check(last_done || is_object(d, n), "an event's data is a JSON object", d);
+    last_error = !last_done && n > 9 && memcmp(d, "{\"error\":", 9) == 0;
+    events++;
+    p = stop + 2;
+  }
+  if (!anthropic)
+    check(events > 0 && (last_done || last_error),
+          "a Chat Completions stream ends with [DONE] or an error", out);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (!ready) {
+    for (int i = 0; i < 4; i++)
+      if (ag_config_preset(&cfgs[i], presets[i], NULL) != AG_OK)
+        abort();
+    ready = 1;
+  }
+  if (size < 2)
+    return 0;
+  int anthropic = data[0] & 1;
+  const ag_config *cfg = &cfgs[(data[0] >> 1) & 3];
+  const char *s = (const char *)data + 2;
+  size_t len = size - 2;
+  size_t split = (size_t)data[1] * len / 256;
+  char *whole = NULL, *cut = NULL;
+  size_t wl = 0, cl = 0;
+  if (ag_proxy_relay_replay(cfg, anthropic, s, len, 0, &whole, &wl) != 0 ||
+      ag_proxy_relay_replay(cfg, anthropic, s, len, split, &cut, &cl) != 0) {
+    free(whole);
+    free(cut);
+    return 0; /* out of memory: not a property */
+  }
+  check(wl == cl && memcmp(whole, cut, wl) == 0,
+        "the same bytes in one write or two", whole);
+  check_events(whole, wl, anthropic);
+  free(whole);
+  free(cut);
+  return 0;
+}
