@@ -977,10 +977,22 @@ static void sb_add(sbuf *b, const char *s, size_t n) {
   b->p[b->len] = '\0';
 }
 
+/* One SSE event of `data`: a "data:" line per line of it (the upstream's
+ * event may have come in several, which its reader joined with "\n"; one
+ * line holding a "\n" would end the event early). */
 static void sb_event(sbuf *b, const char *data, size_t n) {
-  sb_add(b, "data: ", 6);
-  sb_add(b, data, n);
-  sb_add(b, "\n\n", 2);
+  for (;;) {
+    const char *nl = memchr(data, '\n', n);
+    size_t k = nl != NULL ? (size_t)(nl - data) : n;
+    sb_add(b, "data: ", 6);
+    sb_add(b, data, k);
+    sb_add(b, "\n", 1);
+    if (nl == NULL)
+      break;
+    data += k + 1;
+    n -= k + 1;
+  }
+  sb_add(b, "\n", 1);
 }
 
 static void sb_json(sbuf *b, json_t *o) {
@@ -1771,6 +1783,15 @@ static bool is_held_index(const stream_st *st, json_int_t idx) {
          st->map[idx] == -2;
 }
 
+/* Whether s can be an SSE event's name: no control character (a line
+ * break in it would end the "event:" line and start another field). */
+static bool name_ok(const char *s) {
+  for (; *s != '\0'; s++)
+    if ((unsigned char)*s < 0x20 || *s == 0x7f)
+      return false;
+  return true;
+}
+
 static int on_anth_event(void *user, const char *event_name, const char *data,
                          size_t len, size_t pos) {
   stream_st *st = user;
@@ -1780,9 +1801,11 @@ static int on_anth_event(void *user, const char *event_name, const char *data,
   if (j == NULL)
     return 1;
   const char *type = json_string_value(json_object_get(j, "type"));
-  const char *name = event_name[0] != '\0' ? event_name
-                     : type != NULL        ? type
-                                           : "message";
+  /* an event without a name line is named by its type, unless the type
+   * would break the event's line (a control character in it) */
+  const char *name = event_name[0] != '\0'           ? event_name
+                     : type != NULL && name_ok(type) ? type
+                                                     : "message";
   json_t *ix = json_object_get(j, "index");
   json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : -1;
   bool hold = false;

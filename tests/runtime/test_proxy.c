@@ -930,6 +930,32 @@ Test(proxy, stream_call_without_a_name_is_an_error_event) {
   free(out);
 }
 
+/* SSE lets an event's data span several "data:" lines (joined with a line
+ * break); the proxy sends such an event on several lines too. One line
+ * holding the break ended the event early: the client's reader saw "{"
+ * as the data and a stray field after it. */
+Test(proxy, stream_event_of_two_data_lines_stays_two_lines) {
+  const char *up =
+      "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":"
+      "1,\"model\":\"m\",\n"
+      "data: \"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},"
+      "\"finish_reason\":null}]}\n\n"
+      "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":"
+      "1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},"
+      "\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+  ag_config c = test_cfg();
+  char *out = NULL;
+  size_t n = 0;
+  cr_assert_eq(ag_proxy_relay_replay(&c, false, up, strlen(up), 0, &out, &n),
+               0);
+  const char *two = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\","
+                    "\"created\":1,\"model\":\"m\",\ndata: \"choices\":";
+  cr_expect(strncmp(out, two, strlen(two)) == 0, "%s", out);
+  cr_expect(strstr(out, "\n\n\n") == NULL, "no empty event: %s", out);
+  cr_expect(strstr(out, "data: [DONE]\n\n") != NULL, "%s", out);
+  free(out);
+}
+
 Test(proxy, stream_content_loop_ends_the_stream) {
   char *b = NULL;
   size_t n = 0;
