@@ -14,10 +14,13 @@
  * Properties checked on every input:
  *  - the client's bytes are the same whether the stream came in one write
  *    or in two (where the network cuts the bytes changes nothing);
- *  - they are whole SSE events: Chat Completions, "data: X" lines each
- *    followed by a blank line, X being [DONE] or a JSON object, the last
- *    event [DONE] or an error object; Messages, "event: NAME" then
- *    "data: {JSON object}" and a blank line, every event.
+ *  - they are whole SSE events: Chat Completions, "data:" lines then a
+ *    blank line, their data [DONE] or JSON, the last event [DONE] or an
+ *    error object; Messages, "event: NAME", "data:" lines of JSON, a blank
+ *    line, every event. Data of several lines goes as several "data:"
+ *    lines (one line holding a line break would end the event early); JSON
+ *    is an object, or an array: an event whose data has no "type" is
+ *    passed on as the upstream sent it (a newer kind of event).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,43 +46,52 @@ static void check(int ok, const char *what, const char *detail) {
   }
 }
 
-/* Whether b[0..n) is a JSON object. */
-static int is_object(const char *b, size_t n) {
+/* Whether b[0..n) is one JSON object or array. */
+static int is_json(const char *b, size_t n) {
   json_t *j = json_loadb(b, n, 0, NULL);
-  int ok = json_is_object(j);
+  int ok = j != NULL;
   json_decref(j);
   return ok;
 }
 
-/* The client's bytes as whole events of their shape. */
+/* The client's bytes as whole events of their shape: an "event: NAME"
+ * line (Messages), one or more "data: " lines (their text joined with
+ * "\n" is the event's data, as a client's SSE reader joins them), a blank
+ * line. */
 static void check_events(const char *out, size_t len, int anthropic) {
   const char *p = out, *end = out + len;
   int last_done = 0, last_error = 0, events = 0;
+  char *data = malloc(len + 1);
+  check(data != NULL, "memory for the check", NULL);
   while (p < end) {
     if (anthropic) {
-      check(len - (size_t)(p - out) > 7 && memcmp(p, "event: ", 7) == 0,
+      check(end - p > 7 && memcmp(p, "event: ", 7) == 0,
             "an event starts with its name", p);
       const char *nl = memchr(p, '\n', (size_t)(end - p));
       check(nl != NULL, "the name line ends", p);
       p = nl + 1;
     }
-    check(end - p > 6 && memcmp(p, "data: ", 6) == 0,
-          "an event has its data line", p);
-    const char *d = p + 6;
-    const char *stop = NULL;
-    for (const char *k = d; k + 1 < end; k++)
-      if (k[0] == '\n' && k[1] == '\n') {
-        stop = k;
-        break;
-      }
-    check(stop != NULL, "an event ends with a blank line", p);
-    size_t n = (size_t)(stop - d);
-    last_done = !anthropic && n == 6 && memcmp(d, "[DONE]", 6) == 0;
-    check(last_done || is_object(d, n), "an event's data is a JSON object", d);
-    last_error = !last_done && n > 9 && memcmp(d, "{\"error\":", 9) == 0;
+    size_t n = 0;
+    int lines = 0;
+    while (end - p > 6 && memcmp(p, "data: ", 6) == 0) {
+      const char *nl = memchr(p + 6, '\n', (size_t)(end - p - 6));
+      check(nl != NULL, "a data line ends", p);
+      if (lines++ > 0)
+        data[n++] = '\n';
+      memcpy(data + n, p + 6, (size_t)(nl - p - 6));
+      n += (size_t)(nl - p - 6);
+      p = nl + 1;
+    }
+    check(lines > 0, "an event has its data", p);
+    check(p < end && *p == '\n', "an event ends with a blank line", p);
+    p++;
+    data[n] = '\0';
+    last_done = !anthropic && n == 6 && memcmp(data, "[DONE]", 6) == 0;
+    check(last_done || is_json(data, n), "an event's data is JSON", data);
+    last_error = !last_done && n > 9 && memcmp(data, "{\"error\":", 9) == 0;
     events++;
-    p = stop + 2;
   }
+  free(data);
   if (!anthropic)
     check(events > 0 && (last_done || last_error),
           "a Chat Completions stream ends with [DONE] or an error", out);
