@@ -476,29 +476,29 @@ static int cmp_d(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* The q-th percentile (nearest rank) of the ok requests' field. */
-static double pct(const req *rs, int n, int total_field, double q) {
-  double *v = malloc((size_t)n * sizeof *v);
-  int k = 0;
-  for (int i = 0; i < n; i++)
-    if (rs[i].ok)
-      v[k++] = total_field ? rs[i].total_ms : rs[i].ttfb_ms;
-  double out = 0;
-  if (k > 0) {
-    qsort(v, (size_t)k, sizeof *v, cmp_d);
-    int idx = (int)(q / 100.0 * k + 0.999999) - 1;
-    out = v[idx < 0 ? 0 : (idx >= k ? k - 1 : idx)];
-  }
-  free(v);
-  return out;
-}
-
 /* The q-th percentile (nearest rank) of v[0..n), sorted. */
 static double pct_of(const double *v, size_t n, double q) {
   if (n == 0)
     return 0;
   size_t idx = (size_t)(q / 100.0 * (double)n + 0.999999);
   return v[idx == 0 ? 0 : (idx > n ? n - 1 : idx - 1)];
+}
+
+/* The q-th percentile (nearest rank) of the ok requests' field. */
+static double pct(const req *rs, int n, int total_field, double q) {
+  double *v = malloc((size_t)n * sizeof *v);
+  if (v == NULL) {
+    fprintf(stderr, "bench_proxy_load: out of memory\n");
+    exit(1);
+  }
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (rs[i].ok)
+      v[k++] = total_field ? rs[i].total_ms : rs[i].ttfb_ms;
+  qsort(v, (size_t)k, sizeof *v, cmp_d);
+  double out = pct_of(v, (size_t)k, q);
+  free(v);
+  return out;
 }
 
 static int parse_int(const char *name, const char *s, int lo, int hi) {

@@ -1638,6 +1638,18 @@ static void answer_reply(stream_st *st, req_ctx *q, long status) {
   resume(st->sh, st->c);
 }
 
+/* A relayed stream's bytes from the upstream: parsed (the events write
+ * what the client gets into `out`) and moved to the client's queue; false
+ * when the stream cannot go on (the transfer is then ended). */
+static bool stream_feed(stream_st *st, const char *b, size_t n) {
+  ag_err_t why = AG_OK;
+  int r = ag__sse_feed(&st->sse, b, n, &why);
+  if (r < 0 && st->asmb.failed == AG_OK)
+    st->asmb.failed = why;
+  flush(st, false);
+  return r == 0 && !st->out.failed;
+}
+
 static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
   stream_st *st = user;
   long status = 0;
@@ -1652,12 +1664,7 @@ static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
   if (full)
     return CURL_WRITEFUNC_PAUSE;
   size_t n = size * nmemb;
-  ag_err_t why = AG_OK;
-  int r = ag__sse_feed(&st->sse, ptr, n, &why);
-  if (r < 0 && st->asmb.failed == AG_OK)
-    st->asmb.failed = why;
-  flush(st, false);
-  return r == 0 && !st->out.failed ? n : 0;
+  return stream_feed(st, ptr, n) ? n : 0;
 }
 
 /* The relay's headers: the status is known once they are in. */
@@ -1923,6 +1930,17 @@ static nudge_job *nudge_new(stream_st *st, ag_reply *rep,
   nj->v = *v;
   memcpy(nj->checks, checks, sizeof nj->checks);
   return nj;
+}
+
+/* A nudge that cannot be asked: the stream ends with an error event that
+ * says why; nj is freed. */
+static void nudge_fail(nudge_job *nj, const char *msg) {
+  if (nj->st->anth)
+    anth_error(nj->st, msg);
+  else
+    stream_error(nj->st, "%s", msg);
+  ag_reply_clear(&nj->rep);
+  free(nj);
 }
 
 /* The client's request as a tree, for a nudge's request (it is parsed
@@ -2231,6 +2249,29 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
   return ret;
 }
 
+/* A stream's state with its readers set up for the API shape; the end's
+ * reference (stream_end) is its only one. NULL when out of memory. */
+static stream_st *stream_new(ag_proxy *p, bool anth, const char *path) {
+  stream_st *st = calloc(1, sizeof(*st));
+  if (st == NULL)
+    return NULL;
+  pthread_mutex_init(&st->mu, NULL);
+  st->refs = 1;
+  st->p = p;
+  st->anth = anth;
+  for (size_t k = 0; k < sizeof(st->map) / sizeof(st->map[0]); k++)
+    st->map[k] = -1;
+  ag__sse_init(&st->sse, anth ? on_anth_event : on_sse_event, st);
+  ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
+  st->path = dupz(path);
+  st->held_ev = json_array();
+  if (st->path == NULL || st->held_ev == NULL) {
+    stream_destroy(st);
+    return NULL;
+  }
+  return st;
+}
+
 /* Starts relaying: hands the transfer to the connection's loop, which
  * answers the request (q) when the upstream's status is known and sees
  * the stream to its end. `*fwd` (may be NULL) is the body to send instead
@@ -2240,24 +2281,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static bool stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                          char **fwd, size_t fwd_len, bool anth,
                          const char *path, ag_guard **g, reply *r) {
-  stream_st *st = calloc(1, sizeof(*st));
+  stream_st *st = stream_new(p, anth, path);
   if (st == NULL) {
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return false;
   }
-  pthread_mutex_init(&st->mu, NULL);
-  st->refs = 1; /* the end's (stream_end) */
-  st->p = p;
   st->sh = q->sh;
   st->c = c;
   st->uri = dupz(q->uri);
-  st->path = dupz(path);
-  st->anth = anth;
-  for (size_t k = 0; k < sizeof(st->map) / sizeof(st->map[0]); k++)
-    st->map[k] = -1;
-  st->held_ev = json_array();
-  ag__sse_init(&st->sse, anth ? on_anth_event : on_sse_event, st);
-  ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
   /* the client's body, kept for a nudge (and sent, unless *fwd is) */
   char *copy = malloc(q->len + 1);
   if (copy != NULL) {
@@ -2286,7 +2317,7 @@ static bool stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     if (n != NULL)
       st->ch = n;
   }
-  if (!set || st->uri == NULL || st->path == NULL || st->held_ev == NULL) {
+  if (!set || st->uri == NULL) {
     stream_release(st, true);
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return false;
@@ -2311,47 +2342,21 @@ static bool stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   return true;
 }
 
-/* Feeds a relayed stream's bytes as the transfer's write callback does
- * (on_stream_body, without the pause); false when the transfer would end
- * (the callback refused them). */
-static bool replay_feed(stream_st *st, const char *b, size_t n) {
-  if (n == 0)
-    return true;
-  ag_err_t why = AG_OK;
-  int r = ag__sse_feed(&st->sse, b, n, &why);
-  if (r < 0 && st->asmb.failed == AG_OK)
-    st->asmb.failed = why;
-  flush(st, false);
-  return r == 0 && !st->out.failed;
-}
-
 int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
                           const char *stream, size_t len, size_t split,
                           char **out, size_t *out_len) {
   *out = NULL;
   *out_len = 0;
   ag_proxy *p = calloc(1, sizeof(*p)); /* no events file: none written */
-  stream_st *st = calloc(1, sizeof(*st));
-  if (p == NULL || st == NULL) {
-    free(p);
-    free(st);
+  if (p == NULL)
     return -1;
-  }
   p->cfg = *cfg;
-  pthread_mutex_init(&st->mu, NULL);
-  st->refs = 1;
-  st->p = p;
-  st->anth = anthropic;
-  st->path = dupz(anthropic ? "/v1/messages" : "/v1/chat/completions");
-  for (size_t k = 0; k < sizeof(st->map) / sizeof(st->map[0]); k++)
-    st->map[k] = -1;
-  st->held_ev = json_array();
-  ag__sse_init(&st->sse, anthropic ? on_anth_event : on_sse_event, st);
-  ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
+  stream_st *st = stream_new(
+      p, anthropic, anthropic ? "/v1/messages" : "/v1/chat/completions");
   ag_error_t err;
-  if (st->path == NULL || st->held_ev == NULL ||
-      ag_guard_new(&st->g, cfg, NULL, &err) != AG_OK) {
-    stream_release(st, true);
+  if (st == NULL || ag_guard_new(&st->g, cfg, NULL, &err) != AG_OK) {
+    if (st != NULL)
+      stream_destroy(st);
     free(p);
     return -1;
   }
@@ -2363,8 +2368,8 @@ int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
   if (split > len)
     split = len;
   /* the transfer: its writes, then its end (on_stream_done) */
-  if (!replay_feed(st, stream, split) ||
-      !replay_feed(st, stream + split, len - split)) {
+  if ((split > 0 && !stream_feed(st, stream, split)) ||
+      (len > split && !stream_feed(st, stream + split, len - split))) {
     st->u.cc = CURLE_WRITE_ERROR;
   } else {
     ag_err_t why = AG_OK;
@@ -2375,16 +2380,9 @@ int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
   st->up = true;
   nudge_job *nj = NULL;
   stream_finish(st, &nj);
-  if (nj != NULL) {
-    const char *msg = "agentguard proxy: asking the upstream again failed: "
-                      "no upstream (ag_proxy_relay_replay)";
-    if (anthropic)
-      anth_error(st, msg);
-    else
-      stream_error(st, "%s", msg);
-    ag_reply_clear(&nj->rep);
-    free(nj);
-  }
+  if (nj != NULL)
+    nudge_fail(nj, "agentguard proxy: asking the upstream again failed: "
+                   "no upstream (ag_proxy_relay_replay)");
   flush(st, true);
   int rc = 0;
   size_t n = st->q.len - st->q_pos;
@@ -3715,6 +3713,19 @@ static void *job_main(void *arg) {
   return NULL;
 }
 
+/* Starts fn(arg) on a detached thread with a request's stack. */
+static bool spawn_detached(void *(*fn)(void *), void *arg) {
+  pthread_attr_t at;
+  if (pthread_attr_init(&at) != 0)
+    return false;
+  pthread_t t;
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&at, JOB_STACK);
+  bool ok = pthread_create(&t, &at, fn, arg) == 0;
+  pthread_attr_destroy(&at);
+  return ok;
+}
+
 /* A stream's nudge, on a thread of its own (start_nudge): it asks the
  * upstream again and waits, which the loop may not. */
 static void *nudge_main(void *arg) {
@@ -3746,29 +3757,13 @@ static bool start_nudge(nudge_job *nj) {
   if (!stopping)
     p->jobs++; /* ag_proxy_stop waits for it */
   pthread_mutex_unlock(&p->jobs_mu);
-  bool ok = false;
-  pthread_attr_t at;
-  if (!stopping && pthread_attr_init(&at) == 0) {
-    pthread_t t;
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&at, JOB_STACK);
-    ok = pthread_create(&t, &at, nudge_main, nj) == 0;
-    pthread_attr_destroy(&at);
-  }
-  if (ok)
+  if (!stopping && spawn_detached(nudge_main, nj))
     return true;
   if (!stopping)
     job_end(p);
-  const char *msg = stopping
-                        ? "agentguard proxy: shutting down"
-                        : "agentguard proxy: cannot start a thread to ask the "
-                          "upstream again";
-  if (st->anth)
-    anth_error(st, msg);
-  else
-    stream_error(st, "%s", msg);
-  ag_reply_clear(&nj->rep);
-  free(nj);
+  nudge_fail(nj, stopping ? "agentguard proxy: shutting down"
+                          : "agentguard proxy: cannot start a thread to ask "
+                            "the upstream again");
   return false;
 }
 
@@ -3791,15 +3786,7 @@ static void *worker_main(void *arg);
 
 /* Makes one worker (the caller holds jobs_mu); false when it cannot. */
 static bool spawn_worker(ag_proxy *p) {
-  pthread_attr_t at;
-  pthread_t t;
-  bool ok = pthread_attr_init(&at) == 0;
-  if (ok) {
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&at, JOB_STACK);
-    ok = pthread_create(&t, &at, worker_main, p) == 0;
-    pthread_attr_destroy(&at);
-  }
+  bool ok = spawn_detached(worker_main, p);
   if (ok) {
     p->workers++;
     p->spawning++;
@@ -3902,14 +3889,8 @@ static enum MHD_Result send_answer(struct MHD_Connection *c, req_ctx *q) {
 
 /* Hands the request to its own thread (job_main) and suspends the
  * connection; false with q->r filled when that cannot be done. */
-static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q,
-                      const char *method) {
+static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q) {
   ag_proxy *p = sh->p;
-  q->method = dupz(method);
-  if (q->method == NULL || !client_headers(c, &q->client_hdrs)) {
-    set_error(&q->r, 500, "server_error", "out_of_memory", "out of memory");
-    return false;
-  }
   pthread_mutex_lock(&p->jobs_mu);
   bool stopping = p->stopping;
   if (!stopping)
@@ -3920,8 +3901,6 @@ static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q,
               "agentguard proxy: shutting down");
     return false;
   }
-  q->sh = sh;
-  q->c = c;
   q->job = true;
   MHD_suspend_connection(c);
   pthread_mutex_lock(&p->jobs_mu);
@@ -4002,9 +3981,9 @@ static bool says_stream(const char *b, size_t len) {
  * whole reply), a body over HERE_BODY_MAX, or the final request without
  * tools. */
 static int decide_here(shard *sh, struct MHD_Connection *c, req_ctx *q,
-                       const char *method, const char *path) {
+                       const char *path) {
   ag_proxy *p = sh->p;
-  if (strcmp(method, "POST") != 0 || !guarded_path(path) ||
+  if (strcmp(q->method, "POST") != 0 || !guarded_path(path) ||
       q->len > HERE_BODY_MAX || q->body == NULL ||
       !says_stream(q->body, q->len))
     return -1;
@@ -4013,22 +3992,10 @@ static int decide_here(shard *sh, struct MHD_Connection *c, req_ctx *q,
   pthread_mutex_unlock(&p->jobs_mu);
   if (stopping)
     return -1; /* start_job answers it */
-  q->method = dupz(method);
-  if (q->method == NULL || !client_headers(c, &q->client_hdrs)) {
-    set_error(&q->r, 500, "server_error", "out_of_memory", "out of memory");
-    return 0;
-  }
-  q->sh = sh;
-  q->c = c;
   bool started = false, later = false;
   chat(p, c, q, path, &q->r, &started, &later);
-  if (later) {
-    free(q->method); /* start_job sets them again */
-    q->method = NULL;
-    curl_slist_free_all(q->client_hdrs);
-    q->client_hdrs = NULL;
+  if (later)
     return -1;
-  }
   if (!started)
     return 0;
   /* the transfer is queued on this loop: its answer (answer_stream or
@@ -4098,11 +4065,16 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
               "agentguard proxy: the request body is larger than %zu bytes "
               "(--max-body)",
               p->max_body);
+  } else if ((q->method = dupz(method)) == NULL ||
+             !client_headers(c, &q->client_hdrs)) {
+    set_error(&q->r, 500, "server_error", "out_of_memory", "out of memory");
   } else {
-    int here = decide_here(sh, c, q, method, path);
+    q->sh = sh;
+    q->c = c;
+    int here = decide_here(sh, c, q, path);
     if (here == 1)
       return MHD_YES; /* a stream: suspended, answered by the loop */
-    if (here < 0 && start_job(sh, c, q, method))
+    if (here < 0 && start_job(sh, c, q))
       return MHD_YES; /* suspended: answered by the request's thread */
   }
   enum MHD_Result ret = send_reply(c, &q->r);
