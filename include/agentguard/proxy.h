@@ -67,7 +67,11 @@ typedef struct ag_proxy_opts {
   size_t max_body; /* request body cap; 0: AG_PROXY_MAX_BODY_DEFAULT */
   /* Open client connections served at once (--max-connections), 1 to
    * AG_PROXY_MAX_CONNECTIONS_LIMIT; past it new ones are refused. 0:
-   * AG_PROXY_MAX_CONNECTIONS. Anything else: AG_EINVAL. */
+   * AG_PROXY_MAX_CONNECTIONS. Anything else: AG_EINVAL. ag_proxy_start
+   * grows the process's descriptor table for them at once (two
+   * descriptors each, within the soft RLIMIT_NOFILE): growing it later,
+   * under load, stalls every thread that opens a descriptor for an RCU
+   * grace period (about 10 ms). */
   int max_connections;
   /* The key clients must send in "x-agentguard-key" (never forwarded), or
    * NULL: none. Required when listen_host is not a loopback address. */

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -652,6 +653,55 @@ Test(proxy, max_connections_out_of_range_is_refused) {
   ag_error_t err;
   o.max_connections = AG_PROXY_MAX_CONNECTIONS_LIMIT;
   cr_expect_eq(ag_proxy_start(&p, &o, &err), AG_OK, "%s", err.msg);
+  ag_proxy_stop(p);
+}
+
+/* The process's descriptor table, as /proc/self/status says (FDSize). */
+static long fd_table_size(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (f == NULL)
+    return -1;
+  char line[256];
+  long n = -1;
+  while (fgets(line, sizeof line, f) != NULL)
+    if (strncmp(line, "FDSize:", 7) == 0)
+      n = strtol(line + 7, NULL, 10);
+  fclose(f);
+  return n;
+}
+
+/* ag_proxy_start grows the descriptor table for every connection it may
+ * serve (two descriptors each), so that the kernel does not grow it (an
+ * RCU grace period that stalls every loop opening a descriptor) while the
+ * proxy serves; within the soft RLIMIT_NOFILE. */
+Test(proxy, start_grows_the_descriptor_table) {
+  long before = fd_table_size();
+  if (before < 0)
+    cr_skip_test("no /proc/self/status");
+  /* more connections than the table holds now (the test process may have
+   * grown it already), and a soft limit that allows them */
+  int limit = (int)before;
+  rlim_t need = 4 * (rlim_t)limit + 1024;
+  struct rlimit rl;
+  cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need)
+      cr_skip_test("RLIMIT_NOFILE's hard limit %lu is under %lu",
+                   (unsigned long)rl.rlim_max, (unsigned long)need);
+    rl.rlim_cur = need;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  }
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = upstream_url;
+  o.max_connections = limit;
+  ag_proxy *p = NULL;
+  ag_error_t err;
+  cr_assert_eq(ag_proxy_start(&p, &o, &err), AG_OK, "%s", err.msg);
+  long after = fd_table_size();
+  cr_expect_geq(after, 2 * (long)limit, "FDSize %ld (before the proxy: %ld)",
+                after, before);
   ag_proxy_stop(p);
 }
 
