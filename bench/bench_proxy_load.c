@@ -104,6 +104,7 @@ static struct {
 
 static void *timer_main(void *arg) {
   (void)arg;
+  pthread_setname_np(pthread_self(), "up-timer");
   while (!atomic_load(&W.quit)) {
     int64_t now = now_us();
     pthread_mutex_lock(&W.mu);

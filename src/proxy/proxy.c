@@ -3733,6 +3733,7 @@ static bool spawn_detached(void *(*fn)(void *), void *arg) {
  * upstream again and waits, which the loop may not. */
 static void *nudge_main(void *arg) {
   nudge_job *nj = arg;
+  pthread_setname_np(pthread_self(), "ag-nudge");
   stream_st *st = nj->st;
   ag_proxy *p = st->p;
   tl_relay = st->sh->relay;
@@ -3834,6 +3835,7 @@ static void refuse_queued(ag_proxy *p) {
  * more while requests wait with none coming, so a burst does not hold the
  * loop's thread in pthread_create. */
 static void *worker_main(void *arg) {
+  pthread_setname_np(pthread_self(), "ag-worker");
   ag_proxy *p = arg;
   pthread_mutex_lock(&p->jobs_mu);
   p->spawning--;

@@ -179,6 +179,7 @@ static void take_finished(ag__relay *r) {
 static void *relay_main(void *arg) {
   ag__relay *r = arg;
   struct epoll_event evs[EVENTS_MAX];
+  pthread_setname_np(pthread_self(), "ag-loop"); /* for top -H, perf */
   int running = 0;
   for (;;) {
     int wait = -1;
