@@ -23,10 +23,13 @@
  * the latency the proxy adds (proxy's percentile minus the direct one),
  * the peak number of streams open at the upstream at once, the TCP
  * connections the proxy made to the upstream (it keeps them for the next
- * requests), and the memory per open connection (the process's peak RSS
- * during the proxied run minus its peak during the direct run, over
- * STREAMS). Figures only: it never fails on speed; it exits 1 when
- * something is broken (setup, or failures > 0).
+ * requests), how busy the machine's CPUs were during each side (every
+ * process, from /proc/stat, with the share the hypervisor stole: the
+ * client and upstream here share the cores with the proxy, and a busy
+ * machine makes every side wait for a CPU), and the memory per open connection
+ * (the process's peak RSS during the proxied run minus its peak during the
+ * direct run, over STREAMS). Figures only: it never fails on speed; it exits 1
+ * when something is broken (setup, or failures > 0).
  *
  * Arrivals: all at once (an instant burst, the default), or with
  * --ramp-ms MS spread evenly over MS (request i starts at i * MS / N):
@@ -51,6 +54,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,6 +302,61 @@ static double cpu_s(void) {
   getrusage(RUSAGE_SELF, &ru);
   return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
          (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* The machine's CPU time so far, from /proc/stat's "cpu" line (every
+ * core, every process, in clock ticks): all of it, busy (neither idle nor
+ * waiting for I/O) and stolen by the hypervisor. Zeros when unreadable. */
+typedef struct mstat {
+  double total, busy, steal;
+} mstat;
+
+static mstat machine_stat(void) {
+  mstat m = {0, 0, 0};
+  FILE *f = fopen("/proc/stat", "r");
+  if (f == NULL)
+    return m;
+  unsigned long long v[10] = {0};
+  if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0],
+             &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8],
+             &v[9]) >= 8) {
+    /* user nice system idle iowait irq softirq steal (guest: in user) */
+    for (int i = 0; i < 8; i++)
+      m.total += (double)v[i];
+    m.busy = m.total - (double)v[3] - (double)v[4];
+    m.steal = (double)v[7];
+  }
+  fclose(f);
+  return m;
+}
+
+/* "busy X% (steal Y%)" of the machine's CPUs between a and b. */
+static void print_machine(const char *side, mstat a, mstat b) {
+  double t = b.total - a.total;
+  if (t <= 0)
+    return;
+  printf(" %s %.0f%% busy (steal %.1f%%)", side, 100.0 * (b.busy - a.busy) / t,
+         100.0 * (b.steal - a.steal) / t);
+}
+
+/* Waits until the upstream has closed what the last side's client left
+ * (its connection count still for 100 ms; at most 10 s), so that a side
+ * does not start while the upstream is still tearing down the one before:
+ * closing a thousand connections keeps its thread busy for tens of ms, and
+ * the first requests of the next side waited for it (a bench artifact
+ * that showed as 4-20 ms time to first byte at the proxied side's start). */
+static void settle(struct MHD_Daemon *up) {
+  unsigned last = UINT_MAX;
+  int still = 0;
+  for (int i = 0; i < 1000 && still < 10; i++) {
+    const union MHD_DaemonInfo *di =
+        MHD_get_daemon_info(up, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    unsigned now = di != NULL ? di->num_connections : 0;
+    still = now == last ? still + 1 : 0;
+    last = now;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
 }
 
 static double mono_ms(void) {
@@ -623,6 +682,7 @@ int main(int argc, char **argv) {
   run_sides(&wu[0], 1, 4, &warm_rss);
   run_sides(&wu[1], 1, 4, &warm_rss);
   ramp_ms = ramp;
+  settle(up);
 
   side sd = {up_base, direct, &ld}, sp = {px_base, proxied, &lp};
   if (warm_first) {
@@ -630,13 +690,16 @@ int main(int argc, char **argv) {
      * thousand streams (its threads' heaps grown), not fresh */
     long unused = 0;
     run_sides(&sd, 1, n, &unused);
+    settle(up);
     run_sides(&sp, 1, n, &unused);
+    settle(up);
     ld.n = lp.n = 0;
   }
   long base_rss = rss_kib(), direct_rss = 0, proxy_rss = 0;
   int f_direct = 0, f_proxy = 0, peak_direct = 0, peak_proxy = 0;
   int proxy_conns = -1;
   double c0 = 0, c1 = 0, c2 = 0;
+  mstat m0 = machine_stat(), m1 = m0, m2 = m0;
   if (together) {
     /* both sides at once: each sees the same moments of the machine */
     side both[2] = {sd, sp};
@@ -644,6 +707,7 @@ int main(int argc, char **argv) {
     c0 = cpu_s();
     f_proxy = run_sides(both, 2, n, &proxy_rss);
     c1 = c2 = cpu_s();
+    m1 = m2 = machine_stat();
     peak_direct = peak_proxy = atomic_load(&up_peak);
     for (int i = 0; i < n; i++)
       f_direct += !direct[i].ok;
@@ -653,13 +717,16 @@ int main(int argc, char **argv) {
     c0 = cpu_s();
     f_direct = run_sides(&sd, 1, n, &direct_rss);
     peak_direct = atomic_load(&up_peak);
+    settle(up);
     atomic_store(&up_peak, 0);
     c1 = cpu_s();
+    m1 = machine_stat();
     int k0 = atomic_load(&up_conns);
     f_proxy = run_sides(&sp, 1, n, &proxy_rss);
     proxy_conns = atomic_load(&up_conns) - k0;
     peak_proxy = atomic_load(&up_peak);
     c2 = cpu_s();
+    m2 = machine_stat();
   }
   getloadavg(load, 3);
 
@@ -681,6 +748,16 @@ int main(int argc, char **argv) {
            "threads): direct %.2f, proxy %.2f\n",
            c1 - c0, c2 - c1);
   }
+  printf("the machine's %ld CPUs (every process) during the run:",
+         sysconf(_SC_NPROCESSORS_ONLN));
+  if (together) {
+    print_machine("both sides", m0, m1);
+  } else {
+    print_machine("direct", m0, m1);
+    printf(",");
+    print_machine("proxy", m1, m2);
+  }
+  printf("\n");
   printf("%-22s %10s %10s %10s %10s\n", "ms", "p50", "p99", "max", "");
   const char *names[2] = {"time to first byte", "total"};
   for (int t = 0; t < 2; t++) {
