@@ -126,10 +126,14 @@ int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
  * asked (there is no upstream): the stream ends with the error event a
  * failed second request gives. *out (malloc'd, *out_len bytes, NUL after
  * them) is what the client would read. Returns 0, or -1 when out of
- * memory (*out NULL). */
+ * memory (*out NULL). `flags`: 0, or AG_PROXY_REPLAY_TREE to read every
+ * chunk as a jansson tree - the reference path; by default a chunk that
+ * carries only text is read from the tokenizer's tape (docs/proxy.md), and
+ * the two must give the same bytes. */
+#define AG_PROXY_REPLAY_TREE 1u
 int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
                           const char *stream, size_t len, size_t split,
-                          char **out, size_t *out_len);
+                          unsigned flags, char **out, size_t *out_len);
 
 /* Stops serving (waits for the connections' threads) and frees. NULL does
  * nothing. */

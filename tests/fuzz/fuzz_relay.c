@@ -15,6 +15,9 @@
  *  - the client's bytes are the same whether the stream came in one write
  *    or in two (where the network cuts the bytes changes nothing), but
  *    for the "created" second of the chunks the proxy writes itself;
+ *  - they are the same whether a chunk that carries only text is read
+ *    from the tokenizer's tape (the proxy's way) or, as every other chunk,
+ *    as a jansson tree (AG_PROXY_REPLAY_TREE: the reference);
  *  - they are whole SSE events: Chat Completions, "data:" lines then a
  *    blank line, their data [DONE] or JSON, the last event [DONE] or an
  *    error object; Messages, "event: NAME", "data:" lines of JSON, a blank
@@ -124,20 +127,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *s = (const char *)data + 2;
   size_t len = size - 2;
   size_t split = (size_t)data[1] * len / 256;
-  char *whole = NULL, *cut = NULL;
-  size_t wl = 0, cl = 0;
-  if (ag_proxy_relay_replay(cfg, anthropic, s, len, 0, &whole, &wl) != 0 ||
-      ag_proxy_relay_replay(cfg, anthropic, s, len, split, &cut, &cl) != 0) {
+  char *whole = NULL, *cut = NULL, *tree = NULL;
+  size_t wl = 0, cl = 0, tl = 0;
+  if (ag_proxy_relay_replay(cfg, anthropic, s, len, 0, 0, &whole, &wl) != 0 ||
+      ag_proxy_relay_replay(cfg, anthropic, s, len, split, 0, &cut, &cl) != 0 ||
+      ag_proxy_relay_replay(cfg, anthropic, s, len, split, AG_PROXY_REPLAY_TREE,
+                            &tree, &tl) != 0) {
     free(whole);
     free(cut);
+    free(tree);
     return 0; /* out of memory: not a property */
   }
   check_events(whole, wl, anthropic);
   no_clock(whole, wl);
   no_clock(cut, cl);
+  no_clock(tree, tl);
   check(wl == cl && memcmp(whole, cut, wl) == 0,
         "the same bytes in one write or two", whole);
+  check(cl == tl && memcmp(cut, tree, cl) == 0,
+        "the same bytes with text chunks read from the tape or as trees", cut);
   free(whole);
   free(cut);
+  free(tree);
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -972,8 +973,8 @@ Test(proxy, stream_call_without_a_name_is_an_error_event) {
   ag_config c = test_cfg();
   char *out = NULL;
   size_t n = 0;
-  cr_assert_eq(ag_proxy_relay_replay(&c, false, up, strlen(up), 40, &out, &n),
-               0);
+  cr_assert_eq(
+      ag_proxy_relay_replay(&c, false, up, strlen(up), 40, 0, &out, &n), 0);
   cr_expect(strstr(out, "\"error\"") != NULL, "%s", out);
   cr_expect(strstr(out, "no function name") != NULL, "%s", out);
   cr_expect(strstr(out, "call_a") == NULL, "the calls are held: %s", out);
@@ -996,7 +997,7 @@ Test(proxy, stream_event_of_two_data_lines_stays_two_lines) {
   ag_config c = test_cfg();
   char *out = NULL;
   size_t n = 0;
-  cr_assert_eq(ag_proxy_relay_replay(&c, false, up, strlen(up), 0, &out, &n),
+  cr_assert_eq(ag_proxy_relay_replay(&c, false, up, strlen(up), 0, 0, &out, &n),
                0);
   const char *two = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\","
                     "\"created\":1,\"model\":\"m\",\ndata: \"choices\":";
@@ -1004,6 +1005,94 @@ Test(proxy, stream_event_of_two_data_lines_stays_two_lines) {
   cr_expect(strstr(out, "\n\n\n") == NULL, "no empty event: %s", out);
   cr_expect(strstr(out, "data: [DONE]\n\n") != NULL, "%s", out);
   free(out);
+}
+
+/* The chunks of a streamed Chat Completions reply, one "data:" event each,
+ * then [DONE]: malloc'd. */
+static char *chunk_stream(const char *const *chunks, size_t n) {
+  char *b = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&b, &len);
+  cr_assert_not_null(f);
+  for (size_t i = 0; i < n; i++)
+    fprintf(f, "data: %s\n\n", chunks[i]);
+  fputs("data: [DONE]\n\n", f);
+  fclose(f);
+  return b;
+}
+
+/* What the client reads from `up`, replayed both ways, must be the same;
+ * returns the tape's (malloc'd). */
+static char *replay_both_ways(const char *up) {
+  ag_config c = test_cfg();
+  char *tape = NULL, *tree = NULL;
+  size_t tn = 0, rn = 0;
+  cr_assert_eq(
+      ag_proxy_relay_replay(&c, false, up, strlen(up), 0, 0, &tape, &tn), 0);
+  cr_assert_eq(ag_proxy_relay_replay(&c, false, up, strlen(up), 0,
+                                     AG_PROXY_REPLAY_TREE, &tree, &rn),
+               0);
+  cr_expect(tn == rn && memcmp(tape, tree, tn) == 0, "tape:\n%s\ntree:\n%s",
+            tape, tree);
+  free(tree);
+  return tape;
+}
+
+#define CHUNK_HEAD                                                             \
+  "{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,"          \
+  "\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{"
+#define CHUNK_TAIL "},\"logprobs\":null,\"finish_reason\":null}]}"
+
+/* A chunk that carries only text is read from the tokenizer's tape, not as
+ * a jansson tree (fast_chunk); the client must get the same bytes either
+ * way, for the shapes the tape takes and for the near misses it leaves to
+ * the tree: a choice "index" other than the integer 0, a duplicate key, a
+ * usage object, a refusal, an integer jansson cannot hold, "\u0000". */
+Test(proxy, stream_text_chunks_read_from_the_tape_as_from_a_tree) {
+  static const char *const chunks[] = {
+      CHUNK_HEAD
+      "\"role\":\"assistant\",\"content\":\"\",\"refusal\":null" CHUNK_TAIL,
+      CHUNK_HEAD "\"content\":\"Hello\"" CHUNK_TAIL,
+      CHUNK_HEAD
+      "\"content\":\" w\\u00f6rld \\\"quoted\\\"\\n\\ud83d\\ude00\"" CHUNK_TAIL,
+      CHUNK_HEAD "\"content\":null" CHUNK_TAIL,
+      CHUNK_HEAD "\"content\":\"x\",\"content\":\"y\"" CHUNK_TAIL,
+      CHUNK_HEAD "\"refusal\":\"no\"" CHUNK_TAIL,
+      "{\"id\":\"c\",\"choices\":[{\"index\":1,\"delta\":{\"content\":"
+      "\"second choice\"},\"finish_reason\":null}]}",
+      "{\"id\":\"c\",\"choices\":[{\"index\":0.0,\"delta\":{\"content\":"
+      "\" zero\"},\"finish_reason\":null}]}",
+      "{\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":"
+      "\" more\"},\"finish_reason\":null}],\"usage\":{\"prompt_tokens\":3,"
+      "\"completion_tokens\":4}}",
+      "{\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},"
+      "\"finish_reason\":\"stop\"}]}",
+  };
+  char *up = chunk_stream(chunks, sizeof chunks / sizeof chunks[0]);
+  char *out = replay_both_ways(up);
+  /* the text chunks went on as they came */
+  cr_expect(strstr(out, chunks[1]) != NULL, "%s", out);
+  cr_expect(strstr(out, chunks[2]) != NULL, "%s", out);
+  cr_expect(strstr(out, "data: [DONE]\n\n") != NULL, "%s", out);
+  free(out);
+  free(up);
+  /* what jansson refuses - "\u0000", an integer past 64 bits - ends the
+   * stream with the same error event either way */
+  static const char *const refused[][2] = {
+      {CHUNK_HEAD "\"content\":\"Hi\"" CHUNK_TAIL,
+       CHUNK_HEAD "\"content\":\"a\\u0000b\"" CHUNK_TAIL},
+      {CHUNK_HEAD "\"content\":\"Hi\"" CHUNK_TAIL,
+       "{\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":"
+       "\" big\"},\"finish_reason\":null,\"n\":12345678901234567890}]}"},
+  };
+  for (size_t k = 0; k < 2; k++) {
+    up = chunk_stream(refused[k], 2);
+    out = replay_both_ways(up);
+    cr_expect(strstr(out, "\"error\"") != NULL, "%s", out);
+    cr_expect(strstr(out, "Hi") != NULL, "%s", out);
+    free(out);
+    free(up);
+  }
 }
 
 Test(proxy, stream_content_loop_ends_the_stream) {
@@ -1352,6 +1441,18 @@ static size_t big_write(char *p, size_t s, size_t n, void *u) {
   return k;
 }
 
+/* A small receive buffer for a slow client: on loopback the kernel lets a
+ * socket's buffer grow to tcp_rmem's maximum (32 MiB here), which held a
+ * whole stream for the slow client, so the proxy never saw it was slow
+ * (and the stop test saw [DONE] arrive from the buffer after the stop). */
+static int small_rcvbuf(void *user, curl_socket_t fd, curlsocktype purpose) {
+  (void)user;
+  (void)purpose;
+  int sz = 64 << 10;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+  return CURL_SOCKOPT_OK;
+}
+
 static CURLcode long_get(big_body *b, long max_recv_speed) {
   char url[128];
   snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/chat/completions",
@@ -1363,9 +1464,11 @@ static CURLcode long_get(big_body *b, long max_recv_speed) {
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, big_write);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, b);
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 30000L);
-  if (max_recv_speed > 0)
+  if (max_recv_speed > 0) {
     curl_easy_setopt(h, CURLOPT_MAX_RECV_SPEED_LARGE,
                      (curl_off_t)max_recv_speed);
+    curl_easy_setopt(h, CURLOPT_SOCKOPTFUNCTION, small_rcvbuf);
+  }
   CURLcode cc = curl_easy_perform(h);
   curl_easy_cleanup(h);
   free(body);
@@ -1382,13 +1485,14 @@ static int count_of(const char *hay, const char *needle) {
 
 /* A client reading slower than the upstream sends: the relay pauses the
  * upstream while 1 MiB waits for the client and the stream arrives whole
- * (3 MB; without the pause the queue passes its 2 MiB cap and the stream
- * ends in an error). */
+ * (9 MB, 3 of them text: more than the proxy's socket buffer takes, 4
+ * MiB at most here; without the pause the queue passes its 2 MiB cap and
+ * the stream ends in an error). */
 Test(proxy, stream_slow_client_gets_it_all) {
-  long_up u = {.chunks = 3000, .bytes = 1000, .gap_ms = 0};
+  long_up u = {.chunks = 3000, .bytes = 1000, .pad = 2000, .gap_ms = 0};
   struct MHD_Daemon *d = long_start(&u);
   big_body b = {.stop_after = 0};
-  CURLcode cc = long_get(&b, 6L << 20); /* 6 MB/s: about half a second */
+  CURLcode cc = long_get(&b, 6L << 20); /* 6 MB/s: about 1.5 s */
   MHD_stop_daemon(d);
   cr_assert_eq(cc, CURLE_OK, "%s", curl_easy_strerror(cc));
   cr_expect_eq(count_of(b.p, "<k>"), 3000, "%d chunks of 3000; end: %s",
@@ -1482,6 +1586,22 @@ Test(proxy, stream_of_12_mb_reaches_a_fast_client) {
   free(b.p);
 }
 
+/* A reply whose text passes what the proxy keeps of it (the assembler's
+ * cap, 4 MiB): the stream ends with an error event, not a clean end the
+ * client would take for a whole reply. */
+Test(proxy, stream_past_the_text_cap_ends_with_an_error_event) {
+  long_up u = {.chunks = 5000, .bytes = 1000, .gap_ms = 0};
+  struct MHD_Daemon *d = long_start(&u);
+  big_body b = {.stop_after = 0};
+  CURLcode cc = long_get(&b, 0);
+  MHD_stop_daemon(d);
+  cr_assert_eq(cc, CURLE_OK, "%s", curl_easy_strerror(cc));
+  const char *tail = b.len > 400 ? b.p + b.len - 400 : b.p;
+  cr_expect(strstr(tail, "\"error\"") != NULL, "end: %s", tail);
+  cr_expect(strstr(b.p, "data: [DONE]") == NULL, "end: %s", tail);
+  free(b.p);
+}
+
 /* The proxy stopped while a slow client's stream is paused: the paused
  * transfer is ended too (else the stop would wait for it), the client's
  * stream ends without [DONE], and nothing is left (ASan and LeakSanitizer
@@ -1490,7 +1610,7 @@ Test(proxy, stream_of_12_mb_reaches_a_fast_client) {
  * freed; stream_read no longer asks for one once the transfer has ended
  * (this test does not reach that timing reliably; the harness did). */
 Test(proxy, stop_while_a_slow_stream_is_paused) {
-  long_up u = {.chunks = 3000, .bytes = 1000, .gap_ms = 0};
+  long_up u = {.chunks = 3000, .bytes = 1000, .pad = 2000, .gap_ms = 0};
   struct MHD_Daemon *d = long_start(&u);
   stop_client sc;
   memset(&sc, 0, sizeof sc);
