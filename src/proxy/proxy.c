@@ -4283,9 +4283,12 @@ static int listen_on(const struct sockaddr_in *sa, int *e) {
  * first 2,000 connections cross five such sizes. The table never shrinks,
  * so growing it once at start moves those stalls out of the serving time.
  * Kept under the soft RLIMIT_NOFILE; a failure costs only the stalls. The
- * table: 8 bytes a descriptor (16 KiB for the default 512 connections). */
+ * table: 8 bytes a descriptor (16 KiB for the default 512 connections).
+ * Called before the loops start (fd: the listening socket, the lowest free
+ * descriptor then, so what the process has open already is kept apart). */
 static void reserve_fds(int fd, unsigned limit, unsigned loops) {
-  uint64_t want = 2 * (uint64_t)limit + (uint64_t)loops * UP_POOL_MAX + 64;
+  uint64_t want =
+      (uint64_t)fd + 2 * (uint64_t)limit + (uint64_t)loops * UP_POOL_MAX + 64;
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
     return;
@@ -4306,10 +4309,14 @@ static void reserve_fds(int fd, unsigned limit, unsigned loops) {
  * `limit` + CONN_SLACK connections; on_connection keeps the limit over all
  * of them.
  * false on failure (errno). */
-static bool start_shards(ag_proxy *p, int lfd, unsigned limit) {
+static unsigned shard_count(void) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   long want = cpus < 1 ? 1 : cpus * SHARDS_PER_CORE;
-  unsigned n = want > SHARDS_MAX ? SHARDS_MAX : (unsigned)want;
+  return want > SHARDS_MAX ? SHARDS_MAX : (unsigned)want;
+}
+
+static bool start_shards(ag_proxy *p, int lfd, unsigned limit) {
+  unsigned n = shard_count();
   p->max_conns = limit;
   for (p->n_sh = 0; p->n_sh < n; p->n_sh++) {
     shard *sh = &p->sh[p->n_sh];
@@ -4436,6 +4443,8 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
                                           : AG_PROXY_MAX_CONNECTIONS;
   int e = 0;
   int lfd = listen_on(&sa, &e);
+  if (lfd >= 0)
+    reserve_fds(lfd, limit, shard_count());
   if (lfd < 0 || !start_shards(p, lfd, limit)) {
     if (lfd >= 0)
       e = errno;
@@ -4455,7 +4464,6 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
     return fail(err, AG_EIO, "cannot listen on %s:%u: %s", host,
                 (unsigned)o->port, strerror(e));
   }
-  reserve_fds(lfd, limit, p->n_sh);
   struct sockaddr_in bound;
   socklen_t bl = sizeof bound;
   p->port = getsockname(lfd, (struct sockaddr *)&bound, &bl) == 0
