@@ -23,6 +23,9 @@
  * docs/audit.md (Memory). A bad input
  * (unreadable, too big, not JSON, unknown shape, a tool reply without its
  * call, ...) is reported with its reason and skipped; the others still run.
+ * A JSON Lines input whose last line was cut off mid-line (a writer killed
+ * while writing it) is audited without that line, with a warning naming it
+ * (ag_trajectory.cut_line): it does not count as skipped.
  *
  * Names and texts from the inputs (file names, tool names inside stop
  * messages) are shown safely: in the table through cli_put_oneline (control
@@ -710,6 +713,14 @@ int cli_audit(int argc, char **argv) {
         snprintf(why, sizeof(why), "%s", err.msg);
     }
     free(buf);
+    if (ok && t->cut_line > 0) {
+      fputs("agentguard audit: ", stderr);
+      cli_put_oneline(stderr, path, strlen(path), strlen(path));
+      fprintf(stderr,
+              ": line %ld is cut off (the writer stopped mid-line); read "
+              "without it\n",
+              t->cut_line);
+    }
     if (ok) {
       ok = ag_auditor_run(aud, t, &f, &err) == AG_OK;
       if (!ok)

@@ -145,6 +145,15 @@ typedef struct ag_trajectory {
   /* every step has t_request_ms >= 0: the turn timeout can be judged */
   bool timed;
   void *priv; /* the parser's memory; NULL for a hand-built trajectory */
+  /* JSON Lines only: the 1-based number of the last line when it was cut
+   * off and left out, else 0. Such a line does not end with a newline and
+   * is the beginning of a JSON value, not a whole one: its writer stopped
+   * mid-line (a run killed while writing an event). Only the last line is
+   * ever left out, and only after at least one whole value; a bad line
+   * anywhere else fails the parse. Say so to the user when non-zero: the
+   * run read is the recording without that line. ag_auditor_run does not
+   * read it; a hand-built trajectory may leave it 0. */
+  long cut_line;
 } ag_trajectory;
 
 /* Limits of the parser. Every one is a cap: going over is an error. */
@@ -169,6 +178,9 @@ AG_EXTERN void ag_traj_opts_init(ag_traj_opts *opts);
  *   an object with "messages"            chat transcript
  *   JSON Lines of objects with "role"    chat transcript
  *   JSON Lines of objects with "event"   agentguard event log
+ * In JSON Lines, a last line cut off mid-line (no newline at its end, the
+ * beginning of a value) is left out and named in (*out)->cut_line; when
+ * the rest then fails, err->msg ends by saying that the line was left out.
  * Returns AG_OK and sets *out (caller-owns, free with ag_trajectory_free),
  * or, with *out NULL:
  *   AG_EJSON     not JSON (truncated, bad syntax); err has line, column, pos

@@ -22,12 +22,17 @@
  * with '{' is tried as one JSON value first (a neutral trajectory, or an
  * object with "messages"), then, when that fails with more data after the
  * first value, as JSON Lines, each line parsed on its own so that errors
- * name the line. Numbers are read as doubles (JSON_DECODE_INT_AS_REAL):
- * an integer too large for jansson's int then parses, and the guard's
- * signatures treat 5 and 5.0 alike anyway. A number beyond a double's range
- * (1e999) cannot be read by jansson, whatever the flags: it is an error that
- * names its line and column. A key given twice in one object is an error
- * too (JSON_REJECT_DUPLICATES), never "the last one wins", which would let
+ * name the line. A last line without its newline that is only the
+ * beginning of a value (a writer killed mid-line: issue 25) is left out and
+ * named in cut_line rather than failing the whole run; anywhere else a bad
+ * line is an error, since lines after it mean its writer went on.
+ *
+ * Numbers are read as doubles (JSON_DECODE_INT_AS_REAL): an integer too
+ * large for jansson's int then parses, and the guard's signatures treat 5
+ * and 5.0 alike anyway. A number beyond a double's range (1e999) cannot be
+ * read by jansson, whatever the flags: it is an error that names its line
+ * and column. A key given twice in one object is an error too
+ * (JSON_REJECT_DUPLICATES), never "the last one wins", which would let
  * `"ok":true,"ok":false` flip a result unnoticed.
  *
  * Pure: no I/O, no clock, no globals. Rejected: a hand-written in-place
@@ -1137,14 +1142,33 @@ static line_kind kind_of(const json_t *v) {
   return KIND_OTHER;
 }
 
+/* Whether a line that jansson refused (`je`, over its `n` bytes) reads as
+ * the beginning of a value whose writer stopped mid-line: the parser ran out
+ * of input (the error is at the line's end), or out of bytes inside a
+ * multi-byte character (at most 3 of its bytes there). Not when a whole
+ * value came first ("end of file expected"), nor when the bytes go wrong
+ * before the end: that line is bad, not short. */
+static bool cut_short(const json_error_t *je, size_t n) {
+  enum json_error_code code = json_error_code(je);
+  size_t at = je->position > 0 ? (size_t)je->position : 0;
+  if (code == json_error_end_of_input_expected || AG__JSON_NOMEM(je) || at > n)
+    return false;
+  if (code == json_error_invalid_utf8)
+    return n - at < 4;
+  return at == n;
+}
+
 /* Parses JSON Lines: every non-blank line one value, collected into an
  * array (new reference in *out); lines[i] is the 1-based line of value i
- * (caller-owns, free). */
+ * (caller-owns, free). A last line without its newline that was cut short
+ * (cut_short), after at least one value, is left out and its number put in
+ * *cut (else 0): a writer killed mid-line loses that line, not the run. */
 static ag_err_t load_lines(const char *buf, size_t len, json_t **out,
-                           long **lines_out, ag_error_t *err) {
+                           long **lines_out, long *cut, ag_error_t *err) {
   json_t *arr = json_array();
   long *lines = NULL;
   size_t cap = 0, n = 0;
+  *cut = 0;
   if (arr == NULL)
     return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
   long lineno = 0;
@@ -1158,6 +1182,10 @@ static ag_err_t load_lines(const char *buf, size_t len, json_t **out,
     if (a < z) {
       json_error_t je;
       json_t *v = json_loadb(buf + pos, end - pos, JFLAGS, &je);
+      if (v == NULL && nl == NULL && n > 0 && cut_short(&je, end - pos)) {
+        *cut = lineno;
+        break;
+      }
       if (v == NULL) {
         json_decref(arr);
         free(lines);
@@ -1239,7 +1267,8 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
     lines_mode = true;
   }
   if (lines_mode) {
-    if ((rc = load_lines(buf, len, &f->root, &lines, err)) != AG_OK)
+    if ((rc = load_lines(buf, len, &f->root, &lines, &f->pub.cut_line, err)) !=
+        AG_OK)
       return rc;
     const json_t *first = json_array_get(f->root, 0);
     line_kind k = kind_of(first);
@@ -1435,6 +1464,13 @@ AG_EXTERN ag_err_t ag_trajectory_parse(ag_trajectory **out, const char *buf,
   if (rc == AG_OK)
     rc = finish(&b);
   builder_free(&b);
+  if (rc != AG_OK && f->pub.cut_line > 0 && err != NULL) {
+    /* What is missing may be in the line left out: say so. */
+    size_t used = strlen(err->msg);
+    snprintf(err->msg + used, sizeof(err->msg) - used,
+             " (line %ld, the last, was cut off mid-line and left out)",
+             f->pub.cut_line);
+  }
   if (rc != AG_OK) {
     traj_full_free(f);
     return rc;

@@ -13,7 +13,9 @@
  *    turns with steps, totals that add up, results that answer the calls
  *    (rejected: one observation; no_reply: nothing), names and texts never
  *    NULL, every step timed when `timed`;
- *  - parsing again with the detected format forced gives the same shape;
+ *  - parsing again with the detected format forced gives the same shape
+ *    (and leaves out the same cut last line, only ever one that does not
+ *    end with a newline);
  *  - the replay through the default preset succeeds and reports the run's
  *    size, and a stop lies inside the run.
  */
@@ -103,8 +105,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fprintf(stderr, "fuzz_trajectory: %s\n", err.msg);
   check(rc == AG_OK, "parses again with its format forced");
   check(t2->format == t->format && t2->n_turns == t->n_turns &&
-            t2->n_steps == t->n_steps && t2->n_calls == t->n_calls,
+            t2->n_steps == t->n_steps && t2->n_calls == t->n_calls &&
+            t2->cut_line == t->cut_line,
         "the same shape with the format forced");
+  check(t->cut_line >= 0 &&
+            (t->cut_line == 0 || (size > 0 && data[size - 1] != '\n')),
+        "only a last line without its newline is left out");
   ag_trajectory_free(t2);
 
   ag_audit_finding *f = malloc(sizeof *f);

@@ -10,7 +10,9 @@
  * schemas, approvals, human answers, turns, options) and nothing runs; the
  * exit codes of each turn status; --check passing, failing and refusing a
  * scenario without "expect"; the JSON Lines events (every line a complete
- * object with the common fields, ending with turn_end); Ctrl-C (SIGINT)
+ * object with the common fields, ending with turn_end); audit of a log
+ * whose last line was cut (read without it, saying so) and of one cut in
+ * the middle (skipped); Ctrl-C (SIGINT)
  * ending the turn cancelled with exit 4 and turn_end written; presets and
  * check-config.
  *
@@ -1121,4 +1123,112 @@ Test(cli, audit_caps_the_memory_of_one_input) {
             "%s", r.err);
   cr_expect(strstr(r.out, "1 run audited, 1 skipped") != NULL, "%s", r.out);
   result_free(&r);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Events: a last line cut by a crash (issue 25)                            */
+/* ------------------------------------------------------------------------ */
+
+/* The log of a stopped run, written by simulate; *last is where its last
+ * line (turn_end) starts. Caller frees. */
+static char *stopped_run_log(size_t *last) {
+  const char *s =
+      put("s.json", "{" TOOL_T ", \"turns\": [{\"user\": \"x\", \"model\": "
+                    "[{\"tool_calls\": [{\"name\": \"t\", \"arguments\": "
+                    "{}}]}], \"repeat_last\": true}]}");
+  result r = run(ARGS("simulate", "-q", "--events", "ev.jsonl", s));
+  cr_expect_eq(r.status, 3, "%s", r.err);
+  result_free(&r);
+  char path[128];
+  snprintf(path, sizeof path, "%s/ev.jsonl", dir);
+  char *text = slurp(path);
+  size_t len = strlen(text);
+  cr_assert(len > 2 && text[len - 1] == '\n');
+  size_t i = len - 1;
+  while (i > 0 && text[i - 1] != '\n')
+    i--;
+  *last = i;
+  return text;
+}
+
+static size_t count_lines(const char *text, size_t len) {
+  size_t n = 0;
+  for (size_t i = 0; i < len; i++)
+    n += text[i] == '\n';
+  return n;
+}
+
+/* A run killed mid-line leaves its last line cut: audit reads the rest,
+ * says which line it left out, and finds what it finds without that line. */
+Test(cli, audit_reads_a_log_without_its_cut_last_line) {
+  size_t last;
+  char *text = stopped_run_log(&last);
+  size_t len = strlen(text);
+  /* the reference: the log without its last line */
+  char first = text[last];
+  text[last] = '\0';
+  put("ev.jsonl", text);
+  result r = run(ARGS("audit", "--json", "ev.jsonl"));
+  cr_expect_eq(r.status, 0, "%s", r.err);
+  cr_expect_str_eq(r.err, "");
+  char *ref = strdup(r.out);
+  *strchr(ref, '\n') = '\0'; /* the run's line */
+  result_free(&r);
+  /* the same log with half of its last line */
+  text[last] = first;
+  text[last + (len - last) / 2] = '\0';
+  put("ev.jsonl", text);
+  char want[128];
+  snprintf(want, sizeof want,
+           "agentguard audit: ev.jsonl: line %zu is cut off (the writer "
+           "stopped mid-line); read without it\n",
+           count_lines(text, last) + 1);
+  r = run(ARGS("audit", "--json", "ev.jsonl"));
+  cr_expect_eq(r.status, 0, "%s", r.err);
+  cr_expect_str_eq(r.err, want);
+  cr_expect(strncmp(r.out, ref, strlen(ref)) == 0 && r.out[strlen(ref)] == '\n',
+            "not the same finding:\n%s\nwanted:\n%s", r.out, ref);
+  result_free(&r);
+  r = run(ARGS("audit", "ev.jsonl"));
+  cr_expect_eq(r.status, 0, "%s", r.err);
+  cr_expect_str_eq(r.err, want);
+  cr_expect(strstr(r.out, "1 run audited, 0 skipped") != NULL, "%s", r.out);
+  result_free(&r);
+  free(ref);
+  free(text);
+}
+
+/* Only the last line, and only without its newline: a cut line with lines
+ * after it (another writer appended) is a bad input, skipped as before. */
+Test(cli, audit_refuses_a_cut_line_in_the_middle) {
+  size_t last;
+  char *text = stopped_run_log(&last);
+  size_t len = strlen(text);
+  size_t cut_line = count_lines(text, last) + 1;
+  /* line `cut_line` cut in half, then the whole line again */
+  char *both = malloc(len * 2);
+  cr_assert_not_null(both);
+  size_t half = last + (len - last) / 2;
+  memcpy(both, text, half);
+  both[half] = '\n';
+  strcpy(both + half + 1, text + last);
+  put("ev.jsonl", both);
+  result r = run(ARGS("audit", "--quiet", "ev.jsonl"));
+  cr_expect_eq(r.status, 1, "%s", r.err);
+  char want[128];
+  snprintf(want, sizeof want, "ev.jsonl: skipped: invalid JSON at line %zu,",
+           cut_line);
+  cr_expect(strstr(r.err, want) != NULL, "wanted %s in: %s", want, r.err);
+  cr_expect(strstr(r.err, "cut off") == NULL, "%s", r.err);
+  cr_expect(strstr(r.out, "0 runs audited, 1 skipped") != NULL, "%s", r.out);
+  result_free(&r);
+  /* the cut line with its newline, last: the writer finished it */
+  both[half + 1] = '\0';
+  put("ev.jsonl", both);
+  r = run(ARGS("audit", "--quiet", "ev.jsonl"));
+  cr_expect_eq(r.status, 1, "%s", r.err);
+  cr_expect(strstr(r.err, want) != NULL, "wanted %s in: %s", want, r.err);
+  result_free(&r);
+  free(both);
+  free(text);
 }

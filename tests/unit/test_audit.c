@@ -4,8 +4,10 @@
  * the traps of shared/data/README.md; skipped, saying so, when ../shared is
  * not beside the project), the project's own runs in tests/fixtures/runs/
  * (the same rules, always run), each input format against its
- * neutral equivalent, bad inputs, --all-stops, and the replay rules (nudges,
- * escalation, rejected replies, replies without tool calls, time).
+ * neutral equivalent, bad inputs, a cut last line of JSON Lines (left out,
+ * only when last and without its newline), --all-stops, and the replay
+ * rules (nudges, escalation, rejected replies, replies without tool calls,
+ * time).
  * Core tests never sleep: time comes from the recordings.
  */
 #include <criterion/criterion.h>
@@ -1176,14 +1178,133 @@ Test(bad_inputs, truncated_json) {
   cr_assert_gt(err.line, 0);
   cr_assert(strstr(err.msg, "invalid JSON") != NULL, "%s", err.msg);
   free(cut);
-  /* JSON Lines cut in its last line: that line is named */
-  char *jsonl = join(chat_lines, N_CHAT, "", "\n", "");
+  /* JSON Lines cut in a line that ends with its newline: that line is
+   * named (a cut last line without one: cut_lines below) */
+  char *jsonl = join(chat_lines, N_CHAT, "", "\n", "\n");
+  jsonl[strlen(jsonl) - 6] = '\n';
   jsonl[strlen(jsonl) - 5] = '\0';
   const char *msg = parse_fail(jsonl, AG_EJSON);
   char want[32];
   snprintf(want, sizeof(want), "line %zu", N_CHAT);
   cr_assert(strstr(msg, want) != NULL, "%s (wanted %s)", msg, want);
   free(jsonl);
+}
+
+/* ---- a last line cut off mid-line (issue 25) ----------------------------- */
+
+/* `head` then the first `keep` bytes of `line`, without a newline. */
+static char *cut_after(const char *head, const char *line, size_t keep) {
+  size_t n = strlen(head);
+  char *s = malloc(n + keep + 1);
+  cr_assert_not_null(s);
+  memcpy(s, head, n);
+  memcpy(s + n, line, keep);
+  s[n + keep] = '\0';
+  return s;
+}
+
+/* A writer killed mid-line leaves the beginning of its last line: however
+ * short, that line is left out, named in cut_line, and the rest is the run
+ * without it, detected or forced. */
+Test(cut_lines, a_cut_last_line_is_left_out) {
+  char *all = join(event_lines, N_EVENTS, "", "\n", "\n");
+  char *but_last = join(event_lines, N_EVENTS - 1, "", "\n", "\n");
+  /* the last event of the log, and a line after the whole log whose text
+   * has two- and three-byte characters (cut inside them too) */
+  const struct {
+    const char *head, *line;
+    long line_no;
+  } cases[] = {
+      {but_last, event_lines[N_EVENTS - 1], (long)N_EVENTS},
+      {all,
+       "{\"event\":\"turn_start\",\"turn\":3,\"iteration\":0,\"t_ms\":13,"
+       "\"user\":\"caf\xC3\xA9 \xE2\x98\x80?\"}",
+       (long)N_EVENTS + 1},
+  };
+  ag_traj_opts forced;
+  ag_traj_opts_init(&forced);
+  forced.format = AG_TRAJ_EVENTS;
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    ag_trajectory *ref = parse_ok(cases[c].head);
+    cr_assert_eq(ref->cut_line, 0);
+    size_t len = strlen(cases[c].line);
+    for (size_t keep = 1; keep < len; keep++) {
+      char *text = cut_after(cases[c].head, cases[c].line, keep);
+      ag_trajectory *t = parse_ok(text);
+      cr_assert_eq(t->cut_line, cases[c].line_no,
+                   "case %zu, %zu of %zu bytes: cut_line %ld", c, keep, len,
+                   t->cut_line);
+      assert_same_run(ref, t, "the log without its cut line");
+      ag_trajectory_free(t);
+      ag_error_t err;
+      cr_assert_eq(ag_trajectory_parse(&t, text, strlen(text), &forced, &err),
+                   AG_OK, "forced, case %zu, %zu bytes: %s", c, keep, err.msg);
+      cr_assert_eq(t->cut_line, cases[c].line_no);
+      ag_trajectory_free(t);
+      free(text);
+    }
+    /* the whole line without its newline is a line, not a cut */
+    char *text = cut_after(cases[c].head, cases[c].line, len);
+    ag_trajectory *t = parse_ok(text);
+    cr_assert_eq(t->cut_line, 0, "case %zu: cut_line %ld", c, t->cut_line);
+    ag_trajectory_free(t);
+    free(text);
+    ag_trajectory_free(ref);
+  }
+  /* a sample finding with the log's last line cut: the same stop */
+  char *text = cut_after(but_last, event_lines[N_EVENTS - 1], 20);
+  ag_trajectory *t = parse_ok(text);
+  assert_sample_finding(t, "cut events");
+  ag_trajectory_free(t);
+  free(text);
+  free(all);
+  free(but_last);
+}
+
+Test(cut_lines, only_a_cut_last_line_is_left_out) {
+  char *head = join(event_lines, 3, "", "\n", "\n");
+  const char *last = event_lines[3];
+  size_t half = strlen(last) / 2;
+  char *cut = cut_after(head, last, half);
+  char want[32];
+  /* with its newline: the writer finished the line; what is there is bad */
+  char *ended = cut_after(cut, "\n", 1);
+  const char *msg = parse_fail(ended, AG_EJSON);
+  cr_assert(strstr(msg, "line 4,") != NULL, "%s", msg);
+  free(ended);
+  /* cut in the middle: an error that names it, as ever */
+  char *middle = cut_after(cut, "\n", 1);
+  char *rest = join(event_lines + 4, N_EVENTS - 4, middle, "\n", "\n");
+  msg = parse_fail(rest, AG_EJSON);
+  cr_assert(strstr(msg, "line 4,") != NULL, "%s", msg);
+  free(rest);
+  free(middle);
+  /* a last line that goes wrong before its end is bad, not cut */
+  static const char *const bad[] = {
+      "{\"event\":x,\"turn\":1",          /* a bad token first */
+      "{\"event\":\"turn_end\"}}",        /* a whole value, then more */
+      "{\"event\":\"a\xFF\xFF\xFF\xFF\"", /* bad UTF-8, not a cut one */
+      "{\"event\":\"a\",\"event\":\"b\"", /* a duplicate key */
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    char *text = cut_after(head, bad[i], strlen(bad[i]));
+    msg = parse_fail(text, AG_EJSON);
+    cr_assert(strstr(msg, "line 4,") != NULL, "bad %zu: %s", i, msg);
+    free(text);
+  }
+  /* a cut first line has nothing before it: not a run */
+  msg = parse_fail("{\"event\":\"turn_start\",\"turn", AG_EJSON);
+  cr_assert(strstr(msg, "line 1,") != NULL, "%s", msg);
+  /* a chat transcript cut in its last message, the reply to the last call:
+   * the rest misses that reply, and the error says which line was left out */
+  char *chat = join(chat_lines, N_CHAT, "", "\n", "");
+  chat[strlen(chat) - 5] = '\0';
+  msg = parse_fail(chat, AG_EINVAL);
+  snprintf(want, sizeof(want), "(line %zu, the last, was cut off", N_CHAT);
+  cr_assert(strstr(msg, want) != NULL, "%s (wanted %s)", msg, want);
+  free(chat);
+  free(cut);
+  free(head);
 }
 
 Test(bad_inputs, unknown_shapes) {
