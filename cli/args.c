@@ -1,11 +1,21 @@
 /*
- * cli/args.c - command-line options shared by the commands (args.h).
+ * cli/args.c - what the commands share (args.h): options with a value, exit
+ * codes, the events file.
+ *
+ * Events are written one line per write(2) (cli_write_event), never through
+ * stdio: stdio writes a line longer than its buffer (4 KiB for most files)
+ * in several calls, so a `kill -9` between them left a cut last line, and
+ * `agentguard audit` then refused the whole file (issue 25). One write puts
+ * the line in the file in one piece, and O_APPEND at the end even beside
+ * another writer of the same file: a crash loses at most the line being
+ * written (and audit reads a file whose last line was cut without it).
  */
 #include "args.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -65,7 +75,7 @@ FILE *cli_open_events(const char *path) {
     return stdout;
   int fd;
   do
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   while (fd < 0 && errno == EINTR);
   if (fd < 0)
     return NULL;
@@ -76,4 +86,27 @@ FILE *cli_open_events(const char *path) {
     errno = e;
   }
   return f;
+}
+
+int cli_write_event(FILE *f, const json_t *ev) {
+  if (fflush(f) != 0)
+    return errno != 0 ? errno : EIO;
+  char *line = json_dumps(ev, JSON_COMPACT); /* free() it, says jansson */
+  if (line == NULL)
+    return ENOMEM;
+  size_t len = strlen(line); /* a NUL in a string is dumped as \u0000 */
+  line[len++] = '\n';        /* over the NUL: not a C string from here on */
+  int fd = fileno(f), rc = 0;
+  for (size_t done = 0; done < len;) {
+    ssize_t n = write(fd, line + done, len - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      rc = n < 0 ? errno : EIO;
+      break;
+    }
+    done += (size_t)n;
+  }
+  free(line);
+  return rc;
 }

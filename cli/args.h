@@ -24,8 +24,19 @@ int cli_value_option(int argc, char **argv, int *i, const char *const *names,
 /* The exit code of DESIGN.md section 5 for a turn's status. */
 int cli_exit_code(ag_turn_status s);
 
-/* Opens an events file for writing (created or truncated, close-on-exec);
- * "-" is stdout. NULL with errno set when it cannot be opened. */
+/* Opens an events file for writing (created or truncated, close-on-exec,
+ * append mode: every line cli_write_event writes lands whole at the end,
+ * even beside another writer); "-" is stdout. NULL with errno set when it
+ * cannot be opened. Write to it only with cli_write_event. */
 FILE *cli_open_events(const char *path);
+
+/* Writes `ev` to `f` as one line of JSON Lines (compact, then '\n') with
+ * one write(2) on its descriptor, not through stdio's buffer, after
+ * flushing what stdio holds for `f` (stdout may carry the timeline too).
+ * A process killed meanwhile loses at most the line being written, never a
+ * line before it; only a short write, which a full disk can cause, splits
+ * the line into more write calls. Returns 0, or the errno value of the
+ * failure (ENOMEM when the line cannot be built). */
+int cli_write_event(FILE *f, const json_t *ev);
 
 #endif /* AG_CLI_ARGS_H */

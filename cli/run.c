@@ -221,11 +221,10 @@ static void set_handlers(bool on) {
 static void on_event(void *user, const json_t *ev) {
   run_ctx *R = user;
   if (R->events != NULL && !R->events_failed) {
-    errno = 0;
-    if (json_dumpf(ev, R->events, JSON_COMPACT) != 0 ||
-        fputc('\n', R->events) == EOF || fflush(R->events) != 0) {
+    int e = cli_write_event(R->events, ev);
+    if (e != 0) {
       R->events_failed = true;
-      R->events_errno = errno ? errno : EIO;
+      R->events_errno = e;
     }
   }
   const char *name = json_string_value(json_object_get(ev, "event"));

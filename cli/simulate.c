@@ -238,11 +238,10 @@ static bool match(const json_t *pat, const json_t *value, bool exact_string) {
 static void on_event(void *user, const json_t *ev) {
   sim *S = user;
   if (S->events != NULL && !S->events_failed) {
-    errno = 0;
-    if (json_dumpf(ev, S->events, JSON_COMPACT) != 0 ||
-        fputc('\n', S->events) == EOF || fflush(S->events) != 0) {
+    int e = cli_write_event(S->events, ev);
+    if (e != 0) {
       S->events_failed = true;
-      S->events_errno = errno ? errno : EIO;
+      S->events_errno = e;
     }
   }
   if (S->timeline != NULL)

@@ -10,9 +10,9 @@
  * schemas, approvals, human answers, turns, options) and nothing runs; the
  * exit codes of each turn status; --check passing, failing and refusing a
  * scenario without "expect"; the JSON Lines events (every line a complete
- * object with the common fields, ending with turn_end); audit of a log
- * whose last line was cut (read without it, saying so) and of one cut in
- * the middle (skipped); Ctrl-C (SIGINT)
+ * object with the common fields, ending with turn_end; a 20 KB event one
+ * line in one write); audit of a log whose last line was cut (read without
+ * it, saying so) and of one cut in the middle (skipped); Ctrl-C (SIGINT)
  * ending the turn cancelled with exit 4 and turn_end written; presets and
  * check-config.
  *
@@ -1126,8 +1126,77 @@ Test(cli, audit_caps_the_memory_of_one_input) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* Events: a last line cut by a crash (issue 25)                            */
+/* Events: whole lines, and a last line cut by a crash (issue 25)           */
 /* ------------------------------------------------------------------------ */
+
+/* Whether `log` (strace -s 0 -o) has a write of exactly `n` bytes that
+ * wrote them all: 'PID write(3, ""..., 20065)     = 20065'. */
+static bool one_write_of(const char *log, size_t n) {
+  for (const char *p = log; (p = strstr(p, "write(")) != NULL; p++) {
+    const char *args = strstr(p, "..., ");
+    size_t asked;
+    long done;
+    if (args != NULL && sscanf(args + 5, "%zu ) = %ld", &asked, &done) == 2 &&
+        asked == n && done == (long)n)
+      return true;
+  }
+  return false;
+}
+
+/* stdio wrote a line longer than its buffer (4 KiB for a file) in several
+ * write(2) calls, so a kill -9 between them left a cut line. An event of
+ * 20 KB is one whole line; under strace (when it is installed and may trace
+ * here) it is one write, the check that fails with the stdio writer. */
+Test(cli, a_long_event_is_one_line_in_one_write) {
+  size_t n = 20000;
+  char *scenario = malloc(n + 100);
+  cr_assert_not_null(scenario);
+  int o = sprintf(scenario, "{\"turns\": [{\"user\": \"");
+  for (size_t i = 0; i < n; i++)
+    scenario[o++] = (char)('a' + i % 26);
+  strcpy(scenario + o, "\", \"model\": [{\"text\": \"done\"}]}]}");
+  put("big.json", scenario);
+  result r = run(ARGS("simulate", "-q", "--events", "ev.jsonl", "big.json"));
+  cr_expect_eq(r.status, 0, "%s", r.err);
+  result_free(&r);
+  char path[128];
+  snprintf(path, sizeof path, "%s/ev.jsonl", dir);
+  char *text = slurp(path);
+  size_t lines;
+  json_decref(check_jsonl(text, &lines));
+  cr_expect_eq(lines, 4, "%s", text);
+  size_t first = (size_t)(strchr(text, '\n') - text);
+  cr_expect_gt(first, 8192);
+  json_t *ev = json_loadb(text, first, 0, NULL);
+  cr_assert_not_null(ev);
+  const char *user = json_string_value(json_object_get(ev, "user"));
+  cr_expect(user != NULL && strlen(user) == n &&
+                strncmp(user, scenario + o - n, n) == 0,
+            "the user message is not whole");
+  json_decref(ev);
+  free(scenario);
+
+  if (system("strace -qq -o /dev/null true >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "skipped: cli::a_long_event_is_one_line_in_one_write: "
+                    "the one-write check (strace missing or not allowed)\n");
+    free(text);
+    return;
+  }
+  /* LeakSanitizer cannot run under ptrace */
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && ASAN_OPTIONS=detect_leaks=0 strace -f -qq -e "
+           "trace=write -s 0 -o writes.log '%s' simulate -q --events "
+           "ev2.jsonl big.json >/dev/null 2>&1",
+           dir, BIN);
+  cr_assert_eq(system(cmd), 0, "%s", cmd);
+  snprintf(path, sizeof path, "%s/writes.log", dir);
+  char *log = slurp(path);
+  cr_expect(one_write_of(log, first + 1),
+            "no single write of the %zu-byte line:\n%s", first + 1, log);
+  free(log);
+  free(text);
+}
 
 /* The log of a stopped run, written by simulate; *last is where its last
  * line (turn_end) starts. Caller frees. */
