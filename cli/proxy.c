@@ -215,7 +215,7 @@ int cli_proxy(int argc, char **argv) {
   fprintf(stderr,
           "agentguard proxy: listening on http://%s:%u (upstream %s, preset "
           "%s); Ctrl-C stops\n",
-          host, (unsigned)ag_proxy_port(p), a.upstream, o.cfg.preset);
+          host, (unsigned)ag_proxy_port(p), ag_proxy_upstream(p), o.cfg.preset);
   int sig = 0;
   sigwait(&set, &sig);
   ag_proxy_stop(p);

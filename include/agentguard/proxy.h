@@ -61,7 +61,11 @@ typedef struct ag_proxy_opts {
   /* Where requests go: the upstream's origin and path prefix, to which the
    * client's path is appended ("http://127.0.0.1:8080" + "/v1/chat/
    * completions"). A trailing "/v1" is dropped when the client's path
-   * starts with "/v1/" ("https://api.openai.com/v1" works too). Required. */
+   * starts with "/v1/" ("https://api.openai.com/v1" works too). http or
+   * https, no query or fragment; a user and password in it go to the
+   * upstream with every request and are never shown (ag_proxy_upstream).
+   * The client supplies only a path and query (docs/security.md, "The
+   * proxy"). Required. */
   const char *upstream;
   ag_config cfg;   /* the guard's config */
   size_t max_body; /* request body cap; 0: AG_PROXY_MAX_BODY_DEFAULT */
@@ -92,6 +96,9 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
                         ag_error_t *err);
 /* The port it listens on. */
 uint16_t ag_proxy_port(const ag_proxy *p);
+/* The upstream as the proxy names it in messages: "scheme://host:port",
+ * never its user or password. Owned by p. */
+const char *ag_proxy_upstream(const ag_proxy *p);
 /*
  * The decision before forwarding, alone (for benchmarks and tests): parses
  * the request body (`len` bytes; Chat Completions, or Messages when

@@ -75,6 +75,7 @@
 
 #include "../core/internal.h"
 #include "relay.h"
+#include "target.h"
 #include "../providers/internal.h"
 #include "agentguard/audit.h"
 #include "agentguard/providers.h"
@@ -137,8 +138,16 @@ struct ag_proxy {
   bool quit;         /* the workers end */
   unsigned jobs;     /* request threads running */
   bool stopping;     /* under jobs_mu: ag_proxy_stop has begun */
-  char *upstream;    /* without a trailing slash */
-  bool upstream_v1;
+  CURLU *up;         /* the upstream's URL, credentials included */
+  char *up_path;     /* its path, without a trailing slash ("" for none) */
+  bool upstream_v1;  /* up_path ends in "/v1" */
+  char *up_shown;    /* scheme://host:port: what messages name, never
+                        credentials */
+  /* what no text of the proxy's may show (scrub): the secret values of the
+   * environment at start, and the upstream's user and password */
+  ag__secret secrets[AG__SECRETS_MAX];
+  size_t n_secrets;
+  char *secret_buf;
   ag_config cfg;
   size_t max_body;
   char *client_key;
@@ -262,6 +271,19 @@ static int64_t wall_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* `in`, or its copy in out[0..cap) with every credential the proxy knows
+ * of replaced (docs/security.md#secrets): for every text of the proxy's
+ * own that names something it did not make (an upstream's or libcurl's
+ * error, a client's path). */
+static const char *scrub(const ag_proxy *p, const char *in, char *out,
+                         size_t cap) {
+  size_t len = strlen(in);
+  if (!ag__redact_needed(in, len, p->secrets, p->n_secrets))
+    return in;
+  ag__redact(in, len, p->secrets, p->n_secrets, out, cap);
+  return out;
+}
+
 /* One event line: {"event":"proxy_decision","ts_ms",...}. Never holds a
  * header: credentials cannot reach the log. */
 static void event(ag_proxy *p, const char *decision, const char *path,
@@ -279,12 +301,17 @@ static void event(ag_proxy *p, const char *decision, const char *path,
                                     : v->action == AG_NUDGE  ? "nudge"
                                                              : "stop"));
     json_object_set_new(o, "reason", json_string(ag_reason_name(v->reason)));
-    json_object_set_new(o, "message", json_string(v->message));
+    char red[AG_VERDICT_MSG_MAX + AG_VERDICT_MSG_MAX / 4 + 16];
+    json_object_set_new(o, "message",
+                        json_string(scrub(p, v->message, red, sizeof red)));
     if (v->tool[0] != '\0')
       json_object_set_new(o, "tool", json_string(v->tool));
   }
-  if (detail != NULL)
-    json_object_set_new(o, "detail", json_string(detail));
+  if (detail != NULL) {
+    char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16];
+    json_object_set_new(o, "detail",
+                        json_string(scrub(p, detail, red, sizeof red)));
+  }
   char *line = json_dumps(o, JSON_COMPACT);
   json_decref(o);
   if (line == NULL)
@@ -431,6 +458,39 @@ static bool client_headers(struct MHD_Connection *c, struct curl_slist **out) {
   return true;
 }
 
+/* The URL of a request upstream, from parts (libcurl's URL API): the
+ * upstream's scheme, host, port and credentials, never the client's; the
+ * upstream's path followed by the client's (`target`, normalised by
+ * ag__target_normalise in the handler: origin-form, so it cannot name
+ * another host), and the client's query. A "/v1/" the upstream's path
+ * already ends with is not doubled. NULL when out of memory. */
+static char *upstream_url(const ag_proxy *p, const char *target) {
+  const char *path = target;
+  if (p->upstream_v1 && strncmp(path, "/v1/", 4) == 0)
+    path += 3;
+  size_t pl = strcspn(path, "?");
+  size_t bl = strlen(p->up_path);
+  CURLU *cu = curl_url_dup(p->up);
+  char *full = malloc(bl + pl + 1);
+  char *got = NULL, *url = NULL;
+  if (cu != NULL && full != NULL) {
+    memcpy(full, p->up_path, bl);
+    memcpy(full + bl, path, pl);
+    full[bl + pl] = '\0';
+    if (curl_url_set(cu, CURLUPART_PATH, full, 0) == CURLUE_OK &&
+        curl_url_set(cu, CURLUPART_QUERY,
+                     path[pl] == '?' && path[pl + 1] != '\0' ? path + pl + 1
+                                                             : NULL,
+                     0) == CURLUE_OK &&
+        curl_url_get(cu, CURLUPART_URL, &got, 0) == CURLUE_OK)
+      url = dupz(got);
+  }
+  curl_free(got);
+  free(full);
+  curl_url_cleanup(cu);
+  return url;
+}
+
 /* Sets `h` up for a transfer to the upstream with the client's headers
  * `ch` (credentials go as they came). `json_body`: the body is ours
  * (rewritten), sent as application/json. false when out of memory; the
@@ -441,11 +501,7 @@ static bool upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
                             upstream *u, struct curl_slist **hdrs, char **url) {
   memset(u, 0, sizeof(*u));
   u->cc = CURLE_OUT_OF_MEMORY;
-  const char *path = uri;
-  if (p->upstream_v1 && strncmp(path, "/v1/", 4) == 0)
-    path += 3;
-  size_t ul = strlen(p->upstream) + strlen(path) + 1;
-  *url = malloc(ul);
+  *url = upstream_url(p, uri);
   struct curl_slist *list = NULL;
   bool failed = false;
   for (; ch != NULL && !failed; ch = ch->next) {
@@ -471,8 +527,9 @@ static bool upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
   *hdrs = list;
   if (*url == NULL || h == NULL || failed)
     return false;
-  snprintf(*url, ul, "%s%s", p->upstream, path);
   curl_easy_setopt(h, CURLOPT_URL, *url);
+  /* the path is normalised already (target.c): sent as it is */
+  curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
@@ -542,9 +599,12 @@ static bool upstream_failed(ag_proxy *p, const upstream *u, reply *r) {
   }
   if (u->cc == CURLE_OK)
     return false;
+  char why[CURL_ERROR_SIZE + 64];
   set_error(r, 502, "upstream_error", "upstream_unreachable",
-            "agentguard proxy: the upstream %s did not answer: %s", p->upstream,
-            u->errbuf[0] != '\0' ? u->errbuf : curl_easy_strerror(u->cc));
+            "agentguard proxy: the upstream %s did not answer: %s", p->up_shown,
+            scrub(p,
+                  u->errbuf[0] != '\0' ? u->errbuf : curl_easy_strerror(u->cc),
+                  why, sizeof why));
   return true;
 }
 
@@ -1774,10 +1834,12 @@ static void stream_error(stream_st *st, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16];
   st->out.failed = false;
   st->out.len = 0;
   sb_json(&st->out,
-          json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
+          json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
+                    scrub(st->p, msg, red, sizeof red), "type",
                     "upstream_error", "param", "code", "upstream_stream"));
 }
 
@@ -1914,10 +1976,12 @@ static void anth_stop(stream_st *st, const ag_verdict *v) {
 }
 
 static void anth_error(stream_st *st, const char *msg) {
+  char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16];
   st->out.failed = false;
   sb_named(&st->out, "error",
            json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
-                     "api_error", "message", msg));
+                     "api_error", "message",
+                     scrub(st->p, msg, red, sizeof red)));
 }
 
 /* ---- The end of a relayed stream ------------------------------------- */
@@ -1964,6 +2028,17 @@ static json_t *stream_request(const stream_st *st) {
   return json_loads(b != NULL ? b : "", 0, NULL);
 }
 
+/* Whether the upstream's stream ended as its API ends one: [DONE] or a
+ * finish_reason (Chat Completions), message_stop or a stop_reason
+ * (Messages) - the rule the providers apply to their own streams. A
+ * stream cut off without it (the upstream died, a proxy in between timed
+ * out, it sent something else) is relayed as cut, with an error event,
+ * never with an end the upstream did not send: the agent must not take a
+ * truncated answer as whole. */
+static bool stream_complete(const stream_st *st) {
+  return st->asmb.done || st->asmb.finish_reason[0] != '\0';
+}
+
 /* The end of a relayed Anthropic stream (stream_finish's counterpart). */
 static void stream_finish_anth(stream_st *st, nudge_job **nj) {
   char msg[ERR_MSG_MAX];
@@ -1983,6 +2058,12 @@ static void stream_finish_anth(stream_st *st, nudge_job **nj) {
              : st->asmb.failed == AG_EPROVIDER ? st->perr.message
                                                : ag_strerror(st->asmb.failed));
     anth_error(st, msg);
+    return;
+  }
+  if (!stream_complete(st)) {
+    anth_error(st, "agentguard proxy: the upstream's stream ended before "
+                   "the reply was complete (no message_stop): the reply "
+                   "is cut off");
     return;
   }
   ag_reply rep;
@@ -2138,6 +2219,12 @@ static void stream_finish(stream_st *st, nudge_job **nj) {
                  : st->asmb.failed == AG_EPROVIDER
                      ? st->perr.message
                      : ag_strerror(st->asmb.failed));
+    return;
+  }
+  if (!stream_complete(st)) {
+    stream_error(st, "agentguard proxy: the upstream's stream ended before "
+                     "the reply was complete (no finish_reason, no [DONE]): "
+                     "the reply is cut off");
     return;
   }
   ag_reply rep;
@@ -3715,10 +3802,17 @@ out:
 /* Serving (libmicrohttpd)                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* Whether a normalised path (target.c) is one the guard decides. */
 static bool guarded_path(const char *path) {
-  return strcmp(path, "/v1/chat/completions") == 0 ||
-         strcmp(path, "/chat/completions") == 0 ||
-         strcmp(path, "/v1/messages") == 0;
+  size_t n = strlen(path);
+  return ag__target_is(path, n, "/v1/chat/completions") ||
+         ag__target_is(path, n, "/chat/completions") ||
+         ag__target_is(path, n, "/v1/messages");
+}
+
+/* Whether a normalised path is Anthropic's Messages API. */
+static bool anthropic_path(const char *path) {
+  return ag__target_is(path, strlen(path), "/v1/messages");
 }
 
 static enum MHD_Result send_reply(struct MHD_Connection *c, reply *r) {
@@ -4128,6 +4222,40 @@ static int decide_here(shard *sh, struct MHD_Connection *c, req_ctx *q,
   return 1;
 }
 
+/* The checks made as soon as a request's headers are in: its connection
+ * past --max-connections (503, closed), the client key (401), the
+ * request-target (400 unless origin-form; normalised in place, so that
+ * every later look - the guarded paths, the upstream's URL - sees the path
+ * the upstream will route). true with q->r set when the request is
+ * refused. */
+static bool refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q) {
+  const char *why = NULL;
+  bool ok = ag__target_normalise(q->uri, q->uri, strlen(q->uri) + 1, &why);
+  char path[2048];
+  uri_path(ok ? q->uri : "/", path, sizeof path);
+  q->r.anthropic = anthropic_path(path);
+  if (q->too_many) {
+    set_error(&q->r, 503, "server_error", "too_many_connections",
+              "agentguard proxy: more than %u client connections are open "
+              "(--max-connections)",
+              p->max_conns);
+    q->r.close = true;
+  } else if (!key_ok(p, c)) {
+    set_error(&q->r, 401, "invalid_request_error", "agentguard_key",
+              "agentguard proxy: this proxy needs its client key in the "
+              "x-agentguard-key header");
+    q->r.close = true;
+  } else if (!ok) {
+    set_error(&q->r, 400, "invalid_request_error", "bad_request_target",
+              "agentguard proxy: %s", why);
+    q->r.close = true;
+    event(p, "bad_request_target", "", NULL, why);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
                                const char *url, const char *method,
                                const char *version, const char *upload,
@@ -4142,8 +4270,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
   if (q->job)
     return send_answer(c, q);
   if (!q->begun) {
-    q->begun = true; /* headers only: the body comes next */
-    return MHD_YES;
+    /* The headers are in, the body comes next: whatever can refuse the
+     * request is checked now, before a byte of the body is read. */
+    q->begun = true;
+    if (!refused(p, c, q))
+      return MHD_YES;
+    enum MHD_Result ret = send_reply(c, &q->r);
+    reply_free(&q->r);
+    return ret;
   }
   if (*upload_size > 0) {
     size_t n = *upload_size;
@@ -4172,18 +4306,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
   }
   char path[2048];
   uri_path(q->uri, path, sizeof path);
-  q->r.anthropic = strcmp(path, "/v1/messages") == 0;
-  if (q->too_many) {
-    set_error(&q->r, 503, "server_error", "too_many_connections",
-              "agentguard proxy: more than %u client connections are open "
-              "(--max-connections)",
-              p->max_conns);
-    q->r.close = true;
-  } else if (!key_ok(p, c)) {
-    set_error(&q->r, 401, "invalid_request_error", "agentguard_key",
-              "agentguard proxy: this proxy needs its client key in the "
-              "x-agentguard-key header");
-  } else if (q->too_big) {
+  if (q->too_big) {
     set_error(&q->r, 413, "invalid_request_error", "body_too_large",
               "agentguard proxy: the request body is larger than %zu bytes "
               "(--max-body)",
@@ -4379,6 +4502,137 @@ static ag_err_t fail(ag_error_t *err, ag_err_t code, const char *fmt, ...) {
   return code;
 }
 
+/* `url` with its userinfo left out ("scheme://" kept, everything up to
+ * the authority's last '@' dropped), for a message about an upstream URL
+ * that libcurl could not read. */
+static void url_shown(const char *url, char *out, size_t cap) {
+  const char *s = strstr(url, "://");
+  const char *auth = s != NULL ? s + 3 : url;
+  size_t alen = strcspn(auth, "/?#");
+  const char *at = NULL;
+  for (size_t i = 0; i < alen; i++)
+    if (auth[i] == '@')
+      at = auth + i;
+  if (at == NULL)
+    snprintf(out, cap, "%s", url);
+  else
+    snprintf(out, cap, "%.*s%s", (int)(auth - url), url, at + 1);
+}
+
+/* Most bytes of secret values the proxy keeps for scrub(). */
+#define SECRET_BYTES_MAX (64u * 1024)
+
+/* The secrets scrub() hides: the environment's secret values now, and the
+ * upstream's user and password (each as written and decoded) when they
+ * are AG__SECRET_MIN bytes or more (shorter ones are never shown anyway:
+ * no message names the upstream with its userinfo). */
+static ag_err_t keep_secrets(ag_proxy *p) {
+  ag__secret found[AG__SECRETS_MAX];
+  size_t n = ag__secrets_from_env(environ, found, AG__SECRETS_MAX - 4);
+  char *parts[4] = {NULL, NULL, NULL, NULL};
+  curl_url_get(p->up, CURLUPART_USER, &parts[0], 0);
+  curl_url_get(p->up, CURLUPART_USER, &parts[1], CURLU_URLDECODE);
+  curl_url_get(p->up, CURLUPART_PASSWORD, &parts[2], 0);
+  curl_url_get(p->up, CURLUPART_PASSWORD, &parts[3], CURLU_URLDECODE);
+  for (int i = 0; i < 4; i++)
+    if (parts[i] != NULL && strlen(parts[i]) >= AG__SECRET_MIN)
+      found[n++] = (ag__secret){parts[i], strlen(parts[i])};
+  size_t bytes = 0, keep = 0;
+  while (keep < n && found[keep].len <= SECRET_BYTES_MAX - bytes)
+    bytes += found[keep++].len;
+  ag_err_t rc = AG_OK;
+  if (keep > 0 && (p->secret_buf = malloc(bytes)) == NULL)
+    rc = AG_ENOMEM;
+  for (size_t i = 0, at = 0; rc == AG_OK && i < keep; i++) {
+    memcpy(p->secret_buf + at, found[i].s, found[i].len);
+    p->secrets[i] = (ag__secret){p->secret_buf + at, found[i].len};
+    at += found[i].len;
+  }
+  p->n_secrets = rc == AG_OK ? keep : 0;
+  for (int i = 0; i < 4; i++)
+    curl_free(parts[i]);
+  return rc;
+}
+
+/* --upstream, read once with libcurl's URL API: http or https, a host, no
+ * query or fragment. Fills p->up (kept whole: the credentials go with
+ * every request), up_path, upstream_v1, up_shown and the secrets. */
+static ag_err_t parse_upstream(ag_proxy *p, const char *url, ag_error_t *err) {
+  char shown[512];
+  url_shown(url, shown, sizeof shown);
+  char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *q = NULL,
+       *frag = NULL;
+  ag_err_t rc = AG_OK;
+  CURLUcode uc = CURLUE_OUT_OF_MEMORY;
+  if ((p->up = curl_url()) != NULL)
+    uc = curl_url_set(p->up, CURLUPART_URL, url, 0);
+  if (uc == CURLUE_OK)
+    uc = curl_url_get(p->up, CURLUPART_SCHEME, &scheme, 0);
+  if (uc == CURLUE_OK)
+    uc = curl_url_get(p->up, CURLUPART_HOST, &host, 0);
+  if (uc == CURLUE_OK)
+    uc = curl_url_get(p->up, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT);
+  if (uc == CURLUE_OK)
+    uc = curl_url_get(p->up, CURLUPART_PATH, &path, 0);
+  if (uc == CURLUE_OUT_OF_MEMORY)
+    rc = fail(err, AG_ENOMEM, "out of memory");
+  else if (uc != CURLUE_OK)
+    rc = fail(err, AG_EINVAL,
+              "--upstream '%s': expected an http:// or https:// URL: %s", shown,
+              curl_url_strerror(uc));
+  else if (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0)
+    rc = fail(err, AG_EINVAL,
+              "--upstream '%s': expected an http:// or https:// URL, not %s",
+              shown, scheme);
+  else if (curl_url_get(p->up, CURLUPART_QUERY, &q, 0) == CURLUE_OK ||
+           curl_url_get(p->up, CURLUPART_FRAGMENT, &frag, 0) == CURLUE_OK)
+    rc = fail(err, AG_EINVAL,
+              "--upstream '%s': a query or fragment cannot be kept (the "
+              "client's request supplies them)",
+              shown);
+  if (rc == AG_OK) {
+    size_t pl = strlen(path);
+    while (pl > 0 && path[pl - 1] == '/')
+      path[--pl] = '\0';
+    p->upstream_v1 = pl >= 3 && strcmp(path + pl - 3, "/v1") == 0;
+    p->up_path = dupz(path);
+    size_t sl = strlen(scheme) + strlen(host) + strlen(port) + 5;
+    if ((p->up_shown = malloc(sl)) != NULL)
+      snprintf(p->up_shown, sl, "%s://%s:%s", scheme, host, port);
+    if (p->up_path == NULL || p->up_shown == NULL || keep_secrets(p) != AG_OK)
+      rc = fail(err, AG_ENOMEM, "out of memory");
+  }
+  curl_free(scheme);
+  curl_free(host);
+  curl_free(port);
+  curl_free(path);
+  curl_free(q);
+  curl_free(frag);
+  return rc;
+}
+
+/* Frees what ag_proxy_start allocated for p, and p. */
+static void proxy_free(ag_proxy *p) {
+  if (p->client_key != NULL)
+    OPENSSL_cleanse(p->client_key, strlen(p->client_key));
+  free(p->client_key);
+  if (p->secret_buf != NULL) {
+    size_t n = 0;
+    for (size_t i = 0; i < p->n_secrets; i++)
+      n += p->secrets[i].len;
+    OPENSSL_cleanse(p->secret_buf, n);
+  }
+  free(p->secret_buf);
+  curl_url_cleanup(p->up);
+  free(p->up_path);
+  free(p->up_shown);
+  free(p);
+}
+
+const char *ag_proxy_upstream(const ag_proxy *p) {
+  return p != NULL ? p->up_shown : NULL;
+}
+
 ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
                         ag_error_t *err) {
   if (out == NULL || o == NULL)
@@ -4398,11 +4652,9 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
                 "--listen %s is not a loopback address: give --client-key-env "
                 "NAME (clients then send that key in x-agentguard-key)",
                 host);
-  if (o->upstream == NULL || (strncmp(o->upstream, "http://", 7) != 0 &&
-                              strncmp(o->upstream, "https://", 8) != 0))
+  if (o->upstream == NULL)
     return fail(err, AG_EINVAL,
-                "--upstream: expected an http:// or https:// URL, got '%s'",
-                o->upstream != NULL ? o->upstream : "(none)");
+                "--upstream: expected an http:// or https:// URL, got none");
   if (o->max_connections < 0 ||
       o->max_connections > AG_PROXY_MAX_CONNECTIONS_LIMIT)
     return fail(err, AG_EINVAL,
@@ -4419,18 +4671,14 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   ag_proxy *p = calloc(1, sizeof(*p));
   if (p == NULL)
     return fail(err, AG_ENOMEM, "out of memory");
-  p->upstream = dupz(o->upstream);
   p->client_key = o->client_key != NULL ? dupz(o->client_key) : NULL;
-  if (p->upstream == NULL || (o->client_key != NULL && p->client_key == NULL)) {
-    free(p->upstream);
-    free(p->client_key);
-    free(p);
-    return fail(err, AG_ENOMEM, "out of memory");
+  ag_err_t urc = o->client_key != NULL && p->client_key == NULL
+                     ? fail(err, AG_ENOMEM, "out of memory")
+                     : parse_upstream(p, o->upstream, err);
+  if (urc != AG_OK) {
+    proxy_free(p);
+    return urc;
   }
-  size_t ul = strlen(p->upstream);
-  while (ul > 0 && p->upstream[ul - 1] == '/')
-    p->upstream[--ul] = '\0';
-  p->upstream_v1 = ul >= 3 && strcmp(p->upstream + ul - 3, "/v1") == 0;
   p->cfg = o->cfg;
   p->max_body = o->max_body > 0 ? o->max_body : AG_PROXY_MAX_BODY_DEFAULT;
   p->events = o->events;
@@ -4456,9 +4704,7 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
     pthread_mutex_destroy(&p->jobs_mu);
     pthread_cond_destroy(&p->jobs_cv);
     pthread_cond_destroy(&p->work_cv);
-    free(p->upstream);
-    free(p->client_key);
-    free(p);
+    proxy_free(p);
     if (lfd >= 0)
       return fail(err, AG_ENOMEM, "cannot start the proxy's event loops%s%s",
                   e != 0 ? ": " : "", e != 0 ? strerror(e) : "");
@@ -4503,9 +4749,5 @@ void ag_proxy_stop(ag_proxy *p) {
   pthread_mutex_destroy(&p->jobs_mu);
   pthread_cond_destroy(&p->jobs_cv);
   pthread_cond_destroy(&p->work_cv);
-  if (p->client_key != NULL)
-    OPENSSL_cleanse(p->client_key, strlen(p->client_key));
-  free(p->client_key);
-  free(p->upstream);
-  free(p);
+  proxy_free(p);
 }

@@ -4,6 +4,9 @@
  * the client: every decision path of docs/proxy.md.
  */
 #include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
 #include <curl/curl.h>
 #include <jansson.h>
 #include <microhttpd.h>
@@ -2831,4 +2834,263 @@ Test(proxy, relay_keeps_a_connection_while_many_transfers_run) {
   cr_expect_eq(conns, HOLDS + 1,
                "%d connections: the second quick request connected again",
                conns);
+}
+
+/* ---- Hardening (docs/security.md, "The proxy") ------------------------- */
+
+/* A request with the raw request-target `target` (CURLOPT_REQUEST_TARGET:
+ * what no URL could make curl send). */
+static resp *call_target(const ag_proxy *p, const char *method,
+                         const char *target, const char *body) {
+  CURL *h = curl_easy_init();
+  curl_easy_setopt(h, CURLOPT_REQUEST_TARGET, target);
+  resp *r = call_on(h, p, method, "/", body, NULL);
+  curl_easy_cleanup(h);
+  return r;
+}
+
+Test(proxy, request_target_not_a_path_is_400_and_goes_nowhere) {
+  /* an upstream without a path, the documented form for Anthropic: the
+   * target used to be appended to it as a string, so "@host:port/..."
+   * made the upstream the userinfo of a URL to any host */
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d", U.port);
+  P = proxy_with(test_cfg(), 0, NULL);
+  const char *targets[] = {
+      "@127.0.0.1:%d/latest/meta-data", "//127.0.0.1:%d/latest/meta-data",
+      "http://127.0.0.1:%d/v1/models", "127.0.0.1:%d", "*"};
+  const char *methods[] = {"GET", "GET", "GET", "CONNECT", "OPTIONS"};
+  for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+    char t[128];
+    snprintf(t, sizeof t, targets[i], U.port);
+    resp *r = call_target(P, methods[i], t, NULL);
+    char code[64];
+    cr_expect_eq(r->status, 400, "%s %s: %ld %s", methods[i], t, r->status,
+                 r->body);
+    if (r->status == 400)
+      cr_expect_str_eq(err_code(r, code, sizeof code), "bad_request_target");
+    free(r);
+  }
+  cr_expect_eq(n_upstream(), 0, "nothing reached any host");
+}
+
+Test(proxy, dot_segments_and_escapes_cannot_pass_the_guard) {
+  /* each of these is routed by the upstream as /v1/chat/completions (curl
+   * removes dot segments, nginx merges slashes, servers decode %63): each
+   * must be decided, and stopped, as that path is */
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body =
+      conversation(3, "read", "{\"path\":\"x\"}", "Error: no such file");
+  const char *paths[] = {"/v1/./chat/completions",  "/v1/x/../chat/completions",
+                         "/v1//chat/completions",   "/v1/%63hat/completions",
+                         "/v1/chat/completions/",   "/v1/chat/%2E/completions",
+                         "/v1/chat/completions?x=1"};
+  for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+    resp *r = call_target(P, "POST", paths[i], body);
+    cr_expect_eq(r->status, 200, "%s: %ld %s", paths[i], r->status, r->body);
+    cr_expect_str_eq(r->stop, "consecutive_errors", "%s", paths[i]);
+    free(r);
+  }
+  cr_expect_eq(n_upstream(), 0, "nothing went upstream unguarded");
+  /* what cannot be normalised safely is refused */
+  const char *bad[] = {"/v1/chat%2Fcompletions",  "/v1/chat%5ccompletions",
+                       "/v1/chat/completions%00", "/v1/%zz",
+                       "/../v1/chat/completions", "/v1/chat\\completions"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    resp *r = call_target(P, "POST", bad[i], body);
+    cr_expect_eq(r->status, 400, "%s: %ld %s", bad[i], r->status, r->body);
+    free(r);
+  }
+  cr_expect_eq(n_upstream(), 0);
+  free(body);
+}
+
+Test(proxy, passed_through_paths_go_upstream_normalised) {
+  canned_add(200, "{\"data\":[]}");
+  resp *r = call_target(P, "GET", "/v1/x/../models/./m%2d1?q=a%20b", NULL);
+  cr_expect_eq(r->status, 200, "%ld %s", r->status, r->body);
+  cr_assert_eq(n_upstream(), 1);
+  pthread_mutex_lock(&U.mu);
+  cr_expect_str_eq(U.reqs[0].url, "/v1/models/m-1");
+  cr_expect_str_eq(U.reqs[0].query, "a b");
+  pthread_mutex_unlock(&U.mu);
+  free(r);
+}
+
+/* The upstream's password planted in --upstream and in the environment,
+ * looked for in everything the proxy writes. */
+#define PLANTED "Planted-S3cret-9f2c1e"
+
+Test(proxy, upstream_credentials_never_leave) {
+  ag_proxy_stop(P);
+  P = NULL; /* the proxy here is the program's */
+  MHD_stop_daemon(U.d);
+  U.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+                         up_handler, NULL, MHD_OPTION_END);
+  int port = MHD_get_daemon_info(U.d, MHD_DAEMON_INFO_BIND_PORT)->port;
+  MHD_stop_daemon(U.d); /* the port is now closed */
+  U.d = NULL;
+  setenv("AG_TEST_UPSTREAM_PASSWORD", PLANTED, 1);
+  char ev_path[] = "/tmp/ag_proxy_events_XXXXXX";
+  int efd = mkstemp(ev_path);
+  cr_assert_geq(efd, 0);
+  close(efd);
+  char err_path[] = "/tmp/ag_proxy_stderr_XXXXXX";
+  int sfd = mkstemp(err_path);
+  cr_assert_geq(sfd, 0);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    /* the test runner's signal dispositions are not the program's */
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    dup2(sfd, 2);
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    char up[128], bin[512];
+    snprintf(up, sizeof up, "http://agent:%s@127.0.0.1:%d/v1", PLANTED, port);
+    snprintf(bin, sizeof bin, "%s/agentguard", AG_BINARY_DIR);
+    execl(bin, bin, "proxy", "--upstream", up, "--listen", "127.0.0.1:0",
+          "--events", ev_path, (char *)NULL);
+    _exit(127);
+  }
+  /* the port, from "listening on http://127.0.0.1:PORT" */
+  unsigned pport = 0;
+  for (int i = 0; i < 200 && pport == 0; i++) {
+    nap_ms(25);
+    char buf[1024] = {0};
+    ssize_t n = pread(sfd, buf, sizeof buf - 1, 0);
+    const char *at =
+        n > 0 ? strstr(buf, "listening on http://127.0.0.1:") : NULL;
+    if (at != NULL)
+      pport = (unsigned)atoi(at + strlen("listening on http://127.0.0.1:"));
+  }
+  cr_assert_gt(pport, 0, "the proxy did not start");
+  char bodies[3][65536];
+  const char *paths[] = {"/v1/chat/completions", "/v1/models",
+                         "/v1/chat/completions"};
+  char *conv = conversation(0, "read", "{}", "");
+  char *sconv = streaming(conversation(0, "read", "{}", ""));
+  const char *posts[] = {conv, NULL, sconv};
+  for (int i = 0; i < 3; i++) {
+    CURL *h = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u%s", pport, paths[i]);
+    resp r;
+    memset(&r, 0, sizeof r);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    if (posts[i] != NULL)
+      curl_easy_setopt(h, CURLOPT_POSTFIELDS, posts[i]);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rbody);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
+    cr_expect_eq(curl_easy_perform(h), CURLE_OK);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
+    cr_expect_eq(r.status, 502, "%s: %ld %s", paths[i], r.status, r.body);
+    char origin[64];
+    snprintf(origin, sizeof origin, "http://127.0.0.1:%d", port);
+    cr_expect(strstr(r.body, origin) != NULL, "names the upstream: %s", r.body);
+    memcpy(bodies[i], r.body, sizeof bodies[i]);
+    curl_easy_cleanup(h);
+  }
+  free(conv);
+  free(sconv);
+  kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  char all[1 << 16] = {0};
+  ssize_t n = pread(sfd, all, sizeof all - 1, 0);
+  close(sfd);
+  cr_expect_gt(n, 0);
+  FILE *f = fopen(ev_path, "r");
+  cr_assert_not_null(f);
+  char evs[1 << 16] = {0};
+  size_t en = fread(evs, 1, sizeof evs - 1, f);
+  fclose(f);
+  (void)en;
+  for (int i = 0; i < 3; i++) {
+    cr_expect(strstr(bodies[i], PLANTED) == NULL, "body %d: %s", i, bodies[i]);
+    cr_expect(strstr(bodies[i], "agent:") == NULL, "body %d: %s", i, bodies[i]);
+  }
+  cr_expect(strstr(all, PLANTED) == NULL, "stderr: %s", all);
+  cr_expect(strstr(all, "agent:") == NULL, "stderr: %s", all);
+  cr_expect(strstr(evs, PLANTED) == NULL, "events: %s", evs);
+  unlink(ev_path);
+  unlink(err_path);
+  unsetenv("AG_TEST_UPSTREAM_PASSWORD");
+  U.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+                         up_handler, NULL, MHD_OPTION_END);
+}
+
+Test(proxy, upstream_url_with_a_query_is_refused_without_its_password) {
+  char err[4096];
+  cr_expect_eq(cli("--upstream 'http://u:" PLANTED "@127.0.0.1:1/v1?x=1'", err,
+                   sizeof err),
+               2);
+  cr_expect(strstr(err, "query") != NULL, "%s", err);
+  cr_expect(strstr(err, PLANTED) == NULL, "%s", err);
+  cr_expect_eq(cli("--upstream 'http://u:" PLANTED "@'", err, sizeof err), 2);
+  cr_expect(strstr(err, PLANTED) == NULL, "%s", err);
+}
+
+Test(proxy, stream_cut_off_ends_with_an_error_not_done) {
+  /* two text chunks, then the upstream closes: no finish_reason, no
+   * [DONE] */
+  const char *head = "{\"id\":\"chatcmpl-s\",\"object\":\"chat.completion."
+                     "chunk\",\"created\":1,\"model\":\"m\",\"choices\":";
+  char b[1024];
+  snprintf(b, sizeof b,
+           "data: %s[{\"index\":0,\"delta\":{\"content\":\"Hello\"},"
+           "\"finish_reason\":null}]}\n\n"
+           "data: %s[{\"index\":0,\"delta\":{\"content\":\" wor\"},"
+           "\"finish_reason\":null}]}\n\n",
+           head, head);
+  canned_add(200, b);
+  char *body = streaming(conversation(0, "read", "{}", ""));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "Hello") != NULL, "%s", r->body);
+  cr_expect(!ends_with_done(r), "a cut stream is not made whole: %s", r->body);
+  cr_expect(strstr(r->body, "\"error\"") != NULL, "%s", r->body);
+  cr_expect(strstr(r->body, "cut off") != NULL, "%s", r->body);
+  free(r);
+  free(body);
+  /* garbage instead of events: the same */
+  canned_reset();
+  canned_add(200, "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":"
+                  "{\"content\":\"Hi\"}}]}\n\nthis is no event\n\n");
+  body = streaming(conversation(0, "read", "{}", ""));
+  r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect(!ends_with_done(r), "%s", r->body);
+  cr_expect(strstr(r->body, "\"error\"") != NULL, "%s", r->body);
+  free(r);
+  free(body);
+}
+
+Test(proxy, anthropic_stream_cut_off_ends_with_an_error_event) {
+  canned_add(200, "event: message_start\ndata: {\"type\":\"message_start\","
+                  "\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":"
+                  "\"assistant\",\"model\":\"claude\",\"content\":[],"
+                  "\"stop_reason\":null,\"usage\":{\"input_tokens\":1,"
+                  "\"output_tokens\":1}}}\n\n"
+                  "event: content_block_start\ndata: {\"type\":"
+                  "\"content_block_start\",\"index\":0,\"content_block\":{"
+                  "\"type\":\"text\",\"text\":\"\"}}\n\n"
+                  "event: content_block_delta\ndata: {\"type\":"
+                  "\"content_block_delta\",\"index\":0,\"delta\":{\"type\":"
+                  "\"text_delta\",\"text\":\"Hello\"}}\n\n");
+  char *body = messages_conv(0, "{}", "", false, true);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "Hello") != NULL, "%s", r->body);
+  cr_expect(strstr(r->body, "event: message_stop") == NULL, "%s", r->body);
+  cr_expect(strstr(r->body, "event: error") != NULL, "%s", r->body);
+  free(r);
+  free(body);
 }
