@@ -6,7 +6,7 @@
 # checks, or when the build fails.
 #
 # TARGET is a name without "fuzz_" (config, scenario, trajectory, schema, proxy,
-# relay, classify, jcs, content, stream); no TARGET: all of
+# relay, target, classify, jcs, content, stream); no TARGET: all of
 # tests/fuzz/fuzz_*.c.
 #
 # Each target starts from its seed corpus (tests/fuzz/corpus/NAME/) and

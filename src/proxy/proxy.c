@@ -56,6 +56,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -186,6 +187,7 @@ typedef struct req_ctx {
   shard *sh;                /* the connection's loop */
   struct MHD_Connection *c;
   struct curl_slist *client_hdrs; /* the client's headers, hop-by-hop out */
+  int client_fd; /* its socket, watched while it is suspended (on_progress) */
   char *method;
   reply r;              /* the answer, unless `st` */
   struct stream_st *st; /* a relayed stream, or NULL */
@@ -337,6 +339,10 @@ typedef struct upstream {
   bool hdr_end;               /* the final response's headers are in */
   CURLcode cc;
   char errbuf[CURL_ERROR_SIZE];
+  /* the socket of the client waiting for this transfer while its
+   * connection is suspended, watched by on_progress; -1: none */
+  int client_fd;
+  bool client_left; /* it closed: the transfer was ended for that */
 } upstream;
 
 static const char *const hop_by_hop[] = {"connection",
@@ -458,6 +464,33 @@ static bool client_headers(struct MHD_Connection *c, struct curl_slist **out) {
   return true;
 }
 
+/* Whether the peer of socket `fd` has gone: closed (or shut its side
+ * down), reset, or the socket failed. A client does not half-close an
+ * HTTP/1.1 connection while it waits for the answer, so a hang-up means
+ * nobody reads the answer. */
+static bool peer_gone(int fd) {
+  struct pollfd pf = {.fd = fd, .events = POLLIN | POLLRDHUP};
+  if (poll(&pf, 1, 0) != 1)
+    return false;
+  return (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* libcurl's progress callback, on the relay's thread: on every read and,
+ * while the upstream is silent, about once a second. A client that has
+ * left ends the transfer (and so frees its worker, its slot and its
+ * upstream connection) instead of leaving it to wait for the upstream or
+ * the transfer's time limit. libmicrohttpd does not watch a suspended
+ * connection's socket, so this does. */
+static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow,
+                       curl_off_t ultotal, curl_off_t ulnow) {
+  (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+  upstream *u = user;
+  if (u->client_fd < 0 || !peer_gone(u->client_fd))
+    return 0;
+  u->client_left = true;
+  return 1; /* CURLE_ABORTED_BY_CALLBACK */
+}
+
 /* The URL of a request upstream, from parts (libcurl's URL API): the
  * upstream's scheme, host, port and credentials, never the client's; the
  * upstream's path followed by the client's (`target`, normalised by
@@ -498,9 +531,11 @@ static char *upstream_url(const ag_proxy *p, const char *target) {
 static bool upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
                             const char *method, const char *uri,
                             const char *body, size_t len, bool json_body,
-                            upstream *u, struct curl_slist **hdrs, char **url) {
+                            int client_fd, upstream *u,
+                            struct curl_slist **hdrs, char **url) {
   memset(u, 0, sizeof(*u));
   u->cc = CURLE_OUT_OF_MEMORY;
+  u->client_fd = client_fd;
   *url = upstream_url(p, uri);
   struct curl_slist *list = NULL;
   bool failed = false;
@@ -541,6 +576,18 @@ static bool upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
   curl_easy_setopt(h, CURLOPT_HEADERDATA, u);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, u->errbuf);
   curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (client_fd >= 0) {
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, u);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    /* a speed check arms libcurl's one-second timer, which is what calls
+     * the progress callback while the upstream sends nothing (in the
+     * multi interface, nothing else runs a silent transfer); 1 byte a
+     * second over the whole transfer's time limit never ends one */
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME,
+                     (long)(p->timeout_ms / 1000 + 1));
+  }
   if (strcmp(method, "HEAD") == 0) {
     curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
   } else {
@@ -563,7 +610,8 @@ static _Thread_local ag__relay *tl_relay;
  * this thread waits. */
 static void send_upstream(ag_proxy *p, const struct curl_slist *ch,
                           const char *method, const char *uri, const char *body,
-                          size_t len, bool json_body, upstream *u) {
+                          size_t len, bool json_body, int client_fd,
+                          upstream *u) {
   struct curl_slist *hdrs = NULL;
   char *url = NULL;
   CURL *h = curl_easy_init();
@@ -572,8 +620,8 @@ static void send_upstream(ag_proxy *p, const struct curl_slist *ch,
     u->cc = CURLE_OUT_OF_MEMORY;
     return;
   }
-  if (upstream_handle(p, ch, h, method, uri, body, len, json_body, u, &hdrs,
-                      &url)) {
+  if (upstream_handle(p, ch, h, method, uri, body, len, json_body, client_fd, u,
+                      &hdrs, &url)) {
     u->cc = ag__relay_run(tl_relay != NULL ? tl_relay : p->sh[0].relay, h);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
   }
@@ -1221,8 +1269,9 @@ static bool read_reply(const upstream *u, ag_reply *out, reply *r) {
 
 /* The final request without tools: the reply, tool calls stripped. */
 static void final_without_tools(ag_proxy *p, const struct curl_slist *hdrs,
-                                const char *uri, const json_t *req,
-                                const ag_verdict *v, reply *r) {
+                                const char *uri, int client_fd,
+                                const json_t *req, const ag_verdict *v,
+                                reply *r) {
   json_t *b = without_tools(req);
   const bool stream =
       !r->anthropic && json_is_true(json_object_get(req, "stream"));
@@ -1245,7 +1294,7 @@ static void final_without_tools(ag_proxy *p, const struct curl_slist *hdrs,
     return;
   }
   upstream u;
-  send_upstream(p, hdrs, "POST", uri, body, len, true, &u);
+  send_upstream(p, hdrs, "POST", uri, body, len, true, client_fd, &u);
   free(body);
   if (upstream_failed(p, &u, r)) {
     upstream_free(&u);
@@ -1762,8 +1811,12 @@ static size_t on_stream_header(char *ptr, size_t size, size_t nmemb,
         }
       }
       pthread_mutex_unlock(&st->mu);
-      if (q != NULL)
+      if (q != NULL) {
+        /* libmicrohttpd watches the connection from now on: a client
+         * that leaves frees the response (stream_free) */
+        st->u.client_fd = -1;
         answer_stream(st, q);
+      }
     }
   }
   return n;
@@ -2142,7 +2195,7 @@ static void stream_nudge_anth(stream_st *st, nudge_job *nj) {
   memset(&r, 0, sizeof r);
   r.anthropic = true;
   if (!is_stop(act))
-    send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, &u);
+    send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, -1, &u);
   free(body);
   if (is_stop(act)) {
     /* v says why */
@@ -2284,7 +2337,7 @@ static void stream_nudge(stream_st *st, nudge_job *nj) {
   upstream u;
   memset(&u, 0, sizeof u);
   if (!is_stop(act))
-    send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, &u);
+    send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, -1, &u);
   free(body);
   reply r;
   memset(&r, 0, sizeof r);
@@ -2408,10 +2461,10 @@ static bool stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     st->body = copy;
   }
   st->x.h = curl_easy_init();
-  bool set =
-      st->x.h != NULL && copy != NULL &&
-      upstream_handle(p, q->client_hdrs, st->x.h, "POST", q->uri, st->body, len,
-                      st->orig != NULL, &st->u, &st->hdrs, &st->url);
+  bool set = st->x.h != NULL && copy != NULL &&
+             upstream_handle(p, q->client_hdrs, st->x.h, "POST", q->uri,
+                             st->body, len, st->orig != NULL, q->client_fd,
+                             &st->u, &st->hdrs, &st->url);
   for (const struct curl_slist *s = q->client_hdrs; set && s != NULL;
        s = s->next) {
     struct curl_slist *n = curl_slist_append(st->ch, s->data);
@@ -3629,7 +3682,7 @@ decided:
     event(p, final ? "final_request_without_tools" : "stopped_before_request",
           path, &v, NULL);
     if (final)
-      final_without_tools(p, q->client_hdrs, q->uri, req, &v, r);
+      final_without_tools(p, q->client_hdrs, q->uri, q->client_fd, req, &v, r);
     else
       set_stop_reply(p, req, &v, r);
     goto out;
@@ -3662,7 +3715,7 @@ decided:
     goto out;
   }
   send_upstream(p, q->client_hdrs, "POST", q->uri, fwd != NULL ? fwd : q->body,
-                fwd != NULL ? fwd_len : q->len, fwd != NULL, &u);
+                fwd != NULL ? fwd_len : q->len, fwd != NULL, q->client_fd, &u);
   if (upstream_failed(p, &u, r))
     goto out;
   if (u.status < 200 || u.status >= 300) {
@@ -3703,7 +3756,8 @@ decided:
     goto out;
   }
   upstream_free(&u);
-  send_upstream(p, q->client_hdrs, "POST", q->uri, body, len, true, &u);
+  send_upstream(p, q->client_hdrs, "POST", q->uri, body, len, true,
+                q->client_fd, &u);
   free(body);
   if (upstream_failed(p, &u, r))
     goto out;
@@ -3875,6 +3929,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
   (void)cls;
   req_ctx *q = calloc(1, sizeof(*q));
   if (q != NULL) {
+    q->client_fd = -1;
     q->uri = dupz(uri != NULL ? uri : "/");
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -3915,7 +3970,7 @@ static void *job_main(void *arg) {
   } else {
     upstream u;
     send_upstream(p, q->client_hdrs, q->method, q->uri, q->body, q->len, false,
-                  &u);
+                  q->client_fd, &u);
     if (!upstream_failed(p, &u, &q->r))
       pass_back(&u, &q->r);
     upstream_free(&u);
@@ -4317,6 +4372,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
   } else {
     q->sh = sh;
     q->c = c;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    q->client_fd = ci != NULL ? ci->connect_fd : -1;
     int here = decide_here(sh, c, q, path);
     if (here == 1)
       return MHD_YES; /* a stream: suspended, answered by the loop */

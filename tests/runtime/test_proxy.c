@@ -4,6 +4,9 @@
  * the client: every decision path of docs/proxy.md.
  */
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -3093,4 +3096,123 @@ Test(proxy, anthropic_stream_cut_off_ends_with_an_error_event) {
   cr_expect(strstr(r->body, "event: error") != NULL, "%s", r->body);
   free(r);
   free(body);
+}
+
+/* An upstream that takes connections and never answers; it counts the
+ * connections the proxy closes (read to their end). */
+typedef struct silent_up {
+  int lfd;
+  int port;
+  atomic_int accepted, closed;
+  atomic_bool quit;
+  pthread_t t;
+} silent_up;
+
+static void *silent_main(void *arg) {
+  silent_up *s = arg;
+  struct pollfd fds[33];
+  int n = 1;
+  fds[0] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+  while (!atomic_load(&s->quit)) {
+    if (poll(fds, (nfds_t)n, 50) <= 0)
+      continue;
+    for (int i = n - 1; i >= 1; i--) {
+      if (fds[i].revents == 0)
+        continue;
+      char buf[4096];
+      ssize_t r = read(fds[i].fd, buf, sizeof buf);
+      if (r <= 0) {
+        close(fds[i].fd);
+        fds[i] = fds[--n];
+        atomic_fetch_add(&s->closed, 1);
+      }
+    }
+    if ((fds[0].revents & POLLIN) && n < 33) {
+      int c = accept(s->lfd, NULL, NULL);
+      if (c >= 0) {
+        fds[n++] = (struct pollfd){.fd = c, .events = POLLIN};
+        atomic_fetch_add(&s->accepted, 1);
+      }
+    }
+  }
+  for (int i = 0; i < n; i++)
+    close(fds[i].fd);
+  return NULL;
+}
+
+static void silent_start(silent_up *s) {
+  memset(s, 0, sizeof *s);
+  s->lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert_eq(bind(s->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  cr_assert_eq(listen(s->lfd, 64), 0);
+  socklen_t sl = sizeof sa;
+  getsockname(s->lfd, (struct sockaddr *)&sa, &sl);
+  s->port = ntohs(sa.sin_port);
+  pthread_create(&s->t, NULL, silent_main, s);
+}
+
+static void silent_stop(silent_up *s) {
+  atomic_store(&s->quit, true);
+  pthread_join(s->t, NULL);
+}
+
+/* A client that sends `body` and gives up after `ms`. */
+static CURLcode impatient(const ag_proxy *p, const char *body, long ms) {
+  CURL *h = curl_easy_init();
+  char url[128];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/chat/completions",
+           (unsigned)ag_proxy_port(p));
+  resp r;
+  memset(&r, 0, sizeof r);
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rbody);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &r);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, ms);
+  CURLcode cc = curl_easy_perform(h);
+  curl_easy_cleanup(h);
+  return cc;
+}
+
+/* Clients that leave while the upstream has not answered: each one's
+ * upstream transfer ends within about a second (libcurl's progress
+ * callback watches the suspended client's socket), so its slot, worker
+ * and upstream connection are free again - before, they waited for the
+ * upstream or the 10-minute transfer limit, and --max-connections such
+ * clients locked every later one out. Plain and streamed requests. */
+Test(proxy, client_gone_while_upstream_silent_frees_everything) {
+  silent_up s;
+  silent_start(&s);
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1", s.port);
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = upstream_url;
+  o.cfg = test_cfg();
+  o.max_connections = 2;
+  ag_error_t err;
+  cr_assert_eq(ag_proxy_start(&P, &o, &err), AG_OK, "%s", err.msg);
+  char *plain = conversation(0, "read", "{}", "");
+  char *streamed = streaming(conversation(0, "read", "{}", ""));
+  for (int round = 0; round < 2; round++) {
+    int before = atomic_load(&s.closed);
+    cr_expect_eq(impatient(P, plain, 300), CURLE_OPERATION_TIMEDOUT);
+    cr_expect_eq(impatient(P, streamed, 300), CURLE_OPERATION_TIMEDOUT);
+    int64_t left = ag_now_ms();
+    while (atomic_load(&s.closed) < before + 2 && ag_now_ms() - left < 5000)
+      nap_ms(20);
+    cr_expect_geq(atomic_load(&s.closed), before + 2,
+                  "round %d: %d upstream transfers still open 5 s after "
+                  "their clients left",
+                  round, before + 2 - atomic_load(&s.closed));
+  }
+  cr_expect_eq(atomic_load(&s.accepted), 4);
+  free(plain);
+  free(streamed);
+  ag_proxy_stop(P);
+  P = NULL;
+  silent_stop(&s);
 }
