@@ -38,7 +38,16 @@ static void usage(FILE *f) {
       "  --events FILE          append the proxy's decisions as JSON Lines\n"
       "  --max-body BYTES       request body cap (default 8388608)\n"
       "  --max-connections N    client connections served at once, 1 to\n"
-      "                         65536 (default 512)\n"
+      "                         65536 (default 512); when all are taken, the\n"
+      "                         one idle longest gives way to a new one\n"
+      "  --max-connections-per-client N\n"
+      "                         per client address (default: a quarter of\n"
+      "                         --max-connections, loopback not capped)\n"
+      "  --idle-timeout S       a connection with no request (default 120)\n"
+      "  --header-timeout S     request line to the end of the headers\n"
+      "                         (default 10)\n"
+      "  --request-timeout S    request line to the end of the body\n"
+      "                         (default 120)\n"
       "  --client-key-env NAME  clients must send the key in $NAME as\n"
       "                         x-agentguard-key (required off loopback)\n"
       "\nSee docs/proxy.md.\n");
@@ -56,17 +65,25 @@ static int usage_error(const char *fmt, ...) {
 
 typedef struct proxy_args {
   const char *listen, *upstream, *openai_upstream, *preset, *config, *events,
-      *max_body, *key_env, *max_connections;
+      *max_body, *key_env, *max_connections, *per_client, *idle_timeout,
+      *header_timeout, *request_timeout;
 } proxy_args;
 
 static int parse_args(int argc, char **argv, proxy_args *a) {
   static const char *const names[] = {
-      "--listen",   "--upstream",       "--openai-upstream",
-      "--preset",   "--config",         "--events",
-      "--max-body", "--client-key-env", "--max-connections"};
-  const char **const slot[] = {&a->listen,   &a->upstream, &a->openai_upstream,
-                               &a->preset,   &a->config,   &a->events,
-                               &a->max_body, &a->key_env,  &a->max_connections};
+      "--listen",          "--upstream",
+      "--openai-upstream", "--preset",
+      "--config",          "--events",
+      "--max-body",        "--client-key-env",
+      "--max-connections", "--max-connections-per-client",
+      "--idle-timeout",    "--header-timeout",
+      "--request-timeout"};
+  const char **const slot[] = {
+      &a->listen,         &a->upstream,     &a->openai_upstream,
+      &a->preset,         &a->config,       &a->events,
+      &a->max_body,       &a->key_env,      &a->max_connections,
+      &a->per_client,     &a->idle_timeout, &a->header_timeout,
+      &a->request_timeout};
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -177,6 +194,34 @@ int cli_proxy(int argc, char **argv) {
       return usage_error("--max-connections %s: expected a number from 1 to %d",
                          a.max_connections, AG_PROXY_MAX_CONNECTIONS_LIMIT);
     o.max_connections = (int)v;
+  }
+  if (a.per_client != NULL) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(a.per_client, &end, 10);
+    if (end == a.per_client || *end != '\0' || errno != 0 || v < 1 ||
+        v > AG_PROXY_MAX_CONNECTIONS_LIMIT)
+      return usage_error("--max-connections-per-client %s: expected a number "
+                         "from 1 to --max-connections",
+                         a.per_client);
+    o.max_connections_per_client = (int)v;
+  }
+  const char *const tnames[] = {"--idle-timeout", "--header-timeout",
+                                "--request-timeout"};
+  const char *const tvals[] = {a.idle_timeout, a.header_timeout,
+                               a.request_timeout};
+  int64_t *const touts[] = {&o.idle_timeout_ms, &o.header_timeout_ms,
+                            &o.request_timeout_ms};
+  for (int i = 0; i < 3; i++) {
+    if (tvals[i] == NULL)
+      continue;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(tvals[i], &end, 10);
+    if (end == tvals[i] || *end != '\0' || errno != 0 || v < 1 || v > 86400)
+      return usage_error("%s %s: expected seconds from 1 to 86400", tnames[i],
+                         tvals[i]);
+    *touts[i] = (int64_t)v * 1000;
   }
   if (a.key_env != NULL) {
     const char *k = getenv(a.key_env);

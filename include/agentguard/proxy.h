@@ -49,6 +49,9 @@
 
 #define AG_PROXY_MAX_BODY_DEFAULT (8u << 20)
 #define AG_PROXY_MAX_CONNECTIONS 512
+#define AG_PROXY_IDLE_TIMEOUT_MS 120000
+#define AG_PROXY_HEADER_TIMEOUT_MS 10000
+#define AG_PROXY_REQUEST_TIMEOUT_MS 120000
 /* The highest max_connections accepted: one thread and one descriptor (two
  * with the upstream's) each, so the process's RLIMIT_NOFILE must allow it. */
 #define AG_PROXY_MAX_CONNECTIONS_LIMIT 65536
@@ -77,6 +80,22 @@ typedef struct ag_proxy_opts {
    * under load, stalls every thread that opens a descriptor for an RCU
    * grace period (about 10 ms). */
   int max_connections;
+  /* Connections one client address may hold (--max-connections-per-
+   * client), 0 to max_connections. 0: a quarter of max_connections (at
+   * least 1) for addresses off this machine, and no cap for loopback
+   * addresses (every local client shares one: the cap would be on the proxy
+   * itself); given, it applies to every address. Past it the address's own
+   * oldest idle connection gives way, or the new one gets a 503. */
+  int max_connections_per_client;
+  /* Deadlines that do not move with each byte (a client sending one byte a
+   * second would otherwise hold its slot for ever), in ms; 0: the default.
+   * idle: a connection with no request under way, before the request line
+   * (default 120000); header: from the request line to the end of the
+   * headers (default 10000); request: from the request line to the end of
+   * the body (default 120000). A connection past one is closed. When every
+   * slot is taken, the connection waiting longest without a request under
+   * way gives its slot to a new one (docs/security.md, "The proxy"). */
+  int64_t idle_timeout_ms, header_timeout_ms, request_timeout_ms;
   /* The key clients must send in "x-agentguard-key" (never forwarded), or
    * NULL: none. Required when listen_host is not a loopback address. */
   const char *client_key;

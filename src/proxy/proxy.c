@@ -75,6 +75,7 @@
 #include <openssl/crypto.h>
 
 #include "../core/internal.h"
+#include "conns.h"
 #include "relay.h"
 #include "target.h"
 #include "../providers/internal.h"
@@ -129,7 +130,9 @@ struct ag_proxy {
   shard sh[SHARDS_MAX];
   unsigned n_sh;
   unsigned max_conns;      /* --max-connections, over every loop */
-  atomic_uint conns;       /* client connections open */
+  unsigned per_client;     /* --max-connections-per-client */
+  ag__conns *conns;        /* every client connection (conns.h) */
+  atomic_llong next_sweep; /* when a loop next sweeps conns (mono_ms) */
   pthread_mutex_t jobs_mu; /* the requests' threads (worker_main) */
   pthread_cond_t jobs_cv;  /* jobs or workers down to 0 */
   pthread_cond_t work_cv;  /* a request queued for an idle worker */
@@ -178,8 +181,9 @@ typedef struct req_ctx {
   char *body;
   size_t len, cap;
   bool too_big;
-  bool begun;    /* the handler has seen the headers */
-  bool too_many; /* its connection is past --max-connections */
+  bool begun;                /* the handler has seen the headers */
+  ag__conn *conn;            /* its connection's entry (conns.h), or NULL */
+  ag__conn_refusal too_many; /* its connection is refused a slot */
   /* from the handler's last call on: */
   bool job;                 /* the request went to a worker */
   struct req_ctx *next_job; /* in the workers' queue */
@@ -316,14 +320,29 @@ static void event(ag_proxy *p, const char *decision, const char *path,
   }
   char *line = json_dumps(o, JSON_COMPACT);
   json_decref(o);
-  if (line == NULL)
+  size_t n = line != NULL ? strlen(line) : 0;
+  char *whole = line != NULL ? realloc(line, n + 1) : NULL;
+  if (whole == NULL) {
+    free(line);
     return;
+  }
+  whole[n++] = '\n';
+  /* the line and its newline in one write(2), past anything the FILE
+   * still buffers: a crash loses at most the line being written, never
+   * cuts one that a reader already sees (docs/events.md) */
   pthread_mutex_lock(&p->ev_mu);
-  fputs(line, p->events);
-  fputc('\n', p->events);
   fflush(p->events);
+  int fd = fileno(p->events);
+  for (size_t off = 0; fd >= 0 && off < n;) {
+    ssize_t w = write(fd, whole + off, n - off);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      break;
+    off += (size_t)w;
+  }
   pthread_mutex_unlock(&p->ev_mu);
-  free(line);
+  free(whole);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -3905,24 +3924,35 @@ static bool key_ok(const ag_proxy *p, struct MHD_Connection *c) {
   return k != NULL && strlen(k) == n && CRYPTO_memcmp(k, p->client_key, n) == 0;
 }
 
-/* The mark of a connection past --max-connections (its socket context). */
-static char over_limit;
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
-/* Counts the client connections of every loop: each daemon may hold
- * --max-connections itself, so the limit over all of them is kept here;
- * a request on a connection past it gets a 503 and the connection is
- * closed. */
+/* Every loop's client connections go into one table (conns.c): each
+ * daemon may hold --max-connections itself, so the limit over all of them,
+ * the cap per client address and the deadlines are kept there. A
+ * connection refused a slot (or that the table cannot hold) gets a 503 on
+ * its first request and is closed. */
 static void on_connection(void *cls, struct MHD_Connection *c,
                           void **socket_ctx,
                           enum MHD_ConnectionNotificationCode code) {
-  (void)c;
   ag_proxy *p = ((shard *)cls)->p;
-  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-    if (atomic_fetch_add(&p->conns, 1) >= p->max_conns)
-      *socket_ctx = &over_limit;
-  } else {
-    atomic_fetch_sub(&p->conns, 1);
+  if (code != MHD_CONNECTION_NOTIFY_STARTED) {
+    ag__conns_close(p->conns, *socket_ctx); /* before its socket closes */
+    *socket_ctx = NULL;
+    return;
   }
+  const union MHD_ConnectionInfo *fi =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  const union MHD_ConnectionInfo *ai =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  ag__conn_refusal why = AG__CONN_OVER_MAX;
+  *socket_ctx = fi == NULL ? NULL
+                           : ag__conns_open(p->conns, fi->connect_fd,
+                                            ai != NULL ? ai->client_addr : NULL,
+                                            mono_ms(), &why);
 }
 
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
@@ -3933,7 +3963,9 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
     q->uri = dupz(uri != NULL ? uri : "/");
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    q->too_many = ci != NULL && ci->socket_context == &over_limit;
+    q->conn = ci != NULL ? ci->socket_context : NULL;
+    q->too_many = ag__conn_refused(q->conn);
+    ag__conns_state(q->conn, AG__CONN_HEADERS, mono_ms());
   }
   return q;
 }
@@ -4289,10 +4321,16 @@ static bool refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q) {
   char path[2048];
   uri_path(ok ? q->uri : "/", path, sizeof path);
   q->r.anthropic = anthropic_path(path);
-  if (q->too_many) {
+  if (q->too_many == AG__CONN_OVER_PER_CLIENT) {
     set_error(&q->r, 503, "server_error", "too_many_connections",
-              "agentguard proxy: more than %u client connections are open "
-              "(--max-connections)",
+              "agentguard proxy: this address has %u connections open, each "
+              "serving a request (--max-connections-per-client)",
+              p->per_client);
+    q->r.close = true;
+  } else if (q->too_many != AG__CONN_ADMITTED) {
+    set_error(&q->r, 503, "server_error", "too_many_connections",
+              "agentguard proxy: more than %u client connections are open, "
+              "each serving a request (--max-connections)",
               p->max_conns);
     q->r.close = true;
   } else if (!key_ok(p, c)) {
@@ -4328,6 +4366,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
     /* The headers are in, the body comes next: whatever can refuse the
      * request is checked now, before a byte of the body is read. */
     q->begun = true;
+    ag__conns_state(q->conn, AG__CONN_BODY, mono_ms());
     if (!refused(p, c, q))
       return MHD_YES;
     enum MHD_Result ret = send_reply(c, &q->r);
@@ -4361,6 +4400,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
   }
   char path[2048];
   uri_path(q->uri, path, sizeof path);
+  ag__conns_state(q->conn, AG__CONN_BUSY, mono_ms());
   if (q->too_big) {
     set_error(&q->r, 413, "invalid_request_error", "body_too_large",
               "agentguard proxy: the request body is larger than %zu bytes "
@@ -4393,6 +4433,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   (void)toe;
   req_ctx *q = *con_cls;
   if (q != NULL) {
+    ag__conns_state(q->conn, AG__CONN_IDLE, mono_ms());
     reply_free(&q->r);
     if (q->st != NULL)
       stream_free(q->st);
@@ -4405,16 +4446,35 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
   *con_cls = NULL;
 }
 
-/* The relay's hook: the daemon's work, on the relay's thread. */
+/* The relay's hook: the daemon's work, on the relay's thread; and, when
+ * it is due, the sweep of every loop's connections past their deadlines
+ * (conns.h), by whichever loop comes first. */
 static void mhd_run(void *user) {
-  MHD_run(user);
+  shard *sh = user;
+  ag_proxy *p = sh->p;
+  MHD_run(sh->d);
+  int64_t now = mono_ms();
+  long long due = atomic_load(&p->next_sweep);
+  if (now >= due &&
+      atomic_compare_exchange_strong(&p->next_sweep, &due,
+                                     now + ag__conns_period_ms(p->conns)))
+    ag__conns_sweep(p->conns, now);
 }
 
+/* How long the loop may wait: libmicrohttpd's next timeout, and while
+ * connections are open, no longer than the sweep's period. */
 static long mhd_timeout(void *user) {
+  shard *sh = user;
   MHD_UNSIGNED_LONG_LONG t = 0;
-  if (MHD_get_timeout(user, &t) != MHD_YES)
-    return -1;
-  return t > 60000 ? 60000 : (long)t;
+  long ms = MHD_get_timeout(sh->d, &t) != MHD_YES ? -1
+            : t > 60000                           ? 60000
+                                                  : (long)t;
+  if (ag__conns_count(sh->p->conns) > 0) {
+    long period = ag__conns_period_ms(sh->p->conns);
+    if (ms < 0 || ms > period)
+      ms = period;
+  }
+  return ms;
 }
 
 static void quiet_log(void *cls, const char *fmt, va_list ap) {
@@ -4520,7 +4580,7 @@ static bool start_shards(ag_proxy *p, int lfd, unsigned limit) {
     const union MHD_DaemonInfo *ep =
         MHD_get_daemon_info(sh->d, MHD_DAEMON_INFO_EPOLL_FD);
     if (ep != NULL) {
-      ag__relay_hook hook = {ep->epoll_fd, mhd_run, mhd_timeout, sh->d};
+      ag__relay_hook hook = {ep->epoll_fd, mhd_run, mhd_timeout, sh};
       sh->relay = ag__relay_start(UP_POOL_MAX, &hook);
       /* NULL when out of memory: every chunk is then read as a tree */
       sh->ct = sh->relay != NULL ? chunk_tape_new() : NULL;
@@ -4682,6 +4742,7 @@ static void proxy_free(ag_proxy *p) {
   }
   free(p->secret_buf);
   curl_url_cleanup(p->up);
+  ag__conns_free(p->conns);
   free(p->up_path);
   free(p->up_shown);
   free(p);
@@ -4718,6 +4779,21 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
     return fail(err, AG_EINVAL,
                 "--max-connections %d: expected a number from 1 to %d",
                 o->max_connections, AG_PROXY_MAX_CONNECTIONS_LIMIT);
+  unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections
+                                          : AG_PROXY_MAX_CONNECTIONS;
+  if (o->max_connections_per_client < 0 ||
+      (unsigned)o->max_connections_per_client > limit)
+    return fail(err, AG_EINVAL,
+                "--max-connections-per-client %d: expected a number from 1 to "
+                "%u (--max-connections)",
+                o->max_connections_per_client, limit);
+  if (o->idle_timeout_ms < 0 || o->header_timeout_ms < 0 ||
+      o->request_timeout_ms < 0)
+    return fail(err, AG_EINVAL,
+                "a connection timeout is negative (idle %lld, header %lld, "
+                "request %lld ms)",
+                (long long)o->idle_timeout_ms, (long long)o->header_timeout_ms,
+                (long long)o->request_timeout_ms);
   ag_guard *probe = NULL;
   ag_err_t grc = ag_guard_new(&probe, &o->cfg, NULL, err);
   ag_guard_free(probe);
@@ -4746,8 +4822,28 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   pthread_cond_init(&p->jobs_cv, NULL);
   pthread_cond_init(&p->work_cv, NULL);
   atomic_init(&p->ids, 1);
-  unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections
-                                          : AG_PROXY_MAX_CONNECTIONS;
+  ag__conns_limits cl = {
+      .max = limit,
+      .per_client = o->max_connections_per_client > 0
+                        ? (unsigned)o->max_connections_per_client
+                        : (limit / 4 > 0 ? limit / 4 : 1),
+      .per_client_loopback = o->max_connections_per_client > 0,
+      .idle_ms = o->idle_timeout_ms > 0 ? o->idle_timeout_ms
+                                        : AG_PROXY_IDLE_TIMEOUT_MS,
+      .header_ms = o->header_timeout_ms > 0 ? o->header_timeout_ms
+                                            : AG_PROXY_HEADER_TIMEOUT_MS,
+      .request_ms = o->request_timeout_ms > 0 ? o->request_timeout_ms
+                                              : AG_PROXY_REQUEST_TIMEOUT_MS};
+  p->per_client = cl.per_client;
+  p->conns = ag__conns_new(&cl, shard_count() * (limit + CONN_SLACK));
+  if (p->conns == NULL) {
+    pthread_mutex_destroy(&p->ev_mu);
+    pthread_mutex_destroy(&p->jobs_mu);
+    pthread_cond_destroy(&p->jobs_cv);
+    pthread_cond_destroy(&p->work_cv);
+    proxy_free(p);
+    return fail(err, AG_ENOMEM, "out of memory");
+  }
   int e = 0;
   int lfd = listen_on(&sa, &e);
   if (lfd >= 0)

@@ -4,6 +4,7 @@
  * the client: every decision path of docs/proxy.md.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -1674,7 +1675,10 @@ Test(proxy, upstream_connection_is_used_again) {
 
 /* --max-connections holds over every event loop: with a limit of 1, a
  * second client connection gets a 503 while the first one is open. */
-Test(proxy, connections_past_the_limit_get_503) {
+/* An idle connection (kept open by its client after its request) gives
+ * its slot to a new one: each new client is served, and the first one's
+ * client reconnects and is served too. */
+Test(proxy, idle_connection_gives_its_slot_to_a_new_one) {
   ag_proxy_stop(P);
   ag_proxy_opts o;
   ag_proxy_opts_init(&o);
@@ -1690,24 +1694,15 @@ Test(proxy, connections_past_the_limit_get_503) {
   resp *r = call_on(first, P, "GET", "/v1/models", NULL, NULL);
   cr_expect_eq(r->status, 200, "%s", r->body);
   free(r);
-  /* the first connection is still open (kept by its client) */
   for (int i = 0; i < 4; i++) {
     r = call(P, "GET", "/v1/models", NULL, NULL);
-    cr_expect_eq(r->status, 503, "%s", r->body);
-    cr_expect(strstr(r->body, "too_many_connections") != NULL, "%s", r->body);
+    cr_expect_eq(r->status, 200, "%d: %s", i, r->body);
     free(r);
   }
-  curl_easy_cleanup(first); /* closes it */
-  /* the count goes down when a connection closes: a new one is served */
-  bool served = false;
-  for (int i = 0; i < 50 && !served; i++) {
-    r = call(P, "GET", "/v1/models", NULL, NULL);
-    served = r->status == 200;
-    free(r);
-    if (!served)
-      nap_ms(20);
-  }
-  cr_expect(served, "no request was served after the first client left");
+  r = call_on(first, P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  free(r);
+  curl_easy_cleanup(first);
 }
 
 /* ---- Anthropic Messages (/v1/messages) --------------------------------- */
@@ -2145,6 +2140,15 @@ Test(proxy, cli_refuses_bad_options) {
       cli("--upstream http://127.0.0.1:1 --preset nosuch", err, sizeof err), 2);
   cr_expect_eq(cli("--upstream ftp://x", err, sizeof err), 2);
   cr_expect(strstr(err, "http://") != NULL, "%s", err);
+  cr_expect_eq(
+      cli("--upstream http://127.0.0.1:1 --header-timeout 0", err, sizeof err),
+      2);
+  cr_expect(strstr(err, "--header-timeout 0") != NULL, "%s", err);
+  cr_expect_eq(cli("--upstream http://127.0.0.1:1 --max-connections 4 "
+                   "--max-connections-per-client 9",
+                   err, sizeof err),
+               2);
+  cr_expect(strstr(err, "--max-connections-per-client 9") != NULL, "%s", err);
 }
 
 Test(proxy, upstream_reply_of_wrong_shape_is_502) {
@@ -3215,4 +3219,162 @@ Test(proxy, client_gone_while_upstream_silent_frees_everything) {
   ag_proxy_stop(P);
   P = NULL;
   silent_stop(&s);
+}
+
+typedef struct impatient_arg {
+  const ag_proxy *p;
+  const char *body;
+  long ms;
+  CURLcode cc;
+} impatient_arg;
+
+static void *impatient_main(void *arg) {
+  impatient_arg *a = arg;
+  a->cc = impatient(a->p, a->body, a->ms);
+  return NULL;
+}
+
+/* A connection whose request is under way keeps its slot: past
+ * --max-connections new ones get a 503 (and are closed); once the first
+ * client leaves, the slot is free again. */
+Test(proxy, connections_past_the_limit_get_503) {
+  silent_up s;
+  silent_start(&s);
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1", s.port);
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = upstream_url;
+  o.cfg = test_cfg();
+  o.max_connections = 1;
+  ag_error_t err;
+  cr_assert_eq(ag_proxy_start(&P, &o, &err), AG_OK, "%s", err.msg);
+  char *plain = conversation(0, "read", "{}", "");
+  impatient_arg a = {P, plain, 1500, CURLE_OK};
+  pthread_t t;
+  pthread_create(&t, NULL, impatient_main, &a);
+  while (atomic_load(&s.accepted) < 1)
+    nap_ms(10);
+  for (int i = 0; i < 4; i++) {
+    resp *r = call(P, "GET", "/v1/models", NULL, NULL);
+    cr_expect_eq(r->status, 503, "%s", r->body);
+    cr_expect(strstr(r->body, "too_many_connections") != NULL, "%s", r->body);
+    free(r);
+  }
+  pthread_join(t, NULL);
+  cr_expect_eq(a.cc, CURLE_OPERATION_TIMEDOUT);
+  /* the slot is free once the first client has left: a new request is
+   * taken (it waits for the silent upstream: no 503) */
+  bool taken = false;
+  for (int i = 0; i < 50 && !taken; i++) {
+    taken = impatient(P, plain, 200) == CURLE_OPERATION_TIMEDOUT;
+    if (!taken)
+      nap_ms(50);
+  }
+  cr_expect(taken, "no request was taken after the first client left");
+  free(plain);
+  ag_proxy_stop(P);
+  P = NULL;
+  silent_stop(&s);
+}
+
+/* A plain TCP connection to the proxy that sends `what` (may be NULL). */
+static int raw_connect(const ag_proxy *p, const char *what) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_port = htons(ag_proxy_port(p)),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  if (fd >= 0 && what != NULL)
+    cr_expect_eq(write(fd, what, strlen(what)), (ssize_t)strlen(what));
+  return fd;
+}
+
+/* Whether the proxy has closed fd (read gives its end or a reset). */
+static bool closed_by_peer(int fd) {
+  char b[256];
+  struct pollfd pf = {.fd = fd, .events = POLLIN};
+  if (poll(&pf, 1, 0) != 1)
+    return false;
+  ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+/* Idle connections and slowloris clients (one header byte every 100 ms,
+ * never done) hold every slot: a legitimate client is still served at
+ * once (the one waiting longest gives way), and the slow ones are closed at
+ * their deadlines (which a byte does not move). */
+Test(proxy, idle_and_slowloris_connections_cannot_lock_clients_out) {
+  ag_proxy_stop(P);
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = upstream_url;
+  o.cfg = test_cfg();
+  o.max_connections = 8;
+  o.header_timeout_ms = 600;
+  o.idle_timeout_ms = 600;
+  ag_error_t err;
+  cr_assert_eq(ag_proxy_start(&P, &o, &err), AG_OK, "%s", err.msg);
+  canned_add(200, "{\"data\":[]}");
+  enum { N_IDLE = 200, N_SLOW = 8 };
+  int idle[N_IDLE], slow[N_SLOW];
+  for (int i = 0; i < N_IDLE; i++)
+    idle[i] = raw_connect(P, NULL);
+  for (int i = 0; i < N_SLOW; i++)
+    slow[i] = raw_connect(P, "GET /v1/models HTTP/1.1\r\nHost: x\r\n");
+  nap_ms(100);
+  int64_t t0 = ag_now_ms();
+  resp *r = call(P, "GET", "/v1/models", NULL, NULL);
+  int64_t took = ag_now_ms() - t0;
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect_lt(took, 1000, "served after %lld ms", (long long)took);
+  free(r);
+  /* the slow ones keep sending; their deadline holds */
+  int gone = 0;
+  for (int k = 0; k < 40 && gone < N_SLOW; k++) {
+    nap_ms(100);
+    gone = 0;
+    for (int i = 0; i < N_SLOW; i++) {
+      if (slow[i] >= 0 && closed_by_peer(slow[i])) {
+        close(slow[i]);
+        slow[i] = -1;
+      }
+      if (slow[i] < 0)
+        gone++;
+      else if (send(slow[i], "X", 1, MSG_NOSIGNAL) < 0) {
+        close(slow[i]);
+        slow[i] = -1;
+      }
+    }
+  }
+  cr_expect_eq(gone, N_SLOW, "%d of %d slow clients still connected",
+               N_SLOW - gone, N_SLOW);
+  for (int i = 0; i < N_IDLE; i++)
+    if (idle[i] >= 0)
+      close(idle[i]);
+  for (int i = 0; i < N_SLOW; i++)
+    if (slow[i] >= 0)
+      close(slow[i]);
+}
+
+/* The client key is checked as soon as the headers are in: a client
+ * without it is answered 401 before its body is read, and closed. */
+Test(proxy, client_key_is_checked_before_the_body) {
+  ag_proxy_stop(P);
+  P = proxy_with(test_cfg(), 0, "k3y-for-clients");
+  int fd = raw_connect(P, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                          "Content-Length: 1000000\r\n\r\n{");
+  char buf[512] = {0};
+  struct pollfd pf = {.fd = fd, .events = POLLIN};
+  cr_assert_eq(poll(&pf, 1, 5000), 1, "no answer before the body");
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  cr_expect_gt(n, 12);
+  cr_expect(strncmp(buf, "HTTP/1.1 401", 12) == 0, "%s", buf);
+  close(fd);
+  cr_expect_eq(n_upstream(), 0);
 }
