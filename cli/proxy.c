@@ -48,6 +48,9 @@ static void usage(FILE *f) {
       "                         (default 10)\n"
       "  --request-timeout S    request line to the end of the body\n"
       "                         (default 120)\n"
+      "  --max-buffered BYTES   guarded replies held whole at once, over all\n"
+      "                         connections (default 268435456); past it a\n"
+      "                         reply waits for another to be sent\n"
       "  --client-key-env NAME  clients must send the key in $NAME as\n"
       "                         x-agentguard-key (required off loopback)\n"
       "\nSee docs/proxy.md.\n");
@@ -66,7 +69,7 @@ static int usage_error(const char *fmt, ...) {
 typedef struct proxy_args {
   const char *listen, *upstream, *openai_upstream, *preset, *config, *events,
       *max_body, *key_env, *max_connections, *per_client, *idle_timeout,
-      *header_timeout, *request_timeout;
+      *header_timeout, *request_timeout, *max_buffered;
 } proxy_args;
 
 static int parse_args(int argc, char **argv, proxy_args *a) {
@@ -77,13 +80,13 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
       "--max-body",        "--client-key-env",
       "--max-connections", "--max-connections-per-client",
       "--idle-timeout",    "--header-timeout",
-      "--request-timeout"};
+      "--request-timeout", "--max-buffered"};
   const char **const slot[] = {
-      &a->listen,         &a->upstream,     &a->openai_upstream,
-      &a->preset,         &a->config,       &a->events,
-      &a->max_body,       &a->key_env,      &a->max_connections,
-      &a->per_client,     &a->idle_timeout, &a->header_timeout,
-      &a->request_timeout};
+      &a->listen,          &a->upstream,     &a->openai_upstream,
+      &a->preset,          &a->config,       &a->events,
+      &a->max_body,        &a->key_env,      &a->max_connections,
+      &a->per_client,      &a->idle_timeout, &a->header_timeout,
+      &a->request_timeout, &a->max_buffered};
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -184,6 +187,16 @@ int cli_proxy(int argc, char **argv) {
                          "1073741824",
                          a.max_body);
     o.max_body = (size_t)v;
+  }
+  if (a.max_buffered != NULL) {
+    char *end = NULL;
+    unsigned long long v = strtoull(a.max_buffered, &end, 10);
+    if (end == a.max_buffered || *end != '\0' || v < (1ull << 20) ||
+        v > (1ull << 40) || a.max_buffered[0] == '-')
+      return usage_error("--max-buffered %s: expected a number of bytes from "
+                         "1048576 to 1099511627776",
+                         a.max_buffered);
+    o.max_buffered = (size_t)v;
   }
   if (a.max_connections != NULL) {
     char *end = NULL;

@@ -55,8 +55,13 @@
 /* The highest max_connections accepted: one thread and one descriptor (two
  * with the upstream's) each, so the process's RLIMIT_NOFILE must allow it. */
 #define AG_PROXY_MAX_CONNECTIONS_LIMIT 65536
-/* An upstream response body kept (pass-through or guarded): past it, 502. */
+/* A guarded reply that is not streamed is read whole before it is checked:
+ * past this size, 502. Passed-through bodies and streams are relayed as
+ * they come, never held whole. */
 #define AG_PROXY_UPSTREAM_MAX (32u << 20)
+/* The bytes of such replies held at once, over every connection
+ * (max_buffered); past it a reply waits for another to be sent. */
+#define AG_PROXY_MAX_BUFFERED_DEFAULT ((size_t)256 << 20)
 
 typedef struct ag_proxy_opts {
   const char *listen_host; /* an IPv4 address; NULL: 127.0.0.1 */
@@ -101,6 +106,12 @@ typedef struct ag_proxy_opts {
   const char *client_key;
   FILE *events; /* JSON Lines of the proxy's decisions, or NULL */
   int64_t upstream_timeout_ms; /* whole upstream request; 0: 600000 */
+  /* The bytes of guarded replies held whole at once (--max-buffered):
+   * a reply that would take more waits (its transfer paused) until
+   * another has been sent, except when no other could give bytes back:
+   * then one goes past it, so memory for them stays under max_buffered +
+   * AG_PROXY_UPSTREAM_MAX. 0: AG_PROXY_MAX_BUFFERED_DEFAULT. */
+  size_t max_buffered;
 } ag_proxy_opts;
 
 /* Fills the defaults (loopback, port 8787, the default preset). */

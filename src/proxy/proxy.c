@@ -75,6 +75,7 @@
 #include <openssl/crypto.h>
 
 #include "../core/internal.h"
+#include "budget.h"
 #include "conns.h"
 #include "relay.h"
 #include "target.h"
@@ -133,6 +134,7 @@ struct ag_proxy {
   unsigned per_client;     /* --max-connections-per-client */
   ag__conns *conns;        /* every client connection (conns.h) */
   atomic_llong next_sweep; /* when a loop next sweeps conns (mono_ms) */
+  ag__budget *budget;      /* bytes of bodies held whole (budget.h) */
   pthread_mutex_t jobs_mu; /* the requests' threads (worker_main) */
   pthread_cond_t jobs_cv;  /* jobs or workers down to 0 */
   pthread_cond_t work_cv;  /* a request queued for an idle worker */
@@ -167,6 +169,8 @@ typedef struct reply {
   unsigned status;
   char *body; /* owned */
   size_t len;
+  ag__budget *bud; /* `held` bytes of it are taken from bud (budget.h) */
+  size_t held;
   const char *ctype;          /* static */
   struct curl_slist *headers; /* "Name: value" from the upstream, or NULL */
   const char *stop;           /* x-agentguard-stop, or NULL */
@@ -211,8 +215,16 @@ static char *dupz(const char *s) {
   return d;
 }
 
-static void set_json(reply *r, unsigned status, json_t *o) {
+/* The reply's body let go of, and what it held of the budget. */
+static void reply_drop_body(reply *r) {
   free(r->body);
+  r->body = NULL;
+  ag__budget_release(r->bud, r->held);
+  r->held = 0;
+}
+
+static void set_json(reply *r, unsigned status, json_t *o) {
+  reply_drop_body(r);
   r->status = status;
   r->ctype = "application/json";
   r->body = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -266,9 +278,15 @@ static ag_err_t fail(ag_error_t *err, ag_err_t code, const char *fmt, ...)
     ;
 
 static void reply_free(reply *r) {
-  free(r->body);
+  reply_drop_body(r);
   curl_slist_free_all(r->headers);
   memset(r, 0, sizeof(*r));
+}
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static int64_t wall_ms(void) {
@@ -362,7 +380,29 @@ typedef struct upstream {
    * connection is suspended, watched by on_progress; -1: none */
   int client_fd;
   bool client_left; /* it closed: the transfer was ended for that */
+  /* the body's bytes taken from the budget (budget.h): `held`; when the
+   * budget is spent, a transfer run by send_upstream pauses with `want`
+   * set and its thread waits for the bytes (sync); any other one ends
+   * with `no_budget` */
+  ag__budget *bud;
+  size_t held, want;
+  struct sync_run *sync;
+  bool no_budget;
 } upstream;
+
+/* A transfer run to its end for a thread that waits (send_upstream): its
+ * done, and a paused body's wait for the budget, handed to that thread. */
+typedef struct sync_run {
+  ag__relay_xfer x;
+  ag__relay_op op; /* the unpause once the budget's bytes are taken */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done, op_out;
+  CURLcode cc;
+} sync_run;
+
+/* Bodies take the budget in steps of this many bytes. */
+#define BUDGET_STEP (64u << 10)
 
 static const char *const hop_by_hop[] = {"connection",
                                          "keep-alive",
@@ -392,6 +432,24 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *user) {
   if (u->len + n > AG_PROXY_UPSTREAM_MAX) {
     u->too_big = true;
     return 0; /* ends the transfer */
+  }
+  size_t need = u->len + n + 1;
+  if (u->bud != NULL && need > u->held) {
+    size_t want =
+        (need + BUDGET_STEP - 1) / BUDGET_STEP * BUDGET_STEP - u->held;
+    if (!ag__budget_try(u->bud, want, u->held)) {
+      if (u->sync == NULL) {
+        u->no_budget = true;
+        return 0;
+      }
+      /* paused: libcurl hands the same bytes again after the unpause */
+      pthread_mutex_lock(&u->sync->mu);
+      u->want = want;
+      pthread_cond_signal(&u->sync->cv);
+      pthread_mutex_unlock(&u->sync->mu);
+      return CURL_WRITEFUNC_PAUSE;
+    }
+    u->held += want;
   }
   if (u->len + n + 1 > u->cap) {
     size_t cap = u->cap ? u->cap : 4096;
@@ -555,6 +613,7 @@ static bool upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
   memset(u, 0, sizeof(*u));
   u->cc = CURLE_OUT_OF_MEMORY;
   u->client_fd = client_fd;
+  u->bud = p->budget;
   *url = upstream_url(p, uri);
   struct curl_slist *list = NULL;
   bool failed = false;
@@ -625,6 +684,63 @@ static bool upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
  * filled. */
 static _Thread_local ag__relay *tl_relay;
 
+static void sync_done(ag__relay_xfer *x, CURLcode cc) {
+  sync_run *sr = x->user;
+  pthread_mutex_lock(&sr->mu);
+  sr->cc = cc;
+  sr->done = true;
+  pthread_cond_signal(&sr->cv);
+  pthread_mutex_unlock(&sr->mu);
+}
+
+static void sync_op_taken(void *user) {
+  sync_run *sr = user;
+  pthread_mutex_lock(&sr->mu);
+  sr->op_out = false;
+  pthread_cond_signal(&sr->cv);
+  pthread_mutex_unlock(&sr->mu);
+}
+
+/* Runs h on the relay and waits for its end (ag__relay_run's way), taking
+ * the budget's bytes here, on this thread, when its body pauses for them:
+ * the loop never waits. Returns when the transfer has ended and no
+ * request for it is left in the relay's queue. */
+static CURLcode sync_run_xfer(ag__relay *r, CURL *h, upstream *u) {
+  sync_run sr;
+  memset(&sr, 0, sizeof sr);
+  sr.x.h = h;
+  sr.x.done = sync_done;
+  sr.x.user = &sr;
+  sr.op.taken = sync_op_taken;
+  sr.op.user = &sr;
+  pthread_mutex_init(&sr.mu, NULL);
+  pthread_cond_init(&sr.cv, NULL);
+  u->sync = &sr;
+  ag__relay_add(r, &sr.x);
+  pthread_mutex_lock(&sr.mu);
+  while (!sr.done || sr.op_out) {
+    if (u->want > 0 && !sr.done && !sr.op_out) {
+      size_t want = u->want;
+      pthread_mutex_unlock(&sr.mu);
+      ag__budget_wait(u->bud, want, u->held);
+      pthread_mutex_lock(&sr.mu);
+      u->held += want;
+      u->want = 0;
+      sr.op_out = true;
+      pthread_mutex_unlock(&sr.mu);
+      ag__relay_unpause(r, &sr.x, &sr.op);
+      pthread_mutex_lock(&sr.mu);
+      continue;
+    }
+    pthread_cond_wait(&sr.cv, &sr.mu);
+  }
+  pthread_mutex_unlock(&sr.mu);
+  u->sync = NULL;
+  pthread_cond_destroy(&sr.cv);
+  pthread_mutex_destroy(&sr.mu);
+  return sr.cc;
+}
+
 /* One whole request upstream (see upstream_handle), run on the relay while
  * this thread waits. */
 static void send_upstream(ag_proxy *p, const struct curl_slist *ch,
@@ -641,7 +757,7 @@ static void send_upstream(ag_proxy *p, const struct curl_slist *ch,
   }
   if (upstream_handle(p, ch, h, method, uri, body, len, json_body, client_fd, u,
                       &hdrs, &url)) {
-    u->cc = ag__relay_run(tl_relay != NULL ? tl_relay : p->sh[0].relay, h);
+    u->cc = sync_run_xfer(tl_relay != NULL ? tl_relay : p->sh[0].relay, h, u);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
   }
   curl_easy_cleanup(h);
@@ -650,6 +766,7 @@ static void send_upstream(ag_proxy *p, const struct curl_slist *ch,
 }
 
 static void upstream_free(upstream *u) {
+  ag__budget_release(u->bud, u->held);
   free(u->body);
   curl_slist_free_all(u->headers);
   memset(u, 0, sizeof(*u));
@@ -657,6 +774,12 @@ static void upstream_free(upstream *u) {
 
 /* A failed transfer as a 502, else false. */
 static bool upstream_failed(ag_proxy *p, const upstream *u, reply *r) {
+  if (u->no_budget) {
+    set_error(r, 503, "server_error", "proxy_memory_full",
+              "agentguard proxy: the replies held whole take all of "
+              "--max-buffered; ask again");
+    return true;
+  }
   if (u->too_big) {
     set_error(r, 502, "upstream_error", "upstream_too_large",
               "agentguard proxy: the upstream's response is larger than %u "
@@ -682,8 +805,11 @@ static void pass_back(upstream *u, reply *r) {
   r->len = u->len;
   r->headers = u->headers;
   r->ctype = NULL;
+  r->bud = u->bud;
+  r->held = u->held;
   u->body = NULL;
   u->headers = NULL;
+  u->held = 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1543,8 +1669,12 @@ typedef struct stream_st {
   ag__asm asmb;
   ag_provider_error perr;
   bool finished; /* the last bytes are queued */
-  bool looped;   /* the content-loop detector stopped the reply */
-  bool any_text; /* text was relayed */
+  /* a passed-through response (relay_start): the upstream's bytes go to
+   * the client as they come, whatever its status, with its headers */
+  bool raw;
+  ag__conn *conn; /* the connection's entry (conns.h), or NULL */
+  bool looped;    /* the content-loop detector stopped the reply */
+  bool any_text;  /* text was relayed */
   ag_verdict loop_v;
   sbuf out, held;
   char id[96], model[96];
@@ -1566,6 +1696,7 @@ typedef struct stream_st {
   bool reader_waits; /* the connection is suspended in stream_read */
   bool paused;       /* the transfer is paused: `q` is full */
   bool client_gone;  /* the response was freed */
+  bool cut;          /* raw: the transfer broke; the response ends in error */
   bool unpause_queued;
   int refs, ops;
   ag__relay_op op_cancel, op_unpause;
@@ -1580,6 +1711,9 @@ enum { ANSWER_STREAM = 1, ANSWER_REPLY = 2 };
  * but released in the end's flush, which may go past it). */
 #define STREAM_Q_HIGH (1u << 20)
 #define STREAM_Q_MAX (2u << 20)
+/* The same mark for a passed-through body: bytes no reader waits for are
+ * held back at the upstream (TCP) instead of here. */
+#define RAW_Q_HIGH (128u << 10)
 
 static void stream_destroy(stream_st *st) {
   curl_easy_cleanup(st->x.h);
@@ -1784,6 +1918,11 @@ static void answer_reply(stream_st *st, req_ctx *q, long status) {
  * what the client gets into `out`) and moved to the client's queue; false
  * when the stream cannot go on (the transfer is then ended). */
 static bool stream_feed(stream_st *st, const char *b, size_t n) {
+  if (st->raw) {
+    sb_add(&st->out, b, n);
+    flush(st, false);
+    return !st->out.failed;
+  }
   ag_err_t why = AG_OK;
   int r = ag__sse_feed(&st->sse, b, n, &why);
   if (r < 0 && st->asmb.failed == AG_OK)
@@ -1796,10 +1935,10 @@ static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
   stream_st *st = user;
   long status = 0;
   curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
-  if (status < 200 || status >= 300)
+  if (!st->raw && (status < 200 || status >= 300))
     return on_body(ptr, size, nmemb, &st->u);
   pthread_mutex_lock(&st->mu);
-  bool full = st->q.len - st->q_pos > STREAM_Q_HIGH;
+  bool full = st->q.len - st->q_pos > (st->raw ? RAW_Q_HIGH : STREAM_Q_HIGH);
   if (full)
     st->paused = true; /* stream_read asks for the rest when q drains */
   pthread_mutex_unlock(&st->mu);
@@ -1822,7 +1961,7 @@ static size_t on_stream_header(char *ptr, size_t size, size_t nmemb,
       req_ctx *q = NULL;
       if (st->status == 0) {
         st->status = status;
-        if (status < 300 && st->answer == 0) {
+        if ((status < 300 || st->raw) && st->answer == 0) {
           st->answer = ANSWER_STREAM;
           st->refs++; /* the response's */
           q = st->req_q;
@@ -1852,7 +1991,7 @@ static void on_stream_done(ag__relay_xfer *x, CURLcode cc) {
   curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
   st->u.cc = cc;
   st->u.status = status;
-  if (cc == CURLE_OK && status >= 200 && status < 300) {
+  if (cc == CURLE_OK && status >= 200 && status < 300 && !st->raw) {
     ag_err_t why = AG_OK;
     if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
       st->asmb.failed = why;
@@ -1875,11 +2014,16 @@ static void on_stream_done(ag__relay_xfer *x, CURLcode cc) {
   if (st->status == 0)
     st->status = status;
   bool relayed = st->answer == ANSWER_STREAM && !st->client_gone;
+  if (st->raw)
+    st->cut = cc != CURLE_OK;
   pthread_mutex_unlock(&st->mu);
-  if (relayed)
+  if (relayed && !st->raw) {
     stream_end(st);
-  else
-    stream_release(st, true);
+    return;
+  }
+  if (relayed)
+    flush(st, true); /* raw: nothing to check, the end is the upstream's */
+  stream_release(st, true);
 }
 
 /* The end of a relayed stream that was stopped: the stop message as text,
@@ -2410,7 +2554,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     }
     ret = (ssize_t)n;
   } else if (st->finished) {
-    ret = MHD_CONTENT_READER_END_OF_STREAM;
+    /* a passed-through body the upstream did not finish is not made to
+     * look whole: the connection is closed without the last chunk */
+    ret = st->cut ? MHD_CONTENT_READER_END_WITH_ERROR
+                  : MHD_CONTENT_READER_END_OF_STREAM;
+    /* nothing is under way on the connection any more: it may give way
+     * to a new one from now on (before libmicrohttpd's completion) */
+    ag__conns_state(st->conn, AG__CONN_IDLE, mono_ms());
   } else {
     st->reader_waits = true;
     MHD_suspend_connection(st->c);
@@ -2512,6 +2662,51 @@ static bool stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   st->req_q = q;
   /* from here on q is the loop's: it answers the request (answer_stream,
    * answer_reply) once the upstream's status is known */
+  ag__relay_add(st->sh->relay, &st->x);
+  return true;
+}
+
+/* A request the guard does not decide, passed through on the connection's
+ * loop: its transfer started here, and its answer - the upstream's
+ * status, headers and body - relayed as it comes (a raw stream: nothing
+ * is parsed, nothing is held whole; a client that reads slowly pauses the
+ * upstream). The request's body goes with the transfer. Returns false
+ * with `r` filled (500) when it could not start; else q is the loop's. */
+static bool relay_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                        const char *path, reply *r) {
+  stream_st *st = stream_new(p, false, path);
+  if (st == NULL) {
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return false;
+  }
+  st->raw = true;
+  st->conn = q->conn;
+  st->sh = q->sh;
+  st->c = c;
+  st->uri = dupz(q->uri);
+  st->body = q->body; /* the transfer's from here on */
+  q->body = NULL;
+  st->x.h = curl_easy_init();
+  if (st->x.h == NULL || st->uri == NULL ||
+      !upstream_handle(p, q->client_hdrs, st->x.h, q->method, q->uri, st->body,
+                       q->len, false, q->client_fd, &st->u, &st->hdrs,
+                       &st->url)) {
+    stream_release(st, true);
+    set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return false;
+  }
+  curl_easy_setopt(st->x.h, CURLOPT_WRITEFUNCTION, on_stream_body);
+  curl_easy_setopt(st->x.h, CURLOPT_WRITEDATA, st);
+  curl_easy_setopt(st->x.h, CURLOPT_HEADERFUNCTION, on_stream_header);
+  curl_easy_setopt(st->x.h, CURLOPT_HEADERDATA, st);
+  st->u.cc = CURLE_OK;
+  st->x.done = on_stream_done;
+  st->x.user = st;
+  st->op_cancel.taken = on_cancel_taken;
+  st->op_cancel.user = st;
+  st->op_unpause.taken = on_unpause_taken;
+  st->op_unpause.user = st;
+  st->req_q = q;
   ag__relay_add(st->sh->relay, &st->x);
   return true;
 }
@@ -3888,22 +4083,62 @@ static bool anthropic_path(const char *path) {
   return ag__target_is(path, strlen(path), "/v1/messages");
 }
 
-static enum MHD_Result send_reply(struct MHD_Connection *c, reply *r) {
-  struct MHD_Response *resp = MHD_create_response_from_buffer(
-      r->len, r->body != NULL ? r->body : (void *)"", MHD_RESPMEM_MUST_COPY);
-  if (resp == NULL)
-    return MHD_NO;
-  for (struct curl_slist *s = r->headers; s != NULL; s = s->next) {
-    char *colon = strchr(s->data, ':');
-    if (colon == NULL)
+/* Headers "Name: value" onto a response. */
+static void add_headers(struct MHD_Response *resp,
+                        const struct curl_slist *list) {
+  for (const struct curl_slist *s = list; s != NULL; s = s->next) {
+    const char *colon = strchr(s->data, ':');
+    if (colon == NULL || colon == s->data)
       continue;
-    *colon = '\0';
+    char name[256];
+    size_t nl = (size_t)(colon - s->data);
+    if (nl >= sizeof name)
+      continue; /* no header of an API is named that long */
+    memcpy(name, s->data, nl);
+    name[nl] = '\0';
     const char *val = colon + 1;
     while (*val == ' ' || *val == '\t')
       val++;
-    MHD_add_response_header(resp, s->data, val);
-    *colon = ':';
+    MHD_add_response_header(resp, name, val);
   }
+}
+
+/* A body handed to libmicrohttpd with what it holds of the budget, given
+ * back when the client has it (or has gone). */
+typedef struct held_body {
+  char *body;
+  ag__budget *bud;
+  size_t held;
+} held_body;
+
+static void held_body_free(void *cls) {
+  held_body *hb = cls;
+  free(hb->body);
+  ag__budget_release(hb->bud, hb->held);
+  free(hb);
+}
+
+static enum MHD_Result send_reply(struct MHD_Connection *c, reply *r) {
+  struct MHD_Response *resp = NULL;
+  held_body *hb = r->held > 0 ? malloc(sizeof(*hb)) : NULL;
+  if (hb != NULL) {
+    /* an upstream's body goes as it is, not copied again */
+    *hb = (held_body){r->body, r->bud, r->held};
+    resp = MHD_create_response_from_buffer_with_free_callback_cls(
+        r->len, r->body, held_body_free, hb);
+    if (resp != NULL) {
+      r->body = NULL;
+      r->held = 0;
+    } else {
+      free(hb);
+    }
+  } else {
+    resp = MHD_create_response_from_buffer(
+        r->len, r->body != NULL ? r->body : (void *)"", MHD_RESPMEM_MUST_COPY);
+  }
+  if (resp == NULL)
+    return MHD_NO;
+  add_headers(resp, r->headers);
   if (r->ctype != NULL)
     MHD_add_response_header(resp, "Content-Type", r->ctype);
   if (r->stop != NULL)
@@ -3922,12 +4157,6 @@ static bool key_ok(const ag_proxy *p, struct MHD_Connection *c) {
       MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-agentguard-key");
   size_t n = strlen(p->client_key);
   return k != NULL && strlen(k) == n && CRYPTO_memcmp(k, p->client_key, n) == 0;
-}
-
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Every loop's client connections go into one table (conns.c): each
@@ -3997,16 +4226,7 @@ static void *job_main(void *arg) {
   char path[2048];
   uri_path(q->uri, path, sizeof path);
   bool started = false;
-  if (strcmp(q->method, "POST") == 0 && guarded_path(path)) {
-    chat(p, c, q, path, &q->r, &started, NULL);
-  } else {
-    upstream u;
-    send_upstream(p, q->client_hdrs, q->method, q->uri, q->body, q->len, false,
-                  q->client_fd, &u);
-    if (!upstream_failed(p, &u, &q->r))
-      pass_back(&u, &q->r);
-    upstream_free(&u);
-  }
+  chat(p, c, q, path, &q->r, &started, NULL); /* only guarded ones come */
   if (!started) { /* else the stream's loop answers the request */
     atomic_store(&q->answered, true);
     resume(sh, c);
@@ -4184,9 +4404,17 @@ static enum MHD_Result send_answer(struct MHD_Connection *c, req_ctx *q) {
     stream_free(st);
     return MHD_NO;
   }
-  MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-  MHD_add_response_header(resp, "Cache-Control", "no-cache");
-  enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+  unsigned status = 200;
+  if (st->raw) {
+    /* the upstream's status and headers (st->u is the loop's: it was
+     * filled on this thread before the answer) */
+    status = (unsigned)st->status;
+    add_headers(resp, st->u.headers);
+  } else {
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+  }
+  enum MHD_Result ret = MHD_queue_response(c, status, resp);
   MHD_destroy_response(resp);
   return ret;
 }
@@ -4415,11 +4643,20 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     q->client_fd = ci != NULL ? ci->connect_fd : -1;
-    int here = decide_here(sh, c, q, path);
-    if (here == 1)
-      return MHD_YES; /* a stream: suspended, answered by the loop */
-    if (here < 0 && start_job(sh, c, q))
-      return MHD_YES; /* suspended: answered by the request's thread */
+    if (strcmp(method, "POST") != 0 || !guarded_path(path)) {
+      if (relay_start(p, c, q, path, &q->r)) {
+        /* answered by the loop once the upstream's status is in */
+        q->job = true;
+        MHD_suspend_connection(c);
+        return MHD_YES;
+      }
+    } else {
+      int here = decide_here(sh, c, q, path);
+      if (here == 1)
+        return MHD_YES; /* a stream: suspended, answered by the loop */
+      if (here < 0 && start_job(sh, c, q))
+        return MHD_YES; /* suspended: answered by the request's thread */
+    }
   }
   enum MHD_Result ret = send_reply(c, &q->r);
   reply_free(&q->r);
@@ -4743,6 +4980,7 @@ static void proxy_free(ag_proxy *p) {
   free(p->secret_buf);
   curl_url_cleanup(p->up);
   ag__conns_free(p->conns);
+  ag__budget_free(p->budget);
   free(p->up_path);
   free(p->up_shown);
   free(p);
@@ -4836,7 +5074,9 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
                                               : AG_PROXY_REQUEST_TIMEOUT_MS};
   p->per_client = cl.per_client;
   p->conns = ag__conns_new(&cl, shard_count() * (limit + CONN_SLACK));
-  if (p->conns == NULL) {
+  p->budget = ag__budget_new(
+      o->max_buffered > 0 ? o->max_buffered : AG_PROXY_MAX_BUFFERED_DEFAULT);
+  if (p->conns == NULL || p->budget == NULL) {
     pthread_mutex_destroy(&p->ev_mu);
     pthread_mutex_destroy(&p->jobs_mu);
     pthread_cond_destroy(&p->jobs_cv);

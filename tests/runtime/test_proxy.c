@@ -1694,8 +1694,11 @@ Test(proxy, idle_connection_gives_its_slot_to_a_new_one) {
   resp *r = call_on(first, P, "GET", "/v1/models", NULL, NULL);
   cr_expect_eq(r->status, 200, "%s", r->body);
   free(r);
+  /* each one kept open by its client, idle after its answer */
+  CURL *more[4];
   for (int i = 0; i < 4; i++) {
-    r = call(P, "GET", "/v1/models", NULL, NULL);
+    more[i] = curl_easy_init();
+    r = call_on(more[i], P, "GET", "/v1/models", NULL, NULL);
     cr_expect_eq(r->status, 200, "%d: %s", i, r->body);
     free(r);
   }
@@ -1703,6 +1706,8 @@ Test(proxy, idle_connection_gives_its_slot_to_a_new_one) {
   cr_expect_eq(r->status, 200, "%s", r->body);
   free(r);
   curl_easy_cleanup(first);
+  for (int i = 0; i < 4; i++)
+    curl_easy_cleanup(more[i]);
 }
 
 /* ---- Anthropic Messages (/v1/messages) --------------------------------- */
@@ -3377,4 +3382,201 @@ Test(proxy, client_key_is_checked_before_the_body) {
   cr_expect(strncmp(buf, "HTTP/1.1 401", 12) == 0, "%s", buf);
   close(fd);
   cr_expect_eq(n_upstream(), 0);
+}
+
+/* ---- The budget of bodies held whole (budget.c) ------------------------ */
+
+#include "budget.h"
+
+typedef struct budget_waiter {
+  ag__budget *b;
+  size_t n, held;
+  atomic_bool got;
+} budget_waiter;
+
+static void *budget_waiter_main(void *arg) {
+  budget_waiter *w = arg;
+  ag__budget_wait(w->b, w->n, w->held);
+  atomic_store(&w->got, true);
+  return NULL;
+}
+
+Test(budget, bytes_past_the_cap_wait_for_a_release) {
+  ag__budget *b = ag__budget_new(100);
+  cr_assert_not_null(b);
+  cr_expect(ag__budget_try(b, 80, 0));
+  cr_expect(!ag__budget_try(b, 40, 0), "past the cap");
+  /* B waits: A holds 80 and is not waiting, so A will give them back */
+  budget_waiter w = {b, 50, 0, false};
+  pthread_t t;
+  pthread_create(&t, NULL, budget_waiter_main, &w);
+  nap_ms(100);
+  cr_expect(!atomic_load(&w.got), "took bytes that are not there");
+  cr_expect(!ag__budget_try(b, 1, 0), "a newcomer overtook a waiter");
+  ag__budget_release(b, 80);
+  pthread_join(t, NULL);
+  cr_expect(atomic_load(&w.got));
+  cr_expect_eq(ag__budget_used(b), 50);
+  ag__budget_release(b, 50);
+  cr_expect_eq(ag__budget_used(b), 0);
+  ag__budget_free(b);
+}
+
+Test(budget, a_lone_waiter_goes_past_the_cap) {
+  /* A holds 80 and wants 40 more: no other body could give any back, so
+   * waiting would be for ever; it goes past the cap */
+  ag__budget *b = ag__budget_new(100);
+  cr_expect(ag__budget_try(b, 80, 0));
+  ag__budget_wait(b, 40, 80);
+  cr_expect_eq(ag__budget_used(b), 120);
+  /* while it holds them, a second waits (A is running, not waiting) */
+  budget_waiter w = {b, 40, 0, false};
+  pthread_t t;
+  pthread_create(&t, NULL, budget_waiter_main, &w);
+  nap_ms(100);
+  cr_expect(!atomic_load(&w.got));
+  ag__budget_release(b, 120);
+  pthread_join(t, NULL);
+  cr_expect_eq(ag__budget_used(b), 40);
+  ag__budget_release(b, 40);
+  ag__budget_free(b);
+}
+
+Test(budget, holders_all_waiting_let_the_oldest_through) {
+  /* A and B each hold 50 (the cap) and both want more: no deadlock, the
+   * one that waited first goes on, then the other once A is done */
+  ag__budget *b = ag__budget_new(100);
+  cr_expect(ag__budget_try(b, 50, 0));
+  cr_expect(ag__budget_try(b, 50, 0));
+  budget_waiter wa = {b, 50, 50, false}, wb = {b, 50, 50, false};
+  pthread_t ta, tb;
+  pthread_create(&ta, NULL, budget_waiter_main, &wa);
+  nap_ms(50);
+  pthread_create(&tb, NULL, budget_waiter_main, &wb);
+  pthread_join(ta, NULL);
+  nap_ms(50);
+  cr_expect(!atomic_load(&wb.got), "two past the cap at once");
+  ag__budget_release(b, 100); /* A is done */
+  pthread_join(tb, NULL);
+  cr_expect_eq(ag__budget_used(b), 100);
+  ag__budget_release(b, 100);
+  ag__budget_free(b);
+}
+
+typedef struct big_reply_client {
+  const ag_proxy *p;
+  const char *body;
+  long status;
+  size_t len;
+} big_reply_client;
+
+static void *big_reply_main(void *arg) {
+  big_reply_client *c = arg;
+  char url[128];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/chat/completions",
+           (unsigned)ag_proxy_port(c->p));
+  big_body b;
+  memset(&b, 0, sizeof b);
+  CURL *h = curl_easy_init();
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDS, c->body);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, big_write);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 30000L);
+  if (curl_easy_perform(h) == CURLE_OK)
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &c->status);
+  c->len = b.len;
+  curl_easy_cleanup(h);
+  free(b.p);
+  return NULL;
+}
+
+/* Guarded replies larger than the whole budget, six at once: each waits
+ * its turn (or the lone one goes past the cap), none fails, none hangs. */
+Test(proxy, replies_past_the_buffer_budget_wait_their_turn) {
+  ag_proxy_stop(P);
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = upstream_url;
+  o.cfg = test_cfg();
+  o.max_buffered = 128 << 10;
+  ag_error_t err;
+  cr_assert_eq(ag_proxy_start(&P, &o, &err), AG_OK, "%s", err.msg);
+  size_t tl = 300 << 10;
+  char *text = malloc(tl + 16);
+  /* varied text: a repeated one would be the content-loop detector's */
+  size_t at = 0;
+  for (unsigned long k = 1; at < tl; k++)
+    at += (size_t)sprintf(text + at, "%lx ", k * 2654435761ul);
+  text[tl] = '\0';
+  canned_call(NULL, text);
+  free(text);
+  char *body = conversation(0, "read", "{}", "");
+  enum { N = 6 };
+  big_reply_client c[N];
+  pthread_t t[N];
+  for (int i = 0; i < N; i++) {
+    c[i] = (big_reply_client){P, body, 0, 0};
+    pthread_create(&t[i], NULL, big_reply_main, &c[i]);
+  }
+  for (int i = 0; i < N; i++) {
+    pthread_join(t[i], NULL);
+    cr_expect_eq(c[i].status, 200, "client %d", i);
+    cr_expect_gt(c[i].len, tl, "client %d got %zu bytes", i, c[i].len);
+  }
+  free(body);
+}
+
+/* A passed-through body the upstream cuts short is not made whole: the
+ * client sees the transfer fail, not a complete shorter body. */
+Test(proxy, passed_through_body_cut_short_stays_cut) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  cr_assert_eq(listen(lfd, 4), 0);
+  socklen_t sl = sizeof sa;
+  getsockname(lfd, (struct sockaddr *)&sa, &sl);
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d",
+           ntohs(sa.sin_port));
+  P = proxy_with(test_cfg(), 0, NULL);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) { /* the upstream: promises 100000 bytes, sends 5000 */
+    int c = accept(lfd, NULL, NULL);
+    char req[4096];
+    if (read(c, req, sizeof req) <= 0)
+      _exit(1);
+    const char *head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                       "Content-Length: 100000\r\n\r\n";
+    char part[5000];
+    memset(part, 'x', sizeof part);
+    if (write(c, head, strlen(head)) < 0 || write(c, part, sizeof part) < 0)
+      _exit(1);
+    close(c);
+    _exit(0);
+  }
+  close(lfd);
+  char url[128];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/files/f1/content",
+           (unsigned)ag_proxy_port(P));
+  big_body b;
+  memset(&b, 0, sizeof b);
+  CURL *h = curl_easy_init();
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, big_write);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
+  CURLcode cc = curl_easy_perform(h);
+  curl_easy_cleanup(h);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  cr_expect_neq(cc, CURLE_OK,
+                "a cut body reached the client as whole (%zu "
+                "bytes)",
+                b.len);
+  cr_expect_leq(b.len, 5000);
+  free(b.p);
 }
