@@ -8,6 +8,7 @@
  * handler runs on another thread.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -262,6 +263,14 @@ int cli_proxy(int argc, char **argv) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
+  /* Large blocks (held replies: up to 32 MiB each) are mapped and unmapped
+   * by glibc's malloc at a fixed size, so that the memory of a reply goes
+   * back to the system when it is freed: by default the threshold rises
+   * with each large free and the freed replies stay in the heaps of the
+   * proxy's threads (bench_proxy_memory, 40 replies of 3.5 MB under
+   * --max-buffered 32 MiB: a peak of 223 MiB without this, 90 MiB with
+   * it). */
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
   ag_proxy *p = NULL;
   ag_error_t err;
   if (ag_proxy_start(&p, &o, &err) != AG_OK) {

@@ -97,12 +97,13 @@ void ag__budget_wait(ag__budget *b, size_t n, size_t held) {
   pthread_mutex_unlock(&b->mu);
 }
 
-void ag__budget_release(ag__budget *b, size_t held) {
-  if (b == NULL || held == 0)
+void ag__budget_release(ag__budget *b, size_t n, size_t left) {
+  if (b == NULL || n == 0)
     return;
   pthread_mutex_lock(&b->mu);
-  b->used -= held;
-  b->holders--;
+  b->used -= n;
+  if (left == 0)
+    b->holders--;
   pthread_cond_broadcast(&b->cv);
   pthread_mutex_unlock(&b->mu);
 }

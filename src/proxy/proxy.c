@@ -219,7 +219,7 @@ static char *dupz(const char *s) {
 static void reply_drop_body(reply *r) {
   free(r->body);
   r->body = NULL;
-  ag__budget_release(r->bud, r->held);
+  ag__budget_release(r->bud, r->held, 0);
   r->held = 0;
 }
 
@@ -766,7 +766,7 @@ static void send_upstream(ag_proxy *p, const struct curl_slist *ch,
 }
 
 static void upstream_free(upstream *u) {
-  ag__budget_release(u->bud, u->held);
+  ag__budget_release(u->bud, u->held, 0);
   free(u->body);
   curl_slist_free_all(u->headers);
   memset(u, 0, sizeof(*u));
@@ -1391,11 +1391,19 @@ static char *with_messages(const json_t *body, const json_t *extra,
 
 /* The upstream's reply read by the OpenAI provider's parser. false with a
  * 502 in `r` when it is not a Chat Completions response. */
-static bool read_reply(const upstream *u, ag_reply *out, reply *r) {
+static bool read_reply(upstream *u, ag_reply *out, reply *r) {
   ag_provider_error perr;
   memset(&perr, 0, sizeof perr);
   ag__asm a;
   ag__asm_init(&a, NULL, NULL, &perr, "upstream");
+  /* the parse holds about twice the body again (jansson's tree, the text
+   * copied out of it into `out`): taken from the budget with the body and
+   * given back with it (this is a request's thread: it may wait) */
+  size_t parse = u->bud != NULL ? 2 * u->len : 0;
+  if (parse > 0) {
+    ag__budget_wait(u->bud, parse, u->held);
+    u->held += parse;
+  }
   if (r->anthropic)
     ag__anthropic_response(&a, u->body != NULL ? u->body : "", u->len);
   else
@@ -4114,7 +4122,7 @@ typedef struct held_body {
 static void held_body_free(void *cls) {
   held_body *hb = cls;
   free(hb->body);
-  ag__budget_release(hb->bud, hb->held);
+  ag__budget_release(hb->bud, hb->held, 0);
   free(hb);
 }
 

@@ -3413,11 +3413,11 @@ Test(budget, bytes_past_the_cap_wait_for_a_release) {
   nap_ms(100);
   cr_expect(!atomic_load(&w.got), "took bytes that are not there");
   cr_expect(!ag__budget_try(b, 1, 0), "a newcomer overtook a waiter");
-  ag__budget_release(b, 80);
+  ag__budget_release(b, 80, 0);
   pthread_join(t, NULL);
   cr_expect(atomic_load(&w.got));
   cr_expect_eq(ag__budget_used(b), 50);
-  ag__budget_release(b, 50);
+  ag__budget_release(b, 50, 0);
   cr_expect_eq(ag__budget_used(b), 0);
   ag__budget_free(b);
 }
@@ -3435,10 +3435,10 @@ Test(budget, a_lone_waiter_goes_past_the_cap) {
   pthread_create(&t, NULL, budget_waiter_main, &w);
   nap_ms(100);
   cr_expect(!atomic_load(&w.got));
-  ag__budget_release(b, 120);
+  ag__budget_release(b, 120, 0);
   pthread_join(t, NULL);
   cr_expect_eq(ag__budget_used(b), 40);
-  ag__budget_release(b, 40);
+  ag__budget_release(b, 40, 0);
   ag__budget_free(b);
 }
 
@@ -3456,10 +3456,10 @@ Test(budget, holders_all_waiting_let_the_oldest_through) {
   pthread_join(ta, NULL);
   nap_ms(50);
   cr_expect(!atomic_load(&wb.got), "two past the cap at once");
-  ag__budget_release(b, 100); /* A is done */
+  ag__budget_release(b, 100, 0); /* A is done */
   pthread_join(tb, NULL);
   cr_expect_eq(ag__budget_used(b), 100);
-  ag__budget_release(b, 100);
+  ag__budget_release(b, 100, 0);
   ag__budget_free(b);
 }
 
