@@ -3580,3 +3580,66 @@ Test(proxy, passed_through_body_cut_short_stays_cut) {
   cr_expect_leq(b.len, 5000);
   free(b.p);
 }
+
+static size_t count_bytes(char *p, size_t s, size_t n, void *u) {
+  (void)p;
+  *(size_t *)u += s * n;
+  return s * n;
+}
+
+static ssize_t big_gen(void *cls, uint64_t pos, char *buf, size_t max) {
+  uint64_t total = *(const uint64_t *)cls;
+  if (pos >= total)
+    return MHD_CONTENT_READER_END_OF_STREAM;
+  size_t n = total - pos < max ? (size_t)(total - pos) : max;
+  memset(buf, 'z', n);
+  return (ssize_t)n;
+}
+
+static enum MHD_Result big_handler(void *cls, struct MHD_Connection *c,
+                                   const char *url, const char *method,
+                                   const char *version, const char *upload,
+                                   size_t *upload_size, void **con_cls) {
+  (void)url, (void)method, (void)version, (void)upload, (void)upload_size;
+  (void)con_cls;
+  uint64_t *total = cls;
+  struct MHD_Response *r = MHD_create_response_from_callback(
+      *total, 64 * 1024, big_gen, total, NULL);
+  enum MHD_Result ret = MHD_queue_response(c, 200, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+/* A passed-through body is relayed, not held: one larger than the cap on
+ * a held reply (32 MiB) goes through whole (it used to be a 502). */
+Test(proxy, passed_through_body_is_not_held_whole) {
+  static uint64_t total = (uint64_t)AG_PROXY_UPSTREAM_MAX + (8u << 20);
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL,
+      NULL, big_handler, &total, MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL,
+      MHD_OPTION_END);
+  cr_assert_not_null(d);
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%u",
+           (unsigned)MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT)->port);
+  P = proxy_with(test_cfg(), 0, NULL);
+  char url[128];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/files/f/content",
+           (unsigned)ag_proxy_port(P));
+  size_t got = 0;
+  CURL *h = curl_easy_init();
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, count_bytes);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &got);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 60000L);
+  CURLcode cc = curl_easy_perform(h);
+  long status = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(h);
+  ag_proxy_stop(P);
+  P = NULL;
+  MHD_stop_daemon(d);
+  cr_expect_eq(cc, CURLE_OK, "%s", curl_easy_strerror(cc));
+  cr_expect_eq(status, 200);
+  cr_expect_eq(got, (size_t)total);
+}
