@@ -5,8 +5,10 @@
  * front of a fake upstream that streams its reply in delayed chunks. The
  * looping requests' replies repeat a call: the proxy nudges (for a stream,
  * on a thread of its own at the stream's end), asks again, and stops.
- * Every request must succeed with its whole reply, every stop must be
- * decided, and under ThreadSanitizer nothing may race.
+ * The held replies share a budget of two (so they wait for each other)
+ * and the connection table is swept every 75 ms. Every request must
+ * succeed with its whole reply, every stop must be decided, and under
+ * ThreadSanitizer nothing may race.
  */
 #define _GNU_SOURCE /* memmem */
 #include <curl/curl.h>
@@ -228,6 +230,12 @@ int main(void) {
   o.cfg.loop.identical_call_limit = 3;
   o.cfg.loop.nudge_before_stop = true;
   o.events = events;
+  /* a budget of two held replies: the plain requests wait their turn
+   * (their transfers paused, their threads in the budget's queue); short
+   * deadlines: the loops sweep the connection table every 75 ms */
+  o.max_buffered = 128 << 10;
+  o.idle_timeout_ms = 300;
+  o.header_timeout_ms = 2000;
   ag_proxy *p = NULL;
   ag_error_t err;
   CHECK(ag_proxy_start(&p, &o, &err) == AG_OK, "%s", err.msg);
