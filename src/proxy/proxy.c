@@ -2603,6 +2603,24 @@ static stream_st *stream_new(ag_proxy *p, bool anth, const char *path) {
   return st;
 }
 
+/* The stream's transfer, set up (st->x.h), handed to its loop with its
+ * callbacks; the loop answers q once the upstream's status is in. */
+static void stream_launch(stream_st *st, req_ctx *q) {
+  curl_easy_setopt(st->x.h, CURLOPT_WRITEFUNCTION, on_stream_body);
+  curl_easy_setopt(st->x.h, CURLOPT_WRITEDATA, st);
+  curl_easy_setopt(st->x.h, CURLOPT_HEADERFUNCTION, on_stream_header);
+  curl_easy_setopt(st->x.h, CURLOPT_HEADERDATA, st);
+  st->u.cc = CURLE_OK;
+  st->x.done = on_stream_done;
+  st->x.user = st;
+  st->op_cancel.taken = on_cancel_taken;
+  st->op_cancel.user = st;
+  st->op_unpause.taken = on_unpause_taken;
+  st->op_unpause.user = st;
+  st->req_q = q;
+  ag__relay_add(st->sh->relay, &st->x);
+}
+
 /* Starts relaying: hands the transfer to the connection's loop, which
  * answers the request (q) when the upstream's status is known and sees
  * the stream to its end. `*fwd` (may be NULL) is the body to send instead
@@ -2656,21 +2674,9 @@ static bool stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   }
   st->g = *g;
   *g = NULL;
-  curl_easy_setopt(st->x.h, CURLOPT_WRITEFUNCTION, on_stream_body);
-  curl_easy_setopt(st->x.h, CURLOPT_WRITEDATA, st);
-  curl_easy_setopt(st->x.h, CURLOPT_HEADERFUNCTION, on_stream_header);
-  curl_easy_setopt(st->x.h, CURLOPT_HEADERDATA, st);
-  st->u.cc = CURLE_OK;
-  st->x.done = on_stream_done;
-  st->x.user = st;
-  st->op_cancel.taken = on_cancel_taken;
-  st->op_cancel.user = st;
-  st->op_unpause.taken = on_unpause_taken;
-  st->op_unpause.user = st;
-  st->req_q = q;
   /* from here on q is the loop's: it answers the request (answer_stream,
    * answer_reply) once the upstream's status is known */
-  ag__relay_add(st->sh->relay, &st->x);
+  stream_launch(st, q);
   return true;
 }
 
@@ -2703,19 +2709,7 @@ static bool relay_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return false;
   }
-  curl_easy_setopt(st->x.h, CURLOPT_WRITEFUNCTION, on_stream_body);
-  curl_easy_setopt(st->x.h, CURLOPT_WRITEDATA, st);
-  curl_easy_setopt(st->x.h, CURLOPT_HEADERFUNCTION, on_stream_header);
-  curl_easy_setopt(st->x.h, CURLOPT_HEADERDATA, st);
-  st->u.cc = CURLE_OK;
-  st->x.done = on_stream_done;
-  st->x.user = st;
-  st->op_cancel.taken = on_cancel_taken;
-  st->op_cancel.user = st;
-  st->op_unpause.taken = on_unpause_taken;
-  st->op_unpause.user = st;
-  st->req_q = q;
-  ag__relay_add(st->sh->relay, &st->x);
+  stream_launch(st, q);
   return true;
 }
 

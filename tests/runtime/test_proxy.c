@@ -243,6 +243,24 @@ static ag_proxy *proxy_with(ag_config cfg, size_t max_body, const char *key) {
   return p;
 }
 
+/* The options proxy_with uses, for a test to change some before
+ * start_with. */
+static ag_proxy_opts test_opts(void) {
+  ag_proxy_opts o;
+  ag_proxy_opts_init(&o);
+  o.port = 0;
+  o.upstream = upstream_url;
+  o.cfg = test_cfg();
+  return o;
+}
+
+static ag_proxy *start_with(const ag_proxy_opts *o) {
+  ag_proxy *p = NULL;
+  ag_error_t err;
+  cr_assert_eq(ag_proxy_start(&p, o, &err), AG_OK, "%s", err.msg);
+  return p;
+}
+
 static void setup(void) {
   up_start();
   snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1", U.port);
@@ -1680,15 +1698,9 @@ Test(proxy, upstream_connection_is_used_again) {
  * client reconnects and is served too. */
 Test(proxy, idle_connection_gives_its_slot_to_a_new_one) {
   ag_proxy_stop(P);
-  ag_proxy_opts o;
-  ag_proxy_opts_init(&o);
-  o.port = 0;
-  o.upstream = upstream_url;
-  o.cfg = test_cfg();
+  ag_proxy_opts o = test_opts();
   o.max_connections = 1;
-  ag_error_t err;
-  P = NULL;
-  cr_assert_eq(ag_proxy_start(&P, &o, &err), AG_OK, "%s", err.msg);
+  P = start_with(&o);
   canned_add(200, "{\"data\":[]}");
   CURL *first = curl_easy_init();
   resp *r = call_on(first, P, "GET", "/v1/models", NULL, NULL);
@@ -3162,6 +3174,18 @@ static void silent_start(silent_up *s) {
   pthread_create(&s->t, NULL, silent_main, s);
 }
 
+/* A silent upstream, and the test's proxy in front of it with
+ * --max-connections max_conns. */
+static void silent_proxy(silent_up *s, int max_conns) {
+  silent_start(s);
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1",
+           s->port);
+  ag_proxy_opts o = test_opts();
+  o.max_connections = max_conns;
+  P = start_with(&o);
+}
+
 static void silent_stop(silent_up *s) {
   atomic_store(&s->quit, true);
   pthread_join(s->t, NULL);
@@ -3193,17 +3217,7 @@ static CURLcode impatient(const ag_proxy *p, const char *body, long ms) {
  * clients locked every later one out. Plain and streamed requests. */
 Test(proxy, client_gone_while_upstream_silent_frees_everything) {
   silent_up s;
-  silent_start(&s);
-  ag_proxy_stop(P);
-  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1", s.port);
-  ag_proxy_opts o;
-  ag_proxy_opts_init(&o);
-  o.port = 0;
-  o.upstream = upstream_url;
-  o.cfg = test_cfg();
-  o.max_connections = 2;
-  ag_error_t err;
-  cr_assert_eq(ag_proxy_start(&P, &o, &err), AG_OK, "%s", err.msg);
+  silent_proxy(&s, 2);
   char *plain = conversation(0, "read", "{}", "");
   char *streamed = streaming(conversation(0, "read", "{}", ""));
   for (int round = 0; round < 2; round++) {
@@ -3244,17 +3258,7 @@ static void *impatient_main(void *arg) {
  * client leaves, the slot is free again. */
 Test(proxy, connections_past_the_limit_get_503) {
   silent_up s;
-  silent_start(&s);
-  ag_proxy_stop(P);
-  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1", s.port);
-  ag_proxy_opts o;
-  ag_proxy_opts_init(&o);
-  o.port = 0;
-  o.upstream = upstream_url;
-  o.cfg = test_cfg();
-  o.max_connections = 1;
-  ag_error_t err;
-  cr_assert_eq(ag_proxy_start(&P, &o, &err), AG_OK, "%s", err.msg);
+  silent_proxy(&s, 1);
   char *plain = conversation(0, "read", "{}", "");
   impatient_arg a = {P, plain, 1500, CURLE_OK};
   pthread_t t;
@@ -3315,16 +3319,11 @@ static bool closed_by_peer(int fd) {
  * their deadlines (which a byte does not move). */
 Test(proxy, idle_and_slowloris_connections_cannot_lock_clients_out) {
   ag_proxy_stop(P);
-  ag_proxy_opts o;
-  ag_proxy_opts_init(&o);
-  o.port = 0;
-  o.upstream = upstream_url;
-  o.cfg = test_cfg();
+  ag_proxy_opts o = test_opts();
   o.max_connections = 8;
   o.header_timeout_ms = 600;
   o.idle_timeout_ms = 600;
-  ag_error_t err;
-  cr_assert_eq(ag_proxy_start(&P, &o, &err), AG_OK, "%s", err.msg);
+  P = start_with(&o);
   canned_add(200, "{\"data\":[]}");
   enum { N_IDLE = 200, N_SLOW = 8 };
   int idle[N_IDLE], slow[N_SLOW];
@@ -3495,14 +3494,9 @@ static void *big_reply_main(void *arg) {
  * its turn (or the lone one goes past the cap), none fails, none hangs. */
 Test(proxy, replies_past_the_buffer_budget_wait_their_turn) {
   ag_proxy_stop(P);
-  ag_proxy_opts o;
-  ag_proxy_opts_init(&o);
-  o.port = 0;
-  o.upstream = upstream_url;
-  o.cfg = test_cfg();
+  ag_proxy_opts o = test_opts();
   o.max_buffered = 128 << 10;
-  ag_error_t err;
-  cr_assert_eq(ag_proxy_start(&P, &o, &err), AG_OK, "%s", err.msg);
+  P = start_with(&o);
   size_t tl = 300 << 10;
   char *text = malloc(tl + 16);
   /* varied text: a repeated one would be the content-loop detector's */
