@@ -7,8 +7,8 @@
  * can check its calls, and it is then handed to the client whole: each one
  * takes its bytes from the budget as it grows (in steps), twice as many
  * again when it is parsed (the tree and the text the check reads), and
- * gives them all back when the client has it (or the reply is replaced). When the budget
- * is spent, a reply that wants more waits (its transfer paused: the
+ * gives them all back when the client has it (or the reply is replaced). When
+ * the budget is spent, a reply that wants more waits (its transfer paused: the
  * upstream's TCP window holds the rest) until another gives bytes back -
  * back-pressure, not a failure. So that waiting can never be for ever, a
  * waiter may go past the cap when no other body that holds bytes could
