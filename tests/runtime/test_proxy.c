@@ -3637,3 +3637,33 @@ Test(proxy, passed_through_body_is_not_held_whole) {
   cr_expect_eq(status, 200);
   cr_expect_eq(got, (size_t)total);
 }
+
+/* One client address holds at most --max-connections-per-client: past it
+ * a new connection gets a 503 when the address's own are all busy (an
+ * idle one of its own would give way), while the proxy has slots left. */
+Test(proxy, one_address_holds_at_most_its_share) {
+  silent_up s;
+  silent_start(&s);
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1", s.port);
+  ag_proxy_opts o = test_opts();
+  o.max_connections = 8;
+  o.max_connections_per_client = 1; /* given: loopback too */
+  P = start_with(&o);
+  char *plain = conversation(0, "read", "{}", "");
+  impatient_arg a = {P, plain, 1500, CURLE_OK};
+  pthread_t t;
+  pthread_create(&t, NULL, impatient_main, &a);
+  while (atomic_load(&s.accepted) < 1)
+    nap_ms(10);
+  resp *r = call(P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_eq(r->status, 503, "%s", r->body);
+  cr_expect(strstr(r->body, "--max-connections-per-client") != NULL, "%s",
+            r->body);
+  free(r);
+  pthread_join(t, NULL);
+  free(plain);
+  ag_proxy_stop(P);
+  P = NULL;
+  silent_stop(&s);
+}
