@@ -3175,14 +3175,15 @@ static void silent_start(silent_up *s) {
 }
 
 /* A silent upstream, and the test's proxy in front of it with
- * --max-connections max_conns. */
-static void silent_proxy(silent_up *s, int max_conns) {
+ * --max-connections max_conns (and per_client, 0: the default). */
+static void silent_proxy(silent_up *s, int max_conns, int per_client) {
   silent_start(s);
   ag_proxy_stop(P);
   snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1",
            s->port);
   ag_proxy_opts o = test_opts();
   o.max_connections = max_conns;
+  o.max_connections_per_client = per_client;
   P = start_with(&o);
 }
 
@@ -3217,7 +3218,7 @@ static CURLcode impatient(const ag_proxy *p, const char *body, long ms) {
  * clients locked every later one out. Plain and streamed requests. */
 Test(proxy, client_gone_while_upstream_silent_frees_everything) {
   silent_up s;
-  silent_proxy(&s, 2);
+  silent_proxy(&s, 2, 0);
   char *plain = conversation(0, "read", "{}", "");
   char *streamed = streaming(conversation(0, "read", "{}", ""));
   for (int round = 0; round < 2; round++) {
@@ -3258,7 +3259,7 @@ static void *impatient_main(void *arg) {
  * client leaves, the slot is free again. */
 Test(proxy, connections_past_the_limit_get_503) {
   silent_up s;
-  silent_proxy(&s, 1);
+  silent_proxy(&s, 1, 0);
   char *plain = conversation(0, "read", "{}", "");
   impatient_arg a = {P, plain, 1500, CURLE_OK};
   pthread_t t;
@@ -3643,13 +3644,7 @@ Test(proxy, passed_through_body_is_not_held_whole) {
  * idle one of its own would give way), while the proxy has slots left. */
 Test(proxy, one_address_holds_at_most_its_share) {
   silent_up s;
-  silent_start(&s);
-  ag_proxy_stop(P);
-  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%d/v1", s.port);
-  ag_proxy_opts o = test_opts();
-  o.max_connections = 8;
-  o.max_connections_per_client = 1; /* given: loopback too */
-  P = start_with(&o);
+  silent_proxy(&s, 8, 1); /* given: loopback too */
   char *plain = conversation(0, "read", "{}", "");
   impatient_arg a = {P, plain, 1500, CURLE_OK};
   pthread_t t;
