@@ -5,7 +5,9 @@
 # sideways:
 #
 #   base <- core <- exec <- agent <- providers (the agent's model interface
-#   only); audit <- base, core; proxy <- base, core, audit, providers;
+#   only); wire (the API shapes) <- base, core, the model interface;
+#   providers <- wire; audit <- base, core, wire; proxy <- base, core,
+#   audit, wire, the model interface (not providers);
 #   cli uses only include/agentguard*.h and its own cli/*.h.
 #
 # A project include names its layer by its folder ("internal.h" is the
@@ -33,9 +35,10 @@ allowed() {
   core) echo "base core" ;;
   exec) echo "base core exec" ;;
   agent) echo "base core exec agent model" ;;
-  providers) echo "base core model providers" ;;
-  audit) echo "base core audit" ;;
-  proxy) echo "base core audit model providers proxy" ;;
+  wire) echo "base core model wire" ;;
+  providers) echo "base core model wire providers" ;;
+  audit) echo "base core wire audit" ;;
+  proxy) echo "base core audit model wire proxy" ;;
   *) echo "" ;;
   esac
 }

@@ -1,13 +1,14 @@
 /*
  * src/providers/http.c - the HTTP providers' shared half: the provider
- * object, one libcurl transfer per request, the SSE parser, the reply
- * assembler and the rules that turn a failed exchange into an
- * ag_provider_error.
+ * object, one libcurl transfer per request, and the rules that turn a
+ * failed exchange into an ag_provider_error.
  *
- * Layers. Providers depend on base, core and the agent's model interface
- * only (include/agentguard/providers.h, exec.h's cancellation token);
- * libcurl never leaves src/providers/. The wire formats live in openai.c
- * and anthropic.c; this file knows nothing of either beyond a switch.
+ * Layers. Providers depend on base, core, the agent's model interface
+ * (include/agentguard/providers.h, exec.h's cancellation token) and the
+ * wire layer: the API's shape (src/wire/: ag__wire, one per API) builds
+ * the request, reads the reply and its stream; this file asks its table
+ * and never which shape it holds. libcurl is used here and in the proxy,
+ * each for its own transfers.
  *
  * Data structures. A provider owns one multi handle and one easy handle,
  * both reused for every request so that keep-alive connections are reused
@@ -60,92 +61,13 @@
 #define SHOWN_NAME 60          /* an environment variable's or header's name */
 #define SHOWN_LOCATION 120     /* a redirect's Location */
 #define SHOWN_BASE_URL 200     /* provider.base_url */
-#define API_MESSAGE_CHARS 400  /* the API's own error message */
 #define BODY_EXCERPT_CHARS 200 /* an error body that is not the API's JSON */
 
-#define MAX_BASE_URL 4096  /* bytes of provider.base_url */
-#define MAX_CALL_NAME 4096 /* bytes of a tool call's id or name */
+#define MAX_BASE_URL 4096 /* bytes of provider.base_url */
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                            */
 /* ------------------------------------------------------------------------ */
-
-/* Hands over a heap buffer's text (NULL before its first append) and
- * leaves the buffer empty, with its cap. */
-static char *buf_take(ag__buf *b) {
-  char *p = b->p;
-  size_t cap = b->cap;
-  b->p = NULL;
-  ag__buf_init(b, cap);
-  return p;
-}
-
-/* perr->message, formatted; cut to fit (vsnprintf: no truncation warning
- * for messages that are meant to be cut). */
-static void setmsg(ag_provider_error *perr, const char *fmt, ...)
-    AG__PRINTF(2, 3);
-static void setmsg(ag_provider_error *perr, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(perr->message, sizeof(perr->message), fmt, ap);
-  va_end(ap);
-}
-
-const char *ag__jstr(const json_t *obj, const char *key, size_t *len) {
-  json_t *v = json_object_get(obj, key);
-  if (!json_is_string(v))
-    return NULL;
-  if (len != NULL)
-    *len = json_string_length(v);
-  return json_string_value(v);
-}
-
-/* Copies text with control characters shown as spaces and whitespace runs
- * collapsed, cut on a UTF-8 boundary. */
-static void readable(char *dst, size_t cap, const char *s, size_t n,
-                     size_t max) {
-  bool cut = false;
-  ag__collapse_ws(dst, cap, s, n, max, &cut);
-  for (char *p = dst; *p; p++)
-    if ((unsigned char)*p < 0x20 || *p == 0x7f)
-      *p = ' ';
-}
-
-bool ag__api_error_message(const json_t *error, char *buf, size_t cap) {
-  if (json_is_string(error)) {
-    readable(buf, cap, json_string_value(error), json_string_length(error),
-             API_MESSAGE_CHARS);
-    return buf[0] != '\0';
-  }
-  if (!json_is_object(error))
-    return false;
-  size_t ml = 0;
-  const char *m = ag__jstr(error, "message", &ml);
-  const char *type = ag__jstr(error, "type", NULL);
-  json_t *code = json_object_get(error, "code");
-  char msg[420] = "";
-  if (m != NULL)
-    readable(msg, sizeof(msg), m, ml, API_MESSAGE_CHARS);
-  char extra[128] = "";
-  char codebuf[48] = "";
-  if (json_is_string(code))
-    snprintf(codebuf, sizeof(codebuf), "%.*s", SHOWN_TOKEN,
-             json_string_value(code));
-  else if (json_is_integer(code))
-    snprintf(codebuf, sizeof(codebuf), "%lld",
-             (long long)json_integer_value(code));
-  if (type != NULL && codebuf[0] != '\0')
-    snprintf(extra, sizeof(extra), " (type %.*s, code %s)", SHOWN_TOKEN, type,
-             codebuf);
-  else if (type != NULL)
-    snprintf(extra, sizeof(extra), " (type %.*s)", SHOWN_TOKEN, type);
-  else if (codebuf[0] != '\0')
-    snprintf(extra, sizeof(extra), " (code %s)", codebuf);
-  if (msg[0] == '\0' && extra[0] == '\0')
-    return false;
-  snprintf(buf, cap, "%s%s", msg[0] != '\0' ? msg : "no message", extra);
-  return true;
-}
 
 /* Replaces every occurrence of `key` in buf (NUL-terminated, cap bytes) by
  * "[redacted]"; what no longer fits is cut. */
@@ -175,315 +97,15 @@ static void redact(char *buf, size_t cap, const char *key) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* SSE (WHATWG "server-sent events" parsing, the parts APIs use)            */
-/* ------------------------------------------------------------------------ */
-
-void ag__sse_init(ag__sse *s, ag__sse_fn fn, void *user) {
-  memset(s, 0, sizeof(*s));
-  ag__buf_init(&s->line, AG__SSE_LINE_MAX);
-  ag__buf_init(&s->data, AG__SSE_EVENT_MAX);
-  s->fn = fn;
-  s->user = user;
-}
-
-void ag__sse_free(ag__sse *s) {
-  ag__buf_free(&s->line);
-  ag__buf_free(&s->data);
-  memset(s, 0, sizeof(*s));
-}
-
-static int sse_dispatch(ag__sse *s) {
-  int rc = 0;
-  /* data lines that were all empty dispatch "" */
-  if (s->has_data)
-    rc = s->fn(s->user, s->event, ag__buf_str(&s->data), s->data.len,
-               s->event_pos);
-  ag__buf_reset(&s->data);
-  s->has_data = false;
-  s->event[0] = '\0';
-  s->in_event = false;
-  return rc != 0 ? 1 : 0;
-}
-
-static int sse_line(ag__sse *s, ag_err_t *why) {
-  const char *l = ag__buf_str(&s->line);
-  size_t n = s->line.len;
-  if (n == 0)
-    return sse_dispatch(s);
-  if (!s->in_event) {
-    s->in_event = true;
-    s->event_pos = s->line_pos;
-  }
-  if (l[0] == ':')
-    return 0; /* a comment: keep-alive */
-  const char *colon = memchr(l, ':', n);
-  size_t fl = colon != NULL ? (size_t)(colon - l) : n;
-  const char *v = colon != NULL ? colon + 1 : l + n;
-  size_t vl = (size_t)(l + n - v);
-  if (vl > 0 && v[0] == ' ') {
-    v++;
-    vl--;
-  }
-  if (fl == 4 && memcmp(l, "data", 4) == 0) {
-    ag_err_t rc = AG_OK;
-    if (s->has_data)
-      rc = ag__buf_add(&s->data, "\n", 1);
-    if (rc == AG_OK)
-      rc = ag__buf_add(&s->data, v, vl);
-    if (rc != AG_OK) {
-      *why = rc;
-      return -1;
-    }
-    s->has_data = true;
-  } else if (fl == 5 && memcmp(l, "event", 5) == 0) {
-    size_t c = vl < sizeof(s->event) - 1 ? vl : sizeof(s->event) - 1;
-    memcpy(s->event, v, c);
-    s->event[c] = '\0';
-  }
-  /* id, retry and unknown fields: nothing an API reply needs. */
-  return 0;
-}
-
-int ag__sse_feed(ag__sse *s, const char *buf, size_t len, ag_err_t *why) {
-  size_t i = 0;
-  while (i < len) {
-    if (s->skip_lf) {
-      s->skip_lf = false;
-      if (buf[i] == '\n') {
-        i++;
-        s->consumed++;
-        s->line_pos = s->consumed;
-        continue;
-      }
-    }
-    const char *start = buf + i;
-    size_t rest = len - i, k = 0;
-    while (k < rest && start[k] != '\n' && start[k] != '\r')
-      k++;
-    if (k > 0) {
-      ag_err_t rc = ag__buf_add(&s->line, start, k);
-      if (rc != AG_OK) {
-        *why = rc;
-        return -1;
-      }
-    }
-    i += k;
-    s->consumed += k;
-    if (k == rest)
-      break; /* the line goes on in the next chunk */
-    if (start[k] == '\r')
-      s->skip_lf = true;
-    i++;
-    s->consumed++;
-    int r = sse_line(s, why);
-    ag__buf_reset(&s->line);
-    s->line_pos = s->consumed;
-    if (r != 0)
-      return r;
-  }
-  return 0;
-}
-
-int ag__sse_finish(ag__sse *s, ag_err_t *why) {
-  int r = 0;
-  if (s->line.len > 0) {
-    r = sse_line(s, why);
-    ag__buf_reset(&s->line);
-  }
-  if (r == 0 && s->has_data)
-    r = sse_dispatch(s);
-  return r;
-}
-
-/* ------------------------------------------------------------------------ */
-/* The reply assembler                                                      */
-/* ------------------------------------------------------------------------ */
-
-void ag__asm_init(ag__asm *a, ag_delta_fn on_delta, void *delta_user,
-                  ag_provider_error *perr, const char *service) {
-  memset(a, 0, sizeof(*a));
-  a->on_delta = on_delta;
-  a->delta_user = delta_user;
-  a->perr = perr;
-  a->service = service;
-  a->failed = AG_OK;
-  ag__buf_init(&a->text, AG__REPLY_TEXT_MAX);
-  ag__buf_init(&a->refusal, AG__REPLY_TEXT_MAX);
-  for (int i = 0; i < AG__CALLS_MAX; i++)
-    ag__buf_init(&a->calls[i].args, AG__CALL_ARGS_MAX);
-}
-
-void ag__asm_free(ag__asm *a) {
-  ag__buf_free(&a->text);
-  ag__buf_free(&a->refusal);
-  for (int i = 0; i < a->n_slots; i++) {
-    free(a->calls[i].id);
-    free(a->calls[i].name);
-    ag__buf_free(&a->calls[i].args);
-  }
-  memset(a, 0, sizeof(*a));
-}
-
-static bool asm_fail(ag__asm *a, ag_err_t rc) {
-  if (a->failed == AG_OK)
-    a->failed = rc;
-  return false;
-}
-
-bool ag__asm_bad(ag__asm *a, long pos, const char *fmt, ...) {
-  if (a->failed != AG_OK)
-    return false;
-  char what[300];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof(what), fmt, ap);
-  va_end(ap);
-  a->failed = AG_EPROVIDER;
-  if (a->perr != NULL) {
-    a->perr->transient = false;
-    if (pos >= 0)
-      setmsg(a->perr,
-             "the reply from %s is not what the API promises: %s at byte "
-             "%ld",
-             a->service, what, pos);
-    else
-      setmsg(a->perr, "the reply from %s is not what the API promises: %s",
-             a->service, what);
-  }
-  return false;
-}
-
-bool ag__asm_stream_error(ag__asm *a, const json_t *error) {
-  if (a->failed != AG_OK)
-    return false;
-  a->failed = AG_EPROVIDER;
-  if (a->perr == NULL)
-    return false;
-  char m[440];
-  if (!ag__api_error_message(error, m, sizeof(m)))
-    snprintf(m, sizeof(m), "an error without a message");
-  const char *type =
-      json_is_object(error) ? ag__jstr(error, "type", NULL) : NULL;
-  /* A server that fails mid-stream is as transient as its status would
-   * be; the type names what the status would have been. */
-  int status = 0;
-  if (type != NULL) {
-    if (strcmp(type, "overloaded_error") == 0)
-      status = 529;
-    else if (strcmp(type, "rate_limit_error") == 0 ||
-             strcmp(type, "rate_limit_exceeded") == 0)
-      status = 429;
-    else if (strcmp(type, "api_error") == 0 ||
-             strcmp(type, "server_error") == 0)
-      status = 500;
-    else if (strcmp(type, "timeout_error") == 0)
-      status = 504;
-  }
-  a->perr->http_status = status;
-  a->perr->transient = status != 0;
-  setmsg(a->perr, "%s reported an error mid-stream: %s", a->service, m);
-  return false;
-}
-
-bool ag__asm_text(ag__asm *a, const char *s, size_t len) {
-  ag_err_t rc = ag__buf_add(&a->text, s, len);
-  if (rc == AG_ETOOBIG)
-    return ag__asm_bad(a, -1, "the reply's text exceeds %u bytes",
-                       AG__REPLY_TEXT_MAX);
-  if (rc != AG_OK)
-    return asm_fail(a, rc);
-  if (a->on_delta != NULL && len > 0 && !a->delta_stopped &&
-      a->on_delta(a->delta_user, s, len) != 0) {
-    a->delta_stopped = true;
-    return false;
-  }
-  return true;
-}
-
-bool ag__asm_refusal(ag__asm *a, const char *s, size_t len) {
-  ag_err_t rc = ag__buf_add(&a->refusal, s, len);
-  if (rc == AG_ETOOBIG)
-    return ag__asm_bad(a, -1, "the refusal exceeds %u bytes",
-                       AG__REPLY_TEXT_MAX);
-  return rc == AG_OK ? true : asm_fail(a, rc);
-}
-
-ag__part_call *ag__asm_call(ag__asm *a, int64_t index) {
-  if (index < 0 || index >= AG__CALLS_MAX) {
-    ag__asm_bad(a, -1, "tool call index %lld is outside 0..%d",
-                (long long)index, AG__CALLS_MAX - 1);
-    return NULL;
-  }
-  ag__part_call *c = &a->calls[index];
-  c->used = true;
-  if (index >= a->n_slots)
-    a->n_slots = (int)index + 1;
-  return c;
-}
-
-bool ag__asm_set(ag__asm *a, char **dst, const char *s, size_t len) {
-  if (len > MAX_CALL_NAME)
-    return ag__asm_bad(a, -1, "a tool call's id or name exceeds %d bytes",
-                       MAX_CALL_NAME);
-  char *d = ag__strndup(s, len);
-  if (d == NULL)
-    return asm_fail(a, AG_ENOMEM);
-  free(*dst);
-  *dst = d;
-  return true;
-}
-
-bool ag__asm_args(ag__asm *a, ag__part_call *c, const char *s, size_t len) {
-  ag_err_t rc = ag__buf_add(&c->args, s, len);
-  if (rc == AG_ETOOBIG)
-    return ag__asm_bad(a, -1, "a tool call's arguments exceed %u bytes",
-                       AG__CALL_ARGS_MAX);
-  return rc == AG_OK ? true : asm_fail(a, rc);
-}
-
-ag_err_t ag__asm_finish(ag__asm *a, ag_reply *out) {
-  for (int i = 0; i < a->n_slots; i++) {
-    ag__part_call *c = &a->calls[i];
-    if (!c->used)
-      continue;
-    if (c->name == NULL || c->name[0] == '\0') {
-      ag__asm_bad(a, -1, "tool call %d has no function name", i);
-      return AG_EPROVIDER;
-    }
-    /* A call with no arguments at all is a call with none: "{}". */
-    const char *args = c->args.len > 0 ? c->args.p : "{}";
-    size_t alen = c->args.len > 0 ? c->args.len : 2;
-    ag_err_t rc = ag_reply_add_call(out, c->id, c->name, args, alen);
-    if (rc != AG_OK)
-      return rc;
-  }
-  if (a->text.p != NULL)
-    out->text = buf_take(&a->text);
-  if (a->refusal.p != NULL) {
-    out->refusal = buf_take(&a->refusal);
-    if (out->text == NULL || out->text[0] == '\0') {
-      free(out->text);
-      out->text = ag__strdup(out->refusal);
-      if (out->text == NULL)
-        return AG_ENOMEM;
-    }
-  }
-  out->has_usage = a->has_usage;
-  out->usage = a->usage;
-  ag__scopy(out->finish_reason, sizeof(out->finish_reason), a->finish_reason);
-  return AG_OK;
-}
-
-/* ------------------------------------------------------------------------ */
 /* The provider                                                             */
 /* ------------------------------------------------------------------------ */
 
 typedef struct http_provider {
-  ag__wire_kind wire;
-  char *url;        /* the endpoint */
-  char service[64]; /* its host, for messages */
-  char *key_env;    /* the variable's name, for messages */
-  char *api_key;    /* NULL: none was set */
+  const ag__wire *wire; /* the API's shape (src/wire/) */
+  char *url;            /* the endpoint */
+  char service[64];     /* its host, for messages */
+  char *key_env;        /* the variable's name, for messages */
+  char *api_key;        /* NULL: none was set */
   char *model;
   json_t *extra; /* extra_body, or NULL */
   ag__wire_opts wopts;
@@ -540,9 +162,7 @@ typedef struct xfer {
 static int sse_event(void *user, const char *event, const char *data,
                      size_t len, size_t pos) {
   xfer *x = user;
-  if (x->p->wire == AG__WIRE_OPENAI)
-    return ag__openai_event(x->asmb, event, data, len, pos);
-  return ag__anthropic_event(x->asmb, event, data, len, pos);
+  return x->p->wire->event(x->asmb, event, data, len, pos);
 }
 
 static int64_t parse_retry_after(const char *v) {
@@ -768,7 +388,7 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
     json_decref(j);
   }
   if (api[0] == '\0' && body_len > 0)
-    readable(api, sizeof(api), body, body_len, BODY_EXCERPT_CHARS);
+    ag__readable(api, sizeof(api), body, body_len, BODY_EXCERPT_CHARS);
   char what[320] = "";
   if (s == 401 || s == 403) {
     if (p->key_env[0] == '\0')
@@ -796,12 +416,12 @@ static void http_failure(http_provider *p, xfer *x, ag_provider_error *perr) {
              "provider.model");
   }
   if (what[0] != '\0' && api[0] != '\0')
-    setmsg(perr, "HTTP %ld from %s: %s: %s", s, p->service, what, api);
+    ag__perr_set(perr, "HTTP %ld from %s: %s: %s", s, p->service, what, api);
   else if (what[0] != '\0' || api[0] != '\0')
-    setmsg(perr, "HTTP %ld from %s: %s", s, p->service,
-           what[0] != '\0' ? what : api);
+    ag__perr_set(perr, "HTTP %ld from %s: %s", s, p->service,
+                 what[0] != '\0' ? what : api);
   else
-    setmsg(perr, "HTTP %ld from %s", s, p->service);
+    ag__perr_set(perr, "HTTP %ld from %s", s, p->service);
   size_t dl = body_len < sizeof(perr->details) - 1 ? body_len
                                                    : sizeof(perr->details) - 1;
   memcpy(perr->details, body, dl);
@@ -816,18 +436,18 @@ static void net_failure(http_provider *p, CURLcode cc, const char *errbuf,
   if (cc == CURLE_OPERATION_TIMEDOUT) {
     if (!started && p->connect_timeout_ms > 0 &&
         strstr(errbuf, "onnect") != NULL)
-      setmsg(perr,
-             "connecting to %s timed out after %lld ms "
-             "(provider.connect_timeout)",
-             p->service, (long long)p->connect_timeout_ms);
+      ag__perr_set(perr,
+                   "connecting to %s timed out after %lld ms "
+                   "(provider.connect_timeout)",
+                   p->service, (long long)p->connect_timeout_ms);
     else
-      setmsg(perr,
-             "the request to %s timed out after %lld ms (provider.timeout)",
-             p->service, (long long)p->timeout_ms);
+      ag__perr_set(
+          perr, "the request to %s timed out after %lld ms (provider.timeout)",
+          p->service, (long long)p->timeout_ms);
   } else if (started) {
-    setmsg(perr, "the reply from %s was cut off: %s", p->service, why);
+    ag__perr_set(perr, "the reply from %s was cut off: %s", p->service, why);
   } else {
-    setmsg(perr, "could not reach %s: %s", p->service, why);
+    ag__perr_set(perr, "could not reach %s: %s", p->service, why);
   }
 }
 
@@ -837,11 +457,7 @@ static char *build_request(http_provider *p, const ag_request *req, size_t *len,
                            ag_err_t *rc, ag_provider_error *perr) {
   ag_err_t brc = AG_OK;
   char bmsg[256] = "";
-  char *body =
-      p->wire == AG__WIRE_OPENAI
-          ? ag__openai_request(&p->wopts, req, len, &brc, bmsg, sizeof(bmsg))
-          : ag__anthropic_request(&p->wopts, req, len, &brc, bmsg,
-                                  sizeof(bmsg));
+  char *body = p->wire->request(&p->wopts, req, len, &brc, bmsg, sizeof(bmsg));
   *rc = AG_OK;
   if (body != NULL)
     return body;
@@ -850,7 +466,8 @@ static char *build_request(http_provider *p, const ag_request *req, size_t *len,
     return NULL;
   }
   perr->transient = false;
-  setmsg(perr, "the request for %s could not be built: %s", p->service, bmsg);
+  ag__perr_set(perr, "the request for %s could not be built: %s", p->service,
+               bmsg);
   *rc = AG_EPROVIDER;
   return NULL;
 }
@@ -896,11 +513,10 @@ static ag_err_t finish_stream(http_provider *p, xfer *x, ag__asm *a,
     return a->failed;
   if (!a->done && a->finish_reason[0] == '\0') {
     perr->transient = true;
-    setmsg(perr,
-           "the stream from %s ended before the reply was complete "
-           "(after %zu bytes, no %s)",
-           p->service, x->sse_p.consumed,
-           p->wire == AG__WIRE_OPENAI ? "[DONE]" : "message_stop");
+    ag__perr_set(perr,
+                 "the stream from %s ended before the reply was complete "
+                 "(after %zu bytes, no %s)",
+                 p->service, x->sse_p.consumed, p->wire->end_marker);
     return AG_EPROVIDER;
   }
   return AG_OK;
@@ -909,10 +525,7 @@ static ag_err_t finish_stream(http_provider *p, xfer *x, ag__asm *a,
 /* A 2xx body that was not streamed: the wire's reader fills the
  * assembler. */
 static ag_err_t read_body(http_provider *p, xfer *x, ag__asm *a) {
-  if (p->wire == AG__WIRE_OPENAI)
-    ag__openai_response(a, ag__buf_str(&x->body), x->body.len);
-  else
-    ag__anthropic_response(a, ag__buf_str(&x->body), x->body.len);
+  p->wire->response(a, ag__buf_str(&x->body), x->body.len);
   return a->delta_stopped ? AG_ECANCELLED : a->failed;
 }
 
@@ -929,8 +542,8 @@ static ag_err_t transfer_outcome(http_provider *p, xfer *x, ag__asm *a,
   if (idle) {
     perr->transient = true;
     perr->http_status = 0;
-    setmsg(perr, "%s sent nothing for %lld ms (provider.idle_timeout)",
-           p->service, (long long)p->idle_timeout_ms);
+    ag__perr_set(perr, "%s sent nothing for %lld ms (provider.idle_timeout)",
+                 p->service, (long long)p->idle_timeout_ms);
     return AG_EPROVIDER;
   }
   if (x->status > 0 && (x->status < 200 || x->status >= 300)) {
@@ -1007,14 +620,12 @@ static ag_err_t http_complete(void *self, const ag_request *req,
   return rc;
 }
 
-/* Both wire formats read ag_request.messages_json (openai.c splices it
- * into the body, anthropic.c parses it where it converts). */
-static const ag_provider_vtable openai_vtable = {
-    sizeof(ag_provider_vtable), "openai", http_complete, http_destroy,
-    AG_PROVIDER_MESSAGES_TEXT};
-static const ag_provider_vtable anthropic_vtable = {
-    sizeof(ag_provider_vtable), "anthropic", http_complete, http_destroy,
-    AG_PROVIDER_MESSAGES_TEXT};
+/* Both wire formats read ag_request.messages_json (wire/chat.c splices it
+ * into the body, wire/messages.c parses it where it converts). */
+/* One vtable per shape, named by the shape's provider kind, in
+ * ag__wire_all's order; filled once (curl_init). */
+#define SHAPES_MAX 8
+static ag_provider_vtable vtables[SHAPES_MAX];
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc = CURLE_OK;
@@ -1022,6 +633,17 @@ static void curl_init(void) {
   /* Never cleaned up: curl_global_cleanup is not safe while another part
    * of the program may use curl, and the process exit reclaims it. */
   curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+  for (size_t i = 0; i < SHAPES_MAX && ag__wire_all[i] != NULL; i++)
+    vtables[i] = (ag_provider_vtable){sizeof(ag_provider_vtable),
+                                      ag__wire_all[i]->name, http_complete,
+                                      http_destroy, AG_PROVIDER_MESSAGES_TEXT};
+}
+
+static const ag_provider_vtable *vtable_of(const ag__wire *w) {
+  size_t i = 0;
+  while (i + 1 < SHAPES_MAX && ag__wire_all[i] != w)
+    i++;
+  return &vtables[i];
 }
 
 AG_EXTERN void ag_http_provider_opts_init(ag_http_provider_opts *o) {
@@ -1064,23 +686,25 @@ static ag_err_t oom(ag_error_t *err) {
 
 /* The options a provider cannot start with, before anything is made; the
  * wire format from o->kind. */
-static ag_err_t check_opts(const ag_http_provider_opts *o, ag__wire_kind *wire,
-                           ag_error_t *err) {
+static ag_err_t check_opts(const ag_http_provider_opts *o,
+                           const ag__wire **wire, ag_error_t *err) {
   if (o->size != sizeof(ag_http_provider_opts))
     return ag__set_error(err, AG_EINVAL, -1,
                          "ag_provider_http_new: opts.size is %zu, expected "
                          "%zu (call ag_http_provider_opts_init)",
                          o->size, sizeof(ag_http_provider_opts));
   const char *kind = o->kind != NULL ? o->kind : "openai";
-  if (strcmp(kind, "openai") == 0)
-    *wire = AG__WIRE_OPENAI;
-  else if (strcmp(kind, "anthropic") == 0)
-    *wire = AG__WIRE_ANTHROPIC;
-  else
+  *wire = ag__wire_named(kind);
+  if (*wire == NULL) {
+    char kinds[128] = "";
+    for (size_t i = 0; ag__wire_all[i] != NULL; i++)
+      snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%s",
+               i > 0 ? ", " : "", ag__wire_all[i]->name);
     return ag__set_error(err, AG_ECONFIG, -1,
                          "provider.kind: \"%.*s\" is not a provider kind "
-                         "(openai, anthropic)",
-                         SHOWN_TOKEN, kind);
+                         "(%s)",
+                         SHOWN_TOKEN, kind, kinds);
+  }
   if (o->model == NULL || o->model[0] == '\0')
     return ag__set_error(err, AG_ECONFIG, -1,
                          "provider.model: missing; name the model to use "
@@ -1105,10 +729,8 @@ static ag_err_t set_url(http_provider *p, const ag_http_provider_opts *o,
                         ag_error_t *err) {
   const char *base = o->base_url;
   if (base == NULL || base[0] == '\0')
-    base = p->wire == AG__WIRE_OPENAI ? "https://api.openai.com/v1"
-                                      : "https://api.anthropic.com";
-  const char *path =
-      p->wire == AG__WIRE_OPENAI ? "/chat/completions" : "/v1/messages";
+    base = p->wire->base_url;
+  const char *path = p->wire->suffix;
   size_t bl = strlen(base);
   while (bl > 0 && base[bl - 1] == '/')
     bl--;
@@ -1152,7 +774,7 @@ static ag_err_t load_key(http_provider *p, const ag_http_provider_opts *o,
                          ag_error_t *err) {
   const char *env = o->api_key_env;
   if (env == NULL)
-    env = p->wire == AG__WIRE_OPENAI ? "OPENAI_API_KEY" : "ANTHROPIC_API_KEY";
+    env = p->wire->key_env;
   p->key_env = ag__strdup(env);
   p->model = ag__strdup(o->model);
   if (p->key_env == NULL || p->model == NULL)
@@ -1195,10 +817,7 @@ static bool add_key_header(http_provider *p) {
   char *h = malloc(kl + 32);
   if (h == NULL)
     return false;
-  snprintf(h, kl + 32, "%s%s",
-           p->wire == AG__WIRE_OPENAI ? "Authorization: Bearer "
-                                      : "x-api-key: ",
-           p->api_key);
+  snprintf(h, kl + 32, "%s%s", p->wire->key_header, p->api_key);
   bool ok = add_header(&p->headers, h);
   memset(h, 0, kl + 32);
   free(h);
@@ -1213,8 +832,8 @@ static ag_err_t build_headers(http_provider *p, const ag_http_provider_opts *o,
                                          : "Accept: application/json") ||
       !add_header(&p->headers, "Expect:"))
     return oom(err);
-  if (p->wire == AG__WIRE_ANTHROPIC &&
-      !add_header(&p->headers, "anthropic-version: 2023-06-01"))
+  if (p->wire->extra_header != NULL &&
+      !add_header(&p->headers, p->wire->extra_header))
     return oom(err);
   if (p->api_key != NULL && !add_key_header(p))
     return oom(err);
@@ -1270,7 +889,7 @@ AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
   if (out == NULL || o == NULL)
     return ag__set_error(err, AG_EINVAL, -1, "ag_provider_http_new: %s is NULL",
                          out == NULL ? "out" : "opts");
-  ag__wire_kind wire = AG__WIRE_OPENAI;
+  const ag__wire *wire = NULL;
   ag_err_t rc = check_opts(o, &wire, err);
   if (rc != AG_OK)
     return rc;
@@ -1288,7 +907,5 @@ AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
     http_destroy(p);
     return rc;
   }
-  return ag_provider_new(
-      out, wire == AG__WIRE_OPENAI ? &openai_vtable : &anthropic_vtable, p,
-      err);
+  return ag_provider_new(out, vtable_of(wire), p, err);
 }

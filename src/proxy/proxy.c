@@ -79,7 +79,7 @@
 #include "conns.h"
 #include "relay.h"
 #include "target.h"
-#include "../providers/internal.h"
+#include "../wire/wire.h"
 #include "agentguard/audit.h"
 #include "agentguard/providers.h"
 

@@ -1,12 +1,12 @@
 /*
- * tests/fuzz/fuzz_stream.c - libFuzzer target for the HTTP providers'
- * stream and body parsers (src/providers/http.c's SSE parser and reply
- * assembler, openai.c's and anthropic.c's event and response readers).
+ * tests/fuzz/fuzz_stream.c - libFuzzer target for the wire layer's stream
+ * and body parsers (src/wire/: the SSE parser, the reply assembler, the
+ * Chat Completions and Messages event and response readers).
  * Not built by CMake. From the project root:
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined \
  *     -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc tests/fuzz/fuzz_stream.c \
- *     src/providers/http.c src/providers/openai.c src/providers/anthropic.c \
+ *     src/wire/[a-z]*.c src/providers/http.c \
  *     src/providers/provider.c src/core/[a-z]*.c src/exec/[a-z]*.c \
  *     $(pkg-config --cflags --libs jansson libcurl libcrypto libpcre2-8) \
  *     -lm -lpthread -o /tmp/fuzz_stream

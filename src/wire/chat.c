@@ -1,5 +1,5 @@
 /*
- * src/providers/openai.c - the Chat Completions wire format (OpenAI and the
+ * src/wire/chat.c - the Chat Completions shape (OpenAI and the
  * servers that speak it: Azure OpenAI, Ollama, vLLM, llama.cpp's server,
  * LM Studio, OpenRouter, Groq, DeepSeek, ...).
  *
@@ -8,7 +8,7 @@
  * small object of options (see ag__openai_request); a request that carries
  * only a tree (the proxy, a caller of ag_provider_complete) is written by
  * jansson. A reply is
- * read into the shared assembler (http.c): text, refusal, tool calls by
+ * read into the shared assembler (reply.c): text, refusal, tool calls by
  * index, finish reason and usage. Streamed chunks carry the same parts as
  * fragments; tool call fragments are joined by their `index`, a call's id
  * and name come in its first fragment.
@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "wire.h"
 
 static bool set_new(json_t *o, const char *k, json_t *v) {
   return v != NULL && json_object_set_new(o, k, v) == 0;
@@ -337,4 +337,29 @@ int ag__openai_chunk(ag__asm *a, json_t *j, size_t at) {
   read_usage(a, json_object_get(j, "usage"));
 done:
   return ok ? 0 : 1;
+}
+
+const ag__wire ag__wire_chat = {
+    .name = "openai",
+    .api = "Chat Completions",
+    .path = "/v1/chat/completions",
+    .base_url = "https://api.openai.com/v1",
+    .suffix = "/chat/completions",
+    .key_env = "OPENAI_API_KEY",
+    .key_header = "Authorization: Bearer ",
+    .extra_header = NULL,
+    .end_marker = "[DONE]",
+    .request = ag__openai_request,
+    .response = ag__openai_response,
+    .event = ag__openai_event,
+};
+
+const ag__wire *const ag__wire_all[] = {&ag__wire_chat, &ag__wire_messages,
+                                        NULL};
+
+const ag__wire *ag__wire_named(const char *name) {
+  for (size_t i = 0; name != NULL && ag__wire_all[i] != NULL; i++)
+    if (strcmp(ag__wire_all[i]->name, name) == 0)
+      return ag__wire_all[i];
+  return NULL;
 }

@@ -1,5 +1,5 @@
 /*
- * src/providers/anthropic.c - the Anthropic Messages wire format.
+ * src/wire/messages.c - the Anthropic Messages shape.
  *
  * The loop keeps its history as Chat Completions messages; this file
  * converts it for every request:
@@ -18,7 +18,7 @@
  *     merges consecutive tool results (and the error context that follows
  *     them) into one user message as the API requires;
  *   - empty text is dropped (the API refuses empty text blocks).
- * Replies and stream events fill the shared assembler (http.c); tool_use
+ * Replies and stream events fill the shared assembler (reply.c); tool_use
  * blocks are calls, their input (whole, or joined from input_json_delta
  * fragments) the arguments text.
  */
@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "wire.h"
 
 #define ANTHROPIC_DEFAULT_MAX_TOKENS 4096
 
@@ -467,3 +467,18 @@ int ag__anthropic_event(ag__asm *a, const char *event, const char *data,
   json_decref(j);
   return ok ? 0 : 1;
 }
+
+const ag__wire ag__wire_messages = {
+    .name = "anthropic",
+    .api = "Messages",
+    .path = "/v1/messages",
+    .base_url = "https://api.anthropic.com",
+    .suffix = "/v1/messages",
+    .key_env = "ANTHROPIC_API_KEY",
+    .key_header = "x-api-key: ",
+    .extra_header = "anthropic-version: 2023-06-01",
+    .end_marker = "message_stop",
+    .request = ag__anthropic_request,
+    .response = ag__anthropic_response,
+    .event = ag__anthropic_event,
+};

@@ -1,0 +1,204 @@
+/*
+ * src/wire/wire.h - the wire layer: every model API's shape, one file each,
+ * behind one table (ag__wire), and what they share: the SSE parser and the
+ * reply assembler. Not installed, not API (ag__ prefix).
+ *
+ * Layers (docs/layers.md): wire sits on base, core and the model interface
+ * (include/agentguard/providers.h: ag_request, ag_reply); the providers,
+ * the proxy and the audit use it, and generic code among them asks the
+ * table, never which shape it holds. libcurl is not used here: the wire
+ * turns bytes into replies and requests into bytes, the transports are the
+ * providers' and the proxy's.
+ *
+ *   sse.c       the SSE parser (WHATWG server-sent events)
+ *   reply.c     the reply assembler (ag__asm), JSON and message helpers
+ *   chat.c      OpenAI Chat Completions (ag__wire_chat)
+ *   messages.c  Anthropic Messages (ag__wire_messages)
+ *
+ * Adding a shape: a file here that fills an ag__wire (its name, the path
+ * it serves, its request encoder, whole-reply and stream-event readers),
+ * and one row in ag__wire_all (chat.c); docs/layers.md says the rest.
+ */
+#ifndef AG_WIRE_H
+#define AG_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "agentguard/providers.h"
+
+#include "../base/internal.h"
+
+/* Caps: going over is an error, never growth. */
+#define AG__HTTP_BODY_MAX (8u << 20)     /* a non-streamed response body */
+#define AG__HTTP_ERRBODY_MAX (64u << 10) /* an error body kept */
+#define AG__SSE_LINE_MAX (1u << 20)      /* one SSE line */
+#define AG__SSE_EVENT_MAX (1u << 20)     /* one SSE event's data */
+#define AG__REPLY_TEXT_MAX (4u << 20)    /* assistant text of one reply */
+#define AG__CALL_ARGS_MAX (1u << 20)     /* one tool call's arguments */
+#define AG__CALLS_MAX 128                /* tool calls in one reply */
+
+/* ---- SSE parser (sse.c) ------------------------------------------------ */
+
+/* One dispatched event: `event` is the event name ("" when none was given),
+ * `data` the data lines joined by '\n' (NUL-terminated), `pos` the byte
+ * offset of the event's first line in the stream. Returns 0 to go on,
+ * non-zero to stop the transfer. */
+typedef int (*ag__sse_fn)(void *user, const char *event, const char *data,
+                          size_t len, size_t pos);
+
+typedef struct ag__sse {
+  ag__buf line; /* the current line, capped at AG__SSE_LINE_MAX */
+  ag__buf data; /* the current event's data, capped at AG__SSE_EVENT_MAX */
+  bool has_data;
+  char event[64];
+  bool skip_lf;     /* the previous line ended with '\r' */
+  size_t consumed;  /* bytes fed so far: positions in messages */
+  size_t line_pos;  /* offset of the current line */
+  size_t event_pos; /* offset of the current event's first line */
+  bool in_event;
+  ag__sse_fn fn;
+  void *user;
+} ag__sse;
+
+void ag__sse_init(ag__sse *s, ag__sse_fn fn, void *user);
+void ag__sse_free(ag__sse *s);
+/* Returns 0, 1 when fn asked to stop, -1 when a cap was exceeded (AG_ETOOBIG)
+ * or memory ran out (AG_ENOMEM): *why says which. */
+int ag__sse_feed(ag__sse *s, const char *buf, size_t len, ag_err_t *why);
+/* Dispatches an event left without its blank line at the end of input. */
+int ag__sse_finish(ag__sse *s, ag_err_t *why);
+
+/* ---- the reply being assembled (reply.c) ------------------------------- */
+
+typedef struct ag__part_call {
+  char *id, *name;
+  ag__buf args; /* capped at AG__CALL_ARGS_MAX */
+  bool used;
+} ag__part_call;
+
+typedef struct ag__asm {
+  ag__buf text;                       /* capped at AG__REPLY_TEXT_MAX */
+  ag__buf refusal;                    /* capped at AG__REPLY_TEXT_MAX */
+  ag__part_call calls[AG__CALLS_MAX]; /* by the wire's index */
+  int n_slots;                        /* highest used index + 1 */
+  bool has_usage;
+  ag_usage usage;
+  char finish_reason[32];
+  bool done; /* [DONE] / message_stop seen */
+  ag_delta_fn on_delta;
+  void *delta_user;
+  bool delta_stopped; /* on_delta asked to stop */
+  /* A failure found while parsing: AG_EPROVIDER with perr filled, or
+   * AG_ENOMEM / AG_ETOOBIG. */
+  ag_err_t failed;
+  ag_provider_error *perr;
+  const char *service;
+} ag__asm;
+
+void ag__asm_init(ag__asm *a, ag_delta_fn on_delta, void *delta_user,
+                  ag_provider_error *perr, const char *service);
+void ag__asm_free(ag__asm *a);
+/* Appends text (passed on to on_delta); false on a failure (a->failed). */
+bool ag__asm_text(ag__asm *a, const char *s, size_t len);
+bool ag__asm_refusal(ag__asm *a, const char *s, size_t len);
+/* The call slot for a wire index, or NULL (a->failed set) when out of range. */
+ag__part_call *ag__asm_call(ag__asm *a, int64_t index);
+bool ag__asm_set(ag__asm *a, char **dst, const char *s, size_t len);
+bool ag__asm_args(ag__asm *a, ag__part_call *c, const char *s, size_t len);
+/* Moves everything into `out`. AG_OK or AG_ENOMEM. */
+ag_err_t ag__asm_finish(ag__asm *a, ag_reply *out);
+/* Records a body that is not what the API promises: AG_EPROVIDER, not
+ * transient, "<what> at byte <pos>". Returns false for chaining. */
+bool ag__asm_bad(ag__asm *a, long pos, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* An error event inside a stream, with the API's error object. */
+bool ag__asm_stream_error(ag__asm *a, const json_t *error);
+
+/* ---- helpers the shapes share (reply.c) -------------------------------- */
+
+/* perr->message, formatted; cut to fit. */
+void ag__perr_set(ag_provider_error *perr, const char *fmt, ...)
+    AG__PRINTF(2, 3);
+/* Copies text with control characters shown as spaces and whitespace runs
+ * collapsed, at most `max` characters, cut on a UTF-8 boundary. */
+void ag__readable(char *dst, size_t cap, const char *s, size_t n, size_t max);
+
+/* The string at obj[key], or NULL; *len its length. */
+const char *ag__jstr(const json_t *obj, const char *key, size_t *len);
+/* Fills perr->message from an API error object ({"message", "type",
+ * "code"}) or a string; returns whether anything usable was found. */
+bool ag__api_error_message(const json_t *error, char *buf, size_t cap);
+
+/* ---- the shapes (chat.c, messages.c) ----------------------------------- */
+
+typedef struct ag__wire_opts {
+  const char *model;
+  bool stream;
+  double temperature;
+  int max_tokens;
+  bool parallel_tool_calls;
+  const json_t *extra_body; /* object or NULL */
+} ag__wire_opts;
+
+/* Builds the request body as JSON text (caller-owns, free). On failure
+ * returns NULL with *rc set (AG_ENOMEM or AG_EINVAL with `msg`). */
+char *ag__openai_request(const ag__wire_opts *o, const ag_request *req,
+                         size_t *len, ag_err_t *rc, char *msg, size_t cap);
+char *ag__anthropic_request(const ag__wire_opts *o, const ag_request *req,
+                            size_t *len, ag_err_t *rc, char *msg, size_t cap);
+
+/* A whole (non-streamed) response body into the assembler. */
+void ag__openai_response(ag__asm *a, const char *body, size_t len);
+void ag__anthropic_response(ag__asm *a, const char *body, size_t len);
+
+/* One SSE event into the assembler; `pos` is the byte offset of the event
+ * in the stream. Returns 0 to go on, non-zero to stop. */
+int ag__openai_event(ag__asm *a, const char *event, const char *data,
+                     size_t len, size_t pos);
+/* The same for a chunk already parsed (j, not taken); `at` is the byte
+ * position of its data, for errors. */
+int ag__openai_chunk(ag__asm *a, json_t *j, size_t at);
+int ag__anthropic_event(ag__asm *a, const char *event, const char *data,
+                        size_t len, size_t pos);
+
+/* ---- the table ---------------------------------------------------------- */
+
+/* One API shape: what the providers and the proxy need to speak it. */
+typedef struct ag__wire {
+  const char *name;         /* the provider kind: "openai", "anthropic" */
+  const char *api;          /* for messages: "Chat Completions", ... */
+  const char *path;         /* the path a client posts to ("/v1/...") */
+  const char *base_url;     /* the provider's default base URL */
+  const char *suffix;       /* appended to a base URL: "/chat/completions" */
+  const char *key_env;      /* the provider's default key variable */
+  const char *key_header;   /* the key's header, before the key */
+  const char *extra_header; /* one more header every request sends, or NULL */
+  const char *end_marker;   /* what ends a stream: "[DONE]", "message_stop" */
+  /* the request body as JSON text (caller frees), or NULL with *rc
+   * (AG_ENOMEM, or AG_EINVAL with msg) */
+  char *(*request)(const ag__wire_opts *o, const ag_request *req, size_t *len,
+                   ag_err_t *rc, char *msg, size_t cap);
+  /* a whole (non-streamed) reply body into the assembler */
+  void (*response)(ag__asm *a, const char *body, size_t len);
+  /* one SSE event into the assembler; 0 to go on, non-zero to stop */
+  int (*event)(ag__asm *a, const char *event, const char *data, size_t len,
+               size_t pos);
+} ag__wire;
+
+extern const ag__wire ag__wire_chat;     /* chat.c */
+extern const ag__wire ag__wire_messages; /* messages.c */
+
+/* Every shape, NULL-terminated. */
+extern const ag__wire *const ag__wire_all[];
+
+/* The shape of provider kind `name`, or NULL. */
+const ag__wire *ag__wire_named(const char *name);
+
+#endif /* AG_WIRE_H */
