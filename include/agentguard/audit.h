@@ -46,10 +46,15 @@ typedef enum {
   AG_TRAJ_CHAT,        /* an OpenAI chat transcript: [message, …] */
   AG_TRAJ_CHAT_OBJECT, /* {"messages":[message, …], …} */
   AG_TRAJ_CHAT_JSONL,  /* JSON Lines, one chat message per line */
-  AG_TRAJ_EVENTS       /* JSON Lines of agentguard events (--events) */
+  AG_TRAJ_EVENTS,      /* JSON Lines of agentguard events (--events) */
+  /* Anthropic Messages: {"messages":[message, …], …} or [message, …] whose
+   * content blocks hold tool_use / tool_result (a request body, a saved
+   * conversation); read as the proxy reads it (docs/audit.md) */
+  AG_TRAJ_MESSAGES
 } ag_traj_format;
 
-/* "trajectory", "chat", "chat-object", "chat-jsonl", "events" or "auto";
+/* "trajectory", "chat", "chat-object", "chat-jsonl", "events", "messages"
+ * or "auto";
  * a static string. */
 AG_EXTERN const char *ag_traj_format_name(ag_traj_format f);
 

@@ -50,6 +50,7 @@
 
 #include "agentguard/audit.h"
 #include "../core/internal.h"
+#include "../wire/wire.h"
 
 #define JFLAGS                                                                 \
   (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES)
@@ -72,6 +73,8 @@ AG_EXTERN const char *ag_traj_format_name(ag_traj_format f) {
     return "chat-jsonl";
   case AG_TRAJ_EVENTS:
     return "events";
+  case AG_TRAJ_MESSAGES:
+    return "messages";
   }
   return "unknown";
 }
@@ -111,6 +114,7 @@ typedef struct achunk {
 typedef struct traj_full {
   ag_trajectory pub;
   json_t *root; /* every borrowed string lives in here */
+  json_t *chat; /* or here: another shape's messages as chat (wire.h) */
   achunk *chunks;
   ag_traj_turn *turns;
   ag_traj_step *steps;
@@ -139,6 +143,7 @@ static void traj_full_free(traj_full *f) {
   if (f == NULL)
     return;
   json_decref(f->root);
+  json_decref(f->chat);
   for (achunk *c = f->chunks; c != NULL;) {
     achunk *next = c->next;
     free(c);
@@ -1210,9 +1215,33 @@ static ag_err_t load_lines(const char *buf, size_t len, json_t **out,
 }
 
 static const char shape_help[] =
-    "expected a trajectory object with \"steps\", an array of chat messages, "
-    "an object with \"messages\", or JSON Lines of chat messages or "
-    "agentguard events";
+    "expected a trajectory object with \"steps\", an array of chat (or "
+    "Anthropic) messages, an object with \"messages\", or JSON Lines of chat "
+    "messages or agentguard events";
+
+/* The shape that claims `msgs` (wire.h: looks_like), or NULL: chat. */
+static const ag__wire *shape_of(const json_t *msgs) {
+  for (size_t i = 0; ag__wire_all[i] != NULL; i++)
+    if (ag__wire_all[i]->looks_like != NULL &&
+        ag__wire_all[i]->to_chat != NULL && ag__wire_all[i]->looks_like(msgs))
+      return ag__wire_all[i];
+  return NULL;
+}
+
+/* Messages of another API's shape, read as the proxy reads them: turned
+ * into chat messages by the shape's own reader (kept in f->chat, which
+ * the trajectory's texts borrow from), then parsed as chat. */
+static ag_err_t parse_shape(builder *b, const ag__wire *w, const json_t *msgs) {
+  char emsg[256];
+  json_t *chat = w->to_chat(msgs, 0, emsg, sizeof emsg);
+  if (chat == NULL)
+    return emsg[0] != '\0'
+               ? ag__set_error(b->err, AG_EINVAL, -1, "%s (%s)", emsg, w->api)
+               : ag__set_error(b->err, AG_ENOMEM, -1, "out of memory");
+  b->f->chat = chat;
+  b->f->pub.format = AG_TRAJ_MESSAGES;
+  return parse_chat(b, chat, NULL);
+}
 
 /* Checks that every value of `arr` is of `kind`; fills the builder's place
  * for the message. */
@@ -1294,6 +1323,10 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
   }
 
   json_t *root = f->root;
+  const ag__wire *shape = NULL;
+  if (json_is_array(root) && want != AG_TRAJ_CHAT &&
+      (shape = shape_of(root)) != NULL)
+    return parse_shape(b, shape, root);
   if (json_is_array(root)) {
     if (json_array_size(root) == 0)
       return ag__set_error(err, AG_EINVAL, -1,
@@ -1325,6 +1358,11 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
       return ag__set_error(err, AG_EINVAL, -1,
                            "\"messages\" must be an array, got %s",
                            ag__json_kind(msgs));
+    if (want != AG_TRAJ_CHAT_OBJECT && (shape = shape_of(msgs)) != NULL) {
+      f->pub.outcome = parse_outcome(root);
+      f->pub.source = parse_source(root);
+      return parse_shape(b, shape, msgs);
+    }
     f->pub.format = AG_TRAJ_CHAT_OBJECT;
     f->pub.outcome = parse_outcome(root);
     f->pub.source = parse_source(root);

@@ -3,8 +3,8 @@
  *
  * One request, guarded (POST /v1/chat/completions; POST /v1/messages the
  * same way in Anthropic's shapes, its turn read by fast_turn_anth or, on
- * the slow path, converted to chat form by anthropic_to_chat, its streams
- * relayed by on_anth_event):
+ * the slow path, converted to chat form by ag__wire_messages.to_chat, its
+ * streams relayed by on_anth_event):
  *   1. the body is read (capped) and tokenized once by the core's JCS
  *      tokenizer (tape_decide: a flat tape, no jansson tree); for the plain
  *      shape the turn is read from the tape (t_turn_chat, t_turn_anth) and
@@ -2779,147 +2779,6 @@ int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
 /* ---- Anthropic Messages (/v1/messages) -------------------------------- */
 
 /* The text of a content value: a string, or the text blocks of an array. */
-static json_t *blocks_text(const json_t *content) {
-  if (json_is_string(content))
-    return json_incref((json_t *)content);
-  char *acc = NULL;
-  size_t len = 0, i;
-  json_t *b;
-  json_array_foreach(content, i, b) {
-    size_t l = 0;
-    const char *t = ag__jstr(b, "text", &l);
-    if (t == NULL)
-      continue;
-    char *g = realloc(acc, len + l + 2);
-    if (g == NULL) {
-      free(acc);
-      return NULL;
-    }
-    acc = g;
-    if (len > 0)
-      acc[len++] = '\n';
-    memcpy(acc + len, t, l);
-    len += l;
-  }
-  json_t *out = json_stringn(acc != NULL ? acc : "", len);
-  free(acc);
-  return out;
-}
-
-/*
- * Anthropic messages as Chat Completions messages, for the replay: a
- * tool_use block is a tool call (its input the arguments), a tool_result
- * block a tool message (is_error kept), text blocks the message's text. A
- * user message holding only tool results is no user message: it does not
- * start a turn. Every message is checked; only msgs[from..] are converted
- * (from = SIZE_MAX: none, the check alone). NULL with emsg set on a bad
- * shape; NULL with emsg "" when out of memory.
- */
-static json_t *anthropic_to_chat(const json_t *msgs, size_t from, char *emsg,
-                                 size_t cap) {
-  emsg[0] = '\0';
-  json_t *out = json_array();
-  size_t i;
-  json_t *m;
-  json_array_foreach(msgs, i, m) {
-    if (out == NULL)
-      return NULL;
-    const bool build = i >= from;
-    const char *role = json_string_value(json_object_get(m, "role"));
-    json_t *content = json_object_get(m, "content");
-    if (role == NULL ||
-        (strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0)) {
-      snprintf(emsg, cap, "messages[%zu].role: expected user or assistant", i);
-      goto bad;
-    }
-    if (!json_is_string(content) && !json_is_array(content)) {
-      snprintf(emsg, cap,
-               "messages[%zu].content: expected a string or an array of "
-               "content blocks",
-               i);
-      goto bad;
-    }
-    bool has_text = json_is_string(content);
-    json_t *calls = build ? json_array() : NULL;
-    size_t k;
-    json_t *b;
-    json_array_foreach(content, k, b) {
-      const char *bt = json_string_value(json_object_get(b, "type"));
-      if (bt == NULL) {
-        json_decref(calls);
-        snprintf(emsg, cap,
-                 "messages[%zu].content[%zu].type: expected a "
-                 "string",
-                 i, k);
-        goto bad;
-      }
-      if (strcmp(bt, "text") == 0) {
-        has_text = true;
-      } else if (strcmp(bt, "tool_use") == 0) {
-        const char *id = json_string_value(json_object_get(b, "id"));
-        const char *name = json_string_value(json_object_get(b, "name"));
-        json_t *input = json_object_get(b, "input");
-        if (id == NULL || name == NULL) {
-          json_decref(calls);
-          snprintf(emsg, cap,
-                   "messages[%zu].content[%zu]: a tool_use block needs an id "
-                   "and a name",
-                   i, k);
-          goto bad;
-        }
-        if (!build)
-          continue;
-        char *args = input != NULL
-                         ? json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY)
-                         : dupz("{}");
-        json_array_append_new(
-            calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
-                             "function", "function", "name", name, "arguments",
-                             args != NULL ? args : "{}"));
-        free(args);
-      } else if (strcmp(bt, "tool_result") == 0) {
-        const char *id = json_string_value(json_object_get(b, "tool_use_id"));
-        if (id == NULL) {
-          json_decref(calls);
-          snprintf(emsg, cap,
-                   "messages[%zu].content[%zu]: a tool_result block needs a "
-                   "tool_use_id",
-                   i, k);
-          goto bad;
-        }
-        if (!build)
-          continue;
-        json_t *t = blocks_text(json_object_get(b, "content"));
-        json_array_append_new(
-            out, json_pack("{s:s, s:s, s:o, s:b}", "role", "tool",
-                           "tool_call_id", id, "content",
-                           t != NULL ? t : json_string(""), "is_error",
-                           json_is_true(json_object_get(b, "is_error"))));
-      }
-    }
-    if (!build) {
-      /* checked only */
-    } else if (strcmp(role, "assistant") == 0) {
-      json_t *t = blocks_text(content);
-      json_t *am = json_pack("{s:s, s:o}", "role", "assistant", "content",
-                             t != NULL ? t : json_string(""));
-      if (json_array_size(calls) > 0)
-        json_object_set(am, "tool_calls", calls);
-      json_array_append_new(out, am);
-    } else if (has_text) {
-      json_t *t = blocks_text(content);
-      json_array_append_new(out,
-                            json_pack("{s:s, s:o}", "role", "user", "content",
-                                      t != NULL ? t : json_string("")));
-    }
-    json_decref(calls);
-  }
-  return out;
-bad:
-  json_decref(out);
-  return NULL;
-}
-
 /* Whether an Anthropic message has text (a string, or a text block): a
  * user message with text starts a turn. */
 static bool anth_has_text(const json_t *m) {
@@ -2936,7 +2795,7 @@ static bool anth_has_text(const json_t *m) {
   return false;
 }
 
-/* The text blocks_text makes of `content`, without a copy when it is a
+/* The text ag__blocks_text makes of `content`, without a copy when it is a
  * string or a single text block; a joined one is owned by f. NULL when out
  * of memory. */
 static const char *anth_text(const json_t *content, fast_traj *f, size_t *len) {
@@ -2960,7 +2819,7 @@ static const char *anth_text(const json_t *content, fast_traj *f, size_t *len) {
   }
   if (n <= 1)
     return one;
-  json_t *joined = blocks_text(content);
+  json_t *joined = ag__blocks_text(content);
   char *copy = joined != NULL ? malloc(json_string_length(joined) + 1) : NULL;
   if (copy != NULL) {
     *len = json_string_length(joined);
@@ -2972,13 +2831,14 @@ static const char *anth_text(const json_t *content, fast_traj *f, size_t *len) {
 }
 
 /*
- * fast_turn for Anthropic messages (already checked by anthropic_to_chat):
- * the turn that starts at msgs[from] (a user message with text) read
- * straight from the parsed request into the steps that anthropic_to_chat
- * then fast_turn would give, without building the chat messages. Anything
- * fast_turn would leave to the slow path (a result before any call, an
- * unknown or repeated id, an unanswered call, a tool_result in an assistant
- * message) returns 0 here too. 1, 0 or -1 (out of memory) as fast_turn.
+ * fast_turn for Anthropic messages (already checked by
+ * ag__wire_messages.to_chat): the turn that starts at msgs[from] (a user
+ * message with text) read straight from the parsed request into the steps that
+ * ag__wire_messages.to_chat then fast_turn would give, without building the
+ * chat messages. Anything fast_turn would leave to the slow path (a result
+ * before any call, an unknown or repeated id, an unanswered call, a tool_result
+ * in an assistant message) returns 0 here too. 1, 0 or -1 (out of memory) as
+ * fast_turn.
  */
 static int fast_turn_anth(const json_t *msgs, size_t from, fast_traj *f) {
   memset(f, 0, sizeof(*f));
@@ -3085,13 +2945,13 @@ oom:
  * replay_turn for Anthropic messages: every message checked (a 400 names
  * the first bad one), then the turn (from the last user message with text)
  * read by fast_turn_anth, or, when it leaves it to the slow path, converted
- * by anthropic_to_chat from there and replayed as chat. Only the turn is
- * converted: the history before it costs the check alone. Returns as
+ * by ag__wire_messages.to_chat from there and replayed as chat. Only the turn
+ * is converted: the history before it costs the check alone. Returns as
  * replay_turn.
  */
 static int replay_turn_anth(ag_guard *g, const json_t *msgs, ag_verdict *v,
                             char *emsg, size_t cap) {
-  json_t *checked = anthropic_to_chat(msgs, SIZE_MAX, emsg, cap);
+  json_t *checked = ag__wire_messages.to_chat(msgs, SIZE_MAX, emsg, cap);
   if (checked == NULL)
     return emsg[0] != '\0' ? -1 : -2;
   json_decref(checked);
@@ -3115,7 +2975,7 @@ static int replay_turn_anth(ag_guard *g, const json_t *msgs, ag_verdict *v,
       return replay_fast(g, &f, v);
   }
   json_t *chat =
-      anthropic_to_chat(msgs, from == SIZE_MAX ? 0 : from, emsg, cap);
+      ag__wire_messages.to_chat(msgs, from == SIZE_MAX ? 0 : from, emsg, cap);
   if (chat == NULL)
     return emsg[0] != '\0' ? -1 : -2;
   int act = replay_turn(g, chat, from, v, emsg, cap);
@@ -3246,7 +3106,7 @@ static bool t_jansson_safe(const tape *t) {
   return true;
 }
 
-/* The text blocks_text / anth_text make of Anthropic content token c: a
+/* The text ag__blocks_text / anth_text make of Anthropic content token c: a
  * string, or the "text" strings of an array's blocks joined by "\n"; ""
  * for anything else. NULL when the buffer is full. */
 static const char *t_anth_text(tape *t, size_t c, size_t *len) {
@@ -3399,7 +3259,7 @@ slow:
   return 0;
 }
 
-/* Whether anthropic_to_chat passes message token m (its 400s are the
+/* Whether ag__wire_messages.to_chat passes message token m (its 400s are the
  * jansson path's to give). */
 static bool t_anth_ok(const tape *t, size_t m) {
   size_t role = t_get(t, m, "role"), content = t_get(t, m, "content");

@@ -352,6 +352,8 @@ const ag__wire ag__wire_chat = {
     .request = ag__openai_request,
     .response = ag__openai_response,
     .event = ag__openai_event,
+    .to_chat = NULL, /* its messages are chat already */
+    .looks_like = NULL,
 };
 
 const ag__wire *const ag__wire_all[] = {&ag__wire_chat, &ag__wire_messages,

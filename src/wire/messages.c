@@ -468,6 +468,169 @@ int ag__anthropic_event(ag__asm *a, const char *event, const char *data,
   return ok ? 0 : 1;
 }
 
+json_t *ag__blocks_text(const json_t *content) {
+  if (json_is_string(content))
+    return json_incref((json_t *)content);
+  char *acc = NULL;
+  size_t len = 0, i;
+  json_t *b;
+  json_array_foreach(content, i, b) {
+    size_t l = 0;
+    const char *t = ag__jstr(b, "text", &l);
+    if (t == NULL)
+      continue;
+    char *g = realloc(acc, len + l + 2);
+    if (g == NULL) {
+      free(acc);
+      return NULL;
+    }
+    acc = g;
+    if (len > 0)
+      acc[len++] = '\n';
+    memcpy(acc + len, t, l);
+    len += l;
+  }
+  json_t *out = json_stringn(acc != NULL ? acc : "", len);
+  free(acc);
+  return out;
+}
+
+/*
+ * Messages as Chat Completions messages (ag__wire.to_chat): a tool_use
+ * block is a tool call (its input the arguments), a tool_result block a
+ * tool message (is_error kept), text blocks the message's text. A user
+ * message holding only tool results is no user message: it does not start
+ * a turn. A "system" message inside the list (Claude Code sends them) is
+ * context: left out, it neither starts a turn nor comes between two calls.
+ * Other block types (thinking, images, server tools, ...) carry no call
+ * and no text the guard reads. Every message is checked; only msgs[from..]
+ * are converted (from = SIZE_MAX: none, the check alone). NULL with emsg
+ * set on a bad shape; NULL with emsg "" when out of memory.
+ */
+static json_t *messages_to_chat(const json_t *msgs, size_t from, char *emsg,
+                                size_t cap) {
+  emsg[0] = '\0';
+  json_t *out = json_array();
+  size_t i;
+  json_t *m;
+  json_array_foreach(msgs, i, m) {
+    if (out == NULL)
+      return NULL;
+    const bool build = i >= from;
+    const char *role = json_string_value(json_object_get(m, "role"));
+    json_t *content = json_object_get(m, "content");
+    if (role != NULL && strcmp(role, "system") == 0)
+      continue; /* context (see above) */
+    if (role == NULL ||
+        (strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0)) {
+      snprintf(emsg, cap,
+               "messages[%zu].role: expected user, assistant or system", i);
+      goto bad;
+    }
+    if (!json_is_string(content) && !json_is_array(content)) {
+      snprintf(emsg, cap,
+               "messages[%zu].content: expected a string or an array of "
+               "content blocks",
+               i);
+      goto bad;
+    }
+    bool has_text = json_is_string(content);
+    json_t *calls = build ? json_array() : NULL;
+    size_t k;
+    json_t *b;
+    json_array_foreach(content, k, b) {
+      const char *bt = json_string_value(json_object_get(b, "type"));
+      if (bt == NULL) {
+        json_decref(calls);
+        snprintf(emsg, cap,
+                 "messages[%zu].content[%zu].type: expected a "
+                 "string",
+                 i, k);
+        goto bad;
+      }
+      if (strcmp(bt, "text") == 0) {
+        has_text = true;
+      } else if (strcmp(bt, "tool_use") == 0) {
+        const char *id = json_string_value(json_object_get(b, "id"));
+        const char *name = json_string_value(json_object_get(b, "name"));
+        json_t *input = json_object_get(b, "input");
+        if (id == NULL || name == NULL) {
+          json_decref(calls);
+          snprintf(emsg, cap,
+                   "messages[%zu].content[%zu]: a tool_use block needs an id "
+                   "and a name",
+                   i, k);
+          goto bad;
+        }
+        if (!build)
+          continue;
+        char *args = input != NULL
+                         ? json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY)
+                         : ag__strdup("{}");
+        json_array_append_new(
+            calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+                             "function", "function", "name", name, "arguments",
+                             args != NULL ? args : "{}"));
+        free(args);
+      } else if (strcmp(bt, "tool_result") == 0) {
+        const char *id = json_string_value(json_object_get(b, "tool_use_id"));
+        if (id == NULL) {
+          json_decref(calls);
+          snprintf(emsg, cap,
+                   "messages[%zu].content[%zu]: a tool_result block needs a "
+                   "tool_use_id",
+                   i, k);
+          goto bad;
+        }
+        if (!build)
+          continue;
+        json_t *t = ag__blocks_text(json_object_get(b, "content"));
+        json_array_append_new(
+            out, json_pack("{s:s, s:s, s:o, s:b}", "role", "tool",
+                           "tool_call_id", id, "content",
+                           t != NULL ? t : json_string(""), "is_error",
+                           json_is_true(json_object_get(b, "is_error"))));
+      }
+    }
+    if (!build) {
+      /* checked only */
+    } else if (strcmp(role, "assistant") == 0) {
+      json_t *t = ag__blocks_text(content);
+      json_t *am = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                             t != NULL ? t : json_string(""));
+      if (json_array_size(calls) > 0)
+        json_object_set(am, "tool_calls", calls);
+      json_array_append_new(out, am);
+    } else if (has_text) {
+      json_t *t = ag__blocks_text(content);
+      json_array_append_new(out,
+                            json_pack("{s:s, s:o}", "role", "user", "content",
+                                      t != NULL ? t : json_string("")));
+    }
+    json_decref(calls);
+  }
+  return out;
+bad:
+  json_decref(out);
+  return NULL;
+}
+
+/* Whether a list of messages is in this shape: a content block of a tool
+ * call or result (other transcripts may be either shape: read as chat). */
+static bool messages_looks_like(const json_t *msgs) {
+  size_t i, k;
+  const json_t *m, *b;
+  json_array_foreach(msgs, i, m) {
+    json_array_foreach(json_object_get(m, "content"), k, b) {
+      const char *bt = json_string_value(json_object_get(b, "type"));
+      if (bt != NULL &&
+          (strcmp(bt, "tool_use") == 0 || strcmp(bt, "tool_result") == 0))
+        return true;
+    }
+  }
+  return false;
+}
+
 const ag__wire ag__wire_messages = {
     .name = "anthropic",
     .api = "Messages",
@@ -481,4 +644,6 @@ const ag__wire ag__wire_messages = {
     .request = ag__anthropic_request,
     .response = ag__anthropic_response,
     .event = ag__anthropic_event,
+    .to_chat = messages_to_chat,
+    .looks_like = messages_looks_like,
 };

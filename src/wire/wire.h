@@ -190,6 +190,15 @@ typedef struct ag__wire {
   /* one SSE event into the assembler; 0 to go on, non-zero to stop */
   int (*event)(ag__asm *a, const char *event, const char *data, size_t len,
                size_t pos);
+  /* A request's (or transcript's) messages as Chat Completions messages,
+   * the neutral form the guard's replay and the audit read: every message
+   * checked, msgs[from..] converted (from SIZE_MAX: the check alone). NULL
+   * with emsg naming the first bad message (a 400), or with emsg "" when
+   * out of memory. NULL for Chat Completions itself. */
+  json_t *(*to_chat)(const json_t *msgs, size_t from, char *emsg, size_t cap);
+  /* Whether messages that may be in either shape are in this one (NULL:
+   * never claimed; a transcript is read as chat unless a shape claims it). */
+  bool (*looks_like)(const json_t *msgs);
 } ag__wire;
 
 extern const ag__wire ag__wire_chat;     /* chat.c */
@@ -197,6 +206,10 @@ extern const ag__wire ag__wire_messages; /* messages.c */
 
 /* Every shape, NULL-terminated. */
 extern const ag__wire *const ag__wire_all[];
+
+/* The text of Messages content: a string as it is, text blocks joined by
+ * '\n' (a new reference; NULL when out of memory). */
+json_t *ag__blocks_text(const json_t *content);
 
 /* The shape of provider kind `name`, or NULL. */
 const ag__wire *ag__wire_named(const char *name);

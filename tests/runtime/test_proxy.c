@@ -3662,3 +3662,136 @@ Test(proxy, one_address_holds_at_most_its_share) {
   P = NULL;
   silent_stop(&s);
 }
+
+/* ---- The audit reads every shape the proxy guards ----------------------- */
+
+/* A Messages conversation whose tool results fail four times in a row:
+ * `agentguard audit` reports the stop the proxy makes of it (before, the
+ * audit read it as five chat turns without calls and reported nothing). */
+Test(proxy, audit_reads_a_messages_transcript_as_the_proxy_decides) {
+  /* four different calls, each result a different error */
+  char *conv =
+      messages_conv(4, "{\"path\":\"x\"}", "Error: denied", true, false);
+  json_t *req = json_loads(conv, 0, NULL);
+  free(conv);
+  size_t i;
+  json_t *m;
+  int k = 0;
+  json_array_foreach(json_object_get(req, "messages"), i, m) {
+    json_t *b = json_array_get(json_object_get(m, "content"), 1);
+    json_t *r0 = json_array_get(json_object_get(m, "content"), 0);
+    char text[64];
+    snprintf(text, sizeof text, "Error: permission denied: /srv/f%d", k);
+    if (json_is_object(b)) {
+      json_object_set_new(b, "input", json_pack("{s:i}", "n", k));
+    } else if (json_is_object(r0) &&
+               json_object_get(r0, "tool_use_id") != NULL) {
+      json_object_set_new(r0, "content", json_string(text));
+      k++;
+    }
+  }
+  char *body = json_dumps(req, JSON_COMPACT);
+  json_decref(req);
+  ag_config c;
+  cr_assert_eq(ag_config_preset(&c, "default", NULL), AG_OK);
+  ag_verdict v;
+  ag_error_t err;
+  int act = ag_proxy_decide(&c, body, strlen(body), true, &v, &err);
+  cr_expect(act == AG_STOP || act == AG_ESCALATE, "%d: %s", act, body);
+  cr_expect_str_eq(ag_reason_name(v.reason), "consecutive_errors");
+  char path[] = "/tmp/ag_messages_XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(write(fd, body, strlen(body)), (ssize_t)strlen(body));
+  close(fd);
+  char cmd[512], out[8192];
+  snprintf(cmd, sizeof cmd, "%s/agentguard audit --json %s 2>&1", AG_BINARY_DIR,
+           path);
+  FILE *f = popen(cmd, "r");
+  cr_assert_not_null(f);
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = '\0';
+  pclose(f);
+  unlink(path);
+  cr_expect(strstr(out, "\"format\":\"messages\"") != NULL, "%s", out);
+  char want[64];
+  snprintf(want, sizeof want, "\"reason\":\"%s\"", ag_reason_name(v.reason));
+  cr_expect(strstr(out, want) != NULL, "the audit says otherwise: %s", out);
+  free(body);
+}
+
+/* Random turns in Anthropic's shape: the audit of the transcript and the
+ * proxy's decision on the same messages agree, stop for stop. */
+Test(proxy, messages_decisions_equal_the_audits) {
+  ag_config cfgs[2];
+  cfgs[0] = test_cfg();
+  cfgs[1] = test_cfg();
+  cfgs[1].loop.nudge_before_stop = true;
+  cfgs[1].loop.cycle_limit = 2;
+  int stops = 0;
+  for (int c = 0; c < 2; c++) {
+    cfgs[c].loop.max_iterations = 0; /* the coming request never trips */
+    cfgs[c].loop.max_tokens_per_turn = 0;
+    ag_auditor *a = NULL;
+    cr_assert_eq(ag_auditor_new(&a, &cfgs[c], NULL, NULL), AG_OK);
+    for (int i = 0; i < 200; i++) {
+      json_t *chat = NULL, *anth = NULL;
+      random_pair(1 + (int)rnd(12), &chat, &anth);
+      json_decref(chat);
+      json_t *req = json_pack("{s:s, s:i, s:o}", "model", "m", "max_tokens", 10,
+                              "messages", anth);
+      char *body = json_dumps(req, JSON_COMPACT);
+      json_decref(req);
+      ag_trajectory *t = NULL;
+      ag_error_t err;
+      cr_assert_eq(ag_trajectory_parse(&t, body, strlen(body), NULL, &err),
+                   AG_OK, "%s", err.msg);
+      ag_audit_finding f;
+      cr_assert_eq(ag_auditor_run(a, t, &f, &err), AG_OK);
+      ag_verdict v;
+      int act = ag_proxy_decide(&cfgs[c], body, strlen(body), true, &v, &err);
+      if (f.stop.stopped) {
+        stops++;
+        cr_expect(act == AG_STOP || act == AG_ESCALATE, "cfg %d run %d: %s", c,
+                  i, body);
+        cr_expect_eq(v.reason, f.stop.reason, "cfg %d run %d: %s vs %s: %s", c,
+                     i, ag_reason_name(v.reason), ag_reason_name(f.stop.reason),
+                     body);
+      } else {
+        cr_expect_eq(act, AG_ALLOW, "cfg %d run %d: %s (%s)", c, i,
+                     ag_reason_name(v.reason), body);
+      }
+      ag_trajectory_free(t);
+      free(body);
+    }
+    ag_auditor_free(a);
+  }
+  cr_expect_gt(stops, 30, "the random turns exercise stops (%d)", stops);
+}
+
+/* A "system" message inside Messages' list (Claude Code sends them) is
+ * context: no 400, the body goes upstream as it came, and it does not
+ * come between repeated calls. */
+Test(proxy, messages_with_system_messages_inside_are_guarded) {
+  canned_message_call("{\"path\":\"b\"}");
+  json_t *req = json_loads(
+      messages_conv(2, "{\"path\":\"a\"}", "text of a", false, false), 0, NULL);
+  json_t *msgs = json_object_get(req, "messages");
+  json_array_insert_new(
+      msgs, 1,
+      json_pack("{s:s, s:s}", "role", "system", "content",
+                "<system-reminder>be brief</system-reminder>"));
+  json_array_append_new(msgs, json_pack("{s:s, s:[{s:s, s:s}]}", "role",
+                                        "system", "content", "type", "text",
+                                        "text", "reminder"));
+  char *body = json_dumps(req, JSON_COMPACT);
+  json_decref(req);
+  resp *r = call(P, "POST", "/v1/messages", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect_eq(n_upstream(), 1, "forwarded");
+  pthread_mutex_lock(&U.mu);
+  cr_expect_str_eq(U.reqs[0].body, body, "the body goes as it came");
+  pthread_mutex_unlock(&U.mu);
+  free(r);
+  free(body);
+}
