@@ -77,8 +77,6 @@
 #define HINT_CAP 4096
 #define MAX_WAIT_MS ((int64_t)5 * 60 * 1000) /* bound of any retry wait */
 
-static const char no_tool_call_text[] = "Your response contained no tool call.";
-
 typedef struct turn_span {
   size_t start;
   size_t bytes;
@@ -1567,9 +1565,9 @@ done:
 static step no_tool_call(turn_ctx *t) {
   ag_agent *a = t->a;
   ag_verdict v;
-  ag_action act =
-      ag_guard_record_refused(a->guard, no_tool_call_text,
-                              sizeof(no_tool_call_text) - 1, ag_now_ms(), &v);
+  ag_action act = ag_guard_record_refused(a->guard, AG__NO_TOOL_CALL_TEXT,
+                                          sizeof(AG__NO_TOOL_CALL_TEXT) - 1,
+                                          ag_now_ms(), &v);
   ag_cancel_reason why = fired(t);
   if (why != AG_CANCEL_NONE) {
     end_cancelled(t, why);

@@ -45,22 +45,14 @@
 
 #include "agentguard/audit.h"
 #include "../core/internal.h"
-
-/* What a reply without a tool call records when loop.require_tool_call is
- * on: the live loop's text and category (src/agent/loop.c), so repeated
- * ones are identical errors there and here. */
-#define NO_TOOL_CALL_TEXT "Your response contained no tool call."
+#include "internal.h"
 
 struct ag_auditor {
   ag_config cfg;
   ag_audit_opts opts;
   ag_guard *main;
   ag_guard *mech[AG_REASON__COUNT]; /* all_stops: one per enabled mechanism */
-  /* scratch for one batch */
-  size_t cap;
-  ag_call *calls;
-  ag_call_check *checks;
-  ag_result *results;
+  ag__replay_scratch scratch;       /* for one batch */
 };
 
 AG_EXTERN void ag_audit_opts_init(ag_audit_opts *opts) {
@@ -89,9 +81,7 @@ AG_EXTERN void ag_auditor_free(ag_auditor *a) {
   ag_guard_free(a->main);
   for (int r = 0; r < AG_REASON__COUNT; r++)
     ag_guard_free(a->mech[r]);
-  free(a->calls);
-  free(a->checks);
-  free(a->results);
+  ag__replay_scratch_free(&a->scratch);
   free(a);
 }
 
@@ -129,28 +119,33 @@ AG_EXTERN const ag_config *ag_auditor_config(const ag_auditor *a) {
   return &a->cfg;
 }
 
-static ag_err_t reserve(ag_auditor *a, size_t n, ag_error_t *err) {
-  if (n <= a->cap)
-    return AG_OK;
-  size_t cap = a->cap ? a->cap : 8;
+void ag__replay_scratch_free(ag__replay_scratch *s) {
+  free(s->calls);
+  free(s->checks);
+  free(s->results);
+  memset(s, 0, sizeof(*s));
+}
+
+/* Room for a batch of n calls; false when out of memory. */
+static bool reserve(ag__replay_scratch *s, size_t n) {
+  if (n <= s->cap)
+    return true;
+  size_t cap = s->cap ? s->cap : 8;
   while (cap < n)
     cap *= 2;
-  ag_call *c = realloc(a->calls, cap * sizeof(*c));
+  ag_call *c = realloc(s->calls, cap * sizeof(*c));
   if (c != NULL)
-    a->calls = c;
-  ag_call_check *k = realloc(a->checks, cap * sizeof(*k));
+    s->calls = c;
+  ag_call_check *k = realloc(s->checks, cap * sizeof(*k));
   if (k != NULL)
-    a->checks = k;
-  ag_result *r = realloc(a->results, cap * sizeof(*r));
+    s->checks = k;
+  ag_result *r = realloc(s->results, cap * sizeof(*r));
   if (r != NULL)
-    a->results = r;
+    s->results = r;
   if (c == NULL || k == NULL || r == NULL)
-    return ag__set_error(err, AG_ENOMEM, -1,
-                         "ag_auditor_run: out of memory for a step of %zu "
-                         "calls",
-                         n);
-  a->cap = cap;
-  return AG_OK;
+    return false;
+  s->cap = cap;
+  return true;
 }
 
 /* ---- the replay --------------------------------------------------------- */
@@ -211,18 +206,12 @@ static void set_stop(ag_audit_stop *s, const ag_verdict *v, int step, int turn,
   ag__scopy(s->message, sizeof(s->message), v->message);
 }
 
-static bool is_stop(ag_action a) {
-  return a == AG_STOP || a == AG_ESCALATE;
-}
-
 /* One replay of `t` through `g`; fills *stop, adds nudged calls to *held
  * (may be NULL). */
 static ag_err_t replay(ag_auditor *a, ag_guard *g, const ag_trajectory *t,
                        ag_audit_stop *stop, int *held, ag_error_t *err) {
   memset(stop, 0, sizeof(*stop));
   stop->call_index = -1;
-  const bool require_call = ag_guard_config(g)->loop.require_tool_call;
-  const ag_category unjudged = category_for(ag_guard_config(g));
   int global = 0, total = (int)t->n_steps;
   for (size_t ti = 0; ti < t->n_turns; ti++) {
     const ag_traj_turn *turn = &t->turns[ti];
@@ -242,55 +231,81 @@ static ag_err_t replay(ag_auditor *a, ag_guard *g, const ag_trajectory *t,
         t_done = st->t_done_ms >= t_resp ? st->t_done_ms : t_resp;
       }
       ag_verdict v;
-      ag_action act = ag_guard_begin_iteration(g, t_req, &v);
-      if (act == AG_ALLOW && st->tokens > 0) /* the reply's usage */
-        ag_guard_record_tokens(g, st->tokens);
-      if (act == AG_ALLOW && st->text != NULL && st->text_len > 0)
-        act = ag_guard_check_text(g, st->text, st->text_len, false, &v);
-      if (act == AG_ALLOW && st->no_reply && !st->rejected) {
-        /* The request got no reply: only the iteration counted. */
-      } else if (act == AG_ALLOW && !st->rejected && st->n_calls == 0 &&
-                 st->text != NULL && st->text_len == 0) {
-        /* An empty reply: asked again with a note, or stopped. */
-        act = ag_guard_record_empty(g, t_done, &v);
-      } else if (act == AG_ALLOW && (st->rejected || st->n_calls == 0)) {
-        /* Nothing ran: a refused reply (mechanism 12, no tool's error), or
-         * a reply without a tool call, which is one only when a call is
-         * required (and else the run's final answer). */
-        if (st->rejected) {
-          bool has = st->n_results > 0 && st->results[0].text != NULL;
-          act = ag_guard_record_refused(g, has ? st->results[0].text : "",
-                                        has ? st->results[0].text_len : 0,
-                                        t_done, &v);
-        } else if (require_call) {
-          act = ag_guard_record_refused(
-              g, NO_TOOL_CALL_TEXT, sizeof(NO_TOOL_CALL_TEXT) - 1, t_done, &v);
-        }
-      } else if (act == AG_ALLOW) {
-        ag_err_t rc = reserve(a, st->n_calls, err);
-        if (rc != AG_OK)
-          return rc;
-        for (size_t k = 0; k < st->n_calls; k++) {
-          a->calls[k].name = st->calls[k].name != NULL ? st->calls[k].name : "";
-          a->calls[k].args = st->calls[k].args;
-          a->calls[k].args_len = st->calls[k].args_len;
-        }
-        run_ctx ctx = {st, t_done, unjudged};
-        bool ran = false;
-        act = ag_guard_run_batch(g, a->calls, st->n_calls, t_resp, replay_run,
-                                 &ctx, a->checks, a->results, &v, &ran);
-        if (ran && held != NULL)
-          for (size_t k = 0; k < st->n_calls; k++)
-            if (a->checks[k].action == AG_NUDGE)
-              (*held)++;
-      }
-      if (is_stop(act)) {
+      int act =
+          ag__replay_step(g, st, t_req, t_resp, t_done, &a->scratch, &v, held);
+      if (act < 0)
+        return ag__set_error(err, AG_ENOMEM, -1,
+                             "ag_auditor_run: out of memory for a step of "
+                             "%zu calls",
+                             st->n_calls);
+      if (ag__stops((ag_action)act)) {
         set_stop(stop, &v, global, (int)ti + 1, (int)si + 1, total);
         return AG_OK;
       }
     }
   }
   return AG_OK;
+}
+
+int ag__replay_step(ag_guard *g, const ag_traj_step *st, int64_t t_req,
+                    int64_t t_resp, int64_t t_done, ag__replay_scratch *s,
+                    ag_verdict *v, int *nudged) {
+  const ag_config *cfg = ag_guard_config(g);
+  ag_action act = ag_guard_begin_iteration(g, t_req, v);
+  if (act == AG_ALLOW && st->tokens > 0) /* the reply's usage */
+    ag_guard_record_tokens(g, st->tokens);
+  if (act == AG_ALLOW && st->text != NULL && st->text_len > 0)
+    act = ag_guard_check_text(g, st->text, st->text_len, false, v);
+  if (act != AG_ALLOW || (st->no_reply && !st->rejected))
+    return (int)act; /* no reply: only the iteration counted */
+  if (!st->rejected && st->n_calls == 0 && st->text != NULL &&
+      st->text_len == 0) /* an empty reply: asked again, or stopped */
+    return (int)ag_guard_record_empty(g, t_done, v);
+  if (st->rejected) { /* refused (mechanism 12): no tool's error */
+    bool has = st->n_results > 0 && st->results[0].text != NULL;
+    return (int)ag_guard_record_refused(g, has ? st->results[0].text : "",
+                                        has ? st->results[0].text_len : 0,
+                                        t_done, v);
+  }
+  if (st->n_calls == 0) /* an answer, unless a call is required */
+    return cfg->loop.require_tool_call
+               ? (int)ag_guard_record_refused(g, AG__NO_TOOL_CALL_TEXT,
+                                              sizeof(AG__NO_TOOL_CALL_TEXT) - 1,
+                                              t_done, v)
+               : (int)AG_ALLOW;
+  if (!reserve(s, st->n_calls))
+    return -1;
+  for (size_t k = 0; k < st->n_calls; k++) {
+    s->calls[k].name = st->calls[k].name != NULL ? st->calls[k].name : "";
+    s->calls[k].args = st->calls[k].args;
+    s->calls[k].args_len = st->calls[k].args_len;
+  }
+  run_ctx ctx = {st, t_done, category_for(cfg)};
+  bool ran = false;
+  act = ag_guard_run_batch(g, s->calls, st->n_calls, t_resp, replay_run, &ctx,
+                           s->checks, s->results, v, &ran);
+  for (size_t k = 0; ran && nudged != NULL && k < st->n_calls; k++)
+    if (s->checks[k].action == AG_NUDGE)
+      (*nudged)++;
+  return (int)act;
+}
+
+int ag__replay_untimed(ag_guard *g, const ag_trajectory *t, ag_verdict *v) {
+  ag__replay_scratch s;
+  memset(&s, 0, sizeof s);
+  memset(v, 0, sizeof(*v));
+  v->call_index = -1;
+  int act = AG_ALLOW;
+  for (size_t ti = 0; ti < t->n_turns && act >= 0; ti++) {
+    const ag_traj_turn *turn = &t->turns[ti];
+    ag_guard_begin_turn(g, 0);
+    act = AG_ALLOW;
+    for (size_t si = 0;
+         si < turn->n_steps && act >= 0 && !ag__stops((ag_action)act); si++)
+      act = ag__replay_step(g, &turn->steps[si], 0, 0, 0, &s, v, NULL);
+  }
+  ag__replay_scratch_free(&s);
+  return act;
 }
 
 static ag_err_t check_trajectory(const ag_trajectory *t, ag_error_t *err) {

@@ -1684,7 +1684,7 @@ AG_EXTERN size_t ag_guard_error_context(const ag_guard *g, ag_recover_kind kind,
   if (g->unresolved.count > 0)
     out_unresolved(&o, g);
   else
-    ag__buf_addstr_cut(&o, "Your response contained no tool call.");
+    ag__buf_addstr_cut(&o, AG__NO_TOOL_CALL_TEXT);
   ag__buf_addstr_cut(&o,
                      "\n\nPlease analyze what went wrong and try a different "
                      "approach.");

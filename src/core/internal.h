@@ -247,4 +247,15 @@ bool ag__redact_needed(const char *in, size_t len, const ag__secret *secrets,
 size_t ag__redact(const char *in, size_t len, const ag__secret *secrets,
                   size_t n, char *out, size_t cap);
 
+/* What a reply without a tool call records when loop.require_tool_call is
+ * on, and what the error context says of it: one text for the loop, the
+ * guard, the audit's replay and the proxy's, so repeated ones are
+ * identical errors everywhere. */
+#define AG__NO_TOOL_CALL_TEXT "Your response contained no tool call."
+
+/* Whether an action ends the turn: a stop, or a question to a human. */
+static inline bool ag__stops(ag_action a) {
+  return a == AG_STOP || a == AG_ESCALATE;
+}
+
 #endif /* AG_CORE_INTERNAL_H */

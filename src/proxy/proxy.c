@@ -74,6 +74,7 @@
 #include <microhttpd.h>
 #include <openssl/crypto.h>
 
+#include "../audit/internal.h"
 #include "../core/internal.h"
 #include "budget.h"
 #include "conns.h"
@@ -83,7 +84,6 @@
 #include "agentguard/audit.h"
 #include "agentguard/providers.h"
 
-#define NO_TOOL_CALL_TEXT "Your response contained no tool call."
 #define FINAL_INSTRUCTION                                                      \
   "The tool loop was stopped by agentguard (%s: %s). Do not call tools. "      \
   "Answer now with what you have: say what you found, what is left, and why "  \
@@ -816,111 +816,6 @@ static void pass_back(upstream *u, reply *r) {
 /* The replay: the turn through a fresh guard, as ag_auditor_run does it    */
 /* ------------------------------------------------------------------------ */
 
-typedef struct replay_ctx {
-  const ag_traj_step *step;
-  ag_category unjudged;
-} replay_ctx;
-
-static int64_t replay_run(void *user, const ag_call *calls,
-                          const ag_call_check *checks, size_t n,
-                          ag_result *results) {
-  (void)calls;
-  const replay_ctx *c = user;
-  for (size_t i = 0; i < n && i < c->step->n_results; i++) {
-    if (checks[i].action != AG_ALLOW || !checks[i].valid)
-      continue;
-    const ag_traj_result *r = &c->step->results[i];
-    results[i].outcome = r->outcome;
-    results[i].text = r->text != NULL ? r->text : "";
-    results[i].text_len = r->text != NULL ? r->text_len : 0;
-    results[i].category =
-        r->category < AG_CAT__COUNT ? r->category : c->unjudged;
-  }
-  return 0;
-}
-
-static bool is_stop(ag_action a) {
-  return a == AG_STOP || a == AG_ESCALATE;
-}
-
-/*
- * The same sequence of guard calls as the audit's replay (src/core/
- * audit.c): per step ag_guard_begin_iteration, the reply's tokens, its text
- * (content loop), then the empty / refused / no-call rules or
- * ag_guard_run_batch with the recorded results. Untimed: time stands still.
- * Returns the deciding action (v filled), or -1 when out of memory.
- */
-static int replay_trajectory(ag_guard *g, const ag_trajectory *t,
-                             ag_verdict *v) {
-  const ag_config *cfg = ag_guard_config(g);
-  const ag_category unjudged =
-      cfg->errors.similar_error_limit > 0 ? AG_CAT__COUNT : AG_CAT_UNKNOWN;
-  ag_call *calls = NULL;
-  ag_call_check *checks = NULL;
-  ag_result *results = NULL;
-  size_t cap = 0;
-  ag_action act = AG_ALLOW;
-  memset(v, 0, sizeof(*v));
-  v->call_index = -1;
-  for (size_t ti = 0; ti < t->n_turns; ti++) {
-    const ag_traj_turn *turn = &t->turns[ti];
-    ag_guard_begin_turn(g, 0);
-    act = AG_ALLOW;
-    for (size_t si = 0; si < turn->n_steps && !is_stop(act); si++) {
-      const ag_traj_step *st = &turn->steps[si];
-      act = ag_guard_begin_iteration(g, 0, v);
-      if (act == AG_ALLOW && st->tokens > 0)
-        ag_guard_record_tokens(g, st->tokens);
-      if (act == AG_ALLOW && st->text != NULL && st->text_len > 0)
-        act = ag_guard_check_text(g, st->text, st->text_len, false, v);
-      if (act == AG_ALLOW && st->no_reply && !st->rejected) {
-        /* only the iteration counted */
-      } else if (act == AG_ALLOW && !st->rejected && st->n_calls == 0 &&
-                 st->text != NULL && st->text_len == 0) {
-        act = ag_guard_record_empty(g, 0, v);
-      } else if (act == AG_ALLOW && (st->rejected || st->n_calls == 0)) {
-        if (st->rejected) {
-          bool has = st->n_results > 0 && st->results[0].text != NULL;
-          act =
-              ag_guard_record_refused(g, has ? st->results[0].text : "",
-                                      has ? st->results[0].text_len : 0, 0, v);
-        } else if (cfg->loop.require_tool_call) {
-          act = ag_guard_record_refused(g, NO_TOOL_CALL_TEXT,
-                                        sizeof(NO_TOOL_CALL_TEXT) - 1, 0, v);
-        }
-      } else if (act == AG_ALLOW) {
-        if (st->n_calls > cap) {
-          free(calls);
-          free(checks);
-          free(results);
-          cap = st->n_calls;
-          calls = malloc(cap * sizeof(*calls));
-          checks = malloc(cap * sizeof(*checks));
-          results = malloc(cap * sizeof(*results));
-          if (calls == NULL || checks == NULL || results == NULL) {
-            free(calls);
-            free(checks);
-            free(results);
-            return -1;
-          }
-        }
-        for (size_t k = 0; k < st->n_calls; k++) {
-          calls[k].name = st->calls[k].name != NULL ? st->calls[k].name : "";
-          calls[k].args = st->calls[k].args;
-          calls[k].args_len = st->calls[k].args_len;
-        }
-        replay_ctx ctx = {st, unjudged};
-        act = ag_guard_run_batch(g, calls, st->n_calls, 0, replay_run, &ctx,
-                                 checks, results, v, NULL);
-      }
-    }
-  }
-  free(calls);
-  free(checks);
-  free(results);
-  return (int)act;
-}
-
 static const char *role_of(const json_t *m) {
   return json_string_value(json_object_get(m, "role"));
 }
@@ -1100,7 +995,7 @@ slow:
 
 /* The trajectory `f` replayed (then freed): the action, or -2. */
 static int replay_fast(ag_guard *g, fast_traj *f, ag_verdict *v) {
-  int act = replay_trajectory(g, &f->t, v);
+  int act = ag__replay_untimed(g, &f->t, v);
   fast_free(f);
   return act < 0 ? -2 : act;
 }
@@ -1173,7 +1068,7 @@ static int replay_slow(ag_guard *g, const json_t *msgs, size_t start,
     rc = -1;
     goto out;
   }
-  rc = replay_trajectory(g, t, v);
+  rc = ag__replay_untimed(g, t, v);
   if (rc < 0)
     rc = -2;
   ag_trajectory_free(t);
@@ -1628,7 +1523,7 @@ static ag_action record_nudged(ag_guard *g, const ag_reply *rep,
     res[i].category = AG_CAT_UNKNOWN;
   }
   ag_action act = ag_guard_record_results(g, res, rep->n_calls, 0, v);
-  if (!is_stop(act))
+  if (!ag__stops(act))
     act = ag_guard_begin_iteration(g, 0, v);
   return act;
 }
@@ -2365,10 +2260,10 @@ static void stream_nudge_anth(stream_st *st, nudge_job *nj) {
   reply r;
   memset(&r, 0, sizeof r);
   r.anthropic = true;
-  if (!is_stop(act))
+  if (!ag__stops(act))
     send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, -1, &u);
   free(body);
-  if (is_stop(act)) {
+  if (ag__stops(act)) {
     /* v says why */
   } else if (upstream_failed(st->p, &u, &r) || u.status < 200 ||
              u.status >= 300 || !read_reply(&u, &rep2, &r)) {
@@ -2507,12 +2402,12 @@ static void stream_nudge(stream_st *st, nudge_job *nj) {
   ag_action act = record_nudged(st->g, &nj->rep, checks, &v);
   upstream u;
   memset(&u, 0, sizeof u);
-  if (!is_stop(act))
+  if (!ag__stops(act))
     send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, -1, &u);
   free(body);
   reply r;
   memset(&r, 0, sizeof r);
-  if (is_stop(act)) {
+  if (ag__stops(act)) {
     /* v says why */
   } else if (upstream_failed(st->p, &u, &r) || u.status < 200 ||
              u.status >= 300 || !read_reply(&u, &rep2, &r)) {
@@ -3566,7 +3461,7 @@ static int tape_decide(const ag_config *cfg, const char *body, size_t len,
   v->call_index = -1;
   ag_guard_begin_turn(*g, 0);
   act = fr > 0 ? replay_fast(*g, &f, v) : AG_ALLOW;
-  if (act >= 0 && !is_stop((ag_action)act))
+  if (act >= 0 && !ag__stops((ag_action)act))
     act = ag_guard_begin_iteration(*g, 0, v);
 out:
   if (act == TAPE_FALLBACK || act == -2) {
@@ -3692,7 +3587,7 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   }
   if (act != TAPE_FALLBACK) {
     anth_stream = anth && stream;
-    if (is_stop((ag_action)act) && !load_req(q, &req, r))
+    if (ag__stops((ag_action)act) && !load_req(q, &req, r))
       goto out;
     goto decided;
   }
@@ -3743,17 +3638,17 @@ static void chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     goto out;
   }
-  if (!is_stop((ag_action)act))
+  if (!ag__stops((ag_action)act))
     act = ag_guard_begin_iteration(g, 0, &v);
 decided:
   if (later != NULL &&
-      (is_stop((ag_action)act)
+      (ag__stops((ag_action)act)
            ? p->cfg.loop.final_request_without_tools && v.action == AG_STOP
            : !stream)) {
     *later = true; /* nothing said or sent yet: the worker decides again */
     goto out;
   }
-  if (is_stop((ag_action)act)) {
+  if (ag__stops((ag_action)act)) {
     bool final = p->cfg.loop.final_request_without_tools && v.action == AG_STOP;
     event(p, final ? "final_request_without_tools" : "stopped_before_request",
           path, &v, NULL);
@@ -3808,7 +3703,7 @@ decided:
   }
   if (!load_req(q, &req, r))
     goto out;
-  if (is_stop((ag_action)act)) {
+  if (ag__stops((ag_action)act)) {
     event(p, "reply_replaced", path, &v, NULL);
     set_stop_reply(p, req, &v, r);
     goto out;
@@ -3825,7 +3720,7 @@ decided:
     goto out;
   }
   act = record_nudged(g, &rep, checks, &v);
-  if (is_stop((ag_action)act)) {
+  if (ag__stops((ag_action)act)) {
     free(body);
     event(p, "reply_replaced", path, &v, NULL);
     set_stop_reply(p, req, &v, r);
@@ -3918,7 +3813,7 @@ int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
     fail(err, AG_EINVAL, "%s", emsg);
   else if (act == -2)
     fail(err, AG_ENOMEM, "out of memory");
-  else if (!is_stop((ag_action)act))
+  else if (!ag__stops((ag_action)act))
     act = ag_guard_begin_iteration(g, 0, v);
   if (act < 0)
     act = -1;
