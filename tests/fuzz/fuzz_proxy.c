@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/fuzz_proxy.c - libFuzzer target for the proxy's decision
- * before forwarding (ag_proxy_decide_read, src/proxy/proxy.c): a request
+ * before forwarding (ag_proxy_decide_read, src/proxy/decide.c): a request
  * body read through the JCS tokenizer's tape (src/core/jcs.c) and through
  * the jansson tree, both replayed through a fresh guard.
  *

@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/fuzz_relay.c - libFuzzer target for what the proxy does to an
- * upstream's streamed reply (ag_proxy_relay_replay, src/proxy/proxy.c: the
+ * upstream's streamed reply (ag_proxy_relay_replay, src/proxy/stream.c: the
  * relayed stream's event handlers, the held calls, the end's check and
  * the blocks renumbered for an Anthropic client). The upstream is the
  * other party the proxy cannot trust: an input it chokes on takes down

@@ -1,0 +1,453 @@
+/*
+ * src/proxy/internal.h - what the proxy's parts share (not installed, not
+ * API; functions shared between parts carry the ag__px_ prefix).
+ *
+ *   proxy.c     start and stop: options, the upstream's URL and secrets,
+ *               the event loops; small helpers (errors, events)
+ *   serve.c     serving: libmicrohttpd's handler, connections, workers
+ *   upstream.c  the upstream: libcurl transfers, run on a loop's relay
+ *   decide.c    the decision on a request: the turn replayed (tree), the
+ *               stop reply, the final request, a whole reply checked
+ *   tape.c      the decision read from the JCS tokenizer's tape, and text
+ *               chunks of a stream read the same way
+ *   stream.c    a streamed reply relayed: events parsed, calls held and
+ *               checked at the end, nudges
+ *   relay.c     one event loop for every upstream transfer (relay.h)
+ *   conns.c     the connection table (conns.h)
+ *   budget.c    the budget of replies held whole (budget.h)
+ *   target.c    the request-target normalised (target.h)
+ */
+#ifndef AG_PROXY_INTERNAL_H
+#define AG_PROXY_INTERNAL_H
+
+#include "agentguard/proxy.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <openssl/crypto.h>
+
+#include "../audit/internal.h"
+#include "../core/internal.h"
+#include "budget.h"
+#include "conns.h"
+#include "relay.h"
+#include "target.h"
+#include "../wire/wire.h"
+#include "agentguard/audit.h"
+#include "agentguard/providers.h"
+
+#define FINAL_INSTRUCTION                                                      \
+  "The tool loop was stopped by agentguard (%s: %s). Do not call tools. "      \
+  "Answer now with what you have: say what you found, what is left, and why "  \
+  "you stopped."
+#define ERR_MSG_MAX 1024
+
+/* Idle upstream connections kept by the relay (each one saves a new
+ * connection, and against a real API a TLS handshake, for the next
+ * request). */
+#define UP_POOL_MAX 64
+
+/* The stack of a request's thread (job_main): the deepest is a decision's
+ * replay and a reply's check, well under this; ASan builds need more. */
+#define JOB_STACK (2u << 20)
+
+/* One event loop: a libmicrohttpd daemon and the relay whose thread runs
+ * it (and the transfers of its connections' streams). */
+typedef struct chunk_tape chunk_tape;
+
+typedef struct shard {
+  struct ag_proxy *p;
+  struct MHD_Daemon *d;
+  ag__relay *relay;
+  chunk_tape *ct; /* the loop's scratch for text chunks, or NULL */
+} shard;
+
+/* Event loops: two per core (start_shards), at most SHARDS_MAX, so that
+ * relaying uses every core; a connection stays with the loop that
+ * accepted it. Two rather than one: a loop waiting for the CPU (behind
+ * another process, or its own long round) holds up only its own streams,
+ * and libmicrohttpd walks every suspended connection of a daemon each time
+ * one is resumed (0.9.75: about 9% of a loop's CPU with 500 streams
+ * waiting on it), so fewer per loop cost less. Measured on 2 cores, 1,000
+ * streams: added p99 per chunk 0.29-3.81 ms (median 0.61) with four
+ * loops, 0.37-3.71 (median 1.16) with two (docs/benchmarks.md). */
+#define SHARDS_MAX 8
+#define SHARDS_PER_CORE 2
+
+/* Connections a loop takes past --max-connections, to answer them with a
+ * 503 (on_connection) rather than leave them in the listening socket's
+ * queue, as libmicrohttpd does at its own limit. */
+#define CONN_SLACK 16u
+
+struct ag_proxy {
+  shard sh[SHARDS_MAX];
+  unsigned n_sh;
+  unsigned max_conns;      /* --max-connections, over every loop */
+  unsigned per_client;     /* --max-connections-per-client */
+  ag__conns *conns;        /* every client connection (conns.h) */
+  atomic_llong next_sweep; /* when a loop next sweeps conns (mono_ms) */
+  ag__budget *budget;      /* bytes of bodies held whole (budget.h) */
+  pthread_mutex_t jobs_mu; /* the requests' threads (worker_main) */
+  pthread_cond_t jobs_cv;  /* jobs or workers down to 0 */
+  pthread_cond_t work_cv;  /* a request queued for an idle worker */
+  struct req_ctx *queue, *queue_tail;
+  unsigned queued, idle, workers;
+  unsigned spawning; /* workers made that have not taken a request yet */
+  bool quit;         /* the workers end */
+  unsigned jobs;     /* request threads running */
+  bool stopping;     /* under jobs_mu: ag_proxy_stop has begun */
+  CURLU *up;         /* the upstream's URL, credentials included */
+  char *up_path;     /* its path, without a trailing slash ("" for none) */
+  bool upstream_v1;  /* up_path ends in "/v1" */
+  char *up_shown;    /* scheme://host:port: what messages name, never
+                        credentials */
+  /* what no text of the proxy's may show (scrub): the secret values of the
+   * environment at start, and the upstream's user and password */
+  ag__secret secrets[AG__SECRETS_MAX];
+  size_t n_secrets;
+  char *secret_buf;
+  ag_config cfg;
+  size_t max_body;
+  char *client_key;
+  FILE *events;
+  pthread_mutex_t ev_mu;
+  int64_t timeout_ms;
+  uint16_t port;
+  atomic_ulong ids;
+};
+
+/* What goes back to the client. */
+typedef struct reply {
+  unsigned status;
+  char *body; /* owned */
+  size_t len;
+  ag__budget *bud; /* `held` bytes of it are taken from bud (budget.h) */
+  size_t held;
+  const char *ctype;          /* static */
+  struct curl_slist *headers; /* "Name: value" from the upstream, or NULL */
+  const char *stop;           /* x-agentguard-stop, or NULL */
+  bool anthropic;             /* errors in Anthropic's shape (/v1/messages) */
+  bool close;                 /* the connection is closed after it */
+} reply;
+
+/* One request: read, then answered by its own thread (job_main) while
+ * the connection is suspended, then sent. */
+typedef struct req_ctx {
+  char *uri; /* as the client sent it: path and query */
+  char *body;
+  size_t len, cap;
+  bool too_big;
+  bool begun;                /* the handler has seen the headers */
+  ag__conn *conn;            /* its connection's entry (conns.h), or NULL */
+  ag__conn_refusal too_many; /* its connection is refused a slot */
+  /* from the handler's last call on: */
+  bool job;                 /* the request went to a worker */
+  struct req_ctx *next_job; /* in the workers' queue */
+  atomic_bool answered;     /* it has set `r` or `st` */
+  shard *sh;                /* the connection's loop */
+  struct MHD_Connection *c;
+  struct curl_slist *client_hdrs; /* the client's headers, hop-by-hop out */
+  int client_fd; /* its socket, watched while it is suspended (on_progress) */
+  char *method;
+  reply r;              /* the answer, unless `st` */
+  struct stream_st *st; /* a relayed stream, or NULL */
+} req_ctx;
+
+typedef struct upstream {
+  long status;
+  char *body;
+  size_t len, cap;
+  bool too_big;
+  struct curl_slist *headers; /* the final response's, hop-by-hop removed */
+  bool hdr_end;               /* the final response's headers are in */
+  CURLcode cc;
+  char errbuf[CURL_ERROR_SIZE];
+  /* the socket of the client waiting for this transfer while its
+   * connection is suspended, watched by on_progress; -1: none */
+  int client_fd;
+  bool client_left; /* it closed: the transfer was ended for that */
+  /* the body's bytes taken from the budget (budget.h): `held`; when the
+   * budget is spent, a transfer run by ag__px_send_upstream pauses with `want`
+   * set and its thread waits for the bytes (sync); any other one ends
+   * with `no_budget` */
+  ag__budget *bud;
+  size_t held, want;
+  struct sync_run *sync;
+  bool no_budget;
+} upstream;
+
+/* A transfer run to its end for a thread that waits (ag__px_send_upstream): its
+ * done, and a paused body's wait for the budget, handed to that thread. */
+typedef struct sync_run {
+  ag__relay_xfer x;
+  ag__relay_op op; /* the unpause once the budget's bytes are taken */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done, op_out;
+  CURLcode cc;
+} sync_run;
+
+/* Bodies take the budget in steps of this many bytes. */
+#define BUDGET_STEP (64u << 10)
+
+/*
+ * The turn msgs[start..n) as a hand-built ag_trajectory (audit.h allows
+ * them), read straight from the parsed request: no second parse. Only the
+ * plain shape every client sends is taken: assistant content a string or
+ * null, tool calls with string ids, names and arguments; tool messages with
+ * a string tool_call_id and content, is_error absent or boolean; system
+ * and developer messages; no "usage". Anything else, and every broken turn,
+ * returns 0: the caller then uses ag_trajectory_parse, whose reading (and
+ * error message) is the audit's. On this shape both give the same steps
+ * (test_proxy's parity test replays both). Returns 1 and fills *t (free
+ * t->turns' arrays with ag__px_fast_free), or 0, or -1 when out of memory.
+ */
+typedef struct fast_traj {
+  ag_trajectory t;
+  ag_traj_turn turn;
+  ag_traj_step *steps;
+  ag_traj_call *calls;
+  ag_traj_result *results;
+  const char **ids;
+  bool *answered;
+  char **owned; /* strings made for the turn (Anthropic's), n_owned */
+  size_t n_owned;
+} fast_traj;
+
+#define SSE_OUT_MAX (8u << 20) /* bytes queued for the client at once */
+
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+  bool failed;
+} sbuf;
+
+/*
+ * The upstream's stream relayed as it comes: text deltas go to the client
+ * at once (after the content-loop detector has seen them); chunks with
+ * tool-call fragments, the finish reason or only usage are held until the
+ * stream ends and the calls are checked.
+ *
+ * The request's thread (job_main) decides and starts the transfer on the
+ * connection's loop (ag__px_stream_start), and is done with it. From then on
+ * the loop's thread runs the stream, and shares it with other threads only
+ * through `mu`:
+ * - the transfer's callbacks (relay.c) parse the events, write what the
+ *   client gets into `out` and move it to `q` (flush); at the transfer's
+ *   end (ag__px_on_stream_done) the calls are checked and the end is written
+ * and flushed with `finished`, on the same thread - unless the check asks for a
+ * nudge, which waits for the upstream: then a thread of its own
+ *   (ag__px_nudge_main) asks again and writes the end;
+ * - the connection's side (libmicrohttpd, run by the same loop) reads `q`
+ *   (ag__px_stream_read); when it is empty it suspends the connection
+ *   (`reader_waits`) and a flush resumes it.
+ * `out` has one writer at a time: the loop, then the nudge's thread if
+ * there is one. The stream is freed when its end (`refs`: the loop's, or
+ * the nudge's thread) and the response have let go of it, and no request
+ * to the relay is queued (`ops`).
+ */
+typedef struct stream_st {
+  chunk_tape
+      *ct; /* its loop's (ag__px_fast_chunk), or NULL: every chunk a tree */
+  ag_proxy *p;
+  shard *sh; /* the connection's loop: it runs the transfer too */
+  struct MHD_Connection *c;
+  char *uri, *path;
+  struct curl_slist *ch; /* the client's headers, for a nudge's request */
+  char *body;            /* what goes upstream (CURLOPT_POSTFIELDS) */
+  char *orig;            /* the client's request, if not `body`: a nudge's */
+  ag_guard *g;
+  ag__relay_xfer x; /* the transfer; x.h is its easy handle */
+  struct curl_slist *hdrs;
+  char *url;
+  upstream u;
+  ag__sse sse;
+  ag__asm asmb;
+  ag_provider_error perr;
+  bool finished; /* the last bytes are queued */
+  /* a passed-through response (ag__px_relay_start): the upstream's bytes go to
+   * the client as they come, whatever its status, with its headers */
+  bool raw;
+  ag__conn *conn; /* the connection's entry (conns.h), or NULL */
+  bool looped;    /* the content-loop detector stopped the reply */
+  bool any_text;  /* text was relayed */
+  ag_verdict loop_v;
+  sbuf out, held;
+  char id[96], model[96];
+  /* Anthropic: blocks are renumbered for the client (held tool_use blocks
+   * take their numbers when released); map[upstream index] is the client's
+   * index, -1 while held or unseen */
+  bool anth;
+  int next_index;
+  int map[256];
+  json_t *held_ev; /* [[event name, data object], ...] held back */
+  /* under mu */
+  pthread_mutex_t mu;
+  sbuf q; /* for the client, from q_pos on */
+  size_t q_pos;
+  long status;       /* the upstream's, once its headers are in */
+  int answer;        /* 0 not yet, ANSWER_STREAM or ANSWER_REPLY */
+  req_ctx *req_q;    /* the request, until it is answered (answer_*) */
+  bool up;           /* the transfer has ended (its `done` ran) */
+  bool reader_waits; /* the connection is suspended in ag__px_stream_read */
+  bool paused;       /* the transfer is paused: `q` is full */
+  bool client_gone;  /* the response was freed */
+  bool cut;          /* raw: the transfer broke; the response ends in error */
+  bool unpause_queued;
+  int refs, ops;
+  ag__relay_op op_cancel, op_unpause;
+} stream_st;
+
+enum { ANSWER_STREAM = 1, ANSWER_REPLY = 2 };
+
+/* Bytes waiting for the client past which the upstream is paused (it is
+ * resumed below half of it), and the most that may wait: one write
+ * callback's events past the mark (libcurl hands at most 16 KiB at once;
+ * a held reply's calls are capped by AG__CALLS_MAX and AG__CALL_ARGS_MAX
+ * but released in the end's flush, which may go past it). */
+#define STREAM_Q_HIGH (1u << 20)
+#define STREAM_Q_MAX (2u << 20)
+/* The same mark for a passed-through body: bytes no reader waits for are
+ * held back at the upstream (TCP) instead of here. */
+#define RAW_Q_HIGH (128u << 10)
+
+/* A nudge at a stream's end: the reply whose calls were held back and
+ * what the check said, for the thread that asks again (ag__px_nudge_main). */
+typedef struct nudge_job {
+  stream_st *st;
+  ag_reply rep;
+  ag_verdict v;
+  ag_call_check checks[AG__CALLS_MAX];
+} nudge_job;
+
+#define TAPE_FALLBACK (-3)
+#define TAPE_DEPTH 64
+
+typedef struct tape {
+  ag__jcs *j;
+  const char *s;
+  size_t len, n;
+  char *buf; /* decoded strings, NUL-terminated, back to back */
+  size_t used, cap;
+} tape;
+
+extern _Thread_local ag__relay *ag__px_tl_relay;
+
+void ag__px_answer_reply(stream_st *st, req_ctx *q, long status);
+void ag__px_answer_stream(stream_st *st, req_ctx *q);
+bool ag__px_anth_has_text(const json_t *m);
+const char *ag__px_anth_text(const json_t *content, fast_traj *f, size_t *len);
+void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                 const char *path, reply *r, bool *started, bool *later);
+ag_action ag__px_check_reply(ag_guard *g, const ag_reply *rep,
+                             bool text_checked, ag_call_check *checks,
+                             ag_verdict *v);
+void ag__px_chunk_tape_free(chunk_tape *ct);
+chunk_tape *ag__px_chunk_tape_new(void);
+bool ag__px_client_headers(struct MHD_Connection *c, struct curl_slist **out);
+void ag__px_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe);
+char *ag__px_dupz(const char *s);
+void ag__px_event(ag_proxy *p, const char *decision, const char *path,
+                  const ag_verdict *v, const char *detail);
+ag_err_t ag__px_fail(ag_error_t *err, ag_err_t code, const char *fmt, ...);
+int ag__px_fast_chunk(stream_st *st, const char *data, size_t len);
+void ag__px_fast_free(fast_traj *f);
+int ag__px_fast_turn(const json_t *msgs, size_t start, fast_traj *f);
+int ag__px_fast_turn_anth(const json_t *msgs, size_t from, fast_traj *f);
+void ag__px_flush(stream_st *st, bool last);
+enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
+                               const char *url, const char *method,
+                               const char *version, const char *upload,
+                               size_t *upload_size, void **con_cls);
+void *ag__px_job_main(void *arg);
+int64_t ag__px_mono_ms(void);
+void ag__px_nudge_fail(nudge_job *nj, const char *msg);
+void *ag__px_nudge_main(void *arg);
+json_t *ag__px_nudge_messages(const ag_reply *rep, const ag_call_check *checks);
+json_t *ag__px_nudge_messages_anthropic(const ag_reply *rep,
+                                        const ag_call_check *checks);
+size_t ag__px_on_body(char *ptr, size_t size, size_t nmemb, void *user);
+void ag__px_on_connection(void *cls, struct MHD_Connection *c,
+                          void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode code);
+size_t ag__px_on_header(char *ptr, size_t size, size_t nmemb, void *user);
+int ag__px_on_sse_event(void *user, const char *event_name, const char *data,
+                        size_t len, size_t pos);
+void ag__px_on_stream_done(ag__relay_xfer *x, CURLcode cc);
+void *ag__px_on_uri(void *cls, const char *uri, struct MHD_Connection *c);
+void ag__px_pass_back(upstream *u, reply *r);
+bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r);
+ag_action ag__px_record_nudged(ag_guard *g, const ag_reply *rep,
+                               const ag_call_check *checks, ag_verdict *v);
+bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q);
+bool ag__px_relay_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                        const char *path, reply *r);
+int ag__px_replay_fast(ag_guard *g, fast_traj *f, ag_verdict *v);
+void ag__px_reply_free(reply *r);
+void ag__px_resume(shard *sh, struct MHD_Connection *c);
+void ag__px_sb_add(sbuf *b, const char *s, size_t n);
+void ag__px_sb_chunk(sbuf *b, const char *id, const char *model, json_t *delta,
+                     const char *finish);
+void ag__px_sb_event(sbuf *b, const char *data, size_t n);
+void ag__px_sb_json(sbuf *b, json_t *o);
+void ag__px_sb_reply(sbuf *b, const char *id, const char *model,
+                     const char *text, const ag_reply *rep, const char *finish);
+const char *ag__px_scrub(const ag_proxy *p, const char *in, char *out,
+                         size_t cap);
+enum MHD_Result ag__px_send_answer(struct MHD_Connection *c, req_ctx *q);
+void ag__px_send_upstream(ag_proxy *p, const struct curl_slist *ch,
+                          const char *method, const char *uri, const char *body,
+                          size_t len, bool json_body, int client_fd,
+                          upstream *u);
+void ag__px_set_error(reply *r, unsigned status, const char *type,
+                      const char *code, const char *fmt, ...);
+void ag__px_set_json(reply *r, unsigned status, json_t *o);
+void ag__px_stop_text(const ag_verdict *v, char *buf, size_t cap);
+void ag__px_stream_end(stream_st *st);
+void ag__px_stream_finish(stream_st *st, nudge_job **nj);
+void ag__px_stream_free(void *cls);
+void ag__px_stream_nudge(stream_st *st, nudge_job *nj);
+void ag__px_stream_nudge_anth(stream_st *st, nudge_job *nj);
+ssize_t ag__px_stream_read(void *cls, uint64_t pos, char *buf, size_t max);
+void ag__px_stream_release(stream_st *st, bool ref);
+bool ag__px_stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                         char **fwd, size_t fwd_len, bool anth,
+                         const char *path, ag_guard **g, reply *r);
+int ag__px_t_alloc(fast_traj *f, size_t n_steps, size_t n_calls);
+ag_traj_result *ag__px_t_answer(fast_traj *f, size_t step0, size_t ci,
+                                const char *id);
+void ag__px_t_done(fast_traj *f, size_t si, size_t ci);
+void ag__px_t_step(ag_traj_step *st, fast_traj *f, size_t ci);
+int ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
+                       bool anth, ag_guard **g, ag_verdict *v, bool *stream);
+bool ag__px_upstream_failed(ag_proxy *p, const upstream *u, reply *r);
+void ag__px_upstream_free(upstream *u);
+bool ag__px_upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
+                            const char *method, const char *uri,
+                            const char *body, size_t len, bool json_body,
+                            int client_fd, upstream *u,
+                            struct curl_slist **hdrs, char **url);
+char *ag__px_with_messages(const json_t *body, const json_t *extra,
+                           size_t *len);
+
+#endif /* AG_PROXY_INTERNAL_H */

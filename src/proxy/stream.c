@@ -1,0 +1,1054 @@
+/*
+ * src/proxy/stream.c - a streamed reply relayed (internal.h): the
+ * upstream's events parsed as they come, text passed on and checked, tool
+ * calls held and checked at the end, the end written or a nudge asked.
+ */
+#define _GNU_SOURCE /* memmem */
+#include "internal.h"
+
+/* ---- A streamed reply, relayed ---------------------------------------- */
+
+static void stream_destroy(stream_st *st) {
+  curl_easy_cleanup(st->x.h);
+  curl_slist_free_all(st->hdrs);
+  curl_slist_free_all(st->ch);
+  free(st->url);
+  ag__px_upstream_free(&st->u);
+  ag__sse_free(&st->sse);
+  ag__asm_free(&st->asmb);
+  free(st->out.p);
+  free(st->q.p);
+  free(st->held.p);
+  json_decref(st->held_ev);
+  ag_guard_free(st->g);
+  free(st->body);
+  free(st->orig);
+  free(st->uri);
+  free(st->path);
+  pthread_mutex_destroy(&st->mu);
+  free(st);
+}
+
+/* Lets go of one reference (refs) or one finished relay request (ops). */
+void ag__px_stream_release(stream_st *st, bool ref) {
+  pthread_mutex_lock(&st->mu);
+  if (ref)
+    st->refs--;
+  else
+    st->ops--;
+  bool last = st->refs == 0 && st->ops == 0;
+  pthread_mutex_unlock(&st->mu);
+  if (last)
+    stream_destroy(st);
+}
+
+static void on_cancel_taken(void *user) {
+  ag__px_stream_release(user, false);
+}
+
+static void on_unpause_taken(void *user) {
+  stream_st *st = user;
+  pthread_mutex_lock(&st->mu);
+  st->unpause_queued = false;
+  pthread_mutex_unlock(&st->mu);
+  ag__px_stream_release(st, false);
+}
+
+/* The response's free callback: the client has it all, or has gone. A
+ * transfer still running is ended. */
+void ag__px_stream_free(void *cls) {
+  stream_st *st = cls;
+  if (st == NULL)
+    return;
+  pthread_mutex_lock(&st->mu);
+  st->client_gone = true;
+  /* the response exists only once the transfer is on the relay (see
+   * ag__px_answer_stream), and it is freed once: one cancel at most */
+  bool cancel = !st->up;
+  if (cancel)
+    st->ops++;
+  pthread_mutex_unlock(&st->mu);
+  if (cancel)
+    ag__relay_cancel(st->sh->relay, &st->x, &st->op_cancel);
+  ag__px_stream_release(st, true);
+}
+
+/* Resumes a suspended connection: libmicrohttpd (run by the relay's
+ * thread, without an inter-thread channel of its own) takes it up at the
+ * relay's next round, which this wakes. */
+void ag__px_resume(shard *sh, struct MHD_Connection *c) {
+  MHD_resume_connection(c);
+  ag__relay_wake(sh->relay);
+}
+
+/* Moves what `out` holds to the client's queue (`last`: and it is all),
+ * and wakes the connection if it waits. */
+void ag__px_flush(stream_st *st, bool last) {
+  bool wake = false;
+  pthread_mutex_lock(&st->mu);
+  if (st->out.len > 0) {
+    /* what was read goes: q holds only what waits (its cap is on that) */
+    if (st->q_pos > 0) {
+      memmove(st->q.p, st->q.p + st->q_pos, st->q.len - st->q_pos);
+      st->q.len -= st->q_pos;
+      st->q_pos = 0;
+    }
+    if (!last && st->q.len - st->q_pos + st->out.len > STREAM_Q_MAX)
+      st->q.failed = true; /* the pause did not hold it back */
+    if (last)
+      st->q.failed = false; /* the end (an error event, if it failed) */
+    ag__px_sb_add(&st->q, st->out.p, st->out.len);
+    if (st->q.failed)
+      st->out.failed = true;
+    st->out.len = 0;
+  }
+  if (last)
+    st->finished = true;
+  if (st->reader_waits && (st->q_pos < st->q.len || st->finished)) {
+    st->reader_waits = false;
+    wake = true;
+  }
+  pthread_mutex_unlock(&st->mu);
+  /* The connection stays suspended until this call (nobody else resumes
+   * it), so it and the stream are still there. */
+  if (wake)
+    ag__px_resume(st->sh, st->c);
+}
+
+int ag__px_on_sse_event(void *user, const char *event_name, const char *data,
+                        size_t len, size_t pos) {
+  stream_st *st = user;
+  if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
+    st->asmb.done = true;
+    return 0;
+  }
+  int fast = ag__px_fast_chunk(st, data, len);
+  if (fast >= 0)
+    return fast;
+  /* parsed once, for the assembler and for the relay */
+  json_t *j = json_loadb(data, len, 0, NULL);
+  if (j == NULL) {
+    /* not JSON: the assembler's reader says where and why */
+    ag__openai_event(&st->asmb, event_name, data, len, pos);
+    return 1;
+  }
+  if (ag__openai_chunk(&st->asmb, j, pos + 6) != 0) {
+    json_decref(j);
+    return 1;
+  }
+  if (st->id[0] == '\0') {
+    const char *id = json_string_value(json_object_get(j, "id"));
+    const char *model = json_string_value(json_object_get(j, "model"));
+    snprintf(st->id, sizeof st->id, "%s", id != NULL ? id : "chatcmpl");
+    snprintf(st->model, sizeof st->model, "%s",
+             model != NULL ? model : "unknown");
+  }
+  json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+  json_t *d = json_object_get(ch, "delta");
+  size_t cl = 0;
+  const char *content = ag__jstr(d, "content", &cl);
+  json_t *fr = json_object_get(ch, "finish_reason");
+  bool hold = ch == NULL ||
+              json_array_size(json_object_get(d, "tool_calls")) > 0 ||
+              (fr != NULL && !json_is_null(fr));
+  if (content != NULL && cl > 0) {
+    ag_verdict v;
+    if (ag_guard_check_text(st->g, content, cl, true, &v) != AG_ALLOW) {
+      st->looped = true;
+      st->loop_v = v;
+      json_decref(j);
+      return 1;
+    }
+    st->any_text = true;
+  }
+  if (!hold) {
+    ag__px_sb_event(&st->out, data, len);
+  } else {
+    if (content != NULL && cl > 0) {
+      /* the text now, the rest of the chunk later */
+      json_t *now = json_deep_copy(j);
+      json_t *nd = json_object_get(
+          json_array_get(json_object_get(now, "choices"), 0), "delta");
+      json_object_del(nd, "tool_calls");
+      json_object_set_new(json_array_get(json_object_get(now, "choices"), 0),
+                          "finish_reason", json_null());
+      ag__px_sb_json(&st->out, now);
+      json_object_del(d, "content");
+    }
+    ag__px_sb_json(&st->held, json_incref(j));
+  }
+  json_decref(j);
+  return st->out.failed || st->held.failed ? 1 : 0;
+}
+
+/* The stream's request is answered, on its loop (the transfer's callbacks
+ * run there), as soon as the upstream's status is known: with the stream
+ * (2xx) or with the upstream's error or failure. The connection is
+ * resumed; the handler (ag__px_send_answer) queues the response. */
+void ag__px_answer_stream(stream_st *st, req_ctx *q) {
+  q->st = st;
+  atomic_store(&q->answered, true);
+  ag__px_resume(st->sh, st->c);
+}
+
+void ag__px_answer_reply(stream_st *st, req_ctx *q, long status) {
+  if (status == 0 && (st->u.cc != CURLE_OK || st->u.too_big)) {
+    ag__px_upstream_failed(st->p, &st->u, &q->r);
+  } else {
+    st->u.status = status;
+    if (!ag__px_upstream_failed(st->p, &st->u, &q->r))
+      ag__px_pass_back(&st->u, &q->r);
+  }
+  atomic_store(&q->answered, true);
+  ag__px_resume(st->sh, st->c);
+}
+
+/* A relayed stream's bytes from the upstream: parsed (the events write
+ * what the client gets into `out`) and moved to the client's queue; false
+ * when the stream cannot go on (the transfer is then ended). */
+static bool stream_feed(stream_st *st, const char *b, size_t n) {
+  if (st->raw) {
+    ag__px_sb_add(&st->out, b, n);
+    ag__px_flush(st, false);
+    return !st->out.failed;
+  }
+  ag_err_t why = AG_OK;
+  int r = ag__sse_feed(&st->sse, b, n, &why);
+  if (r < 0 && st->asmb.failed == AG_OK)
+    st->asmb.failed = why;
+  ag__px_flush(st, false);
+  return r == 0 && !st->out.failed;
+}
+
+static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
+  stream_st *st = user;
+  long status = 0;
+  curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
+  if (!st->raw && (status < 200 || status >= 300))
+    return ag__px_on_body(ptr, size, nmemb, &st->u);
+  pthread_mutex_lock(&st->mu);
+  bool full = st->q.len - st->q_pos > (st->raw ? RAW_Q_HIGH : STREAM_Q_HIGH);
+  if (full)
+    st->paused = true; /* ag__px_stream_read asks for the rest when q drains */
+  pthread_mutex_unlock(&st->mu);
+  if (full)
+    return CURL_WRITEFUNC_PAUSE;
+  size_t n = size * nmemb;
+  return stream_feed(st, ptr, n) ? n : 0;
+}
+
+/* The relay's headers: the status is known once they are in. */
+static size_t on_stream_header(char *ptr, size_t size, size_t nmemb,
+                               void *user) {
+  stream_st *st = user;
+  size_t n = ag__px_on_header(ptr, size, nmemb, &st->u);
+  if (st->u.hdr_end) {
+    long status = 0;
+    curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
+    if (status >= 200) {
+      pthread_mutex_lock(&st->mu);
+      req_ctx *q = NULL;
+      if (st->status == 0) {
+        st->status = status;
+        if ((status < 300 || st->raw) && st->answer == 0) {
+          st->answer = ANSWER_STREAM;
+          st->refs++; /* the response's */
+          q = st->req_q;
+          st->req_q = NULL;
+        }
+      }
+      pthread_mutex_unlock(&st->mu);
+      if (q != NULL) {
+        /* libmicrohttpd watches the connection from now on: a client
+         * that leaves frees the response (ag__px_stream_free) */
+        st->u.client_fd = -1;
+        ag__px_answer_stream(st, q);
+      }
+    }
+  }
+  return n;
+}
+
+/* The transfer has ended (on the relay's thread): the last events parsed;
+ * then the request answered if it was not yet, or the stream's end
+ * written (ag__px_stream_end). */
+void ag__px_on_stream_done(ag__relay_xfer *x, CURLcode cc) {
+  stream_st *st = x->user;
+  long status = 0;
+  curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
+  st->u.cc = cc;
+  st->u.status = status;
+  if (cc == CURLE_OK && status >= 200 && status < 300 && !st->raw) {
+    ag_err_t why = AG_OK;
+    if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
+      st->asmb.failed = why;
+    ag__px_flush(st, false);
+  }
+  pthread_mutex_lock(&st->mu);
+  req_ctx *q = NULL;
+  if (st->answer == 0) {
+    st->answer = ANSWER_REPLY;
+    q = st->req_q;
+    st->req_q = NULL;
+  }
+  long seen = st->status;
+  pthread_mutex_unlock(&st->mu);
+  if (q != NULL)
+    ag__px_answer_reply(st, q, seen); /* before `up`: st->u is this thread's */
+  pthread_mutex_lock(&st->mu);
+  st->up = true;
+  st->paused = false; /* nothing to resume: no request to the relay now */
+  if (st->status == 0)
+    st->status = status;
+  bool relayed = st->answer == ANSWER_STREAM && !st->client_gone;
+  if (st->raw)
+    st->cut = cc != CURLE_OK;
+  pthread_mutex_unlock(&st->mu);
+  if (relayed && !st->raw) {
+    ag__px_stream_end(st);
+    return;
+  }
+  if (relayed)
+    ag__px_flush(st,
+                 true); /* raw: nothing to check, the end is the upstream's */
+  ag__px_stream_release(st, true);
+}
+
+/* The end of a relayed stream that was stopped: the stop message as text,
+ * a final chunk, [DONE]. */
+static void stream_stop(stream_st *st, const ag_verdict *v) {
+  char text[AG_VERDICT_MSG_MAX * 2 + 128];
+  ag__px_stop_text(v, text + 2, sizeof text - 2);
+  text[0] = text[1] = '\n';
+  const char *t = st->any_text ? text : text + 2;
+  ag__px_sb_chunk(&st->out, st->id, st->model,
+                  json_pack("{s:s, s:s}", "role", "assistant", "content", t),
+                  NULL);
+  ag__px_sb_chunk(&st->out, st->id, st->model, json_object(), "stop");
+  ag__px_sb_add(&st->out, "data: [DONE]\n\n", 14);
+}
+
+static void stream_error(stream_st *st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void stream_error(stream_st *st, const char *fmt, ...) {
+  char msg[ERR_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16];
+  st->out.failed = false;
+  st->out.len = 0;
+  ag__px_sb_json(&st->out,
+                 json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
+                           ag__px_scrub(st->p, msg, red, sizeof red), "type",
+                           "upstream_error", "param", "code",
+                           "upstream_stream"));
+}
+
+/* ---- Anthropic streams ------------------------------------------------- */
+
+static void sb_named(sbuf *b, const char *name, json_t *o) {
+  ag__px_sb_add(b, "event: ", 7);
+  ag__px_sb_add(b, name, strlen(name));
+  ag__px_sb_add(b, "\n", 1);
+  ag__px_sb_json(b, o);
+}
+
+/* The client's index for upstream block `idx` (assigned on first use). */
+static int client_index(stream_st *st, json_int_t idx) {
+  if (idx < 0 || idx >= (json_int_t)(sizeof(st->map) / sizeof(st->map[0])))
+    return -1;
+  if (st->map[idx] < 0)
+    st->map[idx] = st->next_index++;
+  return st->map[idx];
+}
+
+static bool is_held_index(const stream_st *st, json_int_t idx) {
+  return idx >= 0 && idx < (json_int_t)(sizeof(st->map) / sizeof(st->map[0])) &&
+         st->map[idx] == -2;
+}
+
+/* Whether s can be an SSE event's name: no control character (a line
+ * break in it would end the "event:" line and start another field). */
+static bool name_ok(const char *s) {
+  for (; *s != '\0'; s++)
+    if ((unsigned char)*s < 0x20 || *s == 0x7f)
+      return false;
+  return true;
+}
+
+static int on_anth_event(void *user, const char *event_name, const char *data,
+                         size_t len, size_t pos) {
+  stream_st *st = user;
+  if (ag__anthropic_event(&st->asmb, event_name, data, len, pos) != 0)
+    return 1;
+  json_t *j = json_loadb(data, len, 0, NULL);
+  if (j == NULL)
+    return 1;
+  const char *type = json_string_value(json_object_get(j, "type"));
+  /* an event without a name line is named by its type, unless the type
+   * would break the event's line (a control character in it) */
+  const char *name = event_name[0] != '\0'           ? event_name
+                     : type != NULL && name_ok(type) ? type
+                                                     : "message";
+  json_t *ix = json_object_get(j, "index");
+  json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : -1;
+  bool hold = false;
+  if (type == NULL) {
+    /* forwarded as it came */
+  } else if (strcmp(type, "message_start") == 0) {
+    json_t *m = json_object_get(j, "message");
+    const char *id = json_string_value(json_object_get(m, "id"));
+    const char *model = json_string_value(json_object_get(m, "model"));
+    snprintf(st->id, sizeof st->id, "%s", id != NULL ? id : "msg");
+    snprintf(st->model, sizeof st->model, "%s",
+             model != NULL ? model : "unknown");
+  } else if (strcmp(type, "content_block_start") == 0) {
+    const char *bt = json_string_value(
+        json_object_get(json_object_get(j, "content_block"), "type"));
+    if (idx < 0 || idx >= (json_int_t)(sizeof(st->map) / sizeof(st->map[0]))) {
+      json_decref(j);
+      ag__asm_bad(&st->asmb, (long)pos, "a content block index out of range");
+      return 1;
+    }
+    if (bt != NULL && strstr(bt, "tool_use") != NULL) {
+      st->map[idx] = -2; /* held until the calls are checked */
+      hold = true;
+    }
+  } else if (strcmp(type, "content_block_delta") == 0 ||
+             strcmp(type, "content_block_stop") == 0) {
+    hold = is_held_index(st, idx);
+    json_t *d = json_object_get(j, "delta");
+    size_t tl = 0;
+    const char *text = ag__jstr(d, "text", &tl);
+    if (!hold && text != NULL && tl > 0) {
+      ag_verdict v;
+      if (ag_guard_check_text(st->g, text, tl, true, &v) != AG_ALLOW) {
+        st->looped = true;
+        st->loop_v = v;
+        json_decref(j);
+        return 1;
+      }
+      st->any_text = true;
+    }
+  } else if (strcmp(type, "message_delta") == 0 ||
+             strcmp(type, "message_stop") == 0) {
+    hold = true;
+  }
+  if (hold) {
+    json_t *pair = json_pack("[s, O]", name, j);
+    if (pair == NULL || json_array_append_new(st->held_ev, pair) != 0)
+      st->held.failed = true;
+  } else {
+    if (idx >= 0 && type != NULL && strncmp(type, "content_block", 13) == 0)
+      json_object_set_new(j, "index", json_integer(client_index(st, idx)));
+    sb_named(&st->out, name, json_incref(j));
+  }
+  json_decref(j);
+  return st->out.failed || st->held.failed ? 1 : 0;
+}
+
+/* A text block with `text` at the client's next index. */
+static void anth_text_block(stream_st *st, const char *text) {
+  int ci = st->next_index++;
+  sb_named(&st->out, "content_block_start",
+           json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start",
+                     "index", ci, "content_block", "type", "text", "text", ""));
+  sb_named(&st->out, "content_block_delta",
+           json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta",
+                     "index", ci, "delta", "type", "text_delta", "text", text));
+  sb_named(&st->out, "content_block_stop",
+           json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
+}
+
+static void anth_end(stream_st *st, const char *stop_reason) {
+  sb_named(&st->out, "message_delta",
+           json_pack("{s:s, s:{s:s, s:n}, s:{s:i}}", "type", "message_delta",
+                     "delta", "stop_reason", stop_reason, "stop_sequence",
+                     "usage", "output_tokens", 0));
+  sb_named(&st->out, "message_stop",
+           json_pack("{s:s}", "type", "message_stop"));
+}
+
+static void anth_stop(stream_st *st, const ag_verdict *v) {
+  char text[AG_VERDICT_MSG_MAX * 2 + 128];
+  ag__px_stop_text(v, text, sizeof text);
+  anth_text_block(st, text);
+  anth_end(st, "end_turn");
+}
+
+static void anth_error(stream_st *st, const char *msg) {
+  char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16];
+  st->out.failed = false;
+  sb_named(&st->out, "error",
+           json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                     "api_error", "message",
+                     ag__px_scrub(st->p, msg, red, sizeof red)));
+}
+
+/* ---- The end of a relayed stream ------------------------------------- */
+
+/* Takes *rep (it is left empty) and copies the rest; NULL when out of
+ * memory. */
+static nudge_job *nudge_new(stream_st *st, ag_reply *rep,
+                            const ag_call_check *checks, const ag_verdict *v) {
+  nudge_job *nj = malloc(sizeof(*nj));
+  if (nj == NULL)
+    return NULL;
+  nj->st = st;
+  nj->rep = *rep;
+  memset(rep, 0, sizeof *rep);
+  nj->v = *v;
+  memcpy(nj->checks, checks, sizeof nj->checks);
+  return nj;
+}
+
+/* A nudge that cannot be asked: the stream ends with an error event that
+ * says why; nj is freed. */
+void ag__px_nudge_fail(nudge_job *nj, const char *msg) {
+  if (nj->st->anth)
+    anth_error(nj->st, msg);
+  else
+    stream_error(nj->st, "%s", msg);
+  ag_reply_clear(&nj->rep);
+  free(nj);
+}
+
+/* The client's request as a tree, for a nudge's request (it is parsed
+ * only then: most streams never need it). NULL if it cannot be. */
+static json_t *stream_request(const stream_st *st) {
+  const char *b = st->orig != NULL ? st->orig : st->body;
+  return json_loads(b != NULL ? b : "", 0, NULL);
+}
+
+/* Whether the upstream's stream ended as its API ends one: [DONE] or a
+ * finish_reason (Chat Completions), message_stop or a stop_reason
+ * (Messages) - the rule the providers apply to their own streams. A
+ * stream cut off without it (the upstream died, a proxy in between timed
+ * out, it sent something else) is relayed as cut, with an error event,
+ * never with an end the upstream did not send: the agent must not take a
+ * truncated answer as whole. */
+static bool stream_complete(const stream_st *st) {
+  return st->asmb.done || st->asmb.finish_reason[0] != '\0';
+}
+
+/* The end of a relayed Anthropic stream (ag__px_stream_finish's counterpart).
+ */
+static void stream_finish_anth(stream_st *st, nudge_job **nj) {
+  char msg[ERR_MSG_MAX];
+  if (st->looped) {
+    ag__px_event(st->p, "stream_stopped", st->path, &st->loop_v, NULL);
+    anth_stop(st, &st->loop_v);
+    return;
+  }
+  if (st->u.too_big || st->out.failed || st->held.failed ||
+      st->u.cc != CURLE_OK || st->asmb.failed != AG_OK) {
+    snprintf(msg, sizeof msg,
+             "agentguard proxy: the upstream's stream broke: %s",
+             st->u.too_big || st->out.failed || st->held.failed ? "too large"
+             : st->u.cc != CURLE_OK
+                 ? (st->u.errbuf[0] != '\0' ? st->u.errbuf
+                                            : curl_easy_strerror(st->u.cc))
+             : st->asmb.failed == AG_EPROVIDER ? st->perr.message
+                                               : ag_strerror(st->asmb.failed));
+    anth_error(st, msg);
+    return;
+  }
+  if (!stream_complete(st)) {
+    anth_error(st, "agentguard proxy: the upstream's stream ended before "
+                   "the reply was complete (no message_stop): the reply "
+                   "is cut off");
+    return;
+  }
+  ag_reply rep;
+  memset(&rep, 0, sizeof rep);
+  ag_err_t fin = ag__asm_finish(&st->asmb, &rep);
+  if (fin != AG_OK) { /* rep may hold the calls before the bad one */
+    ag_reply_clear(&rep);
+    snprintf(msg, sizeof msg,
+             "agentguard proxy: the upstream's stream broke: %s",
+             fin == AG_EPROVIDER ? st->perr.message : ag_strerror(fin));
+    anth_error(st, msg);
+    return;
+  }
+  ag_call_check checks[AG__CALLS_MAX];
+  ag_verdict v;
+  ag_action act = ag__px_check_reply(st->g, &rep, true, checks, &v);
+  if (act == AG_ALLOW) {
+    size_t i;
+    json_t *pair;
+    json_array_foreach(st->held_ev, i, pair) {
+      json_t *o = json_array_get(pair, 1);
+      json_t *ix = json_object_get(o, "index");
+      /* a held block takes the client's next number; a block the client
+       * has seen keeps its own; an index the stream never opened (on a
+       * message_delta, or out of range) is left as the upstream sent it */
+      json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : -1;
+      if (is_held_index(st, idx))
+        st->map[idx] = st->next_index++;
+      if (idx >= 0 &&
+          idx < (json_int_t)(sizeof(st->map) / sizeof(st->map[0])) &&
+          st->map[idx] >= 0)
+        json_object_set_new(o, "index", json_integer(st->map[idx]));
+      sb_named(&st->out, json_string_value(json_array_get(pair, 0)),
+               json_incref(o));
+    }
+    goto out;
+  }
+  if (act != AG_NUDGE) {
+    ag__px_event(st->p, "reply_replaced", st->path, &v, NULL);
+    anth_stop(st, &v);
+    goto out;
+  }
+  *nj = nudge_new(st, &rep, checks, &v);
+  if (*nj == NULL)
+    anth_error(st, "agentguard proxy: out of memory");
+out:
+  ag_reply_clear(&rep);
+}
+
+/* ag__px_stream_nudge's counterpart for a relayed Anthropic stream. */
+void ag__px_stream_nudge_anth(stream_st *st, nudge_job *nj) {
+  char msg[ERR_MSG_MAX];
+  ag_reply rep2;
+  memset(&rep2, 0, sizeof rep2);
+  ag_call_check *checks = nj->checks;
+  ag_verdict v = nj->v;
+  ag__px_event(st->p, "nudge", st->path, &v, NULL);
+  json_t *b = stream_request(st);
+  json_t *extra = ag__px_nudge_messages_anthropic(&nj->rep, checks);
+  size_t len = 0;
+  char *body = NULL;
+  if (b != NULL && extra != NULL) {
+    json_object_set_new(b, "stream", json_false());
+    body = ag__px_with_messages(b, extra, &len);
+  }
+  json_decref(b);
+  json_decref(extra);
+  if (body == NULL) {
+    anth_error(st, "agentguard proxy: out of memory");
+    goto out;
+  }
+  ag_action act = ag__px_record_nudged(st->g, &nj->rep, checks, &v);
+  upstream u;
+  memset(&u, 0, sizeof u);
+  reply r;
+  memset(&r, 0, sizeof r);
+  r.anthropic = true;
+  if (!ag__stops(act))
+    ag__px_send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, -1,
+                         &u);
+  free(body);
+  if (ag__stops(act)) {
+    /* v says why */
+  } else if (ag__px_upstream_failed(st->p, &u, &r) || u.status < 200 ||
+             u.status >= 300 || !ag__px_read_reply(&u, &rep2, &r)) {
+    snprintf(msg, sizeof msg,
+             "agentguard proxy: asking the upstream again failed: %s",
+             r.body != NULL ? r.body : (u.body != NULL ? u.body : ""));
+    anth_error(st, msg);
+    ag__px_reply_free(&r);
+    ag__px_upstream_free(&u);
+    goto out;
+  } else {
+    act = ag__px_check_reply(st->g, &rep2, false, checks, &v);
+  }
+  ag__px_upstream_free(&u);
+  if (act == AG_ALLOW) {
+    if (rep2.text != NULL && rep2.text[0] != '\0')
+      anth_text_block(st, rep2.text);
+    for (size_t k = 0; k < rep2.n_calls; k++) {
+      const ag_tool_call *tc = &rep2.calls[k];
+      int ci = st->next_index++;
+      sb_named(&st->out, "content_block_start",
+               json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type",
+                         "content_block_start", "index", ci, "content_block",
+                         "type", "tool_use", "id", tc->id, "name", tc->name,
+                         "input"));
+      sb_named(&st->out, "content_block_delta",
+               json_pack("{s:s, s:i, s:{s:s, s:s%}}", "type",
+                         "content_block_delta", "index", ci, "delta", "type",
+                         "input_json_delta", "partial_json", tc->arguments,
+                         tc->arguments_len));
+      sb_named(
+          &st->out, "content_block_stop",
+          json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
+    }
+    anth_end(st, rep2.n_calls > 0 ? "tool_use" : "end_turn");
+    goto out;
+  }
+  if (act == AG_NUDGE)
+    v.action = AG_STOP; /* one nudge per request */
+  ag__px_event(st->p, "reply_replaced", st->path, &v, NULL);
+  anth_stop(st, &v);
+out:
+  ag_reply_clear(&rep2);
+}
+
+/* The end of a relayed Chat Completions stream, on its loop: the calls
+ * checked, then released or replaced; a nudge is left in *nj for its own
+ * thread (ag__px_nudge_main), which asks again. */
+void ag__px_stream_finish(stream_st *st, nudge_job **nj) {
+  if (st->anth) {
+    stream_finish_anth(st, nj);
+    return;
+  }
+  if (st->id[0] == '\0') {
+    snprintf(st->id, sizeof st->id, "chatcmpl-agentguard");
+    snprintf(st->model, sizeof st->model, "agentguard");
+  }
+  if (st->looped) {
+    ag__px_event(st->p, "stream_stopped", st->path, &st->loop_v, NULL);
+    stream_stop(st, &st->loop_v);
+    return;
+  }
+  if (st->u.too_big || st->out.failed || st->held.failed) {
+    stream_error(st, "agentguard proxy: the upstream's stream is too large");
+    return;
+  }
+  if (st->u.cc != CURLE_OK || st->asmb.failed != AG_OK) {
+    stream_error(st, "agentguard proxy: the upstream's stream broke: %s",
+                 st->u.cc != CURLE_OK
+                     ? (st->u.errbuf[0] != '\0' ? st->u.errbuf
+                                                : curl_easy_strerror(st->u.cc))
+                 : st->asmb.failed == AG_EPROVIDER
+                     ? st->perr.message
+                     : ag_strerror(st->asmb.failed));
+    return;
+  }
+  if (!stream_complete(st)) {
+    stream_error(st, "agentguard proxy: the upstream's stream ended before "
+                     "the reply was complete (no finish_reason, no [DONE]): "
+                     "the reply is cut off");
+    return;
+  }
+  ag_reply rep;
+  memset(&rep, 0, sizeof rep);
+  ag_err_t fin = ag__asm_finish(&st->asmb, &rep);
+  if (fin != AG_OK) { /* rep may hold the calls before the bad one */
+    ag_reply_clear(&rep);
+    stream_error(st, "agentguard proxy: the upstream's stream broke: %s",
+                 fin == AG_EPROVIDER ? st->perr.message : ag_strerror(fin));
+    return;
+  }
+  ag_call_check checks[AG__CALLS_MAX];
+  ag_verdict v;
+  ag_action act = ag__px_check_reply(st->g, &rep, true, checks, &v);
+  if (act == AG_ALLOW) {
+    ag__px_sb_add(&st->out, st->held.p != NULL ? st->held.p : "", st->held.len);
+    ag__px_sb_add(&st->out, "data: [DONE]\n\n", 14);
+    goto out;
+  }
+  if (act != AG_NUDGE) {
+    ag__px_event(st->p, "reply_replaced", st->path, &v, NULL);
+    stream_stop(st, &v);
+    goto out;
+  }
+  *nj = nudge_new(st, &rep, checks, &v);
+  if (*nj == NULL)
+    stream_error(st, "agentguard proxy: out of memory");
+out:
+  ag_reply_clear(&rep);
+}
+
+/* A relayed Chat Completions stream's nudge, on its own thread: the
+ * held-back calls answered by the nudge, asked once more (not streamed),
+ * and the new reply, checked, written as the stream's end. */
+void ag__px_stream_nudge(stream_st *st, nudge_job *nj) {
+  ag_reply rep2;
+  memset(&rep2, 0, sizeof rep2);
+  ag_call_check *checks = nj->checks;
+  ag_verdict v = nj->v;
+  ag__px_event(st->p, "nudge", st->path, &v, NULL);
+  json_t *b = stream_request(st);
+  json_t *extra = ag__px_nudge_messages(&nj->rep, checks);
+  size_t len = 0;
+  char *body = NULL;
+  if (b != NULL && extra != NULL) {
+    json_object_set_new(b, "stream", json_false());
+    json_object_del(b, "stream_options");
+    body = ag__px_with_messages(b, extra, &len);
+  }
+  json_decref(b);
+  json_decref(extra);
+  if (body == NULL) {
+    stream_error(st, "agentguard proxy: out of memory");
+    goto out;
+  }
+  ag_action act = ag__px_record_nudged(st->g, &nj->rep, checks, &v);
+  upstream u;
+  memset(&u, 0, sizeof u);
+  if (!ag__stops(act))
+    ag__px_send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, -1,
+                         &u);
+  free(body);
+  reply r;
+  memset(&r, 0, sizeof r);
+  if (ag__stops(act)) {
+    /* v says why */
+  } else if (ag__px_upstream_failed(st->p, &u, &r) || u.status < 200 ||
+             u.status >= 300 || !ag__px_read_reply(&u, &rep2, &r)) {
+    stream_error(st, "agentguard proxy: asking the upstream again failed: %s",
+                 r.body != NULL ? r.body : (u.body != NULL ? u.body : ""));
+    ag__px_reply_free(&r);
+    ag__px_upstream_free(&u);
+    goto out;
+  } else {
+    act = ag__px_check_reply(st->g, &rep2, false, checks, &v);
+  }
+  ag__px_upstream_free(&u);
+  if (act == AG_ALLOW) {
+    ag__px_sb_reply(&st->out, st->id, st->model, rep2.text, &rep2,
+                    rep2.n_calls > 0 ? "tool_calls" : "stop");
+    goto out;
+  }
+  if (act == AG_NUDGE)
+    v.action = AG_STOP; /* one nudge per request */
+  ag__px_event(st->p, "reply_replaced", st->path, &v, NULL);
+  stream_stop(st, &v);
+out:
+  ag_reply_clear(&rep2);
+}
+
+/* The response's content reader, on the connection's thread: what the
+ * queue holds, or the end, or nothing yet - then the connection waits,
+ * suspended, until a flush resumes it. */
+ssize_t ag__px_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  stream_st *st = cls;
+  bool unpause = false;
+  ssize_t ret;
+  pthread_mutex_lock(&st->mu);
+  if (st->q_pos < st->q.len) {
+    size_t n = st->q.len - st->q_pos;
+    if (n > max)
+      n = max;
+    memcpy(buf, st->q.p + st->q_pos, n);
+    st->q_pos += n;
+    if (st->paused && !st->up && !st->unpause_queued &&
+        st->q.len - st->q_pos < STREAM_Q_HIGH / 2) {
+      st->paused = false;
+      st->unpause_queued = true;
+      st->ops++;
+      unpause = true;
+    }
+    ret = (ssize_t)n;
+  } else if (st->finished) {
+    /* a passed-through body the upstream did not finish is not made to
+     * look whole: the connection is closed without the last chunk */
+    ret = st->cut ? MHD_CONTENT_READER_END_WITH_ERROR
+                  : MHD_CONTENT_READER_END_OF_STREAM;
+    /* nothing is under way on the connection any more: it may give way
+     * to a new one from now on (before libmicrohttpd's completion) */
+    ag__conns_state(st->conn, AG__CONN_IDLE, ag__px_mono_ms());
+  } else {
+    st->reader_waits = true;
+    MHD_suspend_connection(st->c);
+    ret = 0;
+  }
+  pthread_mutex_unlock(&st->mu);
+  if (unpause)
+    ag__relay_unpause(st->sh->relay, &st->x, &st->op_unpause);
+  return ret;
+}
+
+/* A stream's state with its readers set up for the API shape; the end's
+ * reference (ag__px_stream_end) is its only one. NULL when out of memory. */
+static stream_st *stream_new(ag_proxy *p, bool anth, const char *path) {
+  stream_st *st = calloc(1, sizeof(*st));
+  if (st == NULL)
+    return NULL;
+  pthread_mutex_init(&st->mu, NULL);
+  st->refs = 1;
+  st->p = p;
+  st->anth = anth;
+  for (size_t k = 0; k < sizeof(st->map) / sizeof(st->map[0]); k++)
+    st->map[k] = -1;
+  ag__sse_init(&st->sse, anth ? on_anth_event : ag__px_on_sse_event, st);
+  ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
+  st->path = ag__px_dupz(path);
+  st->held_ev = json_array();
+  if (st->path == NULL || st->held_ev == NULL) {
+    stream_destroy(st);
+    return NULL;
+  }
+  return st;
+}
+
+/* The stream's transfer, set up (st->x.h), handed to its loop with its
+ * callbacks; the loop answers q once the upstream's status is in. */
+static void stream_launch(stream_st *st, req_ctx *q) {
+  curl_easy_setopt(st->x.h, CURLOPT_WRITEFUNCTION, on_stream_body);
+  curl_easy_setopt(st->x.h, CURLOPT_WRITEDATA, st);
+  curl_easy_setopt(st->x.h, CURLOPT_HEADERFUNCTION, on_stream_header);
+  curl_easy_setopt(st->x.h, CURLOPT_HEADERDATA, st);
+  st->u.cc = CURLE_OK;
+  st->x.done = ag__px_on_stream_done;
+  st->x.user = st;
+  st->op_cancel.taken = on_cancel_taken;
+  st->op_cancel.user = st;
+  st->op_unpause.taken = on_unpause_taken;
+  st->op_unpause.user = st;
+  st->req_q = q;
+  ag__relay_add(st->sh->relay, &st->x);
+}
+
+/* Starts relaying: hands the transfer to the connection's loop, which
+ * answers the request (q) when the upstream's status is known and sees
+ * the stream to its end. `*fwd` (may be NULL) is the body to send instead
+ * of the client's (with the error context); it, the guard and the stream
+ * are the loop's now, and q is not this thread's any more. Returns false
+ * with `r` filled (500) when it could not start. */
+bool ag__px_stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                         char **fwd, size_t fwd_len, bool anth,
+                         const char *path, ag_guard **g, reply *r) {
+  stream_st *st = stream_new(p, anth, path);
+  if (st == NULL) {
+    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return false;
+  }
+  st->sh = q->sh;
+  st->ct = q->sh->ct;
+  st->c = c;
+  st->uri = ag__px_dupz(q->uri);
+  /* the client's body, kept for a nudge (and sent, unless *fwd is) */
+  char *copy = malloc(q->len + 1);
+  if (copy != NULL) {
+    if (q->len > 0)
+      memcpy(copy, q->body, q->len);
+    copy[q->len] = '\0';
+  }
+  size_t len = q->len;
+  if (*fwd != NULL) {
+    st->body = *fwd;
+    st->orig = copy;
+    len = fwd_len;
+    *fwd = NULL;
+  } else {
+    st->body = copy;
+  }
+  st->x.h = curl_easy_init();
+  bool set = st->x.h != NULL && copy != NULL &&
+             ag__px_upstream_handle(p, q->client_hdrs, st->x.h, "POST", q->uri,
+                                    st->body, len, st->orig != NULL,
+                                    q->client_fd, &st->u, &st->hdrs, &st->url);
+  for (const struct curl_slist *s = q->client_hdrs; set && s != NULL;
+       s = s->next) {
+    struct curl_slist *n = curl_slist_append(st->ch, s->data);
+    set = n != NULL;
+    if (n != NULL)
+      st->ch = n;
+  }
+  if (!set || st->uri == NULL) {
+    ag__px_stream_release(st, true);
+    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return false;
+  }
+  st->g = *g;
+  *g = NULL;
+  /* from here on q is the loop's: it answers the request (ag__px_answer_stream,
+   * ag__px_answer_reply) once the upstream's status is known */
+  stream_launch(st, q);
+  return true;
+}
+
+/* A request the guard does not decide, passed through on the connection's
+ * loop: its transfer started here, and its answer - the upstream's
+ * status, headers and body - relayed as it comes (a raw stream: nothing
+ * is parsed, nothing is held whole; a client that reads slowly pauses the
+ * upstream). The request's body goes with the transfer. Returns false
+ * with `r` filled (500) when it could not start; else q is the loop's. */
+bool ag__px_relay_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                        const char *path, reply *r) {
+  stream_st *st = stream_new(p, false, path);
+  if (st == NULL) {
+    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return false;
+  }
+  st->raw = true;
+  st->conn = q->conn;
+  st->sh = q->sh;
+  st->c = c;
+  st->uri = ag__px_dupz(q->uri);
+  st->body = q->body; /* the transfer's from here on */
+  q->body = NULL;
+  st->x.h = curl_easy_init();
+  if (st->x.h == NULL || st->uri == NULL ||
+      !ag__px_upstream_handle(p, q->client_hdrs, st->x.h, q->method, q->uri,
+                              st->body, q->len, false, q->client_fd, &st->u,
+                              &st->hdrs, &st->url)) {
+    ag__px_stream_release(st, true);
+    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return false;
+  }
+  stream_launch(st, q);
+  return true;
+}
+
+int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
+                          const char *stream, size_t len, size_t split,
+                          unsigned flags, char **out, size_t *out_len) {
+  *out = NULL;
+  *out_len = 0;
+  ag_proxy *p = calloc(1, sizeof(*p)); /* no events file: none written */
+  if (p == NULL)
+    return -1;
+  p->cfg = *cfg;
+  stream_st *st = stream_new(
+      p, anthropic, anthropic ? "/v1/messages" : "/v1/chat/completions");
+  chunk_tape *ct =
+      (flags & AG_PROXY_REPLAY_TREE) ? NULL : ag__px_chunk_tape_new();
+  ag_error_t err;
+  if (st == NULL || ag_guard_new(&st->g, cfg, NULL, &err) != AG_OK ||
+      (ct == NULL && !(flags & AG_PROXY_REPLAY_TREE))) {
+    if (st != NULL)
+      stream_destroy(st);
+    ag__px_chunk_tape_free(ct);
+    free(p);
+    return -1;
+  }
+  st->ct = ct;
+  ag_verdict v0; /* a turn with no history: its first request goes */
+  (void)ag_guard_begin_iteration(st->g, 0, &v0);
+  st->answer = ANSWER_STREAM;
+  st->status = 200;
+  st->u.cc = CURLE_OK;
+  if (split > len)
+    split = len;
+  /* the transfer: its writes, then its end (ag__px_on_stream_done) */
+  if ((split > 0 && !stream_feed(st, stream, split)) ||
+      (len > split && !stream_feed(st, stream + split, len - split))) {
+    st->u.cc = CURLE_WRITE_ERROR;
+  } else {
+    ag_err_t why = AG_OK;
+    if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
+      st->asmb.failed = why;
+    ag__px_flush(st, false);
+  }
+  st->up = true;
+  nudge_job *nj = NULL;
+  ag__px_stream_finish(st, &nj);
+  if (nj != NULL)
+    ag__px_nudge_fail(nj, "agentguard proxy: asking the upstream again failed: "
+                          "no upstream (ag_proxy_relay_replay)");
+  ag__px_flush(st, true);
+  int rc = 0;
+  size_t n = st->q.len - st->q_pos;
+  *out = malloc(n + 1);
+  if (*out == NULL) {
+    rc = -1;
+  } else {
+    if (n > 0)
+      memcpy(*out, st->q.p + st->q_pos, n);
+    (*out)[n] = '\0';
+    *out_len = n;
+  }
+  ag__px_stream_release(st, true);
+  ag__px_chunk_tape_free(ct);
+  free(p);
+  return rc;
+}

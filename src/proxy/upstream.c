@@ -1,0 +1,422 @@
+/*
+ * src/proxy/upstream.c - the upstream (internal.h): the URL built from
+ * parts, libcurl transfers set up and run on a loop's relay, bodies held
+ * under the budget, a waiting client watched.
+ */
+#define _GNU_SOURCE /* memmem */
+#include "internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* The upstream (libcurl)                                                   */
+/* ------------------------------------------------------------------------ */
+
+static const char *const hop_by_hop[] = {"connection",
+                                         "keep-alive",
+                                         "proxy-authenticate",
+                                         "proxy-authorization",
+                                         "proxy-connection",
+                                         "te",
+                                         "trailer",
+                                         "transfer-encoding",
+                                         "upgrade",
+                                         "host",
+                                         "content-length",
+                                         "expect",
+                                         "accept-encoding",
+                                         "x-agentguard-key"};
+
+static bool is_hop(const char *name, size_t n) {
+  for (size_t i = 0; i < sizeof(hop_by_hop) / sizeof(hop_by_hop[0]); i++)
+    if (strlen(hop_by_hop[i]) == n && strncasecmp(name, hop_by_hop[i], n) == 0)
+      return true;
+  return false;
+}
+
+size_t ag__px_on_body(char *ptr, size_t size, size_t nmemb, void *user) {
+  upstream *u = user;
+  size_t n = size * nmemb;
+  if (u->len + n > AG_PROXY_UPSTREAM_MAX) {
+    u->too_big = true;
+    return 0; /* ends the transfer */
+  }
+  size_t need = u->len + n + 1;
+  if (u->bud != NULL && need > u->held) {
+    size_t want =
+        (need + BUDGET_STEP - 1) / BUDGET_STEP * BUDGET_STEP - u->held;
+    if (!ag__budget_try(u->bud, want, u->held)) {
+      if (u->sync == NULL) {
+        u->no_budget = true;
+        return 0;
+      }
+      /* paused: libcurl hands the same bytes again after the unpause */
+      pthread_mutex_lock(&u->sync->mu);
+      u->want = want;
+      pthread_cond_signal(&u->sync->cv);
+      pthread_mutex_unlock(&u->sync->mu);
+      return CURL_WRITEFUNC_PAUSE;
+    }
+    u->held += want;
+  }
+  if (u->len + n + 1 > u->cap) {
+    size_t cap = u->cap ? u->cap : 4096;
+    while (cap < u->len + n + 1)
+      cap *= 2;
+    char *g = realloc(u->body, cap);
+    if (g == NULL)
+      return 0;
+    u->body = g;
+    u->cap = cap;
+  }
+  memcpy(u->body + u->len, ptr, n);
+  u->len += n;
+  u->body[u->len] = '\0';
+  return n;
+}
+
+size_t ag__px_on_header(char *ptr, size_t size, size_t nmemb, void *user) {
+  upstream *u = user;
+  size_t n = size * nmemb;
+  if (n >= 5 && memcmp(ptr, "HTTP/", 5) == 0) {
+    /* a new response (after a 100 Continue): its headers only */
+    curl_slist_free_all(u->headers);
+    u->headers = NULL;
+    u->hdr_end = false;
+    return n;
+  }
+  if (n <= 2 && (n == 0 || ptr[0] == '\r' || ptr[0] == '\n')) {
+    u->hdr_end = true;
+    return n;
+  }
+  const char *colon = memchr(ptr, ':', n);
+  if (colon == NULL || is_hop(ptr, (size_t)(colon - ptr)))
+    return n;
+  size_t l = n;
+  while (l > 0 && (ptr[l - 1] == '\r' || ptr[l - 1] == '\n'))
+    l--;
+  char line[8192];
+  if (l >= sizeof line)
+    return n; /* an absurd header is dropped, not truncated */
+  memcpy(line, ptr, l);
+  line[l] = '\0';
+  struct curl_slist *s = curl_slist_append(u->headers, line);
+  if (s != NULL)
+    u->headers = s;
+  return n;
+}
+
+typedef struct hdr_walk {
+  struct curl_slist *list;
+  bool failed;
+} hdr_walk;
+
+static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
+                                      const char *key, const char *value) {
+  (void)kind;
+  hdr_walk *w = cls;
+  if (key == NULL || is_hop(key, strlen(key)))
+    return MHD_YES;
+  if (value == NULL)
+    value = "";
+  size_t n = strlen(key) + strlen(value) + 3;
+  char *line = malloc(n);
+  if (line == NULL) {
+    w->failed = true;
+    return MHD_NO;
+  }
+  snprintf(line, n, "%s: %s", key, value);
+  struct curl_slist *s = curl_slist_append(w->list, line);
+  free(line);
+  if (s == NULL) {
+    w->failed = true;
+    return MHD_NO;
+  }
+  w->list = s;
+  return MHD_YES;
+}
+
+/* The client's headers, hop-by-hop ones removed; false when out of
+ * memory. Read once, on the connection's thread. */
+bool ag__px_client_headers(struct MHD_Connection *c, struct curl_slist **out) {
+  hdr_walk w = {NULL, false};
+  MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &w);
+  if (w.failed) {
+    curl_slist_free_all(w.list);
+    return false;
+  }
+  *out = w.list;
+  return true;
+}
+
+/* Whether the peer of socket `fd` has gone: closed (or shut its side
+ * down), reset, or the socket failed. A client does not half-close an
+ * HTTP/1.1 connection while it waits for the answer, so a hang-up means
+ * nobody reads the answer. */
+static bool peer_gone(int fd) {
+  struct pollfd pf = {.fd = fd, .events = POLLIN | POLLRDHUP};
+  if (poll(&pf, 1, 0) != 1)
+    return false;
+  return (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* libcurl's progress callback, on the relay's thread: on every read and,
+ * while the upstream is silent, about once a second. A client that has
+ * left ends the transfer (and so frees its worker, its slot and its
+ * upstream connection) instead of leaving it to wait for the upstream or
+ * the transfer's time limit. libmicrohttpd does not watch a suspended
+ * connection's socket, so this does. */
+static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow,
+                       curl_off_t ultotal, curl_off_t ulnow) {
+  (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+  upstream *u = user;
+  if (u->client_fd < 0 || !peer_gone(u->client_fd))
+    return 0;
+  u->client_left = true;
+  return 1; /* CURLE_ABORTED_BY_CALLBACK */
+}
+
+/* The URL of a request upstream, from parts (libcurl's URL API): the
+ * upstream's scheme, host, port and credentials, never the client's; the
+ * upstream's path followed by the client's (`target`, normalised by
+ * ag__target_normalise in the handler: origin-form, so it cannot name
+ * another host), and the client's query. A "/v1/" the upstream's path
+ * already ends with is not doubled. NULL when out of memory. */
+static char *upstream_url(const ag_proxy *p, const char *target) {
+  const char *path = target;
+  if (p->upstream_v1 && strncmp(path, "/v1/", 4) == 0)
+    path += 3;
+  size_t pl = strcspn(path, "?");
+  size_t bl = strlen(p->up_path);
+  CURLU *cu = curl_url_dup(p->up);
+  char *full = malloc(bl + pl + 1);
+  char *got = NULL, *url = NULL;
+  if (cu != NULL && full != NULL) {
+    memcpy(full, p->up_path, bl);
+    memcpy(full + bl, path, pl);
+    full[bl + pl] = '\0';
+    if (curl_url_set(cu, CURLUPART_PATH, full, 0) == CURLUE_OK &&
+        curl_url_set(cu, CURLUPART_QUERY,
+                     path[pl] == '?' && path[pl + 1] != '\0' ? path + pl + 1
+                                                             : NULL,
+                     0) == CURLUE_OK &&
+        curl_url_get(cu, CURLUPART_URL, &got, 0) == CURLUE_OK)
+      url = ag__px_dupz(got);
+  }
+  curl_free(got);
+  free(full);
+  curl_url_cleanup(cu);
+  return url;
+}
+
+/* Sets `h` up for a transfer to the upstream with the client's headers
+ * `ch` (credentials go as they came). `json_body`: the body is ours
+ * (rewritten), sent as application/json. false when out of memory; the
+ * caller frees *hdrs and *url after the transfer. */
+bool ag__px_upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
+                            const char *method, const char *uri,
+                            const char *body, size_t len, bool json_body,
+                            int client_fd, upstream *u,
+                            struct curl_slist **hdrs, char **url) {
+  memset(u, 0, sizeof(*u));
+  u->cc = CURLE_OUT_OF_MEMORY;
+  u->client_fd = client_fd;
+  u->bud = p->budget;
+  *url = upstream_url(p, uri);
+  struct curl_slist *list = NULL;
+  bool failed = false;
+  for (; ch != NULL && !failed; ch = ch->next) {
+    struct curl_slist *s = curl_slist_append(list, ch->data);
+    failed = s == NULL;
+    if (s != NULL)
+      list = s;
+  }
+  if (json_body && !failed) {
+    struct curl_slist *s = curl_slist_append(list, "Content-Type: "
+                                                   "application/json");
+    failed = s == NULL;
+    if (s != NULL)
+      list = s;
+  }
+  if (!failed) {
+    /* no "Expect: 100-continue" wait, no compressed body to read */
+    struct curl_slist *s = curl_slist_append(list, "Expect:");
+    failed = s == NULL;
+    if (s != NULL)
+      list = s;
+  }
+  *hdrs = list;
+  if (*url == NULL || h == NULL || failed)
+    return false;
+  curl_easy_setopt(h, CURLOPT_URL, *url);
+  /* the path is normalised already (target.c): sent as it is */
+  curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)p->timeout_ms);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, ag__px_on_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, u);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, ag__px_on_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, u);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, u->errbuf);
+  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (client_fd >= 0) {
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, u);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    /* a speed check arms libcurl's one-second timer, which is what calls
+     * the progress callback while the upstream sends nothing (in the
+     * multi interface, nothing else runs a silent transfer); 1 byte a
+     * second over the whole transfer's time limit never ends one */
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME,
+                     (long)(p->timeout_ms / 1000 + 1));
+  }
+  if (strcmp(method, "HEAD") == 0) {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  } else {
+    if (len > 0 || strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0 ||
+        strcmp(method, "PATCH") == 0) {
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+      curl_easy_setopt(h, CURLOPT_POSTFIELDS, body != NULL ? body : "");
+    }
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+  }
+  return true;
+}
+
+/* The relay of the request this thread serves (job_main): its transfers
+ * run in its loop, whose connection cache its client's earlier requests
+ * filled. */
+_Thread_local ag__relay *ag__px_tl_relay;
+
+static void sync_done(ag__relay_xfer *x, CURLcode cc) {
+  sync_run *sr = x->user;
+  pthread_mutex_lock(&sr->mu);
+  sr->cc = cc;
+  sr->done = true;
+  pthread_cond_signal(&sr->cv);
+  pthread_mutex_unlock(&sr->mu);
+}
+
+static void sync_op_taken(void *user) {
+  sync_run *sr = user;
+  pthread_mutex_lock(&sr->mu);
+  sr->op_out = false;
+  pthread_cond_signal(&sr->cv);
+  pthread_mutex_unlock(&sr->mu);
+}
+
+/* Runs h on the relay and waits for its end (ag__relay_run's way), taking
+ * the budget's bytes here, on this thread, when its body pauses for them:
+ * the loop never waits. Returns when the transfer has ended and no
+ * request for it is left in the relay's queue. */
+static CURLcode sync_run_xfer(ag__relay *r, CURL *h, upstream *u) {
+  sync_run sr;
+  memset(&sr, 0, sizeof sr);
+  sr.x.h = h;
+  sr.x.done = sync_done;
+  sr.x.user = &sr;
+  sr.op.taken = sync_op_taken;
+  sr.op.user = &sr;
+  pthread_mutex_init(&sr.mu, NULL);
+  pthread_cond_init(&sr.cv, NULL);
+  u->sync = &sr;
+  ag__relay_add(r, &sr.x);
+  pthread_mutex_lock(&sr.mu);
+  while (!sr.done || sr.op_out) {
+    if (u->want > 0 && !sr.done && !sr.op_out) {
+      size_t want = u->want;
+      pthread_mutex_unlock(&sr.mu);
+      ag__budget_wait(u->bud, want, u->held);
+      pthread_mutex_lock(&sr.mu);
+      u->held += want;
+      u->want = 0;
+      sr.op_out = true;
+      pthread_mutex_unlock(&sr.mu);
+      ag__relay_unpause(r, &sr.x, &sr.op);
+      pthread_mutex_lock(&sr.mu);
+      continue;
+    }
+    pthread_cond_wait(&sr.cv, &sr.mu);
+  }
+  pthread_mutex_unlock(&sr.mu);
+  u->sync = NULL;
+  pthread_cond_destroy(&sr.cv);
+  pthread_mutex_destroy(&sr.mu);
+  return sr.cc;
+}
+
+/* One whole request upstream (see ag__px_upstream_handle), run on the relay
+ * while this thread waits. */
+void ag__px_send_upstream(ag_proxy *p, const struct curl_slist *ch,
+                          const char *method, const char *uri, const char *body,
+                          size_t len, bool json_body, int client_fd,
+                          upstream *u) {
+  struct curl_slist *hdrs = NULL;
+  char *url = NULL;
+  CURL *h = curl_easy_init();
+  if (h == NULL) {
+    memset(u, 0, sizeof(*u));
+    u->cc = CURLE_OUT_OF_MEMORY;
+    return;
+  }
+  if (ag__px_upstream_handle(p, ch, h, method, uri, body, len, json_body,
+                             client_fd, u, &hdrs, &url)) {
+    u->cc = sync_run_xfer(
+        ag__px_tl_relay != NULL ? ag__px_tl_relay : p->sh[0].relay, h, u);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
+  }
+  curl_easy_cleanup(h);
+  curl_slist_free_all(hdrs);
+  free(url);
+}
+
+void ag__px_upstream_free(upstream *u) {
+  ag__budget_release(u->bud, u->held, 0);
+  free(u->body);
+  curl_slist_free_all(u->headers);
+  memset(u, 0, sizeof(*u));
+}
+
+/* A failed transfer as a 502, else false. */
+bool ag__px_upstream_failed(ag_proxy *p, const upstream *u, reply *r) {
+  if (u->no_budget) {
+    ag__px_set_error(r, 503, "server_error", "proxy_memory_full",
+                     "agentguard proxy: the replies held whole take all of "
+                     "--max-buffered; ask again");
+    return true;
+  }
+  if (u->too_big) {
+    ag__px_set_error(
+        r, 502, "upstream_error", "upstream_too_large",
+        "agentguard proxy: the upstream's response is larger than %u "
+        "bytes",
+        (unsigned)AG_PROXY_UPSTREAM_MAX);
+    return true;
+  }
+  if (u->cc == CURLE_OK)
+    return false;
+  char why[CURL_ERROR_SIZE + 64];
+  ag__px_set_error(
+      r, 502, "upstream_error", "upstream_unreachable",
+      "agentguard proxy: the upstream %s did not answer: %s", p->up_shown,
+      ag__px_scrub(p,
+                   u->errbuf[0] != '\0' ? u->errbuf : curl_easy_strerror(u->cc),
+                   why, sizeof why));
+  return true;
+}
+
+/* The upstream's answer as it came: status, headers, body. */
+void ag__px_pass_back(upstream *u, reply *r) {
+  r->status = (unsigned)u->status;
+  r->body = u->body;
+  r->len = u->len;
+  r->headers = u->headers;
+  r->ctype = NULL;
+  r->bud = u->bud;
+  r->held = u->held;
+  u->body = NULL;
+  u->headers = NULL;
+  u->held = 0;
+}
