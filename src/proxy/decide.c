@@ -992,57 +992,44 @@ static bool load_req(const req_ctx *q, json_t **req, reply *r) {
   return *req != NULL;
 }
 
-/* Decides a guarded request and acts on it: r is the answer, or
- * *started says a stream was handed to the loop (ag__px_stream_start). With
- * `later` (on the loop's thread, which may not wait), a request whose
- * answer needs a whole upstream reply (not a stream, or the final request
- * without tools) is left untouched for a worker, with *later set. */
-void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                 const char *path, reply *r, bool *started, bool *later) {
-  const bool anth = r->anthropic;
-  bool anth_stream = false;
-  char *fwd = NULL;
-  size_t fwd_len = 0;
-  json_error_t je;
-  json_t *req = NULL;
-  ag_guard *g = NULL;
-  ag_reply rep, rep2;
-  memset(&rep, 0, sizeof rep);
-  memset(&rep2, 0, sizeof rep2);
-  upstream u;
-  memset(&u, 0, sizeof u);
+/* One guarded request being decided (ag__px_chat and its steps). */
+typedef struct decision {
+  ag_proxy *p;
+  req_ctx *q;
+  const char *path;
+  reply *r;    /* the answer, once one is set */
+  json_t *req; /* the parsed request, once it is needed (load_req) */
+  ag_guard *g; /* the turn replayed */
   ag_verdict v;
-  bool stream = false;
-  /* the decision from the tape; the tree is parsed only when needed */
-  int act = ag__px_tape_decide(&p->cfg, q->body, q->len, anth, &g, &v, &stream);
-  if (act == -2) {
-    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
-    return;
-  }
-  if (act != TAPE_FALLBACK) {
-    anth_stream = anth && stream;
-    if (ag__stops((ag_action)act) && !load_req(q, &req, r))
-      goto out;
-    goto decided;
-  }
-  req = json_loadb(q->body != NULL ? q->body : "", q->len, 0, &je);
-  if (req == NULL) {
+  bool stream; /* "stream": true */
+  char *fwd;   /* what goes upstream instead of the body, or NULL */
+  size_t fwd_len;
+} decision;
+
+/* The jansson path: the body parsed and its shape checked (a 400 names
+ * what is wrong), the turn replayed through a fresh guard, the coming
+ * request counted. The action, or -1 when d->r holds the answer. */
+static int decide_tree(decision *d) {
+  reply *r = d->r;
+  json_error_t je;
+  d->req = json_loadb(d->q->body != NULL ? d->q->body : "", d->q->len, 0, &je);
+  if (d->req == NULL) {
     ag__px_set_error(
         r, 400, "invalid_request_error", "invalid_json",
         "agentguard proxy: the request body is not JSON: %s (line %d, "
         "column %d)",
         je.text, je.line, je.column);
-    return;
+    return -1;
   }
-  json_t *msgs = json_object_get(req, "messages");
-  if (!json_is_object(req) || !json_is_array(msgs) ||
+  json_t *msgs = json_object_get(d->req, "messages");
+  if (!json_is_object(d->req) || !json_is_array(msgs) ||
       json_array_size(msgs) == 0) {
     ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
                      "agentguard proxy: %s",
-                     !json_is_object(req)
+                     !json_is_object(d->req)
                          ? "the request body must be a JSON object"
                          : "messages: expected a non-empty array");
-    goto out;
+    return -1;
   }
   size_t i;
   json_t *m;
@@ -1051,153 +1038,196 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
       ag__px_set_error(
           r, 400, "invalid_request_error", "invalid_request",
           "agentguard proxy: messages[%zu].role: expected a string", i);
-      goto out;
+      return -1;
     }
   }
   char emsg[ERR_MSG_MAX];
-  /* an Anthropic stream is relayed (ag__px_stream_start); a reply the proxy
-   * makes itself is told as a stream at the end (anthropic_sse) */
-  stream = json_is_true(json_object_get(req, "stream"));
-  anth_stream = anth && stream;
+  d->stream = json_is_true(json_object_get(d->req, "stream"));
   ag_error_t err;
-  if (ag_guard_new(&g, &p->cfg, NULL, &err) != AG_OK) {
+  if (ag_guard_new(&d->g, &d->p->cfg, NULL, &err) != AG_OK) {
     ag__px_set_error(r, 500, "server_error", "guard", "agentguard proxy: %s",
                      err.msg);
-    goto out;
+    return -1;
   }
-  act = anth ? replay_turn_anth(g, msgs, &v, emsg, sizeof emsg)
-             : replay_turn(g, msgs, SIZE_MAX, &v, emsg, sizeof emsg);
-  if (act == -1) {
+  int act = r->anthropic
+                ? replay_turn_anth(d->g, msgs, &d->v, emsg, sizeof emsg)
+                : replay_turn(d->g, msgs, SIZE_MAX, &d->v, emsg, sizeof emsg);
+  if (act == -1)
     ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
                      "agentguard proxy: %s", emsg);
-    goto out;
-  }
-  if (act == -2) {
+  else if (act == -2)
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
-    goto out;
-  }
+  if (act < 0)
+    return -1;
   if (!ag__stops((ag_action)act))
-    act = ag_guard_begin_iteration(g, 0, &v);
-decided:
-  if (later != NULL &&
-      (ag__stops((ag_action)act)
-           ? p->cfg.loop.final_request_without_tools && v.action == AG_STOP
-           : !stream)) {
-    *later = true; /* nothing said or sent yet: the worker decides again */
-    goto out;
-  }
-  if (ag__stops((ag_action)act)) {
-    bool final = p->cfg.loop.final_request_without_tools && v.action == AG_STOP;
-    ag__px_event(
-        p, final ? "final_request_without_tools" : "stopped_before_request",
-        path, &v, NULL);
-    if (final)
-      final_without_tools(p, q->client_hdrs, q->uri, q->client_fd, req, &v, r);
-    else
-      set_stop_reply(p, req, &v, r);
-    goto out;
-  }
-  /* The error context of the replayed errors, for this request only (the
-   * loop's rule: it never enters the conversation the client keeps). */
-  if (p->cfg.errors.error_context) {
-    char ectx[8192];
-    size_t need = ag_guard_error_context(g, AG_RECOVER_EXECUTION, NULL, 0, ectx,
-                                         sizeof ectx);
-    if (need > 0 && ectx[0] != '\0') {
-      if (!load_req(q, &req, r))
-        goto out;
-      json_t *extra =
-          json_pack("[{s:s, s:s}]", "role", "user", "content", ectx);
-      free(fwd);
-      fwd = extra != NULL ? ag__px_with_messages(req, extra, &fwd_len) : NULL;
-      json_decref(extra);
-      if (fwd == NULL) {
-        ag__px_set_error(r, 500, "server_error", "out_of_memory",
-                         "out of memory");
-        goto out;
-      }
-      ag__px_event(p, "error_context", path, NULL, NULL);
-    }
-  }
-  if (stream) {
-    *started = ag__px_stream_start(p, c, q, &fwd, fwd_len, anth, path, &g, r);
-    if (*started)
-      anth_stream = false; /* q and r are the loop's now: not touched */
-    goto out;
-  }
-  ag__px_send_upstream(
-      p, q->client_hdrs, "POST", q->uri, fwd != NULL ? fwd : q->body,
-      fwd != NULL ? fwd_len : q->len, fwd != NULL, q->client_fd, &u);
-  if (ag__px_upstream_failed(p, &u, r))
-    goto out;
-  if (u.status < 200 || u.status >= 300) {
-    ag__px_pass_back(&u, r);
-    goto out;
-  }
-  if (!ag__px_read_reply(&u, &rep, r))
-    goto out;
-  ag_call_check checks[AG__CALLS_MAX];
-  act = ag__px_check_reply(g, &rep, false, checks, &v);
-  if (act == AG_ALLOW) {
-    ag__px_pass_back(&u, r);
-    goto out;
-  }
-  if (!load_req(q, &req, r))
-    goto out;
-  if (ag__stops((ag_action)act)) {
-    ag__px_event(p, "reply_replaced", path, &v, NULL);
-    set_stop_reply(p, req, &v, r);
-    goto out;
-  }
-  /* A nudge: the held-back calls answered by the nudge, asked once more. */
-  ag__px_event(p, "nudge", path, &v, NULL);
-  json_t *extra = anth ? ag__px_nudge_messages_anthropic(&rep, checks)
-                       : ag__px_nudge_messages(&rep, checks);
-  size_t len = 0;
-  char *body = extra != NULL ? ag__px_with_messages(req, extra, &len) : NULL;
+    act = ag_guard_begin_iteration(d->g, 0, &d->v);
+  return act;
+}
+
+/* The error context of the replayed errors, for this request only (the
+ * loop's rule: it never enters the conversation the client keeps): d->fwd
+ * is the body with it. false when d->r holds the answer. */
+static bool add_error_context(decision *d) {
+  char ectx[8192];
+  size_t need = ag_guard_error_context(d->g, AG_RECOVER_EXECUTION, NULL, 0,
+                                       ectx, sizeof ectx);
+  if (need == 0 || ectx[0] == '\0')
+    return true;
+  if (!load_req(d->q, &d->req, d->r))
+    return false;
+  json_t *extra = json_pack("[{s:s, s:s}]", "role", "user", "content", ectx);
+  free(d->fwd);
+  d->fwd =
+      extra != NULL ? ag__px_with_messages(d->req, extra, &d->fwd_len) : NULL;
   json_decref(extra);
-  if (body == NULL) {
-    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
-    goto out;
+  if (d->fwd == NULL) {
+    ag__px_set_error(d->r, 500, "server_error", "out_of_memory",
+                     "out of memory");
+    return false;
   }
-  act = ag__px_record_nudged(g, &rep, checks, &v);
-  if (ag__stops((ag_action)act)) {
-    free(body);
-    ag__px_event(p, "reply_replaced", path, &v, NULL);
-    set_stop_reply(p, req, &v, r);
-    goto out;
+  ag__px_event(d->p, "error_context", d->path, NULL, NULL);
+  return true;
+}
+
+/* A whole reply from the upstream into *rep: true when it is a 2xx reply
+ * of the API's shape; else d->r holds the answer (the upstream's own, or a
+ * 502). */
+static bool ask_upstream(decision *d, const char *body, size_t len, bool ours,
+                         upstream *u, ag_reply *rep) {
+  ag__px_upstream_free(u);
+  ag__px_send_upstream(d->p, d->q->client_hdrs, "POST", d->q->uri, body, len,
+                       ours, d->q->client_fd, u);
+  if (ag__px_upstream_failed(d->p, u, d->r))
+    return false;
+  if (u->status < 200 || u->status >= 300) {
+    ag__px_pass_back(u, d->r);
+    return false;
   }
-  ag__px_upstream_free(&u);
-  ag__px_send_upstream(p, q->client_hdrs, "POST", q->uri, body, len, true,
-                       q->client_fd, &u);
-  free(body);
-  if (ag__px_upstream_failed(p, &u, r))
+  return ag__px_read_reply(u, rep, d->r);
+}
+
+/* The stop reply for a reply the check replaced (d->v says why). */
+static void replace_reply(decision *d) {
+  ag__px_event(d->p, "reply_replaced", d->path, &d->v, NULL);
+  set_stop_reply(d->p, d->req, &d->v, d->r);
+}
+
+/* A request that is not streamed, forwarded: its reply checked and passed
+ * back, replaced, or nudged once (the held-back calls answered by the
+ * nudge, asked again). */
+static void answer_whole(decision *d) {
+  upstream u;
+  memset(&u, 0, sizeof u);
+  ag_reply rep, rep2;
+  memset(&rep, 0, sizeof rep);
+  memset(&rep2, 0, sizeof rep2);
+  ag_call_check checks[AG__CALLS_MAX];
+  const char *body = d->fwd != NULL ? d->fwd : d->q->body;
+  size_t len = d->fwd != NULL ? d->fwd_len : d->q->len;
+  if (!ask_upstream(d, body, len, d->fwd != NULL, &u, &rep))
     goto out;
-  if (u.status < 200 || u.status >= 300) {
-    ag__px_pass_back(&u, r);
-    goto out;
-  }
-  if (!ag__px_read_reply(&u, &rep2, r))
-    goto out;
-  act = ag__px_check_reply(g, &rep2, false, checks, &v);
+  ag_action act = ag__px_check_reply(d->g, &rep, false, checks, &d->v);
   if (act == AG_ALLOW) {
-    ag__px_pass_back(&u, r);
+    ag__px_pass_back(&u, d->r);
     goto out;
   }
-  /* One nudge per request: a second one stops. */
-  if (act == AG_NUDGE)
-    v.action = AG_STOP;
-  ag__px_event(p, "reply_replaced", path, &v, NULL);
-  set_stop_reply(p, req, &v, r);
+  if (!load_req(d->q, &d->req, d->r))
+    goto out;
+  if (ag__stops(act)) {
+    replace_reply(d);
+    goto out;
+  }
+  ag__px_event(d->p, "nudge", d->path, &d->v, NULL);
+  json_t *extra = d->r->anthropic
+                      ? ag__px_nudge_messages_anthropic(&rep, checks)
+                      : ag__px_nudge_messages(&rep, checks);
+  size_t nlen = 0;
+  char *nbody =
+      extra != NULL ? ag__px_with_messages(d->req, extra, &nlen) : NULL;
+  json_decref(extra);
+  if (nbody == NULL) {
+    ag__px_set_error(d->r, 500, "server_error", "out_of_memory",
+                     "out of memory");
+    goto out;
+  }
+  act = ag__px_record_nudged(d->g, &rep, checks, &d->v);
+  bool asked = !ag__stops(act) && ask_upstream(d, nbody, nlen, true, &u, &rep2);
+  free(nbody);
+  if (!ag__stops(act) && !asked)
+    goto out; /* d->r holds the upstream's answer or a 502 */
+  if (asked) {
+    act = ag__px_check_reply(d->g, &rep2, false, checks, &d->v);
+    if (act == AG_ALLOW) {
+      ag__px_pass_back(&u, d->r);
+      goto out;
+    }
+    if (act == AG_NUDGE)
+      d->v.action = AG_STOP; /* one nudge per request: a second one stops */
+  }
+  replace_reply(d);
 out:
-  if (anth_stream && r->status == 200)
-    anthropic_sse(r);
   ag_reply_clear(&rep);
   ag_reply_clear(&rep2);
   ag__px_upstream_free(&u);
-  ag_guard_free(g);
-  json_decref(req);
-  free(fwd);
+}
+
+/* Decides a guarded request and acts on it: r is the answer, or
+ * *started says a stream was handed to the loop (ag__px_stream_start). With
+ * `later` (on the loop's thread, which may not wait), a request whose
+ * answer needs a whole upstream reply (not a stream, or the final request
+ * without tools) is left untouched for a worker, with *later set. */
+void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                 const char *path, reply *r, bool *started, bool *later) {
+  decision d;
+  memset(&d, 0, sizeof d);
+  d.p = p;
+  d.q = q;
+  d.path = path;
+  d.r = r;
+  /* the decision from the tape; the tree is parsed only when needed */
+  int act = ag__px_tape_decide(&p->cfg, q->body, q->len, r->anthropic, &d.g,
+                               &d.v, &d.stream);
+  if (act == -2) {
+    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return;
+  }
+  if (act == TAPE_FALLBACK)
+    act = decide_tree(&d);
+  else if (ag__stops((ag_action)act) && !load_req(q, &d.req, r))
+    act = -1;
+  /* an Anthropic stream is relayed (ag__px_stream_start); a reply the proxy
+   * makes itself is told as a stream at the end (anthropic_sse) */
+  bool anth_stream = r->anthropic && d.stream;
+  bool final = ag__stops((ag_action)act) &&
+               p->cfg.loop.final_request_without_tools && d.v.action == AG_STOP;
+  if (act < 0) {
+    /* r holds the answer */
+  } else if (later != NULL && (ag__stops((ag_action)act) ? final : !d.stream)) {
+    *later = true; /* nothing said or sent yet: the worker decides again */
+  } else if (ag__stops((ag_action)act)) {
+    ag__px_event(
+        p, final ? "final_request_without_tools" : "stopped_before_request",
+        path, &d.v, NULL);
+    if (final)
+      final_without_tools(p, q->client_hdrs, q->uri, q->client_fd, d.req, &d.v,
+                          r);
+    else
+      set_stop_reply(p, d.req, &d.v, r);
+  } else if (p->cfg.errors.error_context && !add_error_context(&d)) {
+    /* r holds the answer */
+  } else if (d.stream) {
+    *started = ag__px_stream_start(p, c, q, &d.fwd, d.fwd_len, r->anthropic,
+                                   path, &d.g, r);
+    if (*started)
+      anth_stream = false; /* q and r are the loop's now: not touched */
+  } else {
+    answer_whole(&d);
+  }
+  if (anth_stream && r->status == 200)
+    anthropic_sse(r);
+  ag_guard_free(d.g);
+  json_decref(d.req);
+  free(d.fwd);
 }
 
 int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,

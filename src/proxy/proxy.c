@@ -488,8 +488,12 @@ static ag_err_t parse_upstream(ag_proxy *p, const char *url, ag_error_t *err) {
   return rc;
 }
 
-/* Frees what ag_proxy_start allocated for p, and p. */
+/* Frees what proxy_new made of p, and p. */
 static void proxy_free(ag_proxy *p) {
+  pthread_mutex_destroy(&p->ev_mu);
+  pthread_mutex_destroy(&p->jobs_mu);
+  pthread_cond_destroy(&p->jobs_cv);
+  pthread_cond_destroy(&p->work_cv);
   if (p->client_key != NULL)
     OPENSSL_cleanse(p->client_key, strlen(p->client_key));
   free(p->client_key);
@@ -512,21 +516,19 @@ const char *ag_proxy_upstream(const ag_proxy *p) {
   return p != NULL ? p->up_shown : NULL;
 }
 
-ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
-                        ag_error_t *err) {
-  if (out == NULL || o == NULL)
-    return ag__px_fail(err, AG_EINVAL, "ag_proxy_start: NULL argument");
-  *out = NULL;
+/* The options checked: the address to listen on (*sa), the connections
+ * (*limit), the guard's config. */
+static ag_err_t check_opts(const ag_proxy_opts *o, struct sockaddr_in *sa,
+                           unsigned *limit, ag_error_t *err) {
   const char *host = o->listen_host != NULL ? o->listen_host : "127.0.0.1";
-  struct sockaddr_in sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(o->port);
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+  memset(sa, 0, sizeof(*sa));
+  sa->sin_family = AF_INET;
+  sa->sin_port = htons(o->port);
+  if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
     return ag__px_fail(err, AG_EINVAL,
                        "--listen: '%s' is not an IPv4 address (e.g. 127.0.0.1)",
                        host);
-  bool loopback = (ntohl(sa.sin_addr.s_addr) >> 24) == 127;
+  bool loopback = (ntohl(sa->sin_addr.s_addr) >> 24) == 127;
   if (!loopback && (o->client_key == NULL || o->client_key[0] == '\0'))
     return ag__px_fail(
         err, AG_EINVAL,
@@ -542,15 +544,15 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
     return ag__px_fail(err, AG_EINVAL,
                        "--max-connections %d: expected a number from 1 to %d",
                        o->max_connections, AG_PROXY_MAX_CONNECTIONS_LIMIT);
-  unsigned limit = o->max_connections > 0 ? (unsigned)o->max_connections
-                                          : AG_PROXY_MAX_CONNECTIONS;
+  *limit = o->max_connections > 0 ? (unsigned)o->max_connections
+                                  : AG_PROXY_MAX_CONNECTIONS;
   if (o->max_connections_per_client < 0 ||
-      (unsigned)o->max_connections_per_client > limit)
+      (unsigned)o->max_connections_per_client > *limit)
     return ag__px_fail(
         err, AG_EINVAL,
         "--max-connections-per-client %d: expected a number from 1 to "
         "%u (--max-connections)",
-        o->max_connections_per_client, limit);
+        o->max_connections_per_client, *limit);
   if (o->idle_timeout_ms < 0 || o->header_timeout_ms < 0 ||
       o->request_timeout_ms < 0)
     return ag__px_fail(
@@ -562,33 +564,12 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   ag_guard *probe = NULL;
   ag_err_t grc = ag_guard_new(&probe, &o->cfg, NULL, err);
   ag_guard_free(probe);
-  if (grc != AG_OK)
-    return grc;
-  pthread_once(&curl_once, curl_init);
-  if (curl_rc != CURLE_OK)
-    return ag__px_fail(err, AG_ENOMEM, "libcurl: %s",
-                       curl_easy_strerror(curl_rc));
-  ag_proxy *p = calloc(1, sizeof(*p));
-  if (p == NULL)
-    return ag__px_fail(err, AG_ENOMEM, "out of memory");
-  p->client_key = o->client_key != NULL ? ag__px_dupz(o->client_key) : NULL;
-  ag_err_t urc = o->client_key != NULL && p->client_key == NULL
-                     ? ag__px_fail(err, AG_ENOMEM, "out of memory")
-                     : parse_upstream(p, o->upstream, err);
-  if (urc != AG_OK) {
-    proxy_free(p);
-    return urc;
-  }
-  p->cfg = o->cfg;
-  p->max_body = o->max_body > 0 ? o->max_body : AG_PROXY_MAX_BODY_DEFAULT;
-  p->events = o->events;
-  p->timeout_ms = o->upstream_timeout_ms > 0 ? o->upstream_timeout_ms : 600000;
-  pthread_mutex_init(&p->ev_mu, NULL);
-  pthread_mutex_init(&p->jobs_mu, NULL);
-  pthread_cond_init(&p->jobs_cv, NULL);
-  pthread_cond_init(&p->work_cv, NULL);
-  atomic_init(&p->ids, 1);
-  ag__conns_limits cl = {
+  return grc;
+}
+
+/* The connection table's limits from the options (conns.h). */
+static ag__conns_limits conns_limits(const ag_proxy_opts *o, unsigned limit) {
+  return (ag__conns_limits){
       .max = limit,
       .per_client = o->max_connections_per_client > 0
                         ? (unsigned)o->max_connections_per_client
@@ -600,18 +581,60 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
                                             : AG_PROXY_HEADER_TIMEOUT_MS,
       .request_ms = o->request_timeout_ms > 0 ? o->request_timeout_ms
                                               : AG_PROXY_REQUEST_TIMEOUT_MS};
-  p->per_client = cl.per_client;
-  p->conns = ag__conns_new(&cl, shard_count() * (limit + CONN_SLACK));
-  p->budget = ag__budget_new(
-      o->max_buffered > 0 ? o->max_buffered : AG_PROXY_MAX_BUFFERED_DEFAULT);
-  if (p->conns == NULL || p->budget == NULL) {
-    pthread_mutex_destroy(&p->ev_mu);
-    pthread_mutex_destroy(&p->jobs_mu);
-    pthread_cond_destroy(&p->jobs_cv);
-    pthread_cond_destroy(&p->work_cv);
-    proxy_free(p);
+}
+
+/* The proxy's state from the options in *out (nothing serves yet). */
+static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
+                          unsigned limit, ag_error_t *err) {
+  ag_proxy *p = calloc(1, sizeof(*p));
+  if (p == NULL)
     return ag__px_fail(err, AG_ENOMEM, "out of memory");
+  pthread_mutex_init(&p->ev_mu, NULL);
+  pthread_mutex_init(&p->jobs_mu, NULL);
+  pthread_cond_init(&p->jobs_cv, NULL);
+  pthread_cond_init(&p->work_cv, NULL);
+  atomic_init(&p->ids, 1);
+  p->cfg = o->cfg;
+  p->max_body = o->max_body > 0 ? o->max_body : AG_PROXY_MAX_BODY_DEFAULT;
+  p->events = o->events;
+  p->timeout_ms = o->upstream_timeout_ms > 0 ? o->upstream_timeout_ms : 600000;
+  p->client_key = o->client_key != NULL ? ag__px_dupz(o->client_key) : NULL;
+  ag_err_t rc = o->client_key != NULL && p->client_key == NULL
+                    ? ag__px_fail(err, AG_ENOMEM, "out of memory")
+                    : parse_upstream(p, o->upstream, err);
+  if (rc == AG_OK) {
+    ag__conns_limits cl = conns_limits(o, limit);
+    p->per_client = cl.per_client;
+    p->conns = ag__conns_new(&cl, shard_count() * (limit + CONN_SLACK));
+    p->budget = ag__budget_new(
+        o->max_buffered > 0 ? o->max_buffered : AG_PROXY_MAX_BUFFERED_DEFAULT);
+    if (p->conns == NULL || p->budget == NULL)
+      rc = ag__px_fail(err, AG_ENOMEM, "out of memory");
   }
+  if (rc != AG_OK)
+    proxy_free(p);
+  else
+    *out = p;
+  return rc;
+}
+
+ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
+                        ag_error_t *err) {
+  if (out == NULL || o == NULL)
+    return ag__px_fail(err, AG_EINVAL, "ag_proxy_start: NULL argument");
+  *out = NULL;
+  struct sockaddr_in sa;
+  unsigned limit = 0;
+  ag_err_t rc = check_opts(o, &sa, &limit, err);
+  if (rc != AG_OK)
+    return rc;
+  pthread_once(&curl_once, curl_init);
+  if (curl_rc != CURLE_OK)
+    return ag__px_fail(err, AG_ENOMEM, "libcurl: %s",
+                       curl_easy_strerror(curl_rc));
+  ag_proxy *p = NULL;
+  if ((rc = proxy_new(&p, o, limit, err)) != AG_OK)
+    return rc;
   int e = 0;
   int lfd = listen_on(&sa, &e);
   if (lfd >= 0)
@@ -622,16 +645,13 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
     stop_shards(p);
     if (lfd >= 0)
       close(lfd);
-    pthread_mutex_destroy(&p->ev_mu);
-    pthread_mutex_destroy(&p->jobs_mu);
-    pthread_cond_destroy(&p->jobs_cv);
-    pthread_cond_destroy(&p->work_cv);
     proxy_free(p);
     if (lfd >= 0)
       return ag__px_fail(err, AG_ENOMEM,
                          "cannot start the proxy's event loops%s%s",
                          e != 0 ? ": " : "", e != 0 ? strerror(e) : "");
-    return ag__px_fail(err, AG_EIO, "cannot listen on %s:%u: %s", host,
+    return ag__px_fail(err, AG_EIO, "cannot listen on %s:%u: %s",
+                       o->listen_host != NULL ? o->listen_host : "127.0.0.1",
                        (unsigned)o->port, strerror(e));
   }
   struct sockaddr_in bound;
@@ -668,9 +688,5 @@ void ag_proxy_stop(ag_proxy *p) {
     pthread_cond_wait(&p->jobs_cv, &p->jobs_mu);
   pthread_mutex_unlock(&p->jobs_mu);
   stop_shards(p);
-  pthread_mutex_destroy(&p->ev_mu);
-  pthread_mutex_destroy(&p->jobs_mu);
-  pthread_cond_destroy(&p->jobs_cv);
-  pthread_cond_destroy(&p->work_cv);
   proxy_free(p);
 }
