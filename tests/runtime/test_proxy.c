@@ -3774,8 +3774,9 @@ Test(proxy, messages_decisions_equal_the_audits) {
  * come between repeated calls. */
 Test(proxy, messages_with_system_messages_inside_are_guarded) {
   canned_message_call("{\"path\":\"b\"}");
-  json_t *req = json_loads(
-      messages_conv(2, "{\"path\":\"a\"}", "text of a", false, false), 0, NULL);
+  char *conv = messages_conv(2, "{\"path\":\"a\"}", "text of a", false, false);
+  json_t *req = json_loads(conv, 0, NULL);
+  free(conv);
   json_t *msgs = json_object_get(req, "messages");
   json_array_insert_new(
       msgs, 1,
