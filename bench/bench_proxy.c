@@ -19,6 +19,7 @@
 
 #include "agentguard.h"
 #include "agentguard/proxy.h"
+#include "proxy/hooks.h"
 
 static double now_s(void) {
   struct timespec ts;

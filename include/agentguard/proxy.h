@@ -19,9 +19,11 @@
  * requests.
  *   - POST /v1/chat/completions and POST /v1/messages (Anthropic, its
  *     messages read as chat form) are guarded: the request's turn (everything
- *     after the last user message) is parsed as a chat transcript
- *     (ag_trajectory_parse) and replayed through a fresh guard with the
- *     same calls the audit makes; a turn that already stops is answered
+ *     after the last user message) is read into a trajectory - from the
+ *     tokenizer's tape, or from the jansson tree, and only in rare shapes
+ *     written out and read by the audit's parser (ag_trajectory_parse) - and
+ *     replayed through a fresh guard with the audit's own replay (src/audit/
+ *     internal.h); a turn that already stops is answered
  *     without tool calls (directly, or by the upstream without tools under
  *     loop.final_request_without_tools); the upstream's reply has its tool
  *     calls checked before the client sees them.
@@ -140,38 +142,6 @@ const char *ag_proxy_upstream(const ag_proxy *p);
  */
 int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
                     bool anthropic, ag_verdict *v, ag_error_t *err);
-/* ag_proxy_decide through one reading of the body (tests, benchmarks):
- * AG_PROXY_READ_ANY is ag_proxy_decide (the tape first, the jansson tree
- * when the tape leaves the body to it); AG_PROXY_READ_TREE the jansson
- * tree alone; AG_PROXY_READ_TAPE the tape alone, returning -2 (err not
- * set) where it would leave the body to the tree. */
-typedef enum ag_proxy_read {
-  AG_PROXY_READ_ANY,
-  AG_PROXY_READ_TAPE,
-  AG_PROXY_READ_TREE
-} ag_proxy_read;
-int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
-                         bool anthropic, ag_proxy_read how, ag_verdict *v,
-                         ag_error_t *err);
-
-/* What the proxy makes of an upstream's stream, without a connection
- * (tests, tests/fuzz/fuzz_relay.c): the bytes of a streamed reply (SSE;
- * Chat Completions, or with `anthropic` Messages) go through the relayed
- * stream's own code - parsed, text checked and passed on, calls held, the
- * end checked and written - arriving in two writes split at `split` (at
- * most `len`), a replayed turn with no history. A nudge at the end is not
- * asked (there is no upstream): the stream ends with the error event a
- * failed second request gives. *out (malloc'd, *out_len bytes, NUL after
- * them) is what the client would read. Returns 0, or -1 when out of
- * memory (*out NULL). `flags`: 0, or AG_PROXY_REPLAY_TREE to read every
- * chunk as a jansson tree - the reference path; by default a chunk that
- * carries only text is read from the tokenizer's tape (docs/proxy.md), and
- * the two must give the same bytes. */
-#define AG_PROXY_REPLAY_TREE 1u
-int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
-                          const char *stream, size_t len, size_t split,
-                          unsigned flags, char **out, size_t *out_len);
-
 /* Stops serving (waits for the connections' threads) and frees. NULL does
  * nothing. */
 void ag_proxy_stop(ag_proxy *p);

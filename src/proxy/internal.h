@@ -49,6 +49,7 @@
 #include "../core/internal.h"
 #include "budget.h"
 #include "conns.h"
+#include "hooks.h"
 #include "relay.h"
 #include "target.h"
 #include "../wire/wire.h"

@@ -6,9 +6,10 @@
  * The loop's history is already Chat Completions messages, kept as compact
  * JSON text, so the request body is that text spliced as it is into the
  * small object of options (see ag__openai_request); a request that carries
- * only a tree (the proxy, a caller of ag_provider_complete) is written by
- * jansson. A reply is
- * read into the shared assembler (reply.c): text, refusal, tool calls by
+ * only a tree (a caller of ag_provider_complete) is written by jansson.
+ * (The proxy sends its client's body as it came, or rewritten with
+ * jansson: it never builds a request here.) A reply is read into the
+ * shared assembler (reply.c): text, refusal, tool calls by
  * index, finish reason and usage. Streamed chunks carry the same parts as
  * fragments; tool call fragments are joined by their `index`, a call's id
  * and name come in its first fragment.

@@ -35,6 +35,7 @@
 
 #include "agentguard.h"
 #include "agentguard/proxy.h"
+#include "proxy/hooks.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

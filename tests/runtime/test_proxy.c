@@ -28,6 +28,7 @@
 
 #include "agentguard.h"
 #include "agentguard/proxy.h"
+#include "hooks.h" /* the decision and the relay without a connection */
 #include "relay.h" /* the proxy's event loop, tested alone below */
 
 /* ------------------------------------------------------------------------ */
