@@ -202,44 +202,6 @@ static const char *show(const char *s, char *buf, size_t cap) {
   return buf;
 }
 
-static size_t edit_distance(const char *a, const char *b) {
-  size_t la = strlen(a), lb = strlen(b);
-  if (la > 64 || lb > 64)
-    return (size_t)-1;
-  size_t prev[65], cur[65];
-  for (size_t j = 0; j <= lb; j++)
-    prev[j] = j;
-  for (size_t i = 1; i <= la; i++) {
-    cur[0] = i;
-    for (size_t j = 1; j <= lb; j++) {
-      int same =
-          tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1]);
-      size_t best = prev[j - 1] + (same ? 0 : 1);
-      if (prev[j] + 1 < best)
-        best = prev[j] + 1;
-      if (cur[j - 1] + 1 < best)
-        best = cur[j - 1] + 1;
-      cur[j] = best;
-    }
-    memcpy(prev, cur, (lb + 1) * sizeof prev[0]);
-  }
-  return prev[lb];
-}
-
-const char *cli_suggest(const char *word, const char *const *cands) {
-  size_t limit = strlen(word) <= 5 ? 1 : 2;
-  const char *best = NULL;
-  size_t best_d = (size_t)-1;
-  for (size_t i = 0; cands[i] != NULL; i++) {
-    size_t d = edit_distance(word, cands[i]);
-    if (d <= limit && d < best_d) {
-      best = cands[i];
-      best_d = d;
-    }
-  }
-  return best;
-}
-
 /* Rejects keys of `obj` not in `allowed` ("PATH.key: unknown key; ..."). */
 static int check_keys(loader *L, const json_t *obj, const char *path,
                       const char *const *allowed) {
@@ -252,7 +214,7 @@ static int check_keys(loader *L, const json_t *obj, const char *path,
     if (ok)
       continue;
     char k[64];
-    const char *near = cli_suggest(key, allowed);
+    const char *near = ag_suggest(key, allowed);
     const char *dot = path[0] ? "." : "";
     if (near != NULL)
       return fail(L, "%s%s%s: unknown key; did you mean %s?", path, dot,
@@ -722,7 +684,7 @@ static int load_approvals(loader *L, const json_t *ap) {
       for (size_t i = 0; i < L->s->n_tools && n < 64; i++)
         cands[n++] = L->s->tools[i].name;
       cands[n] = NULL;
-      const char *near = cli_suggest(name, cands);
+      const char *near = ag_suggest(name, cands);
       if (near != NULL)
         return fail(L, "approvals.%s: no such tool; did you mean %s?",
                     show(name, nm, sizeof nm), near);
@@ -779,7 +741,7 @@ static int load_human(loader *L, const json_t *h) {
       return fail(L, "%s.action: missing (\"continue\" or \"stop\")", p);
     if (strcmp(action, "continue") != 0 && strcmp(action, "stop") != 0) {
       char a[64];
-      const char *near = cli_suggest(action, k_human_actions);
+      const char *near = ag_suggest(action, k_human_actions);
       if (near != NULL)
         return fail(L,
                     "%s.action: \"%s\" is not \"continue\" or \"stop\"; did "
@@ -832,7 +794,7 @@ static int one_of(loader *L, const char *path, const char *value,
   if (in_list(value, list))
     return 0;
   char v[64];
-  const char *near = cli_suggest(value, list);
+  const char *near = ag_suggest(value, list);
   if (near != NULL)
     return fail(L, "%s: \"%s\" is not %s; did you mean %s?", path,
                 show(value, v, sizeof v), what, near);

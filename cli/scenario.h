@@ -95,13 +95,6 @@ void cli_scenario_callbacks(cli_scenario *s, ag_agent_opts *o);
 const char *cli_json_type(const json_t *v);
 
 /*
- * The candidate closest to `word` (ASCII case-insensitive edit distance: at
- * most 1 for words up to 5 bytes, 2 for longer), or NULL. `cands` is
- * NULL-terminated.
- */
-const char *cli_suggest(const char *word, const char *const *cands);
-
-/*
  * Reads a whole file of at most `cap` bytes into *buf (malloc'd,
  * NUL-terminated; free it). Returns 0, or -1 with a message naming the file
  * and the errno text (or the size limit) in msg.

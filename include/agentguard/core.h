@@ -261,6 +261,17 @@ AG_EXTERN size_t ag_utf8_truncate(const char *text, size_t len,
                                   size_t max_bytes);
 
 /*
+ * The candidate nearest to `word`, for a "did you mean", or NULL: the rule
+ * of every suggestion the library makes (config keys, presets, schema
+ * properties, tool names): an edit distance (ASCII case-insensitive, an
+ * adjacent transposition counts one) of at most 1 for a word under 6
+ * bytes, else 2; the first of the nearest wins; names over 64 bytes are
+ * never near. `candidates` is NULL-terminated. Pure; safe from any thread.
+ */
+AG_EXTERN const char *ag_suggest(const char *word,
+                                 const char *const *candidates);
+
+/*
  * Writes the compact error record
  *   <error>\ntool: T\ntype: C\nmessage: M\nsuggestion: S\n</error>
  * into buf (cap bytes, always NUL-terminated when cap > 0). The message has

@@ -403,6 +403,26 @@ void ag__ev_tool_blocked(ag__events *ev, const char *call_id, const char *name,
   fields_emit(ev, "tool_blocked", f);
 }
 
+/* The turn's status names (agent.h) live beside the events that write
+ * them, so that the events never call back into the loop. */
+AG_EXTERN const char *ag_turn_status_name(ag_turn_status s) {
+  switch (s) {
+  case AG_TURN_COMPLETED:
+    return "completed";
+  case AG_TURN_STOPPED:
+    return "stopped";
+  case AG_TURN_ESCALATED:
+    return "escalated";
+  case AG_TURN_TIMED_OUT:
+    return "timed_out";
+  case AG_TURN_CANCELLED:
+    return "cancelled";
+  case AG_TURN_FAILED:
+    return "failed";
+  }
+  return "unknown";
+}
+
 static const char *tool_status_name(ag_tool_status s) {
   switch (s) {
   case AG_TOOL_OK:

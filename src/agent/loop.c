@@ -139,24 +139,6 @@ struct ag_agent {
 /* Small helpers                                                            */
 /* ------------------------------------------------------------------------ */
 
-AG_EXTERN const char *ag_turn_status_name(ag_turn_status s) {
-  switch (s) {
-  case AG_TURN_COMPLETED:
-    return "completed";
-  case AG_TURN_STOPPED:
-    return "stopped";
-  case AG_TURN_ESCALATED:
-    return "escalated";
-  case AG_TURN_TIMED_OUT:
-    return "timed_out";
-  case AG_TURN_CANCELLED:
-    return "cancelled";
-  case AG_TURN_FAILED:
-    return "failed";
-  }
-  return "unknown";
-}
-
 AG_EXTERN void ag_turn_outcome_clear(ag_turn_outcome *o) {
   if (o == NULL)
     return;

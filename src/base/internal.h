@@ -100,6 +100,11 @@ bool ag__utf8_valid(const char *s, size_t n);
  * string whose byte s[n] exists may be cut without splitting a character. */
 size_t ag__utf8_back(const char *s, size_t n);
 
+/* A user's text (NUL-terminated) for a message, in buf (cap >= 4 bytes):
+ * control bytes shown as '?', cut at `max` bytes (and to fit) on a UTF-8
+ * boundary with "..." after. Returns buf. */
+const char *ag__shown(const char *s, size_t max, char *buf, size_t cap);
+
 /* Bytes at the end of buf[0..len) that start a UTF-8 sequence but do not
  * finish it (0 when the end is complete, or when no lead byte is within
  * reach: not ours to fix). len - that is a cut that splits no character. */

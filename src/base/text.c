@@ -73,6 +73,21 @@ size_t ag__utf8_back(const char *s, size_t n) {
   return n;
 }
 
+const char *ag__shown(const char *s, size_t max, char *buf, size_t cap) {
+  size_t n = strlen(s), keep = n > max ? ag__utf8_back(s, max) : n;
+  if (keep + 4 > cap)
+    keep = ag__utf8_back(s, cap > 4 ? cap - 4 : 0);
+  size_t j = 0;
+  for (size_t i = 0; i < keep; i++)
+    buf[j++] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+  if (keep < n) {
+    memcpy(buf + j, "...", 3);
+    j += 3;
+  }
+  buf[j] = '\0';
+  return buf;
+}
+
 size_t ag__utf8_incomplete_tail(const char *buf, size_t len) {
   const unsigned char *b = (const unsigned char *)buf;
   size_t back = 0;

@@ -4,6 +4,8 @@
  * caller keeps its own rule for which candidate to offer; the distance is
  * one function so they all agree on what "close" means.
  */
+#include <string.h>
+
 #include "internal.h"
 
 static int lower(int c) {
@@ -42,4 +44,21 @@ int ag__edit_distance(const char *a, size_t la, const char *b, size_t lb) {
 
 int ag__suggest_limit(size_t input_len) {
   return input_len < 6 ? 1 : 2;
+}
+
+AG_EXTERN const char *ag_suggest(const char *word,
+                                 const char *const *candidates) {
+  if (word == NULL || candidates == NULL)
+    return NULL;
+  size_t lw = strlen(word);
+  int limit = ag__suggest_limit(lw), best_d = limit + 1;
+  const char *best = NULL;
+  for (size_t i = 0; candidates[i] != NULL; i++) {
+    int d = ag__edit_distance(word, lw, candidates[i], strlen(candidates[i]));
+    if (d >= 0 && d < best_d) {
+      best = candidates[i];
+      best_d = d;
+    }
+  }
+  return best;
 }

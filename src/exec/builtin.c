@@ -72,6 +72,7 @@
 #define KIB ((size_t)1024)
 #define DEF_READ (256 * KIB)
 #define DEF_WRITE (1024 * KIB)
+#define SHOWN_PATH 200 /* bytes of a path in a message */
 #define DEF_ENTRIES 1000
 #define DEF_MATCHES 200
 #define DEF_SEARCH (1024 * KIB)
@@ -128,22 +129,6 @@ static const char *size_text(size_t n, char *buf, size_t cap) {
     snprintf(buf, cap, "%zu KiB", n / KIB);
   else
     snprintf(buf, cap, "%zu bytes", n);
-  return buf;
-}
-
-/* A path for a message: control bytes as '?', cut to 200 bytes. */
-static const char *show(const char *s, char *buf, size_t cap) {
-  size_t n = strlen(s), keep = n > 200 ? ag_utf8_truncate(s, n, 200) : n;
-  if (keep + 4 > cap)
-    keep = ag_utf8_truncate(s, n, cap > 4 ? cap - 4 : 0);
-  size_t j = 0;
-  for (size_t i = 0; i < keep; i++)
-    buf[j++] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
-  if (keep < n) {
-    memcpy(buf + j, "...", 3);
-    j += 3;
-  }
-  buf[j] = '\0';
   return buf;
 }
 
@@ -209,13 +194,14 @@ static int open_regular(const builtin *b, const char *path, int flags,
   }
   if (fstat(fd, st) != 0) {
     char p[256];
-    fail(out, "cannot stat %s: %s", show(path, p, sizeof(p)), etext(errno));
+    fail(out, "cannot stat %s: %s", ag__shown(path, SHOWN_PATH, p, sizeof(p)),
+         etext(errno));
     close(fd);
     return -1;
   }
   if (!S_ISREG(st->st_mode)) {
     char p[256];
-    fail(out, "%s %s", show(path, p, sizeof(p)),
+    fail(out, "%s %s", ag__shown(path, SHOWN_PATH, p, sizeof(p)),
          S_ISDIR(st->st_mode) ? "is a directory; use list_dir"
                               : "is not a regular file");
     close(fd);
@@ -258,7 +244,8 @@ static char *read_capped(int fd, size_t cap, size_t *len, const char *path,
       continue;
     if (n < 0) {
       char p[256];
-      fail(out, "cannot read %s: %s", show(path, p, sizeof(p)), etext(errno));
+      fail(out, "cannot read %s: %s", ag__shown(path, SHOWN_PATH, p, sizeof(p)),
+           etext(errno));
       free(buf);
       return NULL;
     }
@@ -327,15 +314,15 @@ static ag_tool_status read_range(const builtin *b, int fd, const char *path,
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0)
-      return fail(out, "cannot read %s: %s", show(path, p, sizeof(p)),
-                  etext(errno));
+      return fail(out, "cannot read %s: %s",
+                  ag__shown(path, SHOWN_PATH, p, sizeof(p)), etext(errno));
     if (n == 0)
       break;
     if (memchr(chunk, '\0', (size_t)n) != NULL)
       return fail(out,
                   "%s looks like a binary file (it has NUL bytes); "
                   "read_file reads text",
-                  show(path, p, sizeof(p)));
+                  ag__shown(path, SHOWN_PATH, p, sizeof(p)));
     size_t i = 0;
     while (i < (size_t)n && line <= last) {
       char *nl = memchr(chunk + i, '\n', (size_t)n - i);
@@ -346,7 +333,7 @@ static ag_tool_status read_range(const builtin *b, int fd, const char *path,
           return fail(out,
                       "lines %zu-%zu of %s are more than %s; read a "
                       "smaller range",
-                      first, last, show(path, p, sizeof(p)),
+                      first, last, ag__shown(path, SHOWN_PATH, p, sizeof(p)),
                       size_text(b->max_read, sz, sizeof(sz)));
         ag_output_write(out, chunk + i, len);
         kept += len;
@@ -366,7 +353,7 @@ static ag_tool_status read_range(const builtin *b, int fd, const char *path,
   size_t lines = at_line_start ? line - 1 : line;
   if (!any && first > lines)
     return fail(out, "start_line %zu is past the end of %s (%zu lines)", first,
-                show(path, p, sizeof(p)), lines);
+                ag__shown(path, SHOWN_PATH, p, sizeof(p)), lines);
   return AG_TOOL_OK;
 }
 
@@ -406,7 +393,7 @@ static ag_tool_status tool_read(void *user, const json_t *args,
     return fail(out,
                 "%s is larger than %s (%lld bytes); read a line range with "
                 "start_line and end_line",
-                show(path, p, sizeof(p)),
+                ag__shown(path, SHOWN_PATH, p, sizeof(p)),
                 size_text(b->max_read, sz, sizeof(sz)), (long long)st.st_size);
   }
   size_t len = 0;
@@ -419,7 +406,7 @@ static ag_tool_status tool_read(void *user, const json_t *args,
     return fail(out,
                 "%s is larger than %s; read a line range with start_line and "
                 "end_line",
-                show(path, p, sizeof(p)),
+                ag__shown(path, SHOWN_PATH, p, sizeof(p)),
                 size_text(b->max_read, sz, sizeof(sz)));
   }
   if (memchr(data, '\0', len) != NULL) {
@@ -427,7 +414,7 @@ static ag_tool_status tool_read(void *user, const json_t *args,
     return fail(out,
                 "%s looks like a binary file (it has NUL bytes); read_file "
                 "reads text",
-                show(path, p, sizeof(p)));
+                ag__shown(path, SHOWN_PATH, p, sizeof(p)));
   }
   ag_output_write(out, data, len);
   free(data);
@@ -460,7 +447,7 @@ static bool hard_linked(const struct stat *st, const char *path,
   fail(out,
        "%s has %ju hard links; refusing to write through a hard link (it "
        "may be a file outside the workdir)",
-       show(path, p, sizeof(p)), (uintmax_t)st->st_nlink);
+       ag__shown(path, SHOWN_PATH, p, sizeof(p)), (uintmax_t)st->st_nlink);
   return true;
 }
 
@@ -484,7 +471,7 @@ static ag_tool_status tool_write(void *user, const json_t *args,
   const char *base = slash != NULL ? slash + 1 : path;
   if (base[0] == '\0' || strcmp(base, ".") == 0 || strcmp(base, "..") == 0)
     return fail(out, "%s names a directory; give a file name",
-                show(path, p, sizeof(p)));
+                ag__shown(path, SHOWN_PATH, p, sizeof(p)));
   if (n > AG__WD_PATH_MAX || path[0] == '/') {
     ag__wd_open(&b->wd, path, O_RDONLY, 0, msg, sizeof(msg));
     return fail(out, "%s", msg);
@@ -498,7 +485,7 @@ static ag_tool_status tool_write(void *user, const json_t *args,
     free(dir);
     if (r != 0 && e == EXDEV)
       return fail(out, "path escapes the workdir: %s",
-                  show(path, p, sizeof(p)));
+                  ag__shown(path, SHOWN_PATH, p, sizeof(p)));
     if (r != 0)
       return fail(out, "%s", msg);
   }
@@ -515,7 +502,8 @@ static ag_tool_status tool_write(void *user, const json_t *args,
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return fail(out, "%s is not a regular file", show(path, p, sizeof(p)));
+    return fail(out, "%s is not a regular file",
+                ag__shown(path, SHOWN_PATH, p, sizeof(p)));
   }
   if (hard_linked(&st, path, out)) {
     close(fd);
@@ -527,13 +515,14 @@ static ag_tool_status tool_write(void *user, const json_t *args,
   if (ftruncate(fd, 0) != 0 || write_all(fd, content, clen) != 0) {
     int e = errno;
     close(fd);
-    return fail(out, "cannot write %s: %s", show(path, p, sizeof(p)), etext(e));
+    return fail(out, "cannot write %s: %s",
+                ag__shown(path, SHOWN_PATH, p, sizeof(p)), etext(e));
   }
   if (close(fd) != 0)
-    return fail(out, "cannot write %s: %s", show(path, p, sizeof(p)),
-                etext(errno));
+    return fail(out, "cannot write %s: %s",
+                ag__shown(path, SHOWN_PATH, p, sizeof(p)), etext(errno));
   ag_output_printf(out, "%s %s (%zu bytes)", created ? "Created" : "Wrote",
-                   show(path, p, sizeof(p)), clen);
+                   ag__shown(path, SHOWN_PATH, p, sizeof(p)), clen);
   return AG_TOOL_OK;
 }
 
@@ -588,7 +577,7 @@ static ag_tool_status tool_edit(void *user, const json_t *args,
     return fail(out,
                 "%s is larger than %s (%lld bytes); edit_file edits "
                 "files up to that size",
-                show(path, p, sizeof(p)),
+                ag__shown(path, SHOWN_PATH, p, sizeof(p)),
                 size_text(b->max_read, sz, sizeof(sz)), (long long)st.st_size);
   }
   size_t len = 0;
@@ -599,7 +588,7 @@ static ag_tool_status tool_edit(void *user, const json_t *args,
   }
   ag_tool_status rc = AG_TOOL_OK;
   if (len > b->max_read || memchr(data, '\0', len) != NULL) {
-    rc = fail(out, "%s %s", show(path, p, sizeof(p)),
+    rc = fail(out, "%s %s", ag__shown(path, SHOWN_PATH, p, sizeof(p)),
               len > b->max_read
                   ? "grew past the read limit while being read"
                   : "looks like a binary file (it has NUL bytes); edit_file "
@@ -624,7 +613,7 @@ static ag_tool_status tool_edit(void *user, const json_t *args,
     rc = fail(out,
               "old_string not found in %s; read the file again and copy the "
               "text exactly (whitespace and line breaks included)",
-              show(path, p, sizeof(p)));
+              ag__shown(path, SHOWN_PATH, p, sizeof(p)));
     goto done;
   }
   if (count > 1) {
@@ -636,7 +625,7 @@ static ag_tool_status tool_edit(void *user, const json_t *args,
     rc = fail(out,
               "old_string occurs %zu times in %s (lines %s%s); include more "
               "surrounding text so that it occurs exactly once",
-              count, show(path, p, sizeof(p)), where,
+              count, ag__shown(path, SHOWN_PATH, p, sizeof(p)), where,
               count > MAX_SHOWN_LINES ? ", ..." : "");
     goto done;
   }
@@ -655,17 +644,17 @@ static ag_tool_status tool_edit(void *user, const json_t *args,
   if (lseek(fd, (off_t)first, SEEK_SET) < 0 || write_all(fd, news, nlen) ||
       write_all(fd, data + first + olen, len - first - olen) ||
       ftruncate(fd, (off_t)rlen) != 0) {
-    rc = fail(out, "cannot write %s: %s", show(path, p, sizeof(p)),
-              etext(errno));
+    rc = fail(out, "cannot write %s: %s",
+              ag__shown(path, SHOWN_PATH, p, sizeof(p)), etext(errno));
     goto done;
   }
   ag_output_printf(out, "Edited %s: replaced 1 occurrence at line %zu",
-                   show(path, p, sizeof(p)), lines[0]);
+                   ag__shown(path, SHOWN_PATH, p, sizeof(p)), lines[0]);
 done:
   free(data);
   if (close(fd) != 0 && rc == AG_TOOL_OK)
-    rc = fail(out, "cannot write %s: %s", show(path, p, sizeof(p)),
-              etext(errno));
+    rc = fail(out, "cannot write %s: %s",
+              ag__shown(path, SHOWN_PATH, p, sizeof(p)), etext(errno));
   return rc;
 }
 
@@ -786,12 +775,13 @@ static ag_tool_status tool_list(void *user, const json_t *args,
   }
   char p[256];
   if (rc == AG_TOOL_OK && e == NULL && errno != 0)
-    rc = fail(out, "cannot read the directory %s: %s", show(path, p, sizeof(p)),
-              etext(errno));
+    rc = fail(out, "cannot read the directory %s: %s",
+              ag__shown(path, SHOWN_PATH, p, sizeof(p)), etext(errno));
   closedir(d);
   if (rc == AG_TOOL_OK) {
     if (ns.total == 0)
-      ag_output_printf(out, "(%s is empty)\n", show(path, p, sizeof(p)));
+      ag_output_printf(out, "(%s is empty)\n",
+                       ag__shown(path, SHOWN_PATH, p, sizeof(p)));
     for (size_t i = 0; i < ns.n; i++)
       ag_output_printf(out, "%s\n", ns.v[i]);
     if (ns.total > ns.n)
@@ -907,7 +897,7 @@ static void search_file(search *s, int fd, const char *rel) {
       snprintf(m, sizeof(m),
                "the pattern is too costly to match (PCRE2's match limit) at "
                "%s:%zu; use a simpler pattern or a fixed string",
-               show(rel, p, sizeof(p)), line);
+               ag__shown(rel, 200, p, sizeof(p)), line);
       search_error(s, m);
       break;
     } else if (r != PCRE2_ERROR_NOMATCH) {
@@ -916,7 +906,7 @@ static void search_file(search *s, int fd, const char *rel) {
       if (pcre2_get_error_message(r, why, sizeof(why)) < 0)
         snprintf((char *)why, sizeof(why), "PCRE2 error %d", r);
       snprintf(m, sizeof(m), "cannot match at %s:%zu: %s",
-               show(rel, p, sizeof(p)), line, (const char *)why);
+               ag__shown(rel, 200, p, sizeof(p)), line, (const char *)why);
       search_error(s, m);
       break;
     }
@@ -1064,8 +1054,8 @@ static ag_tool_status tool_search(void *user, const json_t *args,
   struct stat st;
   if (fstat(fd, &st) != 0) {
     close(fd);
-    rc =
-        fail(out, "cannot stat %s: %s", show(path, p, sizeof(p)), etext(errno));
+    rc = fail(out, "cannot stat %s: %s",
+              ag__shown(path, SHOWN_PATH, p, sizeof(p)), etext(errno));
     goto done;
   }
   if (S_ISDIR(st.st_mode)) {
@@ -1088,7 +1078,7 @@ static ag_tool_status tool_search(void *user, const json_t *args,
   if (s.matches == 0)
     ag_output_printf(out, "No matches for %s in %s\n",
                      regex ? "the regular expression" : "the text",
-                     show(path, p, sizeof(p)));
+                     ag__shown(path, SHOWN_PATH, p, sizeof(p)));
   if (s.full)
     ag_output_printf(out,
                      "[stopped at %zu matches; narrow the path or the "

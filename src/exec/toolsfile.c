@@ -31,23 +31,6 @@ static const char *const k_tool_keys[] = {
     "description", "parameters", "requires_approval", "idempotent", "command",
     "env",         NULL};
 
-/* A user-supplied key for a message: control bytes as '?', cut to SHOWN
- * bytes on a UTF-8 boundary with "...". */
-static const char *show(const char *s, char *buf, size_t cap) {
-  size_t n = strlen(s), keep = n > SHOWN ? ag_utf8_truncate(s, n, SHOWN) : n;
-  if (keep + 4 > cap)
-    keep = ag_utf8_truncate(s, n, cap > 4 ? cap - 4 : 0);
-  size_t j = 0;
-  for (size_t i = 0; i < keep; i++)
-    buf[j++] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
-  if (keep < n) {
-    memcpy(buf + j, "...", 3);
-    j += 3;
-  }
-  buf[j] = '\0';
-  return buf;
-}
-
 static bool listed(const char *key, const char *const *list) {
   for (size_t i = 0; list != NULL && list[i] != NULL; i++)
     if (strcmp(key, list[i]) == 0)
@@ -85,7 +68,7 @@ static ag_err_t check_keys(const json_t *tool, const char *path,
     if (near != NULL)
       return ag__set_error(err, AG_EINVAL, -1,
                            "%s.%s: unknown key; did you mean %s?", path,
-                           show(key, k, sizeof(k)), near);
+                           ag__shown(key, SHOWN, k, sizeof(k)), near);
     char list[256] = "";
     size_t used = 0;
     const char *const *lists[2] = {k_tool_keys, extra};
@@ -96,7 +79,7 @@ static ag_err_t check_keys(const json_t *tool, const char *path,
                                  used ? ", " : "", lists[l][i]);
     return ag__set_error(err, AG_EINVAL, -1,
                          "%s.%s: unknown key (expected one of: %s)", path,
-                         show(key, k, sizeof(k)), list);
+                         ag__shown(key, SHOWN, k, sizeof(k)), list);
   }
   return AG_OK;
 }
@@ -159,10 +142,11 @@ static ag_err_t load_env(const json_t *v, const char *path, char ***out,
                            path, i, ag__json_kind(e));
       else if (strchr(json_string_value(e), '=') != NULL ||
                !ag__env_entry_valid(json_string_value(e), &nl))
-        rc = ag__set_error(err, AG_EINVAL, -1,
-                           "%s.env[%zu]: \"%s\" is not a variable name "
-                           "(letters, digits and _, not starting with a digit)",
-                           path, i, show(json_string_value(e), nm, sizeof(nm)));
+        rc = ag__set_error(
+            err, AG_EINVAL, -1,
+            "%s.env[%zu]: \"%s\" is not a variable name "
+            "(letters, digits and _, not starting with a digit)",
+            path, i, ag__shown(json_string_value(e), SHOWN, nm, sizeof(nm)));
       else if ((env[k++] = strdup(json_string_value(e))) == NULL)
         rc = ag__set_error(err, AG_ENOMEM, -1, "out of memory");
     }
@@ -175,7 +159,7 @@ static ag_err_t load_env(const json_t *v, const char *path, char ***out,
         rc = ag__set_error(err, AG_EINVAL, -1,
                            "%s.env: \"%s\" is not a variable name (letters, "
                            "digits and _, not starting with a digit)",
-                           path, show(key, nm, sizeof(nm)));
+                           path, ag__shown(key, SHOWN, nm, sizeof(nm)));
       } else if (!json_is_string(e)) {
         rc = ag__set_error(err, AG_EINVAL, -1,
                            "%s.env.%s: expected a string value, got %s", path,
@@ -342,7 +326,8 @@ AG_EXTERN ag_err_t ag_registry_add_json(ag_registry *r, const char *name,
   char nm[SHOWN + 8], pbuf[SHOWN + 16];
   const char *path = opts->path;
   if (path == NULL) {
-    snprintf(pbuf, sizeof(pbuf), "tools.%s", show(name, nm, sizeof(nm)));
+    snprintf(pbuf, sizeof(pbuf), "tools.%s",
+             ag__shown(name, SHOWN, nm, sizeof(nm)));
     path = pbuf;
   }
   if (!json_is_object(tool))
@@ -407,7 +392,7 @@ AG_EXTERN ag_err_t ag_tools_file_load(ag_registry *r, const char *json,
         rc = ag__set_error(err, AG_EINVAL, -1,
                            "tools.%s: a tool with this name is already "
                            "registered",
-                           show(name, nm, sizeof(nm)));
+                           ag__shown(name, SHOWN, nm, sizeof(nm)));
         break;
       }
       if ((rc = ag_registry_add_json(scratch, name, tool, NULL, err)) != AG_OK)

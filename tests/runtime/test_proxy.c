@@ -2235,6 +2235,35 @@ static json_t *random_turn(int rounds) {
   return msgs;
 }
 
+/* The audit of `transcript` and the proxy's decision on `body` (the same
+ * turn) agree: both stop, for the same reason, or neither. Returns 1 when
+ * they stop. */
+static int audit_equals_decision(ag_auditor *a, const ag_config *cfg,
+                                 const char *transcript, const char *body,
+                                 bool anthropic, int c, int i) {
+  ag_trajectory *t = NULL;
+  ag_error_t err;
+  cr_assert_eq(
+      ag_trajectory_parse(&t, transcript, strlen(transcript), NULL, &err),
+      AG_OK, "%s", err.msg);
+  ag_audit_finding f;
+  cr_assert_eq(ag_auditor_run(a, t, &f, &err), AG_OK);
+  ag_trajectory_free(t);
+  ag_verdict v;
+  int act = ag_proxy_decide(cfg, body, strlen(body), anthropic, &v, &err);
+  if (!f.stop.stopped) {
+    cr_expect_eq(act, AG_ALLOW, "cfg %d run %d: %s (%s)", c, i,
+                 ag_reason_name(v.reason), transcript);
+    return 0;
+  }
+  cr_expect(act == AG_STOP || act == AG_ESCALATE, "cfg %d run %d: %s", c, i,
+            transcript);
+  cr_expect_eq(v.reason, f.stop.reason, "cfg %d run %d: %s vs %s: %s", c, i,
+               ag_reason_name(v.reason), ag_reason_name(f.stop.reason),
+               transcript);
+  return 1;
+}
+
 Test(proxy, decisions_equal_the_audits) {
   ag_config cfgs[3];
   cfgs[0] = test_cfg();
@@ -2254,27 +2283,8 @@ Test(proxy, decisions_equal_the_audits) {
       json_t *req = json_pack("{s:s, s:o}", "model", "m", "messages", msgs);
       char *body = json_dumps(req, JSON_COMPACT);
       json_decref(req);
-      ag_trajectory *t = NULL;
-      ag_error_t err;
-      cr_assert_eq(
-          ag_trajectory_parse(&t, transcript, strlen(transcript), NULL, &err),
-          AG_OK, "%s", err.msg);
-      ag_audit_finding f;
-      cr_assert_eq(ag_auditor_run(a, t, &f, &err), AG_OK);
-      ag_verdict v;
-      int act = ag_proxy_decide(&cfgs[c], body, strlen(body), false, &v, &err);
-      if (f.stop.stopped) {
-        stops++;
-        cr_expect(act == AG_STOP || act == AG_ESCALATE, "cfg %d run %d: %s", c,
-                  i, transcript);
-        cr_expect_eq(v.reason, f.stop.reason, "cfg %d run %d: %s vs %s: %s", c,
-                     i, ag_reason_name(v.reason), ag_reason_name(f.stop.reason),
-                     transcript);
-      } else {
-        cr_expect_eq(act, AG_ALLOW, "cfg %d run %d: %s (%s)", c, i,
-                     ag_reason_name(v.reason), transcript);
-      }
-      ag_trajectory_free(t);
+      stops +=
+          audit_equals_decision(a, &cfgs[c], transcript, body, false, c, i);
       free(transcript);
       free(body);
     }
@@ -3743,26 +3753,7 @@ Test(proxy, messages_decisions_equal_the_audits) {
                               "messages", anth);
       char *body = json_dumps(req, JSON_COMPACT);
       json_decref(req);
-      ag_trajectory *t = NULL;
-      ag_error_t err;
-      cr_assert_eq(ag_trajectory_parse(&t, body, strlen(body), NULL, &err),
-                   AG_OK, "%s", err.msg);
-      ag_audit_finding f;
-      cr_assert_eq(ag_auditor_run(a, t, &f, &err), AG_OK);
-      ag_verdict v;
-      int act = ag_proxy_decide(&cfgs[c], body, strlen(body), true, &v, &err);
-      if (f.stop.stopped) {
-        stops++;
-        cr_expect(act == AG_STOP || act == AG_ESCALATE, "cfg %d run %d: %s", c,
-                  i, body);
-        cr_expect_eq(v.reason, f.stop.reason, "cfg %d run %d: %s vs %s: %s", c,
-                     i, ag_reason_name(v.reason), ag_reason_name(f.stop.reason),
-                     body);
-      } else {
-        cr_expect_eq(act, AG_ALLOW, "cfg %d run %d: %s (%s)", c, i,
-                     ag_reason_name(v.reason), body);
-      }
-      ag_trajectory_free(t);
+      stops += audit_equals_decision(a, &cfgs[c], body, body, true, c, i);
       free(body);
     }
     ag_auditor_free(a);
