@@ -84,7 +84,7 @@ static void usage(FILE *f) {
       "options:\n"
       "  --workdir DIR      the directory the built-in tools work in "
       "(default: .)\n"
-      "  --provider KIND    openai (default) or anthropic\n"
+      "  --provider KIND    openai (default), anthropic or openai-responses\n"
       "  --model M          the model (or AGENTGUARD_MODEL, provider.model)\n"
       "  --base-url URL     the server (or AGENTGUARD_BASE_URL, "
       "provider.base_url)\n"
@@ -406,12 +406,16 @@ static int make_provider(const run_args *a, setup *S) {
   bool timeout_set = false;
   ag_http_provider_opts o = *ag_provider_config_opts(S->pcfg, &timeout_set);
   if (a->provider != NULL) {
-    if (strcmp(a->provider, "openai") != 0 &&
-        strcmp(a->provider, "anthropic") != 0) {
-      fprintf(stderr,
-              "agentguard run: --provider %s: unknown kind (openai or "
-              "anthropic)\n",
+    const char *const *kinds = ag_http_provider_kinds();
+    size_t k = 0;
+    while (kinds[k] != NULL && strcmp(kinds[k], a->provider) != 0)
+      k++;
+    if (kinds[k] == NULL) {
+      fprintf(stderr, "agentguard run: --provider %s: unknown kind (",
               a->provider);
+      for (size_t i = 0; kinds[i] != NULL; i++)
+        fprintf(stderr, "%s%s", i > 0 ? ", " : "", kinds[i]);
+      fprintf(stderr, ")\n");
       return AG_EXIT_USAGE;
     }
     o.kind = a->provider;

@@ -193,7 +193,7 @@ AG_EXTERN ag_err_t ag_provider_scripted_new(ag_provider **out,
                                             ag_error_t *err);
 
 /* ------------------------------------------------------------------------ */
-/* HTTP providers: OpenAI-compatible Chat Completions and Anthropic Messages */
+/* HTTP providers: Chat Completions, Anthropic Messages, OpenAI Responses    */
 /* ------------------------------------------------------------------------ */
 
 /*
@@ -203,11 +203,14 @@ AG_EXTERN ag_err_t ag_provider_scripted_new(ag_provider **out,
  */
 typedef struct ag_http_provider_opts {
   size_t size;                 /* sizeof(ag_http_provider_opts), set by _init */
-  const char *kind;            /* "openai" (default) or "anthropic" */
-  const char *base_url;        /* NULL: https://api.openai.com/v1 for openai,
+  const char *kind;            /* "openai" (default), "anthropic" or
+                                  "openai-responses" (ag_http_provider_kinds) */
+  const char *base_url;        /* NULL: https://api.openai.com/v1 for openai
+                                  and openai-responses,
                                   https://api.anthropic.com for anthropic; the
                                   request goes to base_url + "/chat/completions"
-                                  (openai) or + "/v1/messages" (anthropic) */
+                                  (openai), + "/responses" (openai-responses)
+                                  or + "/v1/messages" (anthropic) */
   const char *model;           /* required */
   const char *api_key_env;     /* the NAME of the environment variable holding
                                   the key; NULL: OPENAI_API_KEY / ANTHROPIC_API_KEY;
@@ -228,6 +231,11 @@ typedef struct ag_http_provider_opts {
 
 /* Sets the defaults above. */
 AG_EXTERN void ag_http_provider_opts_init(ag_http_provider_opts *o);
+
+/* The provider kinds (the API shapes the HTTP provider speaks): "openai"
+ * (Chat Completions), "anthropic" (Messages), "openai-responses"
+ * (Responses); a NULL-terminated list, static. docs/providers.md. */
+AG_EXTERN const char *const *ag_http_provider_kinds(void);
 
 /*
  * Creates an HTTP provider. The API key is read from the environment

@@ -14,6 +14,7 @@
 #include "agentguard/providers.h"
 
 #include "../core/internal.h"
+#include "../wire/wire.h"
 
 struct ag_provider_config {
   ag_http_provider_opts opts; /* its strings point into the fields below */
@@ -94,12 +95,14 @@ static ag_err_t apply(ag_provider_config *c, const char *key, const json_t *v,
   ag_http_provider_opts *o = &c->opts;
   if (strcmp(key, "kind") == 0) {
     ag_err_t rc = str_key(v, key, &c->kind, err);
-    if (rc == AG_OK && strcmp(c->kind, "openai") != 0 &&
-        strcmp(c->kind, "anthropic") != 0)
+    if (rc == AG_OK && ag__wire_named(c->kind) == NULL) {
+      char kinds[128];
+      ag__wire_names(kinds, sizeof kinds);
       return ag__set_error(err, AG_ECONFIG, -1,
                            "provider.kind: \"%.40s\" is not a provider kind "
-                           "(openai, anthropic)",
-                           c->kind);
+                           "(%s)",
+                           c->kind, kinds);
+    }
     return rc;
   }
   if (strcmp(key, "base_url") == 0)

@@ -627,6 +627,13 @@ static ag_err_t http_complete(void *self, const ag_request *req,
 #define SHAPES_MAX 8
 static ag_provider_vtable vtables[SHAPES_MAX];
 
+/* The kinds' names, NULL-terminated (ag_http_provider_kinds). */
+static const char *kinds_list[SHAPES_MAX + 1];
+static void fill_kinds(void) {
+  for (size_t i = 0; i < SHAPES_MAX && ag__wire_all[i] != NULL; i++)
+    kinds_list[i] = ag__wire_all[i]->name;
+}
+
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc = CURLE_OK;
 static void curl_init(void) {
@@ -637,6 +644,12 @@ static void curl_init(void) {
     vtables[i] = (ag_provider_vtable){sizeof(ag_provider_vtable),
                                       ag__wire_all[i]->name, http_complete,
                                       http_destroy, AG_PROVIDER_MESSAGES_TEXT};
+}
+
+AG_EXTERN const char *const *ag_http_provider_kinds(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, fill_kinds);
+  return kinds_list;
 }
 
 static const ag_provider_vtable *vtable_of(const ag__wire *w) {
@@ -696,10 +709,8 @@ static ag_err_t check_opts(const ag_http_provider_opts *o,
   const char *kind = o->kind != NULL ? o->kind : "openai";
   *wire = ag__wire_named(kind);
   if (*wire == NULL) {
-    char kinds[128] = "";
-    for (size_t i = 0; ag__wire_all[i] != NULL; i++)
-      snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%s",
-               i > 0 ? ", " : "", ag__wire_all[i]->name);
+    char kinds[128];
+    ag__wire_names(kinds, sizeof kinds);
     return ag__set_error(err, AG_ECONFIG, -1,
                          "provider.kind: \"%.*s\" is not a provider kind "
                          "(%s)",

@@ -358,11 +358,20 @@ const ag__wire ag__wire_chat = {
 };
 
 const ag__wire *const ag__wire_all[] = {&ag__wire_chat, &ag__wire_messages,
-                                        NULL};
+                                        &ag__wire_responses, NULL};
 
 const ag__wire *ag__wire_named(const char *name) {
   for (size_t i = 0; name != NULL && ag__wire_all[i] != NULL; i++)
     if (strcmp(ag__wire_all[i]->name, name) == 0)
       return ag__wire_all[i];
   return NULL;
+}
+
+void ag__wire_names(char *buf, size_t cap) {
+  size_t n = 0;
+  if (cap > 0)
+    buf[0] = '\0';
+  for (size_t i = 0; ag__wire_all[i] != NULL && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s", i > 0 ? ", " : "",
+                          ag__wire_all[i]->name);
 }

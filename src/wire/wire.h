@@ -14,6 +14,7 @@
  *   reply.c     the reply assembler (ag__asm), JSON and message helpers
  *   chat.c      OpenAI Chat Completions (ag__wire_chat)
  *   messages.c  Anthropic Messages (ag__wire_messages)
+ *   responses.c OpenAI Responses (ag__wire_responses; providers only yet)
  *
  * Adding a shape: a file here that fills an ag__wire (its name, the path
  * it serves, its request encoder, whole-reply and stream-event readers),
@@ -167,6 +168,11 @@ int ag__openai_event(ag__asm *a, const char *event, const char *data,
 int ag__openai_chunk(ag__asm *a, json_t *j, size_t at);
 int ag__anthropic_event(ag__asm *a, const char *event, const char *data,
                         size_t len, size_t pos);
+char *ag__responses_request(const ag__wire_opts *o, const ag_request *req,
+                            size_t *len, ag_err_t *rc, char *msg, size_t cap);
+void ag__responses_response(ag__asm *a, const char *body, size_t len);
+int ag__responses_event(ag__asm *a, const char *event, const char *data,
+                        size_t len, size_t pos);
 
 /* ---- the table ---------------------------------------------------------- */
 
@@ -201,8 +207,9 @@ typedef struct ag__wire {
   bool (*looks_like)(const json_t *msgs);
 } ag__wire;
 
-extern const ag__wire ag__wire_chat;     /* chat.c */
-extern const ag__wire ag__wire_messages; /* messages.c */
+extern const ag__wire ag__wire_chat;      /* chat.c */
+extern const ag__wire ag__wire_messages;  /* messages.c */
+extern const ag__wire ag__wire_responses; /* responses.c */
 
 /* Every shape, NULL-terminated. */
 extern const ag__wire *const ag__wire_all[];
@@ -210,6 +217,9 @@ extern const ag__wire *const ag__wire_all[];
 /* The text of Messages content: a string as it is, text blocks joined by
  * '\n' (a new reference; NULL when out of memory). */
 json_t *ag__blocks_text(const json_t *content);
+
+/* The provider kinds, ", "-separated, into buf (cut to fit). */
+void ag__wire_names(char *buf, size_t cap);
 
 /* The shape of provider kind `name`, or NULL. */
 const ag__wire *ag__wire_named(const char *name);

@@ -132,9 +132,11 @@ static void dump_request(const char *body, size_t len, int n) {
   char dir[1024], path[1100];
   snprintf(dir, sizeof(dir), "%s/http-requests", AG_BINARY_DIR);
   mkdir(dir, 0777);
-  snprintf(path, sizeof(path), "%s/%s-%d-%d.json", dir,
-           strstr(S.last_url, "/v1/messages") != NULL ? "anthropic" : "openai",
-           (int)getpid(), n);
+  /* named by API: the schema check reads the openai-* ones */
+  const char *api = strstr(S.last_url, "/v1/messages") != NULL ? "anthropic"
+                    : strstr(S.last_url, "/responses") != NULL ? "responses"
+                                                               : "openai";
+  snprintf(path, sizeof(path), "%s/%s-%d-%d.json", dir, api, (int)getpid(), n);
   FILE *f = fopen(path, "wb");
   if (f != NULL) {
     fwrite(body, 1, len, f);
@@ -313,12 +315,11 @@ static ag_provider *provider(const char *kind, bool stream,
   ag_http_provider_opts o;
   ag_http_provider_opts_init(&o);
   o.kind = kind;
+  bool openai = strncmp(kind, "openai", 6) == 0; /* and openai-responses */
   snprintf(base_url, sizeof(base_url),
-           strcmp(kind, "openai") == 0 ? "http://127.0.0.1:%d/v1"
-                                       : "http://127.0.0.1:%d",
-           S.port);
+           openai ? "http://127.0.0.1:%d/v1" : "http://127.0.0.1:%d", S.port);
   o.base_url = base_url;
-  o.model = strcmp(kind, "openai") == 0 ? "gpt-4o-mini" : "claude-sonnet-4-5";
+  o.model = openai ? "gpt-4o-mini" : "claude-sonnet-4-5";
   o.api_key_env = "TEST_KEY";
   o.stream = stream;
   if (edit != NULL)
@@ -787,6 +788,121 @@ Test(http, anthropic_stream_text_and_tool_use) {
   ag_provider_free(p);
 }
 
+/* ---- OpenAI Responses -------------------------------------------------- */
+
+/* The input item of `items` with "type" (or, NULL, "role") `what`, at the
+ * k-th place of its kind. */
+static json_t *item_of(json_t *items, const char *key, const char *what,
+                       int k) {
+  size_t i;
+  json_t *it;
+  json_array_foreach(items, i, it) {
+    const char *v = json_string_value(json_object_get(it, key));
+    if (v != NULL && strcmp(v, what) == 0 && k-- == 0)
+      return it;
+  }
+  return NULL;
+}
+
+Test(http, responses_history_converted_and_reply_read) {
+  serve_fixture("responses/response_tool_calls.json", "application/json", 0, 0);
+  ag_provider *p = provider("openai-responses", false, edit_options);
+  json_t *msgs = history(), *tl = tools();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, tl, NULL, NULL, &r, &pe), AG_OK, "%s", pe.message);
+  cr_expect_str_eq(r.text, "Let me read it — ok.");
+  cr_assert_eq(r.n_calls, 2);
+  cr_expect_str_eq(r.calls[0].id, "call_abc");
+  cr_expect_str_eq(r.calls[0].name, "read_file");
+  cr_expect_str_eq(r.calls[0].arguments,
+                   "{\"path\":\"notes.txt\",\"lines\":[1,5]}");
+  cr_expect_str_eq(r.calls[1].name, "list_dir");
+  cr_expect_str_eq(r.finish_reason, "tool_calls");
+  cr_expect_eq(r.usage.prompt_tokens, 150);
+  cr_expect_eq(r.usage.cached_tokens, 30);
+  cr_expect_eq(r.usage.completion_tokens, 40);
+  cr_expect_str_eq(S.last_url, "/v1/responses");
+  cr_expect_str_eq(S.last_auth, "Bearer " SECRET);
+  json_t *b = sent_body();
+  cr_expect_str_eq(json_string_value(json_object_get(b, "model")),
+                   "gpt-4o-mini");
+  cr_expect(json_is_false(json_object_get(b, "store")), "%s", S.last_body);
+  cr_expect(json_is_false(json_object_get(b, "stream")));
+  cr_expect_eq(json_integer_value(json_object_get(b, "max_output_tokens")),
+               300);
+  cr_expect(json_is_false(json_object_get(b, "parallel_tool_calls")));
+  cr_expect_eq(json_integer_value(json_object_get(b, "seed")), 7);
+  json_t *in = json_object_get(b, "input");
+  json_t *sys = item_of(in, "role", "system", 0);
+  cr_expect_str_eq(json_string_value(json_object_get(sys, "content")),
+                   "You are terse.");
+  json_t *c1 = item_of(in, "type", "function_call", 0);
+  cr_expect_str_eq(json_string_value(json_object_get(c1, "call_id")), "call_1");
+  cr_expect_str_eq(json_string_value(json_object_get(c1, "arguments")),
+                   "{\"path\":\"notes.txt\"}");
+  json_t *o2 = item_of(in, "type", "function_call_output", 1);
+  cr_expect_str_eq(json_string_value(json_object_get(o2, "call_id")), "call_2");
+  cr_expect(strstr(json_string_value(json_object_get(o2, "output")),
+                   "type: validation") != NULL,
+            "%s", S.last_body);
+  cr_expect_null(item_of(in, "role", "assistant", 0),
+                 "an assistant turn of calls only has no message item");
+  json_t *t0 = json_array_get(json_object_get(b, "tools"), 0);
+  cr_expect_str_eq(json_string_value(json_object_get(t0, "type")), "function");
+  cr_expect_str_eq(json_string_value(json_object_get(t0, "name")), "read_file");
+  cr_expect(json_is_object(json_object_get(t0, "parameters")));
+  json_decref(b);
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  json_decref(tl);
+  ag_provider_free(p);
+}
+
+Test(http, responses_stream_text_and_function_call) {
+  serve_fixture("responses/stream_tool_call.sse", "text/event-stream", 7, 1);
+  ag_provider *p = provider("openai-responses", true, NULL);
+  json_t *msgs = history(), *tl = tools();
+  deltas d = {0};
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, tl, NULL, &d, &r, &pe), AG_OK, "%s", pe.message);
+  cr_expect_str_eq(r.text, "Okay, checking the wéather 🌦 now.");
+  cr_expect_str_eq(d.buf, r.text);
+  cr_expect(!d.bad_utf8);
+  cr_assert_eq(r.n_calls, 1);
+  cr_expect_str_eq(r.calls[0].id, "call_w1");
+  cr_expect_str_eq(r.calls[0].name, "get_weather");
+  cr_expect_str_eq(r.calls[0].arguments,
+                   "{\"location\": \"San Francisco, CA\", \"unit\": "
+                   "\"fahrenheit\"}");
+  cr_expect_str_eq(r.finish_reason, "tool_calls");
+  cr_expect_eq(r.usage.prompt_tokens, 536);
+  cr_expect_eq(r.usage.cached_tokens, 64);
+  cr_expect_eq(r.usage.completion_tokens, 89);
+  json_t *b = sent_body();
+  cr_expect(json_is_true(json_object_get(b, "stream")));
+  json_decref(b);
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  json_decref(tl);
+  ag_provider_free(p);
+}
+
+Test(http, responses_stream_cut_before_completed_is_transient) {
+  serve_fixture("responses/fault_stream_cut.sse", "text/event-stream", 0, 0);
+  ag_provider *p = provider("openai-responses", true, NULL);
+  json_t *msgs = history();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, NULL, &r, &pe), AG_EPROVIDER);
+  cr_expect(pe.transient);
+  cr_expect(strstr(pe.message, "response.completed") != NULL, "%s", pe.message);
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
 Test(http, anthropic_stream_error_event_overloaded) {
   serve_fixture("anthropic/fault_stream_error.sse", "text/event-stream", 0, 0);
   ag_provider *p = provider("anthropic", true, NULL);
@@ -1244,7 +1360,7 @@ Test(http, bad_options_are_named) {
   o.kind = "gemini";
   cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
   cr_expect_str_eq(err.msg, "provider.kind: \"gemini\" is not a provider kind "
-                            "(openai, anthropic)");
+                            "(openai, anthropic, openai-responses)");
   o.kind = "openai";
   o.base_url = "ftp://example.test/v1";
   cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
@@ -1330,7 +1446,8 @@ Test(http, config_section_keys_and_errors) {
       "provider.timeout: expected a duration such as \"30s\", \"250ms\" or "
       "\"0\" (no limit)");
   cfg("{\"kind\": \"azure\"}", AG_ECONFIG,
-      "provider.kind: \"azure\" is not a provider kind (openai, anthropic)");
+      "provider.kind: \"azure\" is not a provider kind (openai, anthropic, "
+      "openai-responses)");
   cfg("{\"stream\": \"yes\"}", AG_ECONFIG,
       "provider.stream: expected true or false");
   cfg("{\"temperature\": 3}", AG_ECONFIG,
@@ -1522,9 +1639,16 @@ static void text_body_equals_tree_body(const char *kind, const char *fixture) {
   }
   cr_expect(json_equal(bodies[0], bodies[1]), "%s: the text request sent %s",
             kind, S.last_body);
-  cr_expect(json_equal(
-      json_object_get(bodies[1], kind[0] == 'o' ? "messages" : "system"),
-      kind[0] == 'o' ? msgs : json_object_get(bodies[0], "system")));
+  /* the history itself went out: spliced as it is (Chat Completions), or
+   * converted (Messages' "system" and blocks, Responses' "input" items) */
+  if (strcmp(kind, "openai") == 0)
+    cr_expect(json_equal(json_object_get(bodies[1], "messages"), msgs));
+  else if (strcmp(kind, "anthropic") == 0)
+    cr_expect(json_equal(json_object_get(bodies[1], "system"),
+                         json_object_get(bodies[0], "system")));
+  else
+    cr_expect_eq(json_array_size(json_object_get(bodies[1], "input")), 7, "%s",
+                 S.last_body);
   json_decref(bodies[0]);
   json_decref(bodies[1]);
   free(text);
@@ -1535,4 +1659,6 @@ static void text_body_equals_tree_body(const char *kind, const char *fixture) {
 Test(http, messages_as_text_send_the_same_body) {
   text_body_equals_tree_body("openai", "openai/chat_tool_calls.json");
   text_body_equals_tree_body("anthropic", "anthropic/message_tool_use.json");
+  text_body_equals_tree_body("openai-responses",
+                             "responses/response_tool_calls.json");
 }
