@@ -1171,6 +1171,17 @@ out:
   ag__px_upstream_free(&u);
 }
 
+/* A 400 the proxy answers itself leaves an event with its message: a
+ * client (Claude Code) that gets one otherwise says nothing of it, and
+ * only the events say why its agent stopped at once. */
+static void bad_request_event(ag_proxy *p, const char *path, const reply *r) {
+  json_t *j = json_loadb(r->body != NULL ? r->body : "", r->len, 0, NULL);
+  json_t *e = json_object_get(j, "error");
+  const char *m = json_string_value(json_object_get(e, "message"));
+  ag__px_event(p, "bad_request", path, NULL, m != NULL ? m : "");
+  json_decref(j);
+}
+
 /* Decides a guarded request and acts on it: r is the answer, or
  * *started says a stream was handed to the loop (ag__px_stream_start). With
  * `later` (on the loop's thread, which may not wait), a request whose
@@ -1223,6 +1234,8 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   } else {
     answer_whole(&d);
   }
+  if (r->status == 400)
+    bad_request_event(p, path, r);
   if (anth_stream && r->status == 200)
     anthropic_sse(r);
   ag_guard_free(d.g);

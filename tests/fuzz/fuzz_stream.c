@@ -1,7 +1,8 @@
 /*
  * tests/fuzz/fuzz_stream.c - libFuzzer target for the wire layer's stream
- * and body parsers (src/wire/: the SSE parser, the reply assembler, the
- * Chat Completions and Messages event and response readers).
+ * and body parsers (src/wire/: the SSE parser, the reply assembler, and
+ * every shape's event and response readers, picked from the wire table by
+ * the input's first byte).
  * Not built by CMake. From the project root:
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined \
@@ -47,24 +48,23 @@ typedef struct outcome {
 
 typedef struct ctx {
   ag__asm a;
-  bool openai;
+  const ag__wire *w;
 } ctx;
 
 static int on_event(void *user, const char *event, const char *d, size_t len,
                     size_t pos) {
   ctx *c = user;
-  return c->openai ? ag__openai_event(&c->a, event, d, len, pos)
-                   : ag__anthropic_event(&c->a, event, d, len, pos);
+  return c->w->event(&c->a, event, d, len, pos);
 }
 
 /* Feeds body in writes of `step` bytes after a first write of `first`. */
-static void run(bool openai, const char *body, size_t len, size_t first,
+static void run(const ag__wire *w, const char *body, size_t len, size_t first,
                 size_t step, outcome *o) {
   ctx c;
   ag_provider_error pe;
   memset(&pe, 0, sizeof(pe));
   memset(o, 0, sizeof(*o));
-  c.openai = openai;
+  c.w = w;
   ag__asm_init(&c.a, NULL, NULL, &pe, "fuzz");
   ag__sse s;
   ag__sse_init(&s, on_event, &c);
@@ -131,14 +131,18 @@ static void same(const outcome *a, const outcome *b, const char *how) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1)
     return 0;
-  bool openai = (data[0] & 1) != 0;
+  /* the first byte picks the shape (the wire table's rows) and the split */
+  size_t n_shapes = 0;
+  while (ag__wire_all[n_shapes] != NULL)
+    n_shapes++;
+  const ag__wire *w = ag__wire_all[data[0] % n_shapes];
   const char *body = (const char *)data + 1;
   size_t len = size - 1;
-  size_t split = len > 0 ? (data[0] >> 1) % (len + 1) : 0;
+  size_t split = len > 0 ? (data[0] >> 2) % (len + 1) : 0;
   outcome whole, halves, bytes;
-  run(openai, body, len, len, len, &whole);
-  run(openai, body, len, split, len, &halves);
-  run(openai, body, len, 1, 1, &bytes);
+  run(w, body, len, len, len, &whole);
+  run(w, body, len, split, len, &halves);
+  run(w, body, len, 1, 1, &bytes);
   same(&whole, &halves, "two writes");
   same(&whole, &bytes, "1-byte writes");
   free(whole.text);
@@ -150,10 +154,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ag_provider_error pe;
   memset(&pe, 0, sizeof(pe));
   ag__asm_init(&a, NULL, NULL, &pe, "fuzz");
-  if (openai)
-    ag__openai_response(&a, body, len);
-  else
-    ag__anthropic_response(&a, body, len);
+  w->response(&a, body, len);
   if (a.failed == AG_EPROVIDER && pe.message[0] == '\0')
     abort();
   ag__asm_free(&a);

@@ -3788,3 +3788,80 @@ Test(proxy, messages_with_system_messages_inside_are_guarded) {
   free(r);
   free(body);
 }
+
+/* What Claude Code sends: system messages inside the list, thinking and
+ * redacted_thinking blocks, server tools and their results, images and
+ * tool references in tool results, cache_control everywhere. None of it
+ * is a 400, and the same call three times in a row is still the same call
+ * three times (identical_call_limit 3): stopped before it goes upstream. */
+Test(proxy, messages_of_claude_code_are_read_and_guarded) {
+  json_t *msgs =
+      json_pack("[{s:s, s:[{s:s, s:s, s:{s:s}}]}, {s:s, s:s}]", "role", "user",
+                "content", "type", "text", "text", "Fix the bug.",
+                "cache_control", "type", "ephemeral", "role", "system",
+                "content", "<system-reminder>Use the tools.</system-reminder>");
+  for (int i = 0; i < 3; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "toolu_%d", i);
+    json_array_append_new(
+        msgs,
+        json_pack("{s:s, s:[{s:s, s:s, s:s}, {s:s, s:s}, {s:s, s:s, s:s, "
+                  "s:{s:s}}, {s:s, s:s, s:o}, {s:s, s:s, s:s, s:{}, "
+                  "s:{s:s}}]}",
+                  "role", "assistant", "content", "type", "thinking",
+                  "thinking", "Let me look.", "signature", "sig==", "type",
+                  "redacted_thinking", "data", "EuYBCk==", "type",
+                  "server_tool_use", "id", "srvtoolu_1", "name", "web_search",
+                  "input", "query", "bug", "type", "web_search_tool_result",
+                  "tool_use_id", "srvtoolu_1", "content", json_array(), "type",
+                  "tool_use", "id", id, "name", "read", "input",
+                  "cache_control", "type", "ephemeral"));
+    json_array_append_new(
+        msgs,
+        json_pack("{s:s, s:[{s:s, s:s, s:[{s:s, s:s}, {s:s, s:{s:s, s:s, "
+                  "s:s}}, {s:s, s:s}]}]}",
+                  "role", "user", "content", "type", "tool_result",
+                  "tool_use_id", id, "content", "type", "text", "text",
+                  "file text", "type", "image", "source", "type", "base64",
+                  "media_type", "image/png", "data", "iVBORw0KGgo=", "type",
+                  "tool_reference", "tool_name", "read"));
+    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system",
+                                          "content", "<reminder/>"));
+  }
+  json_t *req = json_pack("{s:s, s:i, s:o, s:b, s:[{s:s, s:{s:s}}]}", "model",
+                          "claude-opus-4-5", "max_tokens", 1024, "messages",
+                          msgs, "stream", false, "tools", "name", "read",
+                          "input_schema", "type", "object");
+  char *body = json_dumps(req, JSON_COMPACT);
+  json_decref(req);
+  resp *r = call(P, "POST", "/v1/messages?beta=true", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect_str_eq(r->stop, "identical_calls", "%s", r->body);
+  cr_expect_eq(n_upstream(), 0, "stopped before going upstream");
+  free(r);
+  free(body);
+}
+
+/* A 400 the proxy answers itself leaves an event saying why. */
+Test(proxy, bad_request_writes_an_event) {
+  ag_proxy_stop(P);
+  FILE *ev = tmpfile();
+  cr_assert_not_null(ev);
+  ag_proxy_opts o = test_opts();
+  o.events = ev;
+  P = start_with(&o);
+  resp *r = call(P, "POST", "/v1/messages",
+                 "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":"
+                 "\"robot\",\"content\":\"hi\"}]}",
+                 NULL);
+  cr_expect_eq(r->status, 400, "%s", r->body);
+  free(r);
+  ag_proxy_stop(P);
+  P = NULL;
+  rewind(ev);
+  char line[2048] = "";
+  cr_expect_not_null(fgets(line, sizeof line, ev));
+  cr_expect(strstr(line, "\"decision\":\"bad_request\"") != NULL, "%s", line);
+  cr_expect(strstr(line, "messages[0].role") != NULL, "%s", line);
+  fclose(ev);
+}
