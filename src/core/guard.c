@@ -66,7 +66,23 @@ typedef struct repeat_slot {
   int count;         /* 0: empty */
   uint32_t novel_at; /* g->novel when the pair was last seen */
   uint32_t seen;     /* g->repeat_clock when it was last seen */
+  uint32_t world_at; /* g->world when it was last counted (a failure) */
+  uint32_t ok_at;    /* its call's success epoch then (a failure) */
 } repeat_slot;
+
+/* Progress (docs/detection.md): calls of the batch being checked that
+ * change the world (ag__call_changes_state), by signature prefix; past
+ * CHANGING_MAX, every call of the batch that succeeds counts as one. */
+#define CHANGING_MAX 32
+/* The last success of each call (by signature), for "a success of the
+ * same call resets its failures": open-addressed like the pairs, the least
+ * recent forgotten first. */
+#define OK_SLOTS 128
+
+typedef struct ok_slot {
+  uint8_t key[REPEAT_KEY]; /* the call's signature (its prefix) */
+  uint32_t epoch;          /* 0: empty; else g->ok_clock at its success */
+} ok_slot;
 
 typedef struct tool_state {
   bool used;
@@ -83,6 +99,8 @@ typedef struct tool_state {
   uint8_t result[AG_SIG_LEN];
   /* mechanism 6 */
   int failures;
+  /* progress: what its name says (progress.c), looked at once */
+  ag__tool_kind kind;
   /* error context */
   int unresolved;
 } tool_state;
@@ -147,6 +165,14 @@ struct ag_guard {
   repeat_slot repeat[REPEAT_SLOTS];
   uint32_t novel;        /* pairs seen for the first time in the turn */
   uint32_t repeat_clock; /* pairs recorded in the turn */
+  /* progress: the world's epoch (one more per successful call that
+   * changes state), the batch's changing calls, successes per call */
+  uint32_t world;
+  uint8_t changing[CHANGING_MAX][REPEAT_KEY];
+  int n_changing;
+  bool changing_all;
+  ok_slot oks[OK_SLOTS];
+  uint32_t ok_clock;
   /* mechanism 5's nudge: the next call with this signature is held back */
   bool hold_armed;
   uint8_t hold_sig[AG_SIG_LEN];
@@ -345,6 +371,11 @@ AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
   memset(g->repeat, 0, sizeof(g->repeat));
   g->novel = 0;
   g->repeat_clock = 0;
+  g->world = 0;
+  g->n_changing = 0;
+  g->changing_all = false;
+  memset(g->oks, 0, sizeof(g->oks));
+  g->ok_clock = 0;
   g->hold_armed = false;
   g->nudged = false;
   g->last_trip = AG_REASON_NONE;
@@ -654,6 +685,31 @@ static bool nudge_first(ag_guard *g) {
 /* Gives every call of the batch its check: a signature, or why it has none
  * (past opts.max_batch, arguments that are not JSON). Done for the whole
  * batch even when it stops, so callers can report each call. */
+/* Remembers a call of the batch (its tool t) that changes the world, by
+ * signature, for when its result comes (record_one). */
+static void note_changing(ag_guard *g, tool_state *t, const ag_call *call,
+                          const ag_call_check *c) {
+  if (t->kind == AG__TOOL_UNSEEN)
+    t->kind = ag__tool_kind_of(t->name, t->name_len);
+  if (!ag__args_change_state(t->kind, call->args != NULL ? call->args : "",
+                             call->args != NULL ? call->args_len : 0))
+    return;
+  if (g->n_changing == CHANGING_MAX)
+    g->changing_all = true;
+  else
+    memcpy(g->changing[g->n_changing++], c->sig, REPEAT_KEY);
+}
+
+/* Whether a call of the batch, by signature, changes the world. */
+static bool is_changing(const ag_guard *g, const uint8_t *sig) {
+  if (g->changing_all)
+    return true;
+  for (int i = 0; i < g->n_changing; i++)
+    if (memcmp(g->changing[i], sig, REPEAT_KEY) == 0)
+      return true;
+  return false;
+}
+
 static void sign_calls(ag_guard *g, const ag_call *calls, size_t n,
                        ag_call_check *checks) {
   for (size_t i = 0; i < n; i++) {
@@ -726,9 +782,9 @@ static check_step check_held(ag_guard *g, ag_call_check *c) {
 }
 
 /* 3: the identical-call breaker in scope "call". */
-static check_step check_identical(ag_guard *g, const char *name,
-                                  ag_call_check *c, bool cycles_now,
-                                  ag_verdict *v) {
+static check_step check_identical(ag_guard *g, const ag_call *call,
+                                  const char *name, ag_call_check *c,
+                                  bool cycles_now, ag_verdict *v) {
   const ag_config *cfg = &g->cfg;
   tool_state *t = tool_get(g, name);
   if (!c->valid) {
@@ -736,6 +792,7 @@ static check_step check_identical(ag_guard *g, const char *name,
     t->run = 0;
     return CHECK_PASS;
   }
+  note_changing(g, t, call, c);
   if (cfg->loop.identical_call_scope != AG_SCOPE_CALL)
     return CHECK_PASS;
   if (t->has_sig && t->run_iter >= g->iteration - 1 &&
@@ -812,6 +869,8 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
                                          ag_call_check *checks, ag_verdict *v) {
   verdict_reset(v);
   sign_calls(g, calls, n, checks);
+  g->n_changing = 0;
+  g->changing_all = false;
   if (past_deadline(g, now_ms, v))
     return v->action;
   if (n > 0)
@@ -827,7 +886,7 @@ AG_EXTERN ag_action ag_guard_check_calls(ag_guard *g, const ag_call *calls,
     if (s == CHECK_PASS)
       s = check_held(g, c);
     if (s == CHECK_PASS)
-      s = check_identical(g, name, c, cycles_now, v);
+      s = check_identical(g, &calls[i], name, c, cycles_now, v);
     if (s == CHECK_PASS)
       s = check_cycle(g, name, c, cycles_now, v);
     if (s == CHECK_NUDGE)
@@ -933,8 +992,38 @@ static void note(trip_note *tn, int index, const char *tool, const char *fmt,
  * that now reads differently) is progress and restarts the count at 1, so a
  * `sleep` between polls of a moving job never adds up.
  */
+/* The slot of a call's last success (sig), or with `make` the one it
+ * takes (an empty one, or the least recent of its window); NULL when it
+ * has none and `make` is false. */
+static ok_slot *ok_find(ag_guard *g, const uint8_t *sig, bool make) {
+  uint32_t h;
+  memcpy(&h, sig, sizeof(h));
+  ok_slot *victim = NULL;
+  for (unsigned k = 0; k < REPEAT_PROBE; k++) {
+    ok_slot *c = &g->oks[(h + k) % OK_SLOTS];
+    if (c->epoch != 0 && memcmp(c->key, sig, REPEAT_KEY) == 0)
+      return c;
+    if (c->epoch == 0) {
+      victim = c;
+      break;
+    }
+    if (victim == NULL || c->epoch < victim->epoch)
+      victim = c;
+  }
+  if (!make)
+    return NULL;
+  memcpy(victim->key, sig, REPEAT_KEY);
+  return victim;
+}
+
+/* When the call `sig` last succeeded in the turn (0: not yet). */
+static uint32_t ok_epoch(ag_guard *g, const uint8_t *sig) {
+  const ok_slot *o = ok_find(g, sig, false);
+  return o != NULL ? o->epoch : 0;
+}
+
 static int repeat_count(ag_guard *g, const uint8_t key[AG_SIG_LEN],
-                        bool failure) {
+                        bool failure, const uint8_t *sig) {
   uint32_t h;
   memcpy(&h, key, sizeof(h));
   repeat_slot *r = NULL, *victim = NULL;
@@ -954,17 +1043,22 @@ static int repeat_count(ag_guard *g, const uint8_t key[AG_SIG_LEN],
       victim = c;
   }
   g->repeat_clock++;
+  const uint32_t ok = ok_epoch(g, sig);
   if (r != NULL) {
-    if (failure || r->novel_at == g->novel)
-      r->count++;
-    else
-      r->count = 1;
+    /* a failure repeats while the world stayed as it was and the call did
+     * not succeed meanwhile (an edit, or a pass, is new evidence); a
+     * success while nothing new was seen at all */
+    bool same = failure ? r->world_at == g->world && r->ok_at == ok
+                        : r->novel_at == g->novel;
+    r->count = same ? r->count + 1 : 1;
   } else {
     r = victim;
     memcpy(r->key, key, REPEAT_KEY);
     r->count = 1;
     g->novel++;
   }
+  r->world_at = g->world;
+  r->ok_at = ok;
   r->novel_at = g->novel;
   r->seen = g->repeat_clock;
   return r->count;
@@ -1219,7 +1313,7 @@ static void record_repeat(ag_guard *g, trip_note *tn, const rec_item *it,
     fast_key(it->r->sig, it->text, it->len, pk);
     lim = g->cfg.loop.repeated_result_limit;
   }
-  int cnt = repeat_count(g, pk, it->is_err);
+  int cnt = repeat_count(g, pk, it->is_err, it->r->sig);
   if (lim <= 0 || cnt < lim)
     return;
   bool cut;
@@ -1352,10 +1446,16 @@ static void record_one(ag_guard *g, trip_note *tn, const ag_result *r, size_t i,
     record_repeat(g, tn, &it, shown, shown_cap);
   if (!it.is_err) {
     /* success: empties the identical-error run, resets the tool's
-     * failures, resolves its errors */
+     * failures, resolves its errors; its call's failures start again
+     * (16), and a call that changes state changes the world */
     g->ident_run = 0;
     it.t->failures = 0;
     resolve(g, it.t);
+    if (r->sig != NULL) {
+      ok_find(g, r->sig, true)->epoch = ++g->ok_clock;
+      if (is_changing(g, r->sig))
+        g->world++;
+    }
     return;
   }
   tally->failed++;

@@ -247,6 +247,28 @@ bool ag__redact_needed(const char *in, size_t len, const ag__secret *secrets,
 size_t ag__redact(const char *in, size_t len, const ag__secret *secrets,
                   size_t n, char *out, size_t cap);
 
+/* Whether a call changes the world, from its tool's name and its
+ * arguments' JSON text alone (src/core/progress.c; docs/detection.md,
+ * "Progress"): a tool not known to be read-only, an editor command other
+ * than "view", a shell command that is not made only of reading programs
+ * without a redirection into a file. Pure, allocation-free. */
+bool ag__call_changes_state(const char *name, size_t name_len, const char *args,
+                            size_t args_len);
+
+/* The same in two halves, so that the tool's half is looked at once per
+ * tool (the guard keeps it with the tool): what the name says, then what
+ * the arguments of a call of that kind say. */
+typedef enum {
+  AG__TOOL_UNSEEN = 0, /* not looked at yet (the guard's own mark) */
+  AG__TOOL_READS,      /* read-only by its name */
+  AG__TOOL_SHELL,      /* runs a shell command */
+  AG__TOOL_EDITOR,     /* an editor: "view" reads */
+  AG__TOOL_OTHER       /* not known to be read-only */
+} ag__tool_kind;
+ag__tool_kind ag__tool_kind_of(const char *name, size_t name_len);
+bool ag__args_change_state(ag__tool_kind kind, const char *args,
+                           size_t args_len);
+
 /* What a reply without a tool call records when loop.require_tool_call is
  * on, and what the error context says of it: one text for the loop, the
  * guard, the audit's replay and the proxy's, so repeated ones are

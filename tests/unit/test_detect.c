@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "agentguard.h"
+#include "core/internal.h"
 
 static ag_guard *make_json(const char *json) {
   ag_config cfg;
@@ -59,16 +60,47 @@ static ag_action call(ag_guard *g, const char *name, const char *args,
 
 /* ---- 16: the same call with the same result, anywhere in the turn ------- */
 
-Test(repeated, same_failing_test_between_edits_stops_at_three) {
+/* Progress (docs/detection.md): an edit between two runs of the same test
+ * makes the second one new evidence, whatever the test prints; the same
+ * failure again with nothing written in between is a repeat. */
+Test(repeated, same_failing_test_between_edits_is_new_evidence) {
   ag_guard *g = make_json("{\"preset\": \"default\"}");
   ag_verdict v;
-  for (int i = 1; i <= 3; i++) {
-    char edit[64];
-    snprintf(edit, sizeof(edit), "{\"line\": %d}", i);
-    cr_assert_eq(call(g, "edit", edit, "edited", OK, &v, NULL), AG_ALLOW);
-    ag_action a = call(g, "bash", "{\"cmd\": \"pytest t.py\"}",
+  /* the editor tool, sed -i and a heredoc into a file: each one an edit */
+  const char *edits[][2] = {
+      {"str_replace_editor",
+       "{\"command\": \"str_replace\", \"path\": \"f.py\", \"n\": %d}"},
+      {"bash", "{\"command\": \"sed -i 's/a/b%d/' f.py\"}"},
+      {"bash", "{\"command\": \"cat > f.py <<'EOF'\\nx = %d\\nEOF\"}"}};
+  for (int i = 1; i <= 12; i++) {
+    char edit[128];
+    snprintf(edit, sizeof(edit), edits[i % 3][1], i);
+    cr_assert_eq(call(g, edits[i % 3][0], edit, "edited", OK, &v, NULL),
+                 AG_ALLOW, "edit %d: %s", i, v.message);
+    /* the runner's banner, then the same failure each time */
+    ag_action a = call(g, "bash", "{\"command\": \"pytest t.py\"}",
+                       "==== test session starts ====\nFAILED t.py::test_x - "
+                       "AssertionError",
+                       ERR, &v, NULL);
+    cr_assert_eq(a, AG_ALLOW, "retest %d: %s", i, v.message);
+  }
+  ag_guard_free(g);
+}
+
+Test(repeated, same_failing_test_with_only_reads_between_stops_at_three) {
+  ag_guard *g = make_json("{\"preset\": \"default\"}");
+  ag_verdict v;
+  const char *reads[][2] = {
+      {"bash", "{\"command\": \"cat t.py | grep -n test_x 2>&1\"}"},
+      {"str_replace_editor", "{\"command\": \"view\", \"path\": \"t.py\"}"},
+      {"read_file", "{\"path\": \"t.py\"}"}};
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(
+        call(g, reads[i][0], reads[i][1], "def test_x(): ...", OK, &v, NULL),
+        AG_ALLOW);
+    ag_action a = call(g, "bash", "{\"command\": \"pytest t.py\"}",
                        "FAILED t.py::test_x - AssertionError", ERR, &v, NULL);
-    if (i < 3) {
+    if (i < 2) {
       cr_assert_eq(a, AG_ALLOW, "repeat %d", i);
     } else {
       cr_assert_eq(a, AG_STOP);
@@ -78,6 +110,26 @@ Test(repeated, same_failing_test_between_edits_stops_at_three) {
                 "%s", v.message);
     }
   }
+  ag_guard_free(g);
+}
+
+Test(repeated, a_pass_in_between_starts_the_count_again) {
+  ag_guard *g = make_json("{\"preset\": \"default\"}");
+  ag_verdict v;
+  const char *cmd = "{\"command\": \"pytest t.py\"}";
+  const char *fail = "FAILED t.py::test_x - AssertionError";
+  cr_assert_eq(call(g, "bash", cmd, fail, ERR, &v, NULL), AG_ALLOW);
+  cr_assert_eq(call(g, "ls", "{}", "t.py", OK, &v, NULL), AG_ALLOW);
+  cr_assert_eq(call(g, "bash", cmd, fail, ERR, &v, NULL), AG_ALLOW);
+  cr_assert_eq(call(g, "bash", cmd, "1 passed", OK, &v, NULL), AG_ALLOW);
+  cr_assert_eq(call(g, "bash", cmd, fail, ERR, &v, NULL), AG_ALLOW, "%s",
+               v.message);
+  cr_assert_eq(call(g, "ls", "{}", "t.py", OK, &v, NULL), AG_ALLOW);
+  cr_assert_eq(call(g, "bash", cmd, fail, ERR, &v, NULL), AG_ALLOW, "%s",
+               v.message);
+  /* and from there the count goes on: the third since the pass stops */
+  cr_assert_eq(call(g, "ls", "{}", "t.py", OK, &v, NULL), AG_ALLOW);
+  cr_assert_eq(call(g, "bash", cmd, fail, ERR, &v, NULL), AG_STOP);
   ag_guard_free(g);
 }
 
@@ -528,4 +580,61 @@ Test(dump, credentials_in_error_texts_are_redacted) {
   cr_assert(strstr(rec, "abcdefghijklmnop0123456789") == NULL, "%s", rec);
   ag_free(rec);
   ag_guard_free(g);
+}
+
+/* ---- progress: which calls change the world ----------------------------- */
+
+Test(progress, calls_that_change_the_world) {
+  static const struct {
+    const char *name, *args;
+    bool changes;
+  } cases[] = {
+      /* read-only by name, any case or spelling */
+      {"read_file", "{\"path\":\"a\"}", false},
+      {"Read", "{}", false},
+      {"getUser", "{}", false},
+      {"get_reservation_details", "{}", false},
+      {"search_dir", "{}", false},
+      {"find_file", "{}", false},
+      {"open", "{}", false},
+      {"scroll_down", "{}", false},
+      {"think", "{}", false},
+      /* an editor: view reads, every other command writes */
+      {"str_replace_editor", "{\"command\":\"view\",\"path\":\"a\"}", false},
+      {"str_replace_editor", "{\"command\":\"str_replace\"}", true},
+      {"str_replace_based_edit_tool", "{\"command\":\"create\"}", true},
+      {"edit", "{\"range\":\"1:2\"}", true},
+      {"Edit", "{}", true},
+      {"create", "{}", true},
+      {"update_reservation_flights", "{}", true},
+      {"checkout", "{}", true},     /* not "check": no read prefix */
+      {"mystery_tool", "{}", true}, /* not known to be read-only */
+      /* shells: reading commands */
+      {"bash", "{\"command\":\"ls -la && cat a.py | grep -n foo\"}", false},
+      {"bash", "{\"command\":\"cd /repo; git diff; git status\"}", false},
+      {"bash", "{\"command\":\"pytest tests/test_a.py -x 2>&1 | tail -20\"}",
+       false},
+      {"bash", "{\"command\":\"python -m pytest -q\"}", false},
+      {"bash", "{\"command\":\"./tests/runtests.py queries\"}", false},
+      {"bash", "{\"command\":\"mvn -q test\"}", false},
+      {"bash", "{\"command\":\"sed -n '1,20p' a.py\"}", false},
+      {"bash", "{\"command\":\"find . -name '*.py' > /dev/null\"}", false},
+      {"Bash", "{\"command\":\"timeout 10 grep -r x .\"}", false},
+      /* shells: writing or unknown */
+      {"bash", "{\"command\":\"sed -i 's/a/b/' a.py\"}", true},
+      {"bash", "{\"command\":\"echo x > a.py\"}", true},
+      {"bash", "{\"command\":\"cat >> a.py <<'EOF'\\nx\\nEOF\"}", true},
+      {"bash", "{\"command\":\"git apply p.diff\"}", true},
+      {"bash", "{\"command\":\"git checkout -- a.py\"}", true},
+      {"bash", "{\"command\":\"ls | tee out.txt\"}", true},
+      {"bash", "{\"command\":\"find . -name x -delete\"}", true},
+      {"bash", "{\"command\":\"python reproduce.py\"}", true},
+      {"bash", "{\"command\":\"rm -rf build\"}", true},
+      {"bash", "{\"cmd\":\"pip install x\"}", true},
+      {"bash", "{}", true}, /* no command: unknown */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    cr_expect_eq(ag__call_changes_state(cases[i].name, strlen(cases[i].name),
+                                        cases[i].args, strlen(cases[i].args)),
+                 cases[i].changes, "%s %s", cases[i].name, cases[i].args);
 }
