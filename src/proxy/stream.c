@@ -328,6 +328,26 @@ static void stream_stop(stream_st *st, const ag_verdict *v) {
   ag__px_sb_add(&st->out, "data: [DONE]\n\n", 14);
 }
 
+/* s as valid UTF-8 in buf[0..cap): a byte that starts no valid sequence
+ * becomes '?' (an upstream's error text may hold any bytes, and jansson
+ * refuses a string that is not UTF-8: the error event would be lost). */
+static const char *as_utf8(const char *s, char *buf, size_t cap) {
+  size_t n = strlen(s), o = 0;
+  for (size_t i = 0; i < n && o + 4 < cap;) {
+    size_t k = ag__utf8_seq((const unsigned char *)s + i, n - i);
+    if (k == 0) {
+      buf[o++] = '?';
+      i++;
+      continue;
+    }
+    memcpy(buf + o, s + i, k);
+    o += k;
+    i += k;
+  }
+  buf[o] = '\0';
+  return buf;
+}
+
 static void stream_error(stream_st *st, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
@@ -339,13 +359,14 @@ static void stream_error(stream_st *st, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16];
+  char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16], txt[sizeof red];
   st->out.failed = false;
   st->out.len = 0;
   ag__px_sb_json(&st->out,
                  json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
-                           ag__px_scrub(st->p, msg, red, sizeof red), "type",
-                           "upstream_error", "param", "code",
+                           as_utf8(ag__px_scrub(st->p, msg, red, sizeof red),
+                                   txt, sizeof txt),
+                           "type", "upstream_error", "param", "code",
                            "upstream_stream"));
 }
 
@@ -482,12 +503,13 @@ static void anth_stop(stream_st *st, const ag_verdict *v) {
 }
 
 static void anth_error(stream_st *st, const char *msg) {
-  char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16];
+  char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16], txt[sizeof red];
   st->out.failed = false;
   sb_named(&st->out, "error",
            json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
                      "api_error", "message",
-                     ag__px_scrub(st->p, msg, red, sizeof red)));
+                     as_utf8(ag__px_scrub(st->p, msg, red, sizeof red), txt,
+                             sizeof txt)));
 }
 
 /* ---- The end of a relayed stream ------------------------------------- */
