@@ -15,7 +15,7 @@
  * Text. Tool output need not be UTF-8 (a subprocess can print anything) and
  * jansson refuses invalid UTF-8, so every text goes through ag__json_text,
  * which replaces invalid bytes with U+FFFD. The same helper builds the
- * history's messages in loop.c.
+ * history's messages in history.c.
  *
  * Secrets. Every text of every event is passed through ag__redact
  * (docs/security.md#secrets) with the values of the secret-named

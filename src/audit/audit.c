@@ -6,7 +6,7 @@
  * Design. The replay drives the guard exactly as the live agent loop does:
  * ag_guard_begin_turn at each turn, ag_guard_begin_iteration before each
  * step (the model request), then ag_guard_run_batch for the step's calls,
- * the shared driver of src/agent/loop.c. Its run callback does not execute
+ * the shared driver of src/agent/batch.c. Its run callback does not execute
  * anything: it copies the recorded results into the results of the calls the
  * guard let run. A call the guard held back with a nudge keeps the skipped
  * result the guard prefilled (live it would not have run, so later counters
