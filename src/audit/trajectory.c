@@ -1,6 +1,9 @@
 /*
  * src/audit/trajectory.c - recorded agent runs: parsing five input formats
  * from a memory buffer into the neutral ag_trajectory (agentguard/audit.h).
+ * This file: the arena, the builder every reader fills (builder.h), format
+ * detection and the entry point; one reader per format in traj_*.c.
+ *
  *
  * Design. jansson parses the buffer once; the tree is kept alive inside the
  * trajectory and every text the run needs (tool names, arguments sent as
@@ -48,12 +51,7 @@
 
 #include <jansson.h>
 
-#include "agentguard/audit.h"
-#include "../core/internal.h"
-#include "../wire/wire.h"
-
-#define JFLAGS                                                                 \
-  (JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES)
+#include "builder.h"
 
 /* ------------------------------------------------------------------------ */
 /* Names and options                                                        */
@@ -103,25 +101,6 @@ AG_EXTERN void ag_traj_opts_init(ag_traj_opts *opts) {
 /* Memory: an arena for the few texts that are not in the tree              */
 /* ------------------------------------------------------------------------ */
 
-typedef struct achunk {
-  struct achunk *next;
-  size_t used, cap;
-  char data[];
-} achunk;
-
-/* What ag_trajectory.priv points at: the public struct comes first, so one
- * allocation holds both. */
-typedef struct traj_full {
-  ag_trajectory pub;
-  json_t *root; /* every borrowed string lives in here */
-  json_t *chat; /* or here: another shape's messages as chat (wire.h) */
-  achunk *chunks;
-  ag_traj_turn *turns;
-  ag_traj_step *steps;
-  ag_traj_call *calls;
-  ag_traj_result *results;
-} traj_full;
-
 static char *arena_alloc(traj_full *f, size_t n) {
   achunk *c = f->chunks;
   if (c == NULL || c->cap - c->used < n) {
@@ -166,52 +145,6 @@ AG_EXTERN void ag_trajectory_free(ag_trajectory *t) {
 /* The builder                                                              */
 /* ------------------------------------------------------------------------ */
 
-typedef struct bstep {
-  size_t call0, n_calls, res0, n_results;
-  bool rejected;
-  bool has_response; /* events: a model_response was seen */
-  bool no_reply;     /* events: a request that got no reply */
-  bool has_text;     /* the recording gives the reply's text */
-  int64_t tokens;    /* the reply's usage, or -1 */
-  const char *text;  /* the reply's text (jansson-owned), when has_text */
-  size_t text_len;
-  int iteration;    /* events: the "iteration" it belongs to, else 0 */
-  size_t origin;    /* the message / step / event that opened it */
-  long origin_line; /* its line in JSON Lines, else 0 */
-  int64_t t_req, t_resp, t_done;
-} bstep;
-
-typedef struct bturn {
-  size_t step0, n_steps;
-  int64_t t_start;
-} bturn;
-
-typedef struct builder {
-  const ag_traj_opts *o;
-  ag_error_t *err;
-  traj_full *f;
-  /* calls and the results that answer them; ids and `answered` run
-   * parallel to them */
-  ag_traj_call *calls;
-  const char **ids;
-  size_t n_calls, cap_calls;
-  ag_traj_result *results;
-  bool *answered;
-  size_t n_results, cap_results;
-  bstep *steps;
-  size_t n_steps, cap_steps;
-  bturn *turns;
-  size_t n_turns, cap_turns;
-  bool new_turn;      /* a user message arrived: the next step opens a turn */
-  int64_t new_turn_t; /* when it arrived, or -1 */
-  bool turn_ended;    /* events: turn_end came, turn_start did not yet */
-  int64_t last_t;     /* events: the latest t_ms so far, or -1 */
-  /* where we are, for messages: "message 7", "line 12", "step 3" */
-  const char *unit;
-  size_t unit_no;
-  long line; /* JSON Lines: the line of the current value, else 0 */
-} builder;
-
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap)
     return 0;
@@ -241,9 +174,9 @@ static void builder_free(builder *b) {
 }
 
 /* An error at the current place in the input: "message 7: ..." */
-static ag_err_t fail(builder *b, ag_err_t code, const char *fmt, ...)
+ag_err_t ag__tb_fail(builder *b, ag_err_t code, const char *fmt, ...)
     AG__PRINTF(3, 4);
-static ag_err_t fail(builder *b, ag_err_t code, const char *fmt, ...) {
+ag_err_t ag__tb_fail(builder *b, ag_err_t code, const char *fmt, ...) {
   char msg[AG_ERROR_MSG_MAX];
   va_list ap;
   va_start(ap, fmt);
@@ -263,12 +196,12 @@ static ag_err_t fail(builder *b, ag_err_t code, const char *fmt, ...) {
   return code;
 }
 
-static ag_err_t nomem(builder *b) {
+ag_err_t ag__tb_nomem(builder *b) {
   return ag__set_error(b->err, AG_ENOMEM, -1, "out of memory");
 }
 
 /* A user message arrived at `t`: the next step opens a new turn. */
-static void b_user(builder *b, int64_t t) {
+void ag__tb_user(builder *b, int64_t t) {
   if (!b->new_turn)
     b->new_turn_t = t;
   b->new_turn = true;
@@ -276,14 +209,14 @@ static void b_user(builder *b, int64_t t) {
 
 /* Opens a step (and a turn when a user message came first or there is no
  * turn yet). */
-static ag_err_t b_step(builder *b, int iteration) {
+ag_err_t ag__tb_step(builder *b, int iteration) {
   if (b->n_steps >= b->o->max_steps)
-    return fail(b, AG_ETOOBIG, "more than %zu steps in one run",
-                b->o->max_steps);
+    return ag__tb_fail(b, AG_ETOOBIG, "more than %zu steps in one run",
+                       b->o->max_steps);
   if (b->n_turns == 0 || (b->new_turn && b->turns[b->n_turns - 1].n_steps)) {
     if (grow((void **)&b->turns, &b->cap_turns, b->n_turns + 1,
              sizeof(*b->turns)))
-      return nomem(b);
+      return ag__tb_nomem(b);
     bturn *t = &b->turns[b->n_turns++];
     t->step0 = b->n_steps;
     t->n_steps = 0;
@@ -294,7 +227,7 @@ static ag_err_t b_step(builder *b, int iteration) {
   b->new_turn = false;
   if (grow((void **)&b->steps, &b->cap_steps, b->n_steps + 1,
            sizeof(*b->steps)))
-    return nomem(b);
+    return ag__tb_nomem(b);
   bstep *s = &b->steps[b->n_steps++];
   memset(s, 0, sizeof(*s));
   s->call0 = b->n_calls;
@@ -308,21 +241,21 @@ static ag_err_t b_step(builder *b, int iteration) {
   return AG_OK;
 }
 
-static bstep *cur_step(builder *b) {
+bstep *ag__tb_cur_step(builder *b) {
   return b->n_steps > 0 ? &b->steps[b->n_steps - 1] : NULL;
 }
 
 /* Appends a result (unanswered, outcome skipped, text "") to the current
  * step. */
-static ag_err_t b_result(builder *b) {
+ag_err_t ag__tb_result(builder *b) {
   size_t cap = b->cap_results;
   if (grow((void **)&b->results, &b->cap_results, b->n_results + 1,
            sizeof(*b->results)))
-    return nomem(b);
+    return ag__tb_nomem(b);
   if (b->cap_results != cap) {
     bool *a = realloc(b->answered, b->cap_results * sizeof(*a));
     if (a == NULL)
-      return nomem(b);
+      return ag__tb_nomem(b);
     b->answered = a;
   }
   ag_traj_result *r = &b->results[b->n_results];
@@ -332,26 +265,26 @@ static ag_err_t b_result(builder *b) {
   r->text_len = 0;
   b->answered[b->n_results] = false;
   b->n_results++;
-  cur_step(b)->n_results++;
+  ag__tb_cur_step(b)->n_results++;
   return AG_OK;
 }
 
 /* Appends a call to the current step; with `with_result`, also the result
  * slot that answers it. */
-static ag_err_t b_call(builder *b, const char *name, const char *args,
-                       size_t args_len, const char *id, bool with_result) {
-  bstep *s = cur_step(b);
+ag_err_t ag__tb_call(builder *b, const char *name, const char *args,
+                     size_t args_len, const char *id, bool with_result) {
+  bstep *s = ag__tb_cur_step(b);
   if (s->n_calls >= b->o->max_calls)
-    return fail(b, AG_ETOOBIG, "more than %zu tool calls in one step",
-                b->o->max_calls);
+    return ag__tb_fail(b, AG_ETOOBIG, "more than %zu tool calls in one step",
+                       b->o->max_calls);
   size_t cap = b->cap_calls;
   if (grow((void **)&b->calls, &b->cap_calls, b->n_calls + 1,
            sizeof(*b->calls)))
-    return nomem(b);
+    return ag__tb_nomem(b);
   if (b->cap_calls != cap) {
     const char **ids = realloc(b->ids, b->cap_calls * sizeof(*ids));
     if (ids == NULL)
-      return nomem(b);
+      return ag__tb_nomem(b);
     b->ids = ids;
   }
   ag_traj_call *c = &b->calls[b->n_calls];
@@ -361,13 +294,13 @@ static ag_err_t b_call(builder *b, const char *name, const char *args,
   b->ids[b->n_calls] = id;
   b->n_calls++;
   s->n_calls++;
-  return with_result ? b_result(b) : AG_OK;
+  return with_result ? ag__tb_result(b) : AG_OK;
 }
 
 /* The arguments of a call: a string is the text as the model sent it; any
  * other value is dumped compact; missing or null is "" (treated as {}). */
-static ag_err_t b_args(builder *b, const json_t *v, const char **out,
-                       size_t *len) {
+ag_err_t ag__tb_args(builder *b, const json_t *v, const char **out,
+                     size_t *len) {
   if (v == NULL || json_is_null(v)) {
     *out = "";
     *len = 0;
@@ -385,7 +318,7 @@ static ag_err_t b_args(builder *b, const json_t *v, const char **out,
   size_t room = c != NULL ? c->cap - c->used : 0;
   size_t need = json_dumpb(v, room > 0 ? c->data + c->used : NULL, room, flags);
   if (need == 0)
-    return nomem(b);
+    return ag__tb_nomem(b);
   if (need < room) { /* it fit, with room for the NUL */
     char *p = arena_alloc(b->f, need + 1);
     p[need] = '\0';
@@ -395,7 +328,7 @@ static ag_err_t b_args(builder *b, const json_t *v, const char **out,
   }
   char *p = arena_alloc(b->f, need + 1);
   if (p == NULL || json_dumpb(v, p, need, flags) != need)
-    return nomem(b);
+    return ag__tb_nomem(b);
   p[need] = '\0';
   *out = p;
   *len = need;
@@ -407,13 +340,13 @@ static ag_err_t b_args(builder *b, const json_t *v, const char **out,
 /* The "usage" of a reply in `obj`, if any: OpenAI's prompt_tokens +
  * completion_tokens, or Anthropic's input_tokens + output_tokens; -1 when
  * absent. */
-static ag_err_t b_usage(builder *b, const json_t *obj, int64_t *tokens) {
+ag_err_t ag__tb_usage(builder *b, const json_t *obj, int64_t *tokens) {
   const json_t *u = json_object_get(obj, "usage");
   if (u == NULL || json_is_null(u))
     return AG_OK;
   if (!json_is_object(u))
-    return fail(b, AG_EINVAL, "\"usage\" must be an object, got %s",
-                ag__json_kind(u));
+    return ag__tb_fail(b, AG_EINVAL, "\"usage\" must be an object, got %s",
+                       ag__json_kind(u));
   static const char *const names[] = {"prompt_tokens", "completion_tokens",
                                       "input_tokens", "output_tokens"};
   int64_t sum = 0;
@@ -425,10 +358,10 @@ static ag_err_t b_usage(builder *b, const json_t *obj, int64_t *tokens) {
     /* numbers are read as doubles (JFLAGS) */
     double d = json_number_value(v);
     if (!json_is_number(v) || d < 0 || d != (double)(int64_t)d)
-      return fail(b, AG_EINVAL, "usage.%s must be a whole number >= 0",
-                  names[k]);
+      return ag__tb_fail(b, AG_EINVAL, "usage.%s must be a whole number >= 0",
+                         names[k]);
     if (d > 1e15)
-      return fail(b, AG_EINVAL, "usage.%s is out of range", names[k]);
+      return ag__tb_fail(b, AG_EINVAL, "usage.%s is out of range", names[k]);
     sum += (int64_t)d;
     any = true;
   }
@@ -437,8 +370,8 @@ static ag_err_t b_usage(builder *b, const json_t *obj, int64_t *tokens) {
   return AG_OK;
 }
 
-static ag_err_t b_text(builder *b, const json_t *v, const char *what,
-                       const char **out, size_t *len) {
+ag_err_t ag__tb_text(builder *b, const json_t *v, const char *what,
+                     const char **out, size_t *len) {
   *out = "";
   *len = 0;
   if (v == NULL || json_is_null(v))
@@ -459,9 +392,9 @@ static ag_err_t b_text(builder *b, const json_t *v, const char *what,
     parts = NULL;
     n = json_array_size(v);
   } else {
-    return fail(b, AG_EINVAL,
-                "\"%s\" must be a string or an array of parts, got %s", what,
-                ag__json_kind(v));
+    return ag__tb_fail(b, AG_EINVAL,
+                       "\"%s\" must be a string or an array of parts, got %s",
+                       what, ag__json_kind(v));
   }
   size_t total = 0;
   for (size_t pass = 0; pass < 2; pass++) {
@@ -469,7 +402,7 @@ static ag_err_t b_text(builder *b, const json_t *v, const char *what,
     if (pass == 1) {
       dst = arena_alloc(b->f, total + 1);
       if (dst == NULL)
-        return nomem(b);
+        return ag__tb_nomem(b);
       *out = dst;
     }
     size_t used = 0, k = 0;
@@ -498,23 +431,23 @@ static ag_err_t b_text(builder *b, const json_t *v, const char *what,
 }
 
 /* A timestamp field: a number >= 0, or -1 when absent. */
-static ag_err_t b_time(builder *b, const json_t *obj, const char *key,
-                       int64_t *out) {
+ag_err_t ag__tb_time(builder *b, const json_t *obj, const char *key,
+                     int64_t *out) {
   const json_t *v = json_object_get(obj, key);
   *out = -1;
   if (v == NULL || json_is_null(v))
     return AG_OK;
   if (!json_is_number(v))
-    return fail(b, AG_EINVAL, "\"%s\" must be a number, got %s", key,
-                ag__json_kind(v));
+    return ag__tb_fail(b, AG_EINVAL, "\"%s\" must be a number, got %s", key,
+                       ag__json_kind(v));
   double d = json_number_value(v);
   if (!(d >= 0 && d < 9.0e15))
-    return fail(b, AG_EINVAL, "\"%s\" is out of range", key);
+    return ag__tb_fail(b, AG_EINVAL, "\"%s\" is out of range", key);
   *out = (int64_t)d;
   return AG_OK;
 }
 
-static ag_run_outcome parse_outcome(const json_t *obj) {
+ag_run_outcome ag__tb_outcome(const json_t *obj) {
   const char *s = json_string_value(json_object_get(obj, "outcome"));
   if (s == NULL)
     return AG_RUN_UNKNOWN;
@@ -525,7 +458,7 @@ static ag_run_outcome parse_outcome(const json_t *obj) {
   return AG_RUN_UNKNOWN;
 }
 
-static const char *parse_source(const json_t *obj) {
+const char *ag__tb_source(const json_t *obj) {
   static const char *const keys[] = {"source", "id", "instance_id"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     const char *s = json_string_value(json_object_get(obj, keys[i]));
@@ -535,574 +468,9 @@ static const char *parse_source(const json_t *obj) {
   return NULL;
 }
 
-static bool truthy(const json_t *v) {
+bool ag__tb_truthy(const json_t *v) {
   return v != NULL && !json_is_null(v) && !json_is_false(v) &&
          !(json_is_string(v) && json_string_length(v) == 0);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Neutral trajectories                                                     */
-/* ------------------------------------------------------------------------ */
-
-static ag_err_t parse_neutral(builder *b, const json_t *root) {
-  ag_err_t rc;
-  const json_t *steps = json_object_get(root, "steps");
-  if (!json_is_array(steps))
-    return fail(b, AG_EINVAL, "\"steps\" must be an array, got %s",
-                ag__json_kind(steps));
-  b->f->pub.outcome = parse_outcome(root);
-  b->f->pub.source = parse_source(root);
-  b->unit = "step";
-  for (size_t i = 0; i < json_array_size(steps); i++) {
-    const json_t *st = json_array_get(steps, i);
-    b->unit_no = i + 1;
-    if (!json_is_object(st))
-      return fail(b, AG_EINVAL, "must be an object, got %s", ag__json_kind(st));
-    const json_t *calls = json_object_get(st, "calls");
-    const json_t *results = json_object_get(st, "results");
-    if (calls != NULL && !json_is_array(calls))
-      return fail(b, AG_EINVAL, "\"calls\" must be an array, got %s",
-                  ag__json_kind(calls));
-    if (results != NULL && !json_is_array(results))
-      return fail(b, AG_EINVAL, "\"results\" must be an array, got %s",
-                  ag__json_kind(results));
-    if (calls == NULL && results == NULL)
-      return fail(b, AG_EINVAL, "has neither \"calls\" nor \"results\"");
-    size_t nc = json_array_size(calls), nr = json_array_size(results);
-
-    if (i > 0 && truthy(json_object_get(st, "user_msg_before")))
-      b_user(b, -1);
-    if ((rc = b_step(b, 0)) != AG_OK)
-      return rc;
-    bstep *s = cur_step(b);
-    if ((rc = b_usage(b, st, &s->tokens)) != AG_OK)
-      return rc;
-    const json_t *say = json_object_get(st, "text");
-    if (say != NULL) { /* the reply's text, when the recording keeps it */
-      if ((rc = b_text(b, say, "text", &s->text, &s->text_len)) != AG_OK)
-        return rc;
-      s->has_text = true;
-    }
-    if ((rc = b_time(b, st, "t_ms", &s->t_req)) != AG_OK ||
-        (rc = b_time(b, st, "t_done_ms", &s->t_done)) != AG_OK)
-      return rc;
-    s->t_resp = s->t_req;
-    if (s->t_done < 0)
-      s->t_done = s->t_req;
-
-    size_t n_rejected = 0;
-    for (size_t k = 0; k < nc; k++) {
-      const json_t *c = json_array_get(calls, k);
-      if (!json_is_object(c))
-        return fail(b, AG_EINVAL, "call %zu must be an object, got %s", k + 1,
-                    ag__json_kind(c));
-      const json_t *name = json_object_get(c, "name");
-      if (!json_is_string(name))
-        return fail(b, AG_EINVAL, "call %zu: \"name\" must be a string", k + 1);
-      const json_t *args = json_object_get(c, "args");
-      if (args == NULL)
-        args = json_object_get(c, "arguments");
-      const char *a;
-      size_t al;
-      if ((rc = b_args(b, args, &a, &al)) != AG_OK)
-        return rc;
-      if (truthy(json_object_get(c, "rejected_by_harness")))
-        n_rejected++;
-      if ((rc = b_call(b, json_string_value(name), a, al, NULL, false)) !=
-          AG_OK)
-        return rc;
-      s = cur_step(b);
-    }
-    bool rejected = truthy(json_object_get(st, "rejected_by_harness"));
-    if (n_rejected > 0 && n_rejected < nc && !rejected)
-      return fail(b, AG_EINVAL,
-                  "%zu of its %zu calls are rejected_by_harness: a rejected "
-                  "reply ran nothing, so all or none must be",
-                  n_rejected, nc);
-    /* No call and one result: the harness answered a reply it refused
-     * (mini-swe-agent's format errors), as rejected_by_harness says. */
-    rejected = rejected || (nc > 0 && n_rejected == nc) || (nc == 0 && nr == 1);
-    s->rejected = rejected;
-    if (!rejected && nr != nc)
-      return fail(b, AG_EINVAL,
-                  "%zu calls but %zu results (each call needs its result)", nc,
-                  nr);
-
-    size_t keep = rejected ? 1 : nr; /* a rejection has one observation */
-    for (size_t k = 0; k < keep; k++) {
-      if ((rc = b_result(b)) != AG_OK)
-        return rc;
-      ag_traj_result *r = &b->results[b->n_results - 1];
-      b->answered[b->n_results - 1] = true;
-      const json_t *rv = json_array_get(results, k);
-      if (rv == NULL) { /* a rejection recorded without its observation */
-        r->outcome = AG_OUTCOME_ERROR;
-        continue;
-      }
-      if (!json_is_object(rv))
-        return fail(b, AG_EINVAL, "result %zu must be an object, got %s", k + 1,
-                    ag__json_kind(rv));
-      const json_t *ok = json_object_get(rv, "ok");
-      if (ok != NULL && !json_is_boolean(ok))
-        return fail(b, AG_EINVAL, "result %zu: \"ok\" must be true or false",
-                    k + 1);
-      const json_t *text = json_object_get(rv, "text");
-      if (text != NULL && !json_is_string(text) && !json_is_null(text))
-        return fail(b, AG_EINVAL, "result %zu: \"text\" must be a string",
-                    k + 1);
-      /* ok is authoritative: false is an error even without an error
-       * prefix; true (or absent) lets the guard apply its prefixes. */
-      r->outcome =
-          rejected || json_is_false(ok) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
-      if (json_is_string(text)) {
-        r->text = json_string_value(text);
-        r->text_len = json_string_length(text);
-      }
-    }
-  }
-  return AG_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* OpenAI chat transcripts                                                  */
-/* ------------------------------------------------------------------------ */
-
-/* The first unanswered call of the current step, its id equal to `id` (any
- * id when NULL, a legacy function reply matches by name instead). Returns
- * the index in b->calls, or SIZE_MAX. */
-static size_t find_call(builder *b, const char *id, const char *by_name,
-                        bool *already) {
-  bstep *s = cur_step(b);
-  *already = false;
-  if (s == NULL || s->rejected)
-    return SIZE_MAX;
-  for (size_t k = 0; k < s->n_calls; k++) {
-    size_t ci = s->call0 + k, ri = s->res0 + k;
-    if (id != NULL) {
-      if (b->ids[ci] == NULL || strcmp(b->ids[ci], id) != 0)
-        continue;
-      if (b->answered[ri]) {
-        *already = true;
-        continue;
-      }
-      return ci;
-    }
-    if (b->answered[ri])
-      continue;
-    if (by_name != NULL && strcmp(b->calls[ci].name, by_name) != 0)
-      continue;
-    return ci;
-  }
-  return SIZE_MAX;
-}
-
-/* Every call of the current step must have its reply before `what`. */
-static ag_err_t check_answered(builder *b, const char *what) {
-  bstep *s = cur_step(b);
-  if (s == NULL)
-    return AG_OK;
-  for (size_t k = 0; k < s->n_calls; k++) {
-    if (b->answered[s->res0 + k])
-      continue;
-    const char *id = b->ids[s->call0 + k];
-    /* Named where the call was made, not where the reply was missed. */
-    b->unit_no = s->origin;
-    b->line = s->origin_line;
-    return fail(b, AG_EINVAL, "tool call %s%s%s(%s) has no tool reply %s",
-                id != NULL ? "'" : "", id != NULL ? id : "",
-                id != NULL ? "' " : "", b->calls[s->call0 + k].name, what);
-  }
-  return AG_OK;
-}
-
-static ag_err_t chat_assistant(builder *b, const json_t *m) {
-  ag_err_t rc;
-  if ((rc = check_answered(b, "before the next assistant message")) != AG_OK)
-    return rc;
-  const json_t *tcs = json_object_get(m, "tool_calls");
-  const json_t *fc = json_object_get(m, "function_call");
-  if (tcs != NULL && !json_is_null(tcs) && !json_is_array(tcs))
-    return fail(b, AG_EINVAL, "\"tool_calls\" must be an array, got %s",
-                ag__json_kind(tcs));
-  if ((rc = b_step(b, 0)) != AG_OK)
-    return rc;
-  if ((rc = b_usage(b, m, &cur_step(b)->tokens)) != AG_OK)
-    return rc;
-  const json_t *content = json_object_get(m, "content");
-  if (json_is_string(content) || json_is_null(content)) {
-    bstep *st = cur_step(b);
-    if ((rc = b_text(b, content, "content", &st->text, &st->text_len)) != AG_OK)
-      return rc;
-    st->has_text = true;
-  }
-  for (size_t k = 0; k < json_array_size(tcs); k++) {
-    const json_t *tc = json_array_get(tcs, k);
-    if (!json_is_object(tc))
-      return fail(b, AG_EINVAL, "tool call %zu must be an object, got %s",
-                  k + 1, ag__json_kind(tc));
-    const json_t *fn = json_object_get(tc, "function");
-    const json_t *src = json_is_object(fn) ? fn : tc;
-    const json_t *name = json_object_get(src, "name");
-    if (!json_is_string(name))
-      return fail(b, AG_EINVAL, "tool call %zu has no function name", k + 1);
-    const json_t *id = json_object_get(tc, "id");
-    if (id != NULL && !json_is_string(id) && !json_is_null(id))
-      return fail(b, AG_EINVAL, "tool call %zu: \"id\" must be a string",
-                  k + 1);
-    const char *a;
-    size_t al;
-    if ((rc = b_args(b, json_object_get(src, "arguments"), &a, &al)) != AG_OK)
-      return rc;
-    if ((rc = b_call(b, json_string_value(name), a, al, json_string_value(id),
-                     true)) != AG_OK)
-      return rc;
-  }
-  if (json_array_size(tcs) == 0 && json_is_object(fc)) {
-    const json_t *name = json_object_get(fc, "name");
-    if (!json_is_string(name))
-      return fail(b, AG_EINVAL, "\"function_call\" has no name");
-    const char *a;
-    size_t al;
-    if ((rc = b_args(b, json_object_get(fc, "arguments"), &a, &al)) != AG_OK)
-      return rc;
-    if ((rc = b_call(b, json_string_value(name), a, al, NULL, true)) != AG_OK)
-      return rc;
-  }
-  return AG_OK;
-}
-
-static ag_err_t chat_tool(builder *b, const json_t *m, bool legacy) {
-  ag_err_t rc;
-  const json_t *idv = json_object_get(m, "tool_call_id");
-  if (idv != NULL && !json_is_string(idv) && !json_is_null(idv))
-    return fail(b, AG_EINVAL, "\"tool_call_id\" must be a string, got %s",
-                ag__json_kind(idv));
-  const char *id = json_string_value(idv);
-  const char *name =
-      legacy ? json_string_value(json_object_get(m, "name")) : NULL;
-  bool already;
-  size_t ci = find_call(b, id, name, &already);
-  if (ci == SIZE_MAX) {
-    if (already)
-      return fail(b, AG_EINVAL, "a second tool reply for call '%s'", id);
-    if (id != NULL)
-      return fail(b, AG_EINVAL,
-                  "tool reply for call '%s' without its call (no assistant "
-                  "tool call with that id is waiting for a reply)",
-                  id);
-    return fail(b, AG_EINVAL,
-                "tool reply without its call (no assistant tool call is "
-                "waiting for a reply)");
-  }
-  bstep *s = cur_step(b);
-  size_t ri = s->res0 + (ci - s->call0);
-  ag_traj_result *r = &b->results[ri];
-  if ((rc = b_text(b, json_object_get(m, "content"), "content", &r->text,
-                   &r->text_len)) != AG_OK)
-    return rc;
-  const json_t *ie = json_object_get(m, "is_error");
-  if (ie != NULL && !json_is_boolean(ie) && !json_is_null(ie))
-    return fail(b, AG_EINVAL, "\"is_error\" must be true or false");
-  /* Without an explicit is_error the guard's error prefixes decide. */
-  r->outcome = json_is_true(ie) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
-  b->answered[ri] = true;
-  return AG_OK;
-}
-
-static ag_err_t chat_message(builder *b, const json_t *m) {
-  ag_err_t rc;
-  if (!json_is_object(m))
-    return fail(b, AG_EINVAL, "a chat message must be an object, got %s",
-                ag__json_kind(m));
-  const json_t *rv = json_object_get(m, "role");
-  if (!json_is_string(rv))
-    return fail(b, AG_EINVAL, "not a chat message (no \"role\")");
-  const char *role = json_string_value(rv);
-  if (strcmp(role, "assistant") == 0)
-    return chat_assistant(b, m);
-  if (strcmp(role, "tool") == 0)
-    return chat_tool(b, m, false);
-  if (strcmp(role, "function") == 0)
-    return chat_tool(b, m, true);
-  if (strcmp(role, "user") == 0) {
-    if ((rc = check_answered(b, "before the next user message")) != AG_OK)
-      return rc;
-    b_user(b, -1);
-    return AG_OK;
-  }
-  if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0)
-    return AG_OK;
-  return fail(b, AG_EINVAL,
-              "unknown role '%.40s' (expected system, developer, user, "
-              "assistant, tool or function)",
-              role);
-}
-
-/* `lines` (may be NULL) gives each message's line in a JSON Lines input. */
-static ag_err_t parse_chat(builder *b, const json_t *msgs, const long *lines) {
-  ag_err_t rc;
-  b->unit = "message";
-  for (size_t i = 0; i < json_array_size(msgs); i++) {
-    b->unit_no = i + 1;
-    b->line = lines != NULL ? lines[i] : 0;
-    if ((rc = chat_message(b, json_array_get(msgs, i))) != AG_OK)
-      return rc;
-  }
-  return check_answered(b, "(the transcript ends)");
-}
-
-/* ------------------------------------------------------------------------ */
-/* agentguard event logs                                                    */
-/* ------------------------------------------------------------------------ */
-
-static int ev_int(const json_t *e, const char *key) {
-  const json_t *v = json_object_get(e, key);
-  if (!json_is_number(v))
-    return -1;
-  double d = json_number_value(v);
-  return d >= 0 && d < 2147483647.0 ? (int)d : -1;
-}
-
-/* The current step for an event of `iteration`, opened when needed. */
-static ag_err_t ev_step(builder *b, int iteration, bool fresh) {
-  bstep *s = cur_step(b);
-  bool same_turn =
-      b->n_turns > 0 && !b->new_turn && b->turns[b->n_turns - 1].n_steps > 0;
-  if (!fresh && s != NULL && same_turn && s->iteration == iteration)
-    return AG_OK;
-  return b_step(b, iteration);
-}
-
-/* The call of the current turn whose call_id is `id`, searching the newest
- * steps first; SIZE_MAX when none. */
-static size_t ev_find(builder *b, const char *id) {
-  if (id == NULL || b->n_turns == 0)
-    return SIZE_MAX;
-  const bturn *t = &b->turns[b->n_turns - 1];
-  for (size_t si = t->step0 + t->n_steps; si-- > t->step0;) {
-    const bstep *s = &b->steps[si];
-    for (size_t k = 0; k < s->n_calls; k++) {
-      const char *cid = b->ids[s->call0 + k];
-      if (cid != NULL && strcmp(cid, id) == 0)
-        return s->call0 + k;
-    }
-  }
-  return SIZE_MAX;
-}
-
-static ag_traj_result *ev_result_of(builder *b, size_t ci) {
-  /* Event steps always give every call its result slot, in order. */
-  for (size_t si = b->n_steps; si-- > 0;) {
-    const bstep *s = &b->steps[si];
-    if (ci >= s->call0 && ci < s->call0 + s->n_calls)
-      return &b->results[s->res0 + (ci - s->call0)];
-  }
-  return NULL;
-}
-
-/* A model request that never got a reply (the request failed: model_error,
- * or the turn was cancelled while waiting) stays a step, marked no_reply:
- * live it counted as an iteration, but the model said nothing to judge. */
-static void ev_close(builder *b) {
-  bstep *s = cur_step(b);
-  if (s != NULL && !s->has_response && s->n_calls == 0)
-    s->no_reply = true;
-}
-
-/*
- * A turn stopped at the iteration cap of N: live, the guard refused request
- * N+1. With loop.final_request_without_tools the loop then made that
- * request without tools (the wrap-up), so it is in the log as step N+1;
- * without it, the log holds only N steps, and the refused request is added
- * here as a no_reply step so that the replay asks the guard about it too.
- * Which case it was: turn_end's message names the cap ("Reached the maximum
- * of N iterations ...", the guard's text), so iterations == N means no
- * wrap-up. A message without the number falls back to the log's shape: a
- * last step whose calls ran was a normal step, not a wrap-up.
- */
-static ag_err_t ev_turn_end(builder *b, const json_t *e, int64_t t) {
-  ev_close(b);
-  const char *status = json_string_value(json_object_get(e, "status"));
-  const char *reason = json_string_value(json_object_get(e, "reason"));
-  int iterations = ev_int(e, "iterations");
-  if (status == NULL || reason == NULL || strcmp(status, "stopped") != 0 ||
-      b->n_turns == 0 || b->new_turn || iterations < 1)
-    return AG_OK;
-  const bturn *turn = &b->turns[b->n_turns - 1];
-  if ((size_t)iterations != turn->n_steps)
-    return AG_OK;
-  /* The token budget (mechanism 11) refuses the next request the same way,
-   * and never makes a wrap-up request. */
-  bool refused_missing = strcmp(reason, "token_budget") == 0;
-  if (!refused_missing && strcmp(reason, "max_iterations") != 0)
-    return AG_OK;
-  const char *msg = json_string_value(json_object_get(e, "message"));
-  const char *num = msg != NULL ? strstr(msg, "maximum of ") : NULL;
-  long cap = num != NULL ? strtol(num + 11, NULL, 10) : -1;
-  if (refused_missing) {
-    /* token_budget */
-  } else if (cap > 0) {
-    refused_missing = cap == iterations;
-  } else {
-    const bstep *last = cur_step(b);
-    refused_missing = false;
-    for (size_t k = 0; last != NULL && k < last->n_calls; k++)
-      if (b->answered[last->res0 + k] &&
-          b->results[last->res0 + k].outcome != AG_OUTCOME_SKIPPED)
-        refused_missing = true;
-  }
-  if (!refused_missing)
-    return AG_OK;
-  ag_err_t rc = b_step(b, iterations + 1);
-  if (rc != AG_OK)
-    return rc;
-  bstep *s = cur_step(b);
-  s->no_reply = true;
-  s->t_req = s->t_resp = s->t_done = t;
-  return AG_OK;
-}
-
-static ag_err_t parse_events(builder *b, const json_t *evs, const long *lines) {
-  ag_err_t rc;
-  b->unit = "event";
-  for (size_t i = 0; i < json_array_size(evs); i++) {
-    const json_t *e = json_array_get(evs, i);
-    b->unit_no = i + 1;
-    b->line = lines != NULL ? lines[i] : 0;
-    if (!json_is_object(e))
-      return fail(b, AG_EINVAL, "an event must be an object, got %s",
-                  ag__json_kind(e));
-    const char *name = json_string_value(json_object_get(e, "event"));
-    if (name == NULL)
-      return fail(b, AG_EINVAL, "not an agentguard event (no \"event\")");
-    int iteration = ev_int(e, "iteration");
-    int64_t t;
-    if ((rc = b_time(b, e, "t_ms", &t)) != AG_OK)
-      return rc;
-    /* The loop writes t_ms under one lock from one monotonic clock, so it
-     * never decreases; and nothing of a turn follows its turn_end. */
-    if (t >= 0 && b->last_t > t)
-      return fail(b, AG_EINVAL,
-                  "\"t_ms\" goes back in time (%lld after %lld); events must "
-                  "be in the order they were written",
-                  (long long)t, (long long)b->last_t);
-    if (t >= 0)
-      b->last_t = t;
-    if (b->turn_ended && strcmp(name, "turn_start") != 0 &&
-        (strncmp(name, "tool_", 5) == 0 || strncmp(name, "model_", 6) == 0 ||
-         strcmp(name, "approval") == 0 || strcmp(name, "turn_end") == 0))
-      return fail(b, AG_EINVAL,
-                  "%.40s after turn_end; a turn's events end with its "
-                  "turn_end, and the next turn begins with turn_start",
-                  name);
-
-    if (strcmp(name, "turn_start") == 0) {
-      b->turn_ended = false;
-      ev_close(b);
-      /* A new user message: the next step opens a new turn. */
-      b->new_turn = true;
-      b->new_turn_t = t;
-    } else if (strcmp(name, "model_request") == 0) {
-      /* A new model request is a new step, unless the current step of this
-       * iteration has no reply yet (then it is the same request again). */
-      bstep *s = cur_step(b);
-      bool retry = s != NULL && !b->new_turn && s->iteration == iteration &&
-                   !s->has_response && s->n_calls == 0;
-      if (!retry && (rc = ev_step(b, iteration, true)) != AG_OK)
-        return rc;
-      if (cur_step(b)->t_req < 0)
-        cur_step(b)->t_req = t;
-    } else if (strcmp(name, "model_response") == 0) {
-      if ((rc = ev_step(b, iteration, false)) != AG_OK)
-        return rc;
-      bstep *s = cur_step(b);
-      s->has_response = true;
-      s->t_resp = t;
-      if ((rc = b_text(b, json_object_get(e, "text"), "text", &s->text,
-                       &s->text_len)) != AG_OK ||
-          (rc = b_usage(b, e, &s->tokens)) != AG_OK)
-        return rc;
-      s->has_text = true;
-      if (s->t_req < 0)
-        s->t_req = t;
-      if (s->t_done < 0)
-        s->t_done = t;
-    } else if (strcmp(name, "tool_call") == 0) {
-      if ((rc = ev_step(b, iteration, false)) != AG_OK)
-        return rc;
-      const json_t *nm = json_object_get(e, "name");
-      if (!json_is_string(nm))
-        return fail(b, AG_EINVAL, "tool_call without a \"name\"");
-      const char *a;
-      size_t al;
-      if ((rc = b_args(b, json_object_get(e, "arguments"), &a, &al)) != AG_OK)
-        return rc;
-      const char *id = json_string_value(json_object_get(e, "call_id"));
-      if ((rc = b_call(b, json_string_value(nm), a, al, id, true)) != AG_OK)
-        return rc;
-      bstep *s = cur_step(b);
-      if (s->t_req < 0)
-        s->t_req = t;
-      if (s->t_resp < 0)
-        s->t_resp = t;
-      if (s->t_done < t)
-        s->t_done = t;
-    } else if (strcmp(name, "tool_result") == 0 ||
-               strcmp(name, "tool_blocked") == 0 ||
-               strcmp(name, "approval") == 0) {
-      const char *id = json_string_value(json_object_get(e, "call_id"));
-      size_t ci = ev_find(b, id);
-      if (ci == SIZE_MAX)
-        return fail(b, AG_EINVAL, "%s for call '%.80s' without its tool_call",
-                    name, id != NULL ? id : "(no call_id)");
-      ag_traj_result *r = ev_result_of(b, ci);
-      size_t ri = (size_t)(r - b->results);
-      if (name[5] == 'r') { /* tool_result */
-        const json_t *ok = json_object_get(e, "ok");
-        if (!json_is_boolean(ok))
-          return fail(b, AG_EINVAL,
-                      "tool_result: \"ok\" must be true or "
-                      "false");
-        if ((rc = b_text(b, json_object_get(e, "text"), "text", &r->text,
-                         &r->text_len)) != AG_OK)
-          return rc;
-        /* A denied call (approval false came first) stays skipped: a
-         * denial is not an error. Otherwise "ok" is what the loop decided,
-         * error prefixes included, and "category" what it passed on. */
-        if (!(b->answered[ri] && (r->outcome == AG_OUTCOME_SKIPPED ||
-                                  r->outcome == AG_OUTCOME_DENIED))) {
-          r->outcome = json_is_true(ok) ? AG_OUTCOME_OK : AG_OUTCOME_ERROR;
-          r->category = json_is_false(ok)
-                            ? ag_category_from_name(json_string_value(
-                                  json_object_get(e, "category")))
-                            : AG_CAT__COUNT;
-        }
-        b->answered[ri] = true;
-        bstep *s = cur_step(b);
-        if (s != NULL && s->t_done < t)
-          s->t_done = t;
-      } else if (name[5] == 'b' ||
-                 json_is_false(json_object_get(e, "approved"))) { /* not run */
-        if (!b->answered[ri]) {
-          /* denied at approval (mechanism 13 counts it) or blocked */
-          r->outcome = name[5] == 'b' ? AG_OUTCOME_SKIPPED : AG_OUTCOME_DENIED;
-          b->answered[ri] = true;
-        }
-      }
-    } else if (strcmp(name, "turn_end") == 0) {
-      if ((rc = ev_turn_end(b, e, t)) != AG_OK)
-        return rc;
-      b->turn_ended = true;
-    }
-    /* model retries, attempts, nudges, warnings, escalations, error
-     * context and unknown events carry nothing the replay needs */
-  }
-  ev_close(b);
-  b->line = 0;
-  b->unit = NULL;
-  /* Calls that never got a result did not run in the recording (the live
-   * guard stopped their batch): they stay AG_OUTCOME_SKIPPED. */
-  return AG_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1240,7 +608,7 @@ static ag_err_t parse_shape(builder *b, const ag__wire *w, const json_t *msgs) {
                : ag__set_error(b->err, AG_ENOMEM, -1, "out of memory");
   b->f->chat = chat;
   b->f->pub.format = AG_TRAJ_MESSAGES;
-  return parse_chat(b, chat, NULL);
+  return ag__tb_parse_chat(b, chat, NULL);
 }
 
 /* Checks that every value of `arr` is of `kind`; fills the builder's place
@@ -1258,12 +626,13 @@ static ag_err_t check_lines(builder *b, const json_t *arr, const long *lines,
       b->unit_no = i + 1;
     }
     if (k == KIND_OTHER)
-      return fail(b, AG_EINVAL,
-                  "neither a chat message (\"role\") nor an "
-                  "agentguard event (\"event\")");
-    return fail(b, AG_EINVAL, "%s among %s",
-                k == KIND_EVENT ? "an agentguard event" : "a chat message",
-                kind == KIND_EVENT ? "agentguard events" : "chat messages");
+      return ag__tb_fail(b, AG_EINVAL,
+                         "neither a chat message (\"role\") nor an "
+                         "agentguard event (\"event\")");
+    return ag__tb_fail(
+        b, AG_EINVAL, "%s among %s",
+        k == KIND_EVENT ? "an agentguard event" : "a chat message",
+        kind == KIND_EVENT ? "agentguard events" : "chat messages");
   }
   return AG_OK;
 }
@@ -1316,8 +685,8 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
       return rc;
     }
     f->pub.format = k == KIND_EVENT ? AG_TRAJ_EVENTS : AG_TRAJ_CHAT_JSONL;
-    rc = k == KIND_EVENT ? parse_events(b, f->root, lines)
-                         : parse_chat(b, f->root, lines);
+    rc = k == KIND_EVENT ? ag__tb_parse_events(b, f->root, lines)
+                         : ag__tb_parse_chat(b, f->root, lines);
     free(lines);
     return rc;
   }
@@ -1340,8 +709,8 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
     if ((rc = check_lines(b, root, NULL, k)) != AG_OK)
       return rc;
     f->pub.format = k == KIND_EVENT ? AG_TRAJ_EVENTS : AG_TRAJ_CHAT;
-    return k == KIND_EVENT ? parse_events(b, root, NULL)
-                           : parse_chat(b, root, NULL);
+    return k == KIND_EVENT ? ag__tb_parse_events(b, root, NULL)
+                           : ag__tb_parse_chat(b, root, NULL);
   }
   if (!json_is_object(root))
     return ag__set_error(err, AG_EINVAL, -1,
@@ -1350,7 +719,7 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
   if (json_object_get(root, "steps") != NULL && !want_lines &&
       want != AG_TRAJ_CHAT && want != AG_TRAJ_CHAT_OBJECT) {
     f->pub.format = AG_TRAJ_NEUTRAL;
-    return parse_neutral(b, root);
+    return ag__tb_parse_neutral(b, root);
   }
   const json_t *msgs = json_object_get(root, "messages");
   if (msgs != NULL && !want_lines && want != AG_TRAJ_NEUTRAL) {
@@ -1359,14 +728,14 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
                            "\"messages\" must be an array, got %s",
                            ag__json_kind(msgs));
     if (want != AG_TRAJ_CHAT_OBJECT && (shape = shape_of(msgs)) != NULL) {
-      f->pub.outcome = parse_outcome(root);
-      f->pub.source = parse_source(root);
+      f->pub.outcome = ag__tb_outcome(root);
+      f->pub.source = ag__tb_source(root);
       return parse_shape(b, shape, msgs);
     }
     f->pub.format = AG_TRAJ_CHAT_OBJECT;
-    f->pub.outcome = parse_outcome(root);
-    f->pub.source = parse_source(root);
-    return parse_chat(b, msgs, NULL);
+    f->pub.outcome = ag__tb_outcome(root);
+    f->pub.source = ag__tb_source(root);
+    return ag__tb_parse_chat(b, msgs, NULL);
   }
   /* A single line of JSON Lines (or one record written over several
    * lines: the same run, whether detected or forced). */
@@ -1385,8 +754,8 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
     if ((rc = check_lines(b, arr, &one, k)) != AG_OK)
       return rc;
     f->pub.format = k == KIND_EVENT ? AG_TRAJ_EVENTS : AG_TRAJ_CHAT_JSONL;
-    return k == KIND_EVENT ? parse_events(b, arr, &one)
-                           : parse_chat(b, arr, &one);
+    return k == KIND_EVENT ? ag__tb_parse_events(b, arr, &one)
+                           : ag__tb_parse_chat(b, arr, &one);
   }
   return ag__set_error(err, AG_EINVAL, -1,
                        "unknown shape: an object without \"steps\" or "
