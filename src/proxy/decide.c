@@ -182,7 +182,7 @@ static int replay_slow(ag_guard *g, const json_t *msgs, size_t start,
  * the index the turn's first message has in the client's own messages, for
  * that message, or SIZE_MAX: its index in `msgs`.
  */
-static int replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
+int ag__px_replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
                        ag_verdict *v, char *emsg, size_t cap) {
   size_t n = json_array_size(msgs), start = 0;
   for (size_t i = n; i-- > 0;)
@@ -362,7 +362,7 @@ void ag__px_sb_reply(sbuf *b, const char *id, const char *model,
 }
 
 /* `b` as the reply's body (an event stream). */
-static void set_sse(reply *r, sbuf *b) {
+void ag__px_set_sse(reply *r, sbuf *b) {
   if (b->failed) {
     free(b->p);
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
@@ -402,7 +402,7 @@ static void set_stop_reply(ag_proxy *p, const json_t *req, const ag_verdict *v,
     sbuf b = {NULL, 0, 0, false};
     ag__px_sb_reply(&b, id, model != NULL ? model : "agentguard", text, NULL,
                     "stop");
-    set_sse(r, &b);
+    ag__px_set_sse(r, &b);
     if (r->status == 200)
       r->stop = ag_reason_name(v->reason);
     return;
@@ -570,7 +570,7 @@ static void final_without_tools(ag_proxy *p, const struct curl_slist *hdrs,
                     json_string_value(json_object_get(m, "content")), NULL,
                     "stop");
     json_decref(j);
-    set_sse(r, &sb);
+    ag__px_set_sse(r, &sb);
   } else {
     ag__px_set_json(r, 200, j);
   }
@@ -898,12 +898,12 @@ static int replay_turn_anth(ag_guard *g, const json_t *msgs, ag_verdict *v,
     if (fr > 0)
       return ag__px_replay_fast(g, &f, v);
   }
-  json_t *ag__px_chat =
+  json_t *chat =
       ag__wire_messages.to_chat(msgs, from == SIZE_MAX ? 0 : from, emsg, cap);
-  if (ag__px_chat == NULL)
+  if (chat == NULL)
     return emsg[0] != '\0' ? -1 : -2;
-  int act = replay_turn(g, ag__px_chat, from, v, emsg, cap);
-  json_decref(ag__px_chat);
+  int act = ag__px_replay_turn(g, chat, from, v, emsg, cap);
+  json_decref(chat);
   return act;
 }
 
@@ -973,7 +973,7 @@ static void anthropic_sse(reply *r) {
   r->body = NULL;
   curl_slist_free_all(r->headers);
   r->headers = NULL;
-  set_sse(r, &b);
+  ag__px_set_sse(r, &b);
 }
 
 /* The request as a jansson tree (*req), parsed now if the decision came
@@ -1049,9 +1049,10 @@ static int decide_tree(decision *d) {
                      err.msg);
     return -1;
   }
-  int act = r->anthropic
-                ? replay_turn_anth(d->g, msgs, &d->v, emsg, sizeof emsg)
-                : replay_turn(d->g, msgs, SIZE_MAX, &d->v, emsg, sizeof emsg);
+  int act =
+      r->anthropic
+          ? replay_turn_anth(d->g, msgs, &d->v, emsg, sizeof emsg)
+          : ag__px_replay_turn(d->g, msgs, SIZE_MAX, &d->v, emsg, sizeof emsg);
   if (act == -1)
     ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
                      "agentguard proxy: %s", emsg);
@@ -1174,7 +1175,7 @@ out:
 /* A 400 the proxy answers itself leaves an event with its message: a
  * client (Claude Code) that gets one otherwise says nothing of it, and
  * only the events say why its agent stopped at once. */
-static void bad_request_event(ag_proxy *p, const char *path, const reply *r) {
+void ag__px_bad_request(ag_proxy *p, const char *path, const reply *r) {
   json_t *j = json_loadb(r->body != NULL ? r->body : "", r->len, 0, NULL);
   json_t *e = json_object_get(j, "error");
   const char *m = json_string_value(json_object_get(e, "message"));
@@ -1189,6 +1190,10 @@ static void bad_request_event(ag_proxy *p, const char *path, const reply *r) {
  * without tools) is left untouched for a worker, with *later set. */
 void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                  const char *path, reply *r, bool *started, bool *later) {
+  if (r->shape == &ag__wire_responses) {
+    ag__px_responses(p, c, q, path, r, started);
+    return;
+  }
   decision d;
   memset(&d, 0, sizeof d);
   d.p = p;
@@ -1235,7 +1240,7 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     answer_whole(&d);
   }
   if (r->status == 400)
-    bad_request_event(p, path, r);
+    ag__px_bad_request(p, path, r);
   if (anth_stream && r->status == 200)
     anthropic_sse(r);
   ag_guard_free(d.g);
@@ -1293,7 +1298,7 @@ int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
   if (ag_guard_new(&g, cfg, NULL, err) != AG_OK)
     goto out;
   act = anthropic ? replay_turn_anth(g, msgs, v, emsg, sizeof emsg)
-                  : replay_turn(g, msgs, SIZE_MAX, v, emsg, sizeof emsg);
+                  : ag__px_replay_turn(g, msgs, SIZE_MAX, v, emsg, sizeof emsg);
   if (act == -1)
     ag__px_fail(err, AG_EINVAL, "%s", emsg);
   else if (act == -2)

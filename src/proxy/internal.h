@@ -12,6 +12,8 @@
  *               chunks of a stream read the same way
  *   stream.c    a streamed reply relayed: events parsed, calls held and
  *               checked at the end, nudges
+ *   responses.c the OpenAI Responses API: decided on the request, a stop
+ *               answered in its shape, the reply relayed as it comes
  *   relay.c     one event loop for every upstream transfer (relay.h)
  *   conns.c     the connection table (conns.h)
  *   budget.c    the budget of replies held whole (budget.h)
@@ -147,6 +149,7 @@ typedef struct reply {
   struct curl_slist *headers; /* "Name: value" from the upstream, or NULL */
   const char *stop;           /* x-agentguard-stop, or NULL */
   bool anthropic;             /* errors in Anthropic's shape (/v1/messages) */
+  const ag__wire *shape;      /* the API of a guarded path, else NULL */
   bool close;                 /* the connection is closed after it */
 } reply;
 
@@ -359,6 +362,19 @@ bool ag__px_anth_has_text(const json_t *m);
 const char *ag__px_anth_text(const json_t *content, fast_traj *f, size_t *len);
 void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                  const char *path, reply *r, bool *started, bool *later);
+/* A Responses request decided and answered (responses.c): r is the answer,
+ * or *started says its relay was handed to the loop. Never waits. */
+void ag__px_responses(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                      const char *path, reply *r, bool *started);
+/* The turn of chat `msgs` (from its last user message) replayed through a
+ * fresh turn of g: the action, -1 with a 400 message in emsg, -2 out of
+ * memory. `shown`: the turn's first index for that message, or SIZE_MAX. */
+int ag__px_replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
+                       ag_verdict *v, char *emsg, size_t cap);
+/* b's events as r's body (text/event-stream), or a 500 when b failed. */
+void ag__px_set_sse(reply *r, sbuf *b);
+/* The event of a 400 the proxy answers itself (r's error message). */
+void ag__px_bad_request(ag_proxy *p, const char *path, const reply *r);
 ag_action ag__px_check_reply(ag_guard *g, const ag_reply *rep,
                              bool text_checked, ag_call_check *checks,
                              ag_verdict *v);

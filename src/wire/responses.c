@@ -343,6 +343,295 @@ int ag__responses_event(ag__asm *a, const char *event, const char *data,
   return ok ? 0 : 1;
 }
 
+/* ---- a reply made by the proxy (a stop) ----------------------------------
+ */
+
+/* The response object of a reply that is one assistant message saying
+ * `text` (status "completed" or, for response.created, "in_progress"
+ * with no output yet). */
+static json_t *stop_response(const char *id, const char *msg_id,
+                             const char *model, const char *text,
+                             long long created, bool done) {
+  json_t *output = json_array();
+  if (done && output != NULL)
+    json_array_append_new(
+        output, json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}", "id",
+                          msg_id, "type", "message", "status", "completed",
+                          "role", "assistant", "content", "type", "output_text",
+                          "text", text, "annotations"));
+  return json_pack(
+      "{s:s, s:s, s:I, s:s, s:n, s:n, s:n, s:s, s:o, s:b, s:s, s:[], "
+      "s:{s:i, s:{s:i}, s:i, s:{s:i}, s:i}}",
+      "id", id, "object", "response", "created_at", (json_int_t)created,
+      "status", done ? "completed" : "in_progress", "error",
+      "incomplete_details", "instructions", "model", model, "output", output,
+      "parallel_tool_calls", 1, "tool_choice", "auto", "tools", "usage",
+      "input_tokens", 0, "input_tokens_details", "cached_tokens", 0,
+      "output_tokens", 0, "output_tokens_details", "reasoning_tokens", 0,
+      "total_tokens", 0);
+}
+
+json_t *ag__responses_stop(const char *id, const char *model, const char *text,
+                           long long created, bool stream) {
+  char msg_id[96];
+  snprintf(msg_id, sizeof msg_id, "msg_%s", id);
+  if (!stream)
+    return stop_response(id, msg_id, model, text, created, true);
+  json_t *part = json_pack("{s:s, s:s, s:[]}", "type", "output_text", "text",
+                           text, "annotations");
+  json_t *evs = json_pack(
+      "[{s:s, s:o}, {s:s, s:o},"
+      " {s:s, s:i, s:{s:s, s:s, s:s, s:s, s:[]}},"
+      " {s:s, s:s, s:i, s:i, s:{s:s, s:s, s:[]}},"
+      " {s:s, s:s, s:i, s:i, s:s, s:[]},"
+      " {s:s, s:s, s:i, s:i, s:s, s:[]},"
+      " {s:s, s:s, s:i, s:i, s:O},"
+      " {s:s, s:i, s:{s:s, s:s, s:s, s:s, s:[O]}},"
+      " {s:s, s:o}]",
+      "type", "response.created", "response",
+      stop_response(id, msg_id, model, text, created, false), "type",
+      "response.in_progress", "response",
+      stop_response(id, msg_id, model, text, created, false), "type",
+      "response.output_item.added", "output_index", 0, "item", "id", msg_id,
+      "type", "message", "status", "in_progress", "role", "assistant",
+      "content", "type", "response.content_part.added", "item_id", msg_id,
+      "output_index", 0, "content_index", 0, "part", "type", "output_text",
+      "text", "", "annotations", "type", "response.output_text.delta",
+      "item_id", msg_id, "output_index", 0, "content_index", 0, "delta", text,
+      "logprobs", "type", "response.output_text.done", "item_id", msg_id,
+      "output_index", 0, "content_index", 0, "text", text, "logprobs", "type",
+      "response.content_part.done", "item_id", msg_id, "output_index", 0,
+      "content_index", 0, "part", part, "type", "response.output_item.done",
+      "output_index", 0, "item", "id", msg_id, "type", "message", "status",
+      "completed", "role", "assistant", "content", part, "type",
+      "response.completed", "response",
+      stop_response(id, msg_id, model, text, created, true));
+  json_decref(part);
+  size_t i;
+  json_t *ev;
+  json_array_foreach(evs, i, ev) {
+    if (json_object_set_new(ev, "sequence_number",
+                            json_integer((json_int_t)i)) != 0) {
+      json_decref(evs);
+      return NULL;
+    }
+  }
+  return evs;
+}
+
+/* ---- requests read as turns (the proxy, the audit) ----------------------
+ */
+
+/* Whether a command's output says it failed by its exit status, the way
+ * agents that speak Responses report a shell call's result inside the
+ * output text (there is no error flag in function_call_output): a line
+ * "Process exited with code N" (Codex's exec tools) or "Exit code: N"
+ * (Codex's shell tool), or a JSON object whose metadata.exit_code is N
+ * (Codex's older shell tool), with N not 0. */
+static bool failed_by_exit(const char *t, size_t n) {
+  static const char *const marks[] = {"Process exited with code ",
+                                      "Exit code: "};
+  for (size_t k = 0; k < sizeof marks / sizeof marks[0]; k++) {
+    size_t ml = strlen(marks[k]);
+    for (const char *s = t; s != NULL && (size_t)(s - t) + ml <= n;) {
+      if ((s == t || s[-1] == '\n') && memcmp(s, marks[k], ml) == 0) {
+        const char *d = s + ml;
+        bool zero = (size_t)(d - t) < n && *d == '0' &&
+                    ((size_t)(d + 1 - t) >= n || d[1] < '0' || d[1] > '9');
+        bool digit =
+            (size_t)(d - t) < n && ((*d >= '0' && *d <= '9') || *d == '-');
+        return digit && !zero;
+      }
+      s = memchr(s, '\n', n - (size_t)(s - t));
+      if (s != NULL)
+        s++;
+    }
+  }
+  if (n > 0 && t[0] == '{' && n <= AG__HTTP_BODY_MAX) {
+    json_t *j = json_loadb(t, n, 0, NULL);
+    json_t *ec = json_object_get(json_object_get(j, "metadata"), "exit_code");
+    bool failed = json_is_integer(ec) && json_integer_value(ec) != 0;
+    json_decref(j);
+    return failed;
+  }
+  return false;
+}
+
+/* An input item's text content: a string, or its parts' texts joined
+ * (input_text, output_text; images and files carry none). */
+static json_t *item_text(const json_t *content) {
+  if (content == NULL || json_is_null(content))
+    return json_string("");
+  return ag__blocks_text(content);
+}
+
+/* The assistant message a call joins: the last message when it is an
+ * assistant's and no tool result or user text came after it, else a new
+ * one (content ""). NULL when out of memory. */
+static json_t *call_holder(json_t *out, json_t **open) {
+  if (*open != NULL)
+    return *open;
+  json_t *m = json_pack("{s:s, s:s, s:[]}", "role", "assistant", "content", "",
+                        "tool_calls");
+  if (m == NULL || json_array_append_new(out, m) != 0)
+    return NULL;
+  *open = m;
+  return m;
+}
+
+/* One call item (function_call, custom_tool_call, local_shell_call) as a
+ * chat tool call; false with emsg set (or "" when out of memory). */
+static bool call_item(const json_t *it, const char *type, size_t i, json_t *out,
+                      json_t **open, char *emsg, size_t cap) {
+  const char *id = ag__jstr(it, "call_id", NULL);
+  const char *name = ag__jstr(it, "name", NULL);
+  char *dumped = NULL;
+  const char *args;
+  if (strcmp(type, "local_shell_call") == 0) {
+    name = "local_shell";
+    dumped = json_dumps(json_object_get(it, "action"),
+                        JSON_COMPACT | JSON_ENCODE_ANY);
+    args = dumped;
+  } else if (strcmp(type, "custom_tool_call") == 0) {
+    json_t *in = json_pack("{s:O?}", "input", json_object_get(it, "input"));
+    dumped = in != NULL ? json_dumps(in, JSON_COMPACT) : NULL;
+    json_decref(in);
+    args = dumped;
+  } else {
+    args = ag__jstr(it, "arguments", NULL);
+    if (args == NULL)
+      args = "{}";
+  }
+  if (id == NULL || name == NULL) {
+    free(dumped);
+    snprintf(emsg, cap, "input[%zu]: a %s item needs a call_id and a name", i,
+             type);
+    return false;
+  }
+  json_t *m = call_holder(out, open);
+  json_t *tc =
+      m != NULL && args != NULL
+          ? json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function",
+                      "function", "name", name, "arguments", args)
+          : NULL;
+  free(dumped);
+  return tc != NULL &&
+         json_array_append_new(json_object_get(m, "tool_calls"), tc) == 0;
+}
+
+/* One output item (function_call_output, custom_tool_call_output,
+ * local_shell_call_output) as a chat tool message, is_error by
+ * failed_by_exit. */
+static bool output_item(const json_t *it, const char *type, size_t i,
+                        json_t *out, char *emsg, size_t cap) {
+  const char *id = ag__jstr(it, "call_id", NULL);
+  if (id == NULL && strcmp(type, "local_shell_call_output") == 0)
+    id = ag__jstr(it, "id", NULL);
+  if (id == NULL) {
+    snprintf(emsg, cap, "input[%zu]: a %s item needs a call_id", i, type);
+    return false;
+  }
+  json_t *text = item_text(json_object_get(it, "output"));
+  if (text == NULL)
+    return false;
+  bool failed =
+      failed_by_exit(json_string_value(text), json_string_length(text));
+  json_t *m = json_pack("{s:s, s:s, s:o, s:b}", "role", "tool", "tool_call_id",
+                        id, "content", text, "is_error", failed);
+  return m != NULL && json_array_append_new(out, m) == 0;
+}
+
+/*
+ * Responses input items as Chat Completions messages (ag__wire.to_chat):
+ * message items by role (system and developer as context, user and
+ * assistant with their text parts joined), each call item joining the
+ * assistant message before it (several in a row are one parallel batch),
+ * each call output a tool message. Codex's custom tools (apply_patch:
+ * {"input": text}) and the local shell ({"action": ...}) are calls too.
+ * Reasoning, web searches, item references and every other item carry no
+ * call the client ran and are left out. `from` is not used: the whole
+ * input is converted (SIZE_MAX: checked only).
+ */
+static json_t *responses_to_chat(const json_t *items, size_t from, char *emsg,
+                                 size_t cap) {
+  emsg[0] = '\0';
+  if (!json_is_array(items)) {
+    snprintf(emsg, cap, "input: expected a string or an array of items");
+    return NULL;
+  }
+  json_t *out = json_array();
+  json_t *open = NULL; /* the assistant message calls join */
+  size_t i;
+  const json_t *it;
+  json_array_foreach(items, i, it) {
+    if (out == NULL)
+      return NULL;
+    if (!json_is_object(it)) {
+      snprintf(emsg, cap, "input[%zu]: expected an object", i);
+      goto bad;
+    }
+    const char *type = ag__jstr(it, "type", NULL);
+    const char *role = ag__jstr(it, "role", NULL);
+    if (type == NULL && role != NULL)
+      type = "message";
+    if (type == NULL) {
+      snprintf(emsg, cap, "input[%zu]: expected a \"type\" or a \"role\"", i);
+      goto bad;
+    }
+    bool ok = true;
+    if (strcmp(type, "message") == 0) {
+      if (role == NULL) {
+        snprintf(emsg, cap, "input[%zu].role: expected a string", i);
+        goto bad;
+      }
+      json_t *text = item_text(json_object_get(it, "content"));
+      bool assistant = strcmp(role, "assistant") == 0;
+      const char *r = assistant || strcmp(role, "user") == 0 ? role : "system";
+      json_t *m = text != NULL
+                      ? json_pack("{s:s, s:o}", "role", r, "content", text)
+                      : NULL;
+      ok = m != NULL && json_array_append_new(out, m) == 0;
+      open = assistant ? m : NULL;
+    } else if (strcmp(type, "function_call") == 0 ||
+               strcmp(type, "custom_tool_call") == 0 ||
+               strcmp(type, "local_shell_call") == 0) {
+      ok = call_item(it, type, i, out, &open, emsg, cap);
+    } else if (strcmp(type, "function_call_output") == 0 ||
+               strcmp(type, "custom_tool_call_output") == 0 ||
+               strcmp(type, "local_shell_call_output") == 0) {
+      ok = output_item(it, type, i, out, emsg, cap);
+      open = NULL;
+    }
+    /* reasoning, web_search_call, item_reference, ...: nothing to read */
+    if (!ok)
+      goto bad;
+  }
+  if (from == SIZE_MAX) {
+    json_decref(out);
+    out = json_array(); /* checked only: an empty list, not NULL */
+  }
+  return out;
+bad:
+  json_decref(out);
+  return NULL;
+}
+
+/* Whether a list is Responses input items: an item of a call or of its
+ * output, which neither chat nor Messages transcripts have. */
+static bool responses_looks_like(const json_t *items) {
+  size_t i;
+  const json_t *it;
+  json_array_foreach(items, i, it) {
+    const char *type = ag__jstr(it, "type", NULL);
+    if (type != NULL && (strcmp(type, "function_call") == 0 ||
+                         strcmp(type, "function_call_output") == 0 ||
+                         strcmp(type, "custom_tool_call") == 0 ||
+                         strcmp(type, "custom_tool_call_output") == 0))
+      return true;
+  }
+  return false;
+}
+
 const ag__wire ag__wire_responses = {
     .name = "openai-responses",
     .api = "Responses",
@@ -356,6 +645,6 @@ const ag__wire ag__wire_responses = {
     .request = ag__responses_request,
     .response = ag__responses_response,
     .event = ag__responses_event,
-    .to_chat = NULL, /* requests are not read as turns yet (the proxy) */
-    .looks_like = NULL,
+    .to_chat = responses_to_chat,
+    .looks_like = responses_looks_like,
 };

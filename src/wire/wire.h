@@ -14,7 +14,7 @@
  *   reply.c     the reply assembler (ag__asm), JSON and message helpers
  *   chat.c      OpenAI Chat Completions (ag__wire_chat)
  *   messages.c  Anthropic Messages (ag__wire_messages)
- *   responses.c OpenAI Responses (ag__wire_responses; providers only yet)
+ *   responses.c OpenAI Responses (ag__wire_responses)
  *
  * Adding a shape: a file here that fills an ag__wire (its name, the path
  * it serves, its request encoder, whole-reply and stream-event readers),
@@ -173,6 +173,13 @@ char *ag__responses_request(const ag__wire_opts *o, const ag_request *req,
 void ag__responses_response(ag__asm *a, const char *body, size_t len);
 int ag__responses_event(ag__asm *a, const char *event, const char *data,
                         size_t len, size_t pos);
+/* A reply of one assistant message saying `text`, made by the proxy (a
+ * stop): the response object, or with `stream` the events a streamed
+ * response sends (an array of objects, each with its "type" and
+ * "sequence_number", from response.created to response.completed). `id`
+ * is the response's ("resp_..."); NULL when out of memory. */
+json_t *ag__responses_stop(const char *id, const char *model, const char *text,
+                           long long created, bool stream);
 
 /* ---- the table ---------------------------------------------------------- */
 

@@ -3865,3 +3865,201 @@ Test(proxy, bad_request_writes_an_event) {
   cr_expect(strstr(line, "messages[0].role") != NULL, "%s", line);
   fclose(ev);
 }
+
+/* ------------------------------------------------------------------------ */
+/* OpenAI Responses (/v1/responses)                                         */
+/* ------------------------------------------------------------------------ */
+
+/* A Responses request: a developer message, a user message, then `n` calls
+ * shell(args) each answered by `output` (reasoning items between, as Codex
+ * sends them). Caller frees. */
+static char *responses_conv(int n, const char *output, bool stream,
+                            const char *extra_key, const char *extra_value) {
+  json_t *items = json_pack(
+      "[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s}]}]", "role", "developer",
+      "content", "You are a coding agent.", "type", "message", "role", "user",
+      "content", "type", "input_text", "text", "Fix the test.");
+  for (int i = 0; i < n; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "call_%d", i);
+    json_array_append_new(items,
+                          json_pack("{s:s, s:s, s:[], s:s}", "type",
+                                    "reasoning", "id", "rs_1", "summary",
+                                    "encrypted_content", "opaque"));
+    json_array_append_new(
+        items, json_pack("{s:s, s:s, s:s, s:s}", "type", "function_call",
+                         "call_id", id, "name", "shell", "arguments",
+                         "{\"command\":[\"bash\",\"-lc\",\"make test\"]}"));
+    json_array_append_new(items,
+                          json_pack("{s:s, s:s, s:s}", "type",
+                                    "function_call_output", "call_id", id,
+                                    "output", output));
+  }
+  json_t *o = json_pack("{s:s, s:o, s:b, s:b}", "model", "m", "input", items,
+                        "stream", stream, "store", false);
+  if (extra_key != NULL)
+    json_object_set_new(o, extra_key, json_string(extra_value));
+  char *t = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  return t;
+}
+
+static const char *const codex_failed =
+    "Exit code: 1\nWall time: 0.4 seconds\nOutput:\nFAILED test_a - assert";
+
+Test(proxy, responses_replayed_errors_stop_with_a_response) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  c.loop.repeated_result_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body = responses_conv(3, codex_failed, false, NULL, NULL);
+  resp *r = call(P, "POST", "/v1/responses", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 0, "nothing goes upstream");
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_assert_not_null(j, "%s", r->body);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "object")), "response");
+  cr_expect_str_eq(json_string_value(json_object_get(j, "status")),
+                   "completed");
+  json_t *out = json_object_get(j, "output");
+  cr_assert_eq(json_array_size(out), 1, "%s", r->body);
+  json_t *part =
+      json_array_get(json_object_get(json_array_get(out, 0), "content"), 0);
+  cr_expect_str_eq(json_string_value(json_object_get(part, "type")),
+                   "output_text");
+  cr_expect(strstr(json_string_value(json_object_get(part, "text")),
+                   "agentguard stopped this turn (consecutive_errors)") !=
+            NULL);
+  json_decref(j);
+  free(body);
+  free(r);
+}
+
+Test(proxy, responses_exit_code_zero_is_a_success) {
+  /* the same three calls, each passing: no error counted */
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  c.loop.repeated_result_limit = 0;
+  c.loop.cycle_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  canned_add(200, "{\"id\":\"resp_up\",\"object\":\"response\",\"output\":[]}");
+  char *body = responses_conv(
+      3, "Exit code: 0\nWall time: 0.1 seconds\nOutput:\nok", false, NULL,
+      NULL);
+  resp *r = call(P, "POST", "/v1/responses", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 1);
+  cr_expect_str_eq(r->body,
+                   "{\"id\":\"resp_up\",\"object\":\"response\",\"output\":[]}",
+                   "the upstream's reply as it came");
+  cr_expect_str_eq(r->stop, "");
+  free(body);
+  free(r);
+}
+
+Test(proxy, responses_stream_stop_is_the_events_in_order) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  c.loop.repeated_result_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body = responses_conv(3, "Process exited with code 2\nno rule", true,
+                              NULL, NULL);
+  resp *r = call(P, "POST", "/v1/responses", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 0);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  const char *order[] = {"event: response.created",
+                         "event: response.output_item.added",
+                         "event: response.output_text.delta",
+                         "agentguard stopped this turn",
+                         "event: response.output_item.done",
+                         "event: response.completed"};
+  expect_in_order(r, order, sizeof order / sizeof order[0]);
+  /* every event's data names its own type and numbers in order from 0 */
+  int seq = 0;
+  for (const char *d = strstr(r->body, "data: "); d != NULL;
+       d = strstr(d + 1, "data: ")) {
+    const char *end = strchr(d, '\n');
+    cr_assert_not_null(end);
+    json_t *ev = json_loadb(d + 6, (size_t)(end - d - 6), 0, NULL);
+    cr_assert_not_null(ev, "%.*s", (int)(end - d), d);
+    cr_expect_eq(json_integer_value(json_object_get(ev, "sequence_number")),
+                 seq);
+    char name[96];
+    snprintf(name, sizeof name, "event: %s\ndata: ",
+             json_string_value(json_object_get(ev, "type")));
+    cr_expect(d - r->body >= (long)strlen(name) - 6 &&
+                  strncmp(d - strlen(name) + 6, name, strlen(name)) == 0,
+              "event %d's name is not its type", seq);
+    json_decref(ev);
+    seq++;
+  }
+  cr_expect_eq(seq, 9);
+  free(body);
+  free(r);
+}
+
+Test(proxy, responses_allowed_goes_up_with_the_error_context) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  const char *up = "event: response.completed\ndata: {\"type\":\"response."
+                   "completed\",\"sequence_number\":0,\"response\":{}}\n\n";
+  canned_add(200, up);
+  char *body = responses_conv(1, codex_failed, true, NULL, NULL);
+  resp *r = call(P, "POST", "/v1/responses", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, up, "the stream relayed as it came");
+  cr_assert_eq(n_upstream(), 1);
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  cr_assert_not_null(sent);
+  json_t *in = json_object_get(sent, "input");
+  json_t *last = json_array_get(in, json_array_size(in) - 1);
+  cr_expect_str_eq(json_string_value(json_object_get(last, "role")), "user");
+  cr_expect(strstr(json_string_value(json_object_get(last, "content")),
+                   "FAILED test_a") != NULL,
+            "the error context names the failure: %s", U.reqs[0].body);
+  cr_expect_eq(json_array_size(in), 6, "the client's 5 items and one more");
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, responses_kept_upstream_is_relayed_unguarded) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  canned_add(200, "{\"id\":\"resp_up\",\"object\":\"response\",\"output\":[]}");
+  char *body = responses_conv(3, codex_failed, false, "previous_response_id",
+                              "resp_9");
+  resp *r = call(P, "POST", "/v1/responses", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 1, "a turn held upstream cannot be replayed");
+  cr_expect_str_eq(r->stop, "");
+  free(body);
+  free(r);
+}
+
+Test(proxy, responses_bad_items_are_400_naming_the_item) {
+  char code[64];
+  resp *r = call(P, "POST", "/v1/responses",
+                 "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":"
+                 "\"hi\"},{\"type\":\"function_call\",\"name\":\"x\"}]}",
+                 NULL);
+  cr_expect_eq(r->status, 400);
+  cr_expect_str_eq(err_code(r, code, sizeof code), "invalid_request");
+  cr_expect(strstr(r->body, "input[1]") != NULL, "%s", r->body);
+  free(r);
+  r = call(P, "POST", "/v1/responses", "{\"model\":\"m\",\"input\":7}", NULL);
+  cr_expect_eq(r->status, 400);
+  cr_expect(strstr(r->body, "input: expected a string or an array") != NULL,
+            "%s", r->body);
+  free(r);
+  cr_expect_eq(n_upstream(), 0);
+}
