@@ -6,6 +6,9 @@
 //           over Chat Completions with a read_file tool
 //   anthropic, anthropic-stream  the official @anthropic-ai/sdk against
 //           /v1/messages (streaming: messages.stream and finalMessage)
+//   responses, responses-stream  the `openai` package's responses.create
+//           against /v1/responses, the conversation in `input` (store false)
+//   agents-responses  the Agents SDK on its default API (Responses)
 // The fake upstream's model asks for read_file({"path":"a.txt"}) on every
 // request; the proxy must end the loop: the client gets an ordinary reply
 // without tool calls whose text says why (and, plain, the header
@@ -19,7 +22,9 @@ const [bin, prefix, mode = "plain"] = process.argv.slice(2);
 const require = createRequire(path.resolve(prefix, "node_modules", "x.js"));
 const OpenAI = mode.startsWith("anthropic") ? null
   : (require("openai").default ?? require("openai"));
-const STOP = /agentguard stopped this turn \(identical_calls\)/;
+const STOP = mode.includes("responses")
+  ? /agentguard stopped this turn \((identical_calls|repeated_results)\)/
+  : /agentguard stopped this turn \(identical_calls\)/;
 
 function fail(msg) {
   console.error("FAIL: " + msg);
@@ -67,6 +72,42 @@ const upstream = createServer((req, res) => {
         stop_sequence: null, usage: { input_tokens: 10, output_tokens: 5 },
         content: [{ type: "tool_use", id, name: "read_file",
           input: { path: "a.txt" } }] }));
+      return;
+    }
+    if (req.url.endsWith("/responses")) {
+      const item = { type: "function_call", id: "fc_" + upstreamRequests,
+        call_id: "call_" + upstreamRequests, name: "read_file",
+        arguments: '{"path":"a.txt"}', status: "completed" };
+      const response = (status, output) => ({ id: "resp_" + upstreamRequests,
+        object: "response", created_at: 1, status, model: "fake", output,
+        error: null, incomplete_details: null, instructions: null,
+        parallel_tool_calls: true, tool_choice: "auto", tools: [],
+        usage: { input_tokens: 10, output_tokens: 5, total_tokens: 15,
+          input_tokens_details: { cached_tokens: 0 },
+          output_tokens_details: { reasoning_tokens: 0 } } });
+      if (JSON.parse(body).stream) {
+        res.setHeader("content-type", "text/event-stream");
+        let seq = 0;
+        const ev = (o) => `event: ${o.type}\ndata: ${JSON.stringify(
+          { ...o, sequence_number: seq++ })}\n\n`;
+        res.write(ev({ type: "response.created",
+          response: response("in_progress", []) }));
+        res.write(ev({ type: "response.output_item.added", output_index: 0,
+          item: { ...item, arguments: "", status: "in_progress" } }));
+        res.write(ev({ type: "response.function_call_arguments.delta",
+          item_id: item.id, output_index: 0, delta: '{"path":' }));
+        res.write(ev({ type: "response.function_call_arguments.delta",
+          item_id: item.id, output_index: 0, delta: '"a.txt"}' }));
+        res.write(ev({ type: "response.function_call_arguments.done",
+          item_id: item.id, output_index: 0, arguments: item.arguments }));
+        res.write(ev({ type: "response.output_item.done", output_index: 0,
+          item }));
+        res.end(ev({ type: "response.completed",
+          response: response("completed", [item]) }));
+        return;
+      }
+      res.setHeader("content-type", "application/json");
+      res.end(JSON.stringify(response("completed", [item])));
       return;
     }
     const call = { id: "call_" + upstreamRequests, type: "function",
@@ -157,7 +198,8 @@ async function agentsLoop(baseURL) {
   const AgentsOpenAI = require("openai").default ?? require("openai");
   agents.setDefaultOpenAIClient(new AgentsOpenAI({ apiKey: "sk-node-test",
     baseURL, maxRetries: 0 }));
-  agents.setOpenAIAPI("chat_completions");
+  if (mode === "agents")
+    agents.setOpenAIAPI("chat_completions"); /* else its default: Responses */
   agents.setTracingDisabled(true);
   let runs = 0;
   const readFile = agents.tool({ name: "read_file",
@@ -167,6 +209,39 @@ async function agentsLoop(baseURL) {
     instructions: "Summarise files.", tools: [readFile] });
   const result = await agents.run(agent, "Summarise a.txt", { maxTurns: 30 });
   return [result.finalOutput, runs + 1];
+}
+
+async function responsesLoop(client, stream) {
+  const tools = [{ type: "function", name: "read_file", strict: false,
+    parameters: { type: "object", properties: { path: { type: "string" } } } }];
+  const input = [{ role: "user", content: "Summarise a.txt" }];
+  let steps = 0;
+  while (steps++ < 20) {
+    const params = { model: "fake", input, tools, store: false };
+    let resp;
+    if (stream) {
+      let seq = -1;
+      for await (const ev of await client.responses.create({ ...params,
+        stream: true })) {
+        if (ev.sequence_number !== seq + 1)
+          fail(`sequence_number ${ev.sequence_number} after ${seq}`);
+        seq = ev.sequence_number;
+        if (ev.type === "response.completed") resp = ev.response;
+      }
+      if (!resp) fail("the stream ended without response.completed");
+    } else {
+      resp = await client.responses.create(params);
+    }
+    input.push(...resp.output);
+    const calls = resp.output.filter((i) => i.type === "function_call");
+    if (calls.length === 0)
+      return [resp.output.filter((i) => i.type === "message")
+        .flatMap((m) => m.content).map((p) => p.text ?? "").join(""), steps];
+    for (const c of calls)
+      input.push({ type: "function_call_output", call_id: c.call_id,
+        output: "hello" });
+  }
+  fail("the loop was never stopped");
 }
 
 async function anthropicLoop(stream) {
@@ -197,7 +272,9 @@ try {
   const baseURL = `http://127.0.0.1:${proxyPort}/v1`;
   const client = OpenAI ? new OpenAI({ apiKey: "sk-node-test", baseURL,
     maxRetries: 0 }) : null;
-  const [final, steps] = mode === "agents" ? await agentsLoop(baseURL)
+  const [final, steps] = mode.startsWith("agents") ? await agentsLoop(baseURL)
+    : mode.startsWith("responses")
+      ? await responsesLoop(client, mode === "responses-stream")
     : mode.startsWith("anthropic")
       ? await anthropicLoop(mode === "anthropic-stream")
       : await plainLoop(client, mode === "stream");

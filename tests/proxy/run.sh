@@ -1,7 +1,9 @@
 #!/bin/sh
 # tests/proxy/run.sh AGENTGUARD BUILD_DIR MODE - the proxy with real clients
-# (clients.mjs): MODE plain or stream uses the official `openai` npm
-# package; agents the OpenAI Agents SDK (@openai/agents, with zod);
+# (clients.mjs): MODE plain, stream, responses or responses-stream uses the
+# official `openai` npm package; agents and agents-responses the OpenAI
+# Agents SDK (@openai/agents, with zod) on Chat Completions and on its
+# default API (Responses);
 # anthropic and anthropic-stream the official @anthropic-ai/sdk. The
 # packages are pinned and installed into BUILD_DIR/node-proxy-MODE with
 # Debian's node and npm. Exits 77 (a visible skip for CTest) when node or
@@ -24,7 +26,7 @@ if [ "$mode" = anthropic ] || [ "$mode" = anthropic-stream ]; then
   pkgs="@anthropic-ai/sdk@$ANTHROPIC_VERSION"
   check=$prefix/node_modules/@anthropic-ai/sdk/package.json
   want=$ANTHROPIC_VERSION
-elif [ "$mode" = agents ]; then
+elif [ "$mode" = agents ] || [ "$mode" = agents-responses ]; then
   prefix=$build/node-proxy-agents
   pkgs="@openai/agents@$AGENTS_VERSION zod@$ZOD_VERSION"
   check=$prefix/node_modules/@openai/agents/package.json
