@@ -739,7 +739,8 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
   }
   /* A Responses request or transcript: {"input": [items]} */
   const json_t *items = json_object_get(root, "input");
-  if (json_is_array(items) && !want_lines && want == AG_TRAJ_AUTO &&
+  if (json_is_array(items) && !want_lines &&
+      (want == AG_TRAJ_AUTO || want == AG_TRAJ_MESSAGES) &&
       ag__wire_responses.looks_like(items)) {
     f->pub.outcome = ag__tb_outcome(root);
     f->pub.source = ag__tb_source(root);

@@ -469,8 +469,12 @@ static json_t *item_text(const json_t *content) {
  * assistant's and no tool result or user text came after it, else a new
  * one (content ""). NULL when out of memory. */
 static json_t *call_holder(json_t *out, json_t **open) {
-  if (*open != NULL)
+  if (*open != NULL) {
+    if (json_object_get(*open, "tool_calls") == NULL &&
+        json_object_set_new(*open, "tool_calls", json_array()) != 0)
+      return NULL;
     return *open;
+  }
   json_t *m = json_pack("{s:s, s:s, s:[]}", "role", "assistant", "content", "",
                         "tool_calls");
   if (m == NULL || json_array_append_new(out, m) != 0)
@@ -489,8 +493,9 @@ static bool call_item(const json_t *it, const char *type, size_t i, json_t *out,
   const char *args;
   if (strcmp(type, "local_shell_call") == 0) {
     name = "local_shell";
-    dumped = json_dumps(json_object_get(it, "action"),
-                        JSON_COMPACT | JSON_ENCODE_ANY);
+    const json_t *action = json_object_get(it, "action");
+    dumped = action != NULL ? json_dumps(action, JSON_COMPACT | JSON_ENCODE_ANY)
+                            : ag__strdup("{}");
     args = dumped;
   } else if (strcmp(type, "custom_tool_call") == 0) {
     json_t *in = json_pack("{s:O?}", "input", json_object_get(it, "input"));

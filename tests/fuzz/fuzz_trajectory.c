@@ -37,7 +37,7 @@ static void check(int ok, const char *what) {
 }
 
 static void check_shape(const ag_trajectory *t) {
-  check(t->format != AG_TRAJ_AUTO && t->format <= AG_TRAJ_EVENTS,
+  check(t->format != AG_TRAJ_AUTO && t->format <= AG_TRAJ_MESSAGES,
         "a detected format");
   check(t->outcome <= AG_RUN_UNRESOLVED, "outcome in range");
   /* a run with no steps is a run (not stopped); else turns hold them */

@@ -4063,3 +4063,73 @@ Test(proxy, responses_bad_items_are_400_naming_the_item) {
   free(r);
   cr_expect_eq(n_upstream(), 0);
 }
+
+/* The proxy's decision on random Responses conversations equals the
+ * audit's reading of the same request body (one turn: the audit stops at
+ * the first turn that trips, the proxy sees the last). */
+Test(proxy, responses_decisions_equal_the_audits) {
+  static const char *const names[] = {"shell", "apply_patch", "read"};
+  static const char *const args[] = {"{\"p\":1}", "{\"p\":2}", "{\"q\":[1]}"};
+  static const char *const outs[] = {"ok", "Exit code: 1\nOutput:\nboom",
+                                     "Process exited with code 0\nfine",
+                                     "Error: no such file"};
+  ag_proxy_stop(P);
+  ag_config cfg = test_cfg();
+  cfg.loop.max_iterations = 0; /* the coming request never trips */
+  cfg.loop.max_tokens_per_turn = 0;
+  P = proxy_with(cfg, 0, NULL);
+  ag_auditor *a = NULL;
+  cr_assert_eq(ag_auditor_new(&a, &cfg, NULL, NULL), AG_OK);
+  int stops = 0;
+  for (int i = 0; i < 150; i++) {
+    json_t *items = json_pack("[{s:s, s:s}]", "role", "user", "content", "go");
+    int id = 0, rounds = 1 + (int)rnd(8);
+    for (int r = 0; r < rounds; r++) {
+      if (rnd(3) == 0)
+        json_array_append_new(
+            items, json_pack("{s:s, s:s, s:[{s:s, s:s}]}", "type", "message",
+                             "role", "assistant", "content", "type",
+                             "output_text", "text", "working"));
+      unsigned nc = 1 + rnd(2);
+      for (unsigned k = 0; k < nc; k++) {
+        char cid[16];
+        snprintf(cid, sizeof cid, "c%d", id + (int)k);
+        json_array_append_new(
+            items, json_pack("{s:s, s:s, s:s, s:s}", "type", "function_call",
+                             "call_id", cid, "name", names[rnd(3)],
+                             "arguments", args[rnd(3)]));
+      }
+      for (unsigned k = 0; k < nc; k++) {
+        char cid[16];
+        snprintf(cid, sizeof cid, "c%d", id + (int)k);
+        json_array_append_new(items,
+                              json_pack("{s:s, s:s, s:s}", "type",
+                                        "function_call_output", "call_id", cid,
+                                        "output", outs[rnd(4)]));
+      }
+      id += (int)nc;
+    }
+    json_t *req = json_pack("{s:s, s:o}", "model", "m", "input", items);
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    ag_trajectory *t = NULL;
+    ag_error_t err;
+    cr_assert_eq(ag_trajectory_parse(&t, body, strlen(body), NULL, &err), AG_OK,
+                 "%s", err.msg);
+    ag_audit_finding f;
+    cr_assert_eq(ag_auditor_run(a, t, &f, &err), AG_OK);
+    ag_trajectory_free(t);
+    canned_reset();
+    if (!f.stop.stopped)
+      canned_add(200, "{\"object\":\"response\",\"output\":[]}");
+    resp *r = call(P, "POST", "/v1/responses", body, NULL);
+    cr_expect_str_eq(r->stop,
+                     f.stop.stopped ? ag_reason_name(f.stop.reason) : "",
+                     "run %d: %s", i, body);
+    stops += f.stop.stopped;
+    free(r);
+    free(body);
+  }
+  ag_auditor_free(a);
+  cr_expect_gt(stops, 10, "the random turns exercise stops (%d)", stops);
+}
