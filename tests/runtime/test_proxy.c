@@ -3875,25 +3875,23 @@ Test(proxy, bad_request_writes_an_event) {
  * sends them). Caller frees. */
 static char *responses_conv(int n, const char *output, bool stream,
                             const char *extra_key, const char *extra_value) {
-  json_t *items = json_pack(
-      "[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s}]}]", "role", "developer",
-      "content", "You are a coding agent.", "type", "message", "role", "user",
-      "content", "type", "input_text", "text", "Fix the test.");
+  json_t *items = json_pack("[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s}]}]", "role",
+                            "developer", "content", "You are a coding agent.",
+                            "type", "message", "role", "user", "content",
+                            "type", "input_text", "text", "Fix the test.");
   for (int i = 0; i < n; i++) {
     char id[32];
     snprintf(id, sizeof id, "call_%d", i);
-    json_array_append_new(items,
-                          json_pack("{s:s, s:s, s:[], s:s}", "type",
-                                    "reasoning", "id", "rs_1", "summary",
-                                    "encrypted_content", "opaque"));
+    json_array_append_new(items, json_pack("{s:s, s:s, s:[], s:s}", "type",
+                                           "reasoning", "id", "rs_1", "summary",
+                                           "encrypted_content", "opaque"));
     json_array_append_new(
         items, json_pack("{s:s, s:s, s:s, s:s}", "type", "function_call",
                          "call_id", id, "name", "shell", "arguments",
                          "{\"command\":[\"bash\",\"-lc\",\"make test\"]}"));
-    json_array_append_new(items,
-                          json_pack("{s:s, s:s, s:s}", "type",
-                                    "function_call_output", "call_id", id,
-                                    "output", output));
+    json_array_append_new(items, json_pack("{s:s, s:s, s:s}", "type",
+                                           "function_call_output", "call_id",
+                                           id, "output", output));
   }
   json_t *o = json_pack("{s:s, s:o, s:b, s:b}", "model", "m", "input", items,
                         "stream", stream, "store", false);
@@ -3946,9 +3944,9 @@ Test(proxy, responses_exit_code_zero_is_a_success) {
   c.loop.cycle_limit = 0;
   P = proxy_with(c, 0, NULL);
   canned_add(200, "{\"id\":\"resp_up\",\"object\":\"response\",\"output\":[]}");
-  char *body = responses_conv(
-      3, "Exit code: 0\nWall time: 0.1 seconds\nOutput:\nok", false, NULL,
-      NULL);
+  char *body =
+      responses_conv(3, "Exit code: 0\nWall time: 0.1 seconds\nOutput:\nok",
+                     false, NULL, NULL);
   resp *r = call(P, "POST", "/v1/responses", body, NULL);
   cr_expect_eq(r->status, 200);
   cr_expect_eq(n_upstream(), 1);
@@ -3972,12 +3970,10 @@ Test(proxy, responses_stream_stop_is_the_events_in_order) {
   cr_expect_eq(r->status, 200);
   cr_expect_eq(n_upstream(), 0);
   cr_expect_str_eq(r->stop, "consecutive_errors");
-  const char *order[] = {"event: response.created",
-                         "event: response.output_item.added",
-                         "event: response.output_text.delta",
-                         "agentguard stopped this turn",
-                         "event: response.output_item.done",
-                         "event: response.completed"};
+  const char *order[] = {
+      "event: response.created",           "event: response.output_item.added",
+      "event: response.output_text.delta", "agentguard stopped this turn",
+      "event: response.output_item.done",  "event: response.completed"};
   expect_in_order(r, order, sizeof order / sizeof order[0]);
   /* every event's data names its own type and numbers in order from 0 */
   int seq = 0;
@@ -4036,8 +4032,8 @@ Test(proxy, responses_kept_upstream_is_relayed_unguarded) {
   c.loop.identical_call_limit = 0;
   P = proxy_with(c, 0, NULL);
   canned_add(200, "{\"id\":\"resp_up\",\"object\":\"response\",\"output\":[]}");
-  char *body = responses_conv(3, codex_failed, false, "previous_response_id",
-                              "resp_9");
+  char *body =
+      responses_conv(3, codex_failed, false, "previous_response_id", "resp_9");
   resp *r = call(P, "POST", "/v1/responses", body, NULL);
   cr_expect_eq(r->status, 200);
   cr_expect_eq(n_upstream(), 1, "a turn held upstream cannot be replayed");
@@ -4094,18 +4090,17 @@ Test(proxy, responses_decisions_equal_the_audits) {
       for (unsigned k = 0; k < nc; k++) {
         char cid[16];
         snprintf(cid, sizeof cid, "c%d", id + (int)k);
-        json_array_append_new(
-            items, json_pack("{s:s, s:s, s:s, s:s}", "type", "function_call",
-                             "call_id", cid, "name", names[rnd(3)],
-                             "arguments", args[rnd(3)]));
+        json_array_append_new(items, json_pack("{s:s, s:s, s:s, s:s}", "type",
+                                               "function_call", "call_id", cid,
+                                               "name", names[rnd(3)],
+                                               "arguments", args[rnd(3)]));
       }
       for (unsigned k = 0; k < nc; k++) {
         char cid[16];
         snprintf(cid, sizeof cid, "c%d", id + (int)k);
-        json_array_append_new(items,
-                              json_pack("{s:s, s:s, s:s}", "type",
-                                        "function_call_output", "call_id", cid,
-                                        "output", outs[rnd(4)]));
+        json_array_append_new(
+            items, json_pack("{s:s, s:s, s:s}", "type", "function_call_output",
+                             "call_id", cid, "output", outs[rnd(4)]));
       }
       id += (int)nc;
     }
