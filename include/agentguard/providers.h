@@ -203,17 +203,23 @@ AG_EXTERN ag_err_t ag_provider_scripted_new(ag_provider **out,
  */
 typedef struct ag_http_provider_opts {
   size_t size;                 /* sizeof(ag_http_provider_opts), set by _init */
-  const char *kind;            /* "openai" (default), "anthropic" or
-                                  "openai-responses" (ag_http_provider_kinds) */
+  const char *kind;            /* "openai" (default), "anthropic",
+                                  "openai-responses" or "gemini"
+                                  (ag_http_provider_kinds) */
   const char *base_url;        /* NULL: https://api.openai.com/v1 for openai
                                   and openai-responses,
-                                  https://api.anthropic.com for anthropic; the
-                                  request goes to base_url + "/chat/completions"
-                                  (openai), + "/responses" (openai-responses)
-                                  or + "/v1/messages" (anthropic) */
+                                  https://api.anthropic.com for anthropic,
+                                  https://generativelanguage.googleapis.com/v1beta
+                                  for gemini; the request goes to base_url +
+                                  "/chat/completions" (openai), + "/responses"
+                                  (openai-responses), + "/v1/messages"
+                                  (anthropic) or + "/models/<model>:generate
+                                  Content" (gemini; streamed:
+                                  ":streamGenerateContent?alt=sse") */
   const char *model;           /* required */
   const char *api_key_env;     /* the NAME of the environment variable holding
-                                  the key; NULL: OPENAI_API_KEY / ANTHROPIC_API_KEY;
+                                  the key; NULL: OPENAI_API_KEY / ANTHROPIC_API_KEY
+                                  / GEMINI_API_KEY;
                                   "": send no key (local servers) */
   const char *const *headers;  /* extra "Name: value" lines, NULL-terminated,
                                   or NULL */
@@ -234,7 +240,8 @@ AG_EXTERN void ag_http_provider_opts_init(ag_http_provider_opts *o);
 
 /* The provider kinds (the API shapes the HTTP provider speaks): "openai"
  * (Chat Completions), "anthropic" (Messages), "openai-responses"
- * (Responses); a NULL-terminated list, static. docs/providers.md. */
+ * (Responses), "gemini" (the Gemini API); a NULL-terminated list, static.
+ * docs/providers.md. */
 AG_EXTERN const char *const *ag_http_provider_kinds(void);
 
 /*

@@ -584,8 +584,9 @@ static ag_err_t load_lines(const char *buf, size_t len, json_t **out,
 
 static const char shape_help[] =
     "expected a trajectory object with \"steps\", an array of chat (or "
-    "Anthropic) messages, an object with \"messages\" (or a Responses "
-    "\"input\"), or JSON Lines of chat messages or agentguard events";
+    "Anthropic, or Gemini) messages, an object with \"messages\" (or a "
+    "Responses \"input\", or Gemini \"contents\"), or JSON Lines of chat "
+    "messages or agentguard events";
 
 /* The shape that claims `msgs` (wire.h: looks_like), or NULL: chat. */
 static const ag__wire *shape_of(const json_t *msgs) {
@@ -737,14 +738,22 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
     f->pub.source = ag__tb_source(root);
     return ag__tb_parse_chat(b, msgs, NULL);
   }
-  /* A Responses request or transcript: {"input": [items]} */
-  const json_t *items = json_object_get(root, "input");
-  if (json_is_array(items) && !want_lines &&
-      (want == AG_TRAJ_AUTO || want == AG_TRAJ_MESSAGES) &&
-      ag__wire_responses.looks_like(items)) {
+  /* A request (or transcript) of a shape whose conversation has another
+   * key: {"input": [Responses items]}, {"contents": [Gemini contents]} */
+  for (size_t i = 0; ag__wire_all[i] != NULL && !want_lines &&
+                     (want == AG_TRAJ_AUTO || want == AG_TRAJ_MESSAGES);
+       i++) {
+    const ag__wire *w = ag__wire_all[i];
+    const json_t *conv = w->conv_key != NULL && w->to_chat != NULL
+                             ? json_object_get(root, w->conv_key)
+                             : NULL;
+    if (strcmp(w->conv_key != NULL ? w->conv_key : "messages", "messages") ==
+            0 ||
+        !json_is_array(conv) || !w->looks_like(conv))
+      continue;
     f->pub.outcome = ag__tb_outcome(root);
     f->pub.source = ag__tb_source(root);
-    return parse_shape(b, &ag__wire_responses, items);
+    return parse_shape(b, w, conv);
   }
   /* A single line of JSON Lines (or one record written over several
    * lines: the same run, whether detected or forced). */

@@ -742,6 +742,16 @@ static ag_err_t set_url(http_provider *p, const ag_http_provider_opts *o,
   if (base == NULL || base[0] == '\0')
     base = p->wire->base_url;
   const char *path = p->wire->suffix;
+  char named[300];
+  if (p->wire->url_path != NULL) {
+    if (o->model == NULL ||
+        !p->wire->url_path(o->model, o->stream, named, sizeof named))
+      return ag__set_error(err, AG_ECONFIG, -1,
+                           "provider.model: \"%.100s\" cannot be put in a %s "
+                           "URL (letters, digits, '-', '.' and '_' only)",
+                           o->model != NULL ? o->model : "", p->wire->api);
+    path = named;
+  }
   size_t bl = strlen(base);
   while (bl > 0 && base[bl - 1] == '/')
     bl--;

@@ -1190,8 +1190,8 @@ void ag__px_bad_request(ag_proxy *p, const char *path, const reply *r) {
  * without tools) is left untouched for a worker, with *later set. */
 void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                  const char *path, reply *r, bool *started, bool *later) {
-  if (r->shape == &ag__wire_responses) {
-    ag__px_responses(p, c, q, path, r, started);
+  if (r->shape != NULL && r->shape->stop_body != NULL) {
+    ag__px_request_only(p, c, q, path, r, started);
     return;
   }
   decision d;
@@ -1239,7 +1239,7 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   } else {
     answer_whole(&d);
   }
-  if (r->status == 400)
+  if (!*started && r->status == 400) /* started: r is the loop's */
     ag__px_bad_request(p, path, r);
   if (anth_stream && r->status == 200)
     anthropic_sse(r);

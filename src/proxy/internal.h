@@ -12,8 +12,9 @@
  *               chunks of a stream read the same way
  *   stream.c    a streamed reply relayed: events parsed, calls held and
  *               checked at the end, nudges
- *   responses.c the OpenAI Responses API: decided on the request, a stop
- *               answered in its shape, the reply relayed as it comes
+ *   request_only.c  OpenAI Responses and Gemini: decided on the request,
+ *               a stop answered in the API's shape, the reply relayed as it
+ *               comes
  *   relay.c     one event loop for every upstream transfer (relay.h)
  *   conns.c     the connection table (conns.h)
  *   budget.c    the budget of replies held whole (budget.h)
@@ -114,15 +115,16 @@ struct ag_proxy {
   pthread_cond_t work_cv;  /* a request queued for an idle worker */
   struct req_ctx *queue, *queue_tail;
   unsigned queued, idle, workers;
-  unsigned spawning; /* workers made that have not taken a request yet */
-  bool quit;         /* the workers end */
-  unsigned jobs;     /* request threads running */
-  bool stopping;     /* under jobs_mu: ag_proxy_stop has begun */
-  CURLU *up;         /* the upstream's URL, credentials included */
-  char *up_path;     /* its path, without a trailing slash ("" for none) */
-  bool upstream_v1;  /* up_path ends in "/v1" */
-  char *up_shown;    /* scheme://host:port: what messages name, never
-                        credentials */
+  unsigned spawning;     /* workers made that have not taken a request yet */
+  bool quit;             /* the workers end */
+  unsigned jobs;         /* request threads running */
+  bool stopping;         /* under jobs_mu: ag_proxy_stop has begun */
+  CURLU *up;             /* the upstream's URL, credentials included */
+  char *up_path;         /* its path, without a trailing slash ("" for none) */
+  size_t up_version_len; /* up_path ends in a version ("/v1", "/v1beta"):
+                          * its length with the '/', else 0 */
+  char *up_shown;        /* scheme://host:port: what messages name, never
+                            credentials */
   /* what no text of the proxy's may show (scrub): the secret values of the
    * environment at start, and the upstream's user and password */
   ag__secret secrets[AG__SECRETS_MAX];
@@ -362,10 +364,12 @@ bool ag__px_anth_has_text(const json_t *m);
 const char *ag__px_anth_text(const json_t *content, fast_traj *f, size_t *len);
 void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                  const char *path, reply *r, bool *started, bool *later);
-/* A Responses request decided and answered (responses.c): r is the answer,
- * or *started says its relay was handed to the loop. Never waits. */
-void ag__px_responses(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                      const char *path, reply *r, bool *started);
+/* A request of a shape decided on the request alone (r->shape's
+ * stop_body: Responses, Gemini) decided and answered (request_only.c): r
+ * is the answer, or *started says its relay was handed to the loop. Never
+ * waits. */
+void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                         const char *path, reply *r, bool *started);
 /* The turn of chat `msgs` (from its last user message) replayed through a
  * fresh turn of g: the action, -1 with a 400 message in emsg, -2 out of
  * memory. `shown`: the turn's first index for that message, or SIZE_MAX. */

@@ -90,7 +90,7 @@ void ag__px_set_json(reply *r, unsigned status, json_t *o) {
   }
 }
 
-/* An error in OpenAI's shape: {"error":{"message","type","param","code"}}. */
+/* An error in the API's own shape (r->shape: wire.h error_body). */
 void ag__px_set_error(reply *r, unsigned status, const char *type,
                       const char *code, const char *fmt, ...) {
   char msg[ERR_MSG_MAX];
@@ -98,23 +98,9 @@ void ag__px_set_error(reply *r, unsigned status, const char *type,
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  if (r->anthropic) {
-    /* {"type":"error","error":{"type","message"}}; the code joins the
-     * message, Anthropic's errors have no code field */
-    const char *at = status == 401   ? "authentication_error"
-                     : status == 413 ? "request_too_large"
-                     : status < 500  ? "invalid_request_error"
-                                     : "api_error";
-    char full[ERR_MSG_MAX + 64];
-    snprintf(full, sizeof full, "%s [%s]", msg, code);
-    ag__px_set_json(r, status,
-                    json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error",
-                              "type", at, "message", full));
-    return;
-  }
-  ag__px_set_json(r, status,
-                  json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg,
-                            "type", type, "param", "code", code));
+  /* the API's own error shape; OpenAI's for a path that is not guarded */
+  const ag__wire *w = r->shape != NULL ? r->shape : &ag__wire_chat;
+  ag__px_set_json(r, status, w->error_body(status, type, code, msg));
 }
 
 void ag__px_reply_free(reply *r) {
@@ -432,7 +418,7 @@ static ag_err_t keep_secrets(ag_proxy *p) {
 
 /* --upstream, read once with libcurl's URL API: http or https, a host, no
  * query or fragment. Fills p->up (kept whole: the credentials go with
- * every request), up_path, upstream_v1, up_shown and the secrets. */
+ * every request), up_path, up_version_len, up_shown and the secrets. */
 static ag_err_t parse_upstream(ag_proxy *p, const char *url, ag_error_t *err) {
   char shown[512];
   url_shown(url, shown, sizeof shown);
@@ -471,7 +457,11 @@ static ag_err_t parse_upstream(ag_proxy *p, const char *url, ag_error_t *err) {
     size_t pl = strlen(path);
     while (pl > 0 && path[pl - 1] == '/')
       path[--pl] = '\0';
-    p->upstream_v1 = pl >= 3 && strcmp(path + pl - 3, "/v1") == 0;
+    const char *last = strrchr(path, '/');
+    p->up_version_len =
+        last != NULL && last[1] == 'v' && last[2] >= '0' && last[2] <= '9'
+            ? strlen(last)
+            : 0;
     p->up_path = ag__px_dupz(path);
     size_t sl = strlen(scheme) + strlen(host) + strlen(port) + 5;
     if ((p->up_shown = malloc(sl)) != NULL)

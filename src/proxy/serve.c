@@ -10,27 +10,10 @@
 /* Serving (libmicrohttpd)                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Whether a normalised path (target.c) is one the guard decides. */
+/* Whether a normalised path (target.c) is one the guard decides: a path
+ * one of the wire table's shapes serves. */
 static bool guarded_path(const char *path) {
-  size_t n = strlen(path);
-  return ag__target_is(path, n, "/v1/chat/completions") ||
-         ag__target_is(path, n, "/chat/completions") ||
-         ag__target_is(path, n, "/v1/messages") ||
-         ag__target_is(path, n, "/v1/responses") ||
-         ag__target_is(path, n, "/responses");
-}
-
-/* The API shape of a guarded path (wire.h), or NULL. */
-static const ag__wire *path_shape(const char *path) {
-  size_t n = strlen(path);
-  if (!guarded_path(path))
-    return NULL;
-  for (size_t i = 0; ag__wire_all[i] != NULL; i++) {
-    const char *wp = ag__wire_all[i]->path; /* "/v1/..." */
-    if (ag__target_is(path, n, wp) || ag__target_is(path, n, wp + 3))
-      return ag__wire_all[i];
-  }
-  return NULL;
+  return ag__wire_serving(path) != NULL;
 }
 
 /* Headers "Name: value" onto a response. */
@@ -500,7 +483,7 @@ bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q) {
   bool ok = ag__target_normalise(q->uri, q->uri, strlen(q->uri) + 1, &why);
   char path[2048];
   uri_path(ok ? q->uri : "/", path, sizeof path);
-  q->r.shape = path_shape(path);
+  q->r.shape = ag__wire_serving(path);
   q->r.anthropic = q->r.shape == &ag__wire_messages;
   if (q->too_many == AG__CONN_OVER_PER_CLIENT) {
     ag__px_set_error(

@@ -661,6 +661,7 @@ void ag__px_stream_nudge_anth(stream_st *st, nudge_job *nj) {
   reply r;
   memset(&r, 0, sizeof r);
   r.anthropic = true;
+  r.shape = &ag__wire_messages;
   if (!ag__stops(act))
     ag__px_send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, -1,
                          &u);

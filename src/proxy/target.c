@@ -166,10 +166,3 @@ bool ag__target_normalise(const char *target, char *out, size_t cap,
   out[o] = '\0';
   return true;
 }
-
-bool ag__target_is(const char *path, size_t len, const char *want) {
-  size_t wl = strlen(want);
-  if (len == wl + 1 && path[wl] == '/')
-    len = wl;
-  return len == wl && memcmp(path, want, wl) == 0;
-}

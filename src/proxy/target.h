@@ -36,9 +36,4 @@
 bool ag__target_normalise(const char *target, char *out, size_t cap,
                           const char **why);
 
-/* Whether the normalised path (no query) `path` is `want`, a trailing
- * "/" on `path` aside ("/v1/messages/" routes as "/v1/messages" on most
- * servers, so it is guarded as that). */
-bool ag__target_is(const char *path, size_t len, const char *want);
-
 #endif

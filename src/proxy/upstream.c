@@ -178,12 +178,15 @@ static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow,
  * upstream's scheme, host, port and credentials, never the client's; the
  * upstream's path followed by the client's (`target`, normalised by
  * ag__target_normalise in the handler: origin-form, so it cannot name
- * another host), and the client's query. A "/v1/" the upstream's path
- * already ends with is not doubled. NULL when out of memory. */
+ * another host), and the client's query. A version the upstream's path
+ * already ends with ("/v1", "/v1beta") is not doubled when the client's
+ * path starts with it. NULL when out of memory. */
 static char *upstream_url(const ag_proxy *p, const char *target) {
   const char *path = target;
-  if (p->upstream_v1 && strncmp(path, "/v1/", 4) == 0)
-    path += 3;
+  size_t vl = p->up_version_len;
+  if (vl > 0 && strncmp(path, p->up_path + strlen(p->up_path) - vl, vl) == 0 &&
+      path[vl] == '/')
+    path += vl;
   size_t pl = strcspn(path, "?");
   size_t bl = strlen(p->up_path);
   CURLU *cu = curl_url_dup(p->up);

@@ -340,6 +340,25 @@ done:
   return ok ? 0 : 1;
 }
 
+json_t *ag__openai_error_body(unsigned status, const char *type,
+                              const char *code, const char *msg) {
+  (void)status;
+  return json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
+                   type, "param", "code", code);
+}
+
+bool ag__wire_path_is(const char *path, const char *want) {
+  size_t len = strlen(path), wl = strlen(want);
+  if (len == wl + 1 && path[wl] == '/')
+    len = wl;
+  return len == wl && memcmp(path, want, wl) == 0;
+}
+
+static bool chat_serves(const char *path) {
+  return ag__wire_path_is(path, "/v1/chat/completions") ||
+         ag__wire_path_is(path, "/chat/completions");
+}
+
 const ag__wire ag__wire_chat = {
     .name = "openai",
     .api = "Chat Completions",
@@ -355,10 +374,21 @@ const ag__wire ag__wire_chat = {
     .event = ag__openai_event,
     .to_chat = NULL, /* its messages are chat already */
     .looks_like = NULL,
+    .conv_key = "messages",
+    .serves = chat_serves,
+    .error_body = ag__openai_error_body,
 };
 
 const ag__wire *const ag__wire_all[] = {&ag__wire_chat, &ag__wire_messages,
-                                        &ag__wire_responses, NULL};
+                                        &ag__wire_responses, &ag__wire_gemini,
+                                        NULL};
+
+const ag__wire *ag__wire_serving(const char *path) {
+  for (size_t i = 0; ag__wire_all[i] != NULL; i++)
+    if (ag__wire_all[i]->serves != NULL && ag__wire_all[i]->serves(path))
+      return ag__wire_all[i];
+  return NULL;
+}
 
 const ag__wire *ag__wire_named(const char *name) {
   for (size_t i = 0; name != NULL && ag__wire_all[i] != NULL; i++)

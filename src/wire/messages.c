@@ -631,6 +631,25 @@ static bool messages_looks_like(const json_t *msgs) {
   return false;
 }
 
+static bool messages_serves(const char *path) {
+  return ag__wire_path_is(path, "/v1/messages");
+}
+
+/* Anthropic's error shape: {"type": "error", "error": {"type",
+ * "message"}}; the code joins the message (its errors have no code). */
+static json_t *messages_error_body(unsigned status, const char *type,
+                                   const char *code, const char *msg) {
+  (void)type;
+  const char *at = status == 401   ? "authentication_error"
+                   : status == 413 ? "request_too_large"
+                   : status < 500  ? "invalid_request_error"
+                                   : "api_error";
+  char full[1024];
+  snprintf(full, sizeof full, "%s [%s]", msg, code);
+  return json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", at,
+                   "message", full);
+}
+
 const ag__wire ag__wire_messages = {
     .name = "anthropic",
     .api = "Messages",
@@ -646,4 +665,7 @@ const ag__wire ag__wire_messages = {
     .event = ag__anthropic_event,
     .to_chat = messages_to_chat,
     .looks_like = messages_looks_like,
+    .conv_key = "messages",
+    .serves = messages_serves,
+    .error_body = messages_error_body,
 };

@@ -637,6 +637,78 @@ static bool responses_looks_like(const json_t *items) {
   return false;
 }
 
+/* ---- the proxy ----------------------------------------------------------
+ */
+
+static bool responses_serves(const char *path) {
+  return ag__wire_path_is(path, "/v1/responses") ||
+         ag__wire_path_is(path, "/responses");
+}
+
+static ag__reply_form responses_reply_form(const char *path, const char *query,
+                                           const json_t *req) {
+  (void)path;
+  (void)query;
+  return json_is_true(json_object_get(req, "stream")) ? AG__REPLY_SSE
+                                                      : AG__REPLY_WHOLE;
+}
+
+/* The stop reply as text: the response object, or each event of a stream
+ * as "event: <type>" and its data. */
+static char *responses_stop_body(ag__reply_form form, const char *id,
+                                 const char *model, const char *text,
+                                 long long created, size_t *len) {
+  json_t *o =
+      ag__responses_stop(id, model, text, created, form == AG__REPLY_SSE);
+  if (o == NULL)
+    return NULL;
+  if (form != AG__REPLY_SSE) {
+    char *j = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (j != NULL)
+      *len = strlen(j);
+    return j;
+  }
+  ag__buf b;
+  ag__buf_init(&b, SIZE_MAX);
+  bool ok = true;
+  size_t i;
+  json_t *ev;
+  json_array_foreach(o, i, ev) {
+    char *j = json_dumps(ev, JSON_COMPACT);
+    const char *type = ag__jstr(ev, "type", NULL);
+    ok = ok && j != NULL && ag__buf_addstr(&b, "event: ") == AG_OK &&
+         ag__buf_addstr(&b, type) == AG_OK &&
+         ag__buf_addstr(&b, "\ndata: ") == AG_OK &&
+         ag__buf_addstr(&b, j) == AG_OK && ag__buf_addstr(&b, "\n\n") == AG_OK;
+    free(j);
+  }
+  json_decref(o);
+  if (!ok) {
+    ag__buf_free(&b);
+    return NULL;
+  }
+  *len = b.len;
+  return b.p; /* a heap buffer's text, now the caller's */
+}
+
+/* The text as one more user message item at the end of `input` (a string
+ * input becomes its user message first). */
+static bool responses_add_user_text(json_t *req, const char *text) {
+  const json_t *in = json_object_get(req, "input");
+  json_t *items = json_is_array(in) ? json_copy((json_t *)in) : json_array();
+  bool ok =
+      items != NULL &&
+      (!json_is_string(in) ||
+       json_array_append_new(items, json_pack("{s:s, s:O}", "role", "user",
+                                              "content", in)) == 0) &&
+      json_array_append_new(items, json_pack("{s:s, s:s}", "role", "user",
+                                             "content", text)) == 0 &&
+      json_object_set(req, "input", items) == 0;
+  json_decref(items);
+  return ok;
+}
+
 const ag__wire ag__wire_responses = {
     .name = "openai-responses",
     .api = "Responses",
@@ -652,4 +724,10 @@ const ag__wire ag__wire_responses = {
     .event = ag__responses_event,
     .to_chat = responses_to_chat,
     .looks_like = responses_looks_like,
+    .conv_key = "input",
+    .serves = responses_serves,
+    .error_body = ag__openai_error_body,
+    .reply_form = responses_reply_form,
+    .stop_body = responses_stop_body,
+    .add_user_text = responses_add_user_text,
 };

@@ -15,6 +15,7 @@
  *   chat.c      OpenAI Chat Completions (ag__wire_chat)
  *   messages.c  Anthropic Messages (ag__wire_messages)
  *   responses.c OpenAI Responses (ag__wire_responses)
+ *   gemini.c    the Gemini API (ag__wire_gemini)
  *
  * Adding a shape: a file here that fills an ag__wire (its name, the path
  * it serves, its request encoder, whole-reply and stream-event readers),
@@ -183,6 +184,15 @@ json_t *ag__responses_stop(const char *id, const char *model, const char *text,
 
 /* ---- the table ---------------------------------------------------------- */
 
+/* How a client asked for a reply: whole (JSON), as server-sent events, or
+ * (Gemini's streamGenerateContent without alt=sse) as one JSON array of
+ * chunks. */
+typedef enum {
+  AG__REPLY_WHOLE = 0,
+  AG__REPLY_SSE,
+  AG__REPLY_JSON_ARRAY
+} ag__reply_form;
+
 /* One API shape: what the providers and the proxy need to speak it. */
 typedef struct ag__wire {
   const char *name;         /* the provider kind: "openai", "anthropic" */
@@ -203,6 +213,9 @@ typedef struct ag__wire {
   /* one SSE event into the assembler; 0 to go on, non-zero to stop */
   int (*event)(ag__asm *a, const char *event, const char *data, size_t len,
                size_t pos);
+  /* The path after the base URL when the model is in it (Gemini; NULL:
+   * `suffix`): false when the model's name cannot be put there. */
+  bool (*url_path)(const char *model, bool stream, char *buf, size_t cap);
   /* A request's (or transcript's) messages as Chat Completions messages,
    * the neutral form the guard's replay and the audit read: every message
    * checked, msgs[from..] converted (from SIZE_MAX: the check alone). NULL
@@ -212,11 +225,46 @@ typedef struct ag__wire {
   /* Whether messages that may be in either shape are in this one (NULL:
    * never claimed; a transcript is read as chat unless a shape claims it). */
   bool (*looks_like)(const json_t *msgs);
+
+  /* ---- for the proxy ---- */
+  /* The request's key that holds the conversation: "messages", "input",
+   * "contents". */
+  const char *conv_key;
+  /* Whether a normalised request path is this API's (a trailing '/'
+   * allowed). */
+  bool (*serves)(const char *path);
+  /* An error body in the API's shape (new reference, NULL on ENOMEM):
+   * `type` and `code` are OpenAI's fields (a shape without them folds the
+   * code into the message). */
+  json_t *(*error_body)(unsigned status, const char *type, const char *code,
+                        const char *msg);
+  /* For the shapes decided on the request alone (their replies relayed as
+   * they come; NULL for the others): how the client wants the reply
+   * (path, query and the request say), a reply of one assistant message
+   * saying `text` in that form (malloc'd, *len; NULL on ENOMEM), and the
+   * request (a copy the caller owns) with `text` added as the user's. */
+  ag__reply_form (*reply_form)(const char *path, const char *query,
+                               const json_t *req);
+  char *(*stop_body)(ag__reply_form form, const char *id, const char *model,
+                     const char *text, long long created, size_t *len);
+  bool (*add_user_text)(json_t *req, const char *text);
 } ag__wire;
 
 extern const ag__wire ag__wire_chat;      /* chat.c */
 extern const ag__wire ag__wire_messages;  /* messages.c */
 extern const ag__wire ag__wire_responses; /* responses.c */
+extern const ag__wire ag__wire_gemini;    /* gemini.c */
+
+/* Whether the normalised path (no query) `path` is `want`, a trailing
+ * "/" on `path` aside ("/v1/messages/" routes as "/v1/messages" on most
+ * servers, so it is guarded as that). */
+bool ag__wire_path_is(const char *path, const char *want);
+/* The shape that serves a request path, or NULL (not guarded). */
+const ag__wire *ag__wire_serving(const char *path);
+/* An error body in OpenAI's shape: {"error":{"message","type","param",
+ * "code"}} (the default of every shape without its own). */
+json_t *ag__openai_error_body(unsigned status, const char *type,
+                              const char *code, const char *msg);
 
 /* Every shape, NULL-terminated. */
 extern const ag__wire *const ag__wire_all[];

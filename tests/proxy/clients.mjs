@@ -9,6 +9,9 @@
 //   responses, responses-stream  the `openai` package's responses.create
 //           against /v1/responses, the conversation in `input` (store false)
 //   agents-responses  the Agents SDK on its default API (Responses)
+//   gemini, gemini-stream  the official @google/genai package's
+//           models.generateContent / generateContentStream against
+//           /v1beta/models/fake:generateContent (streamed: ?alt=sse)
 // The fake upstream's model asks for read_file({"path":"a.txt"}) on every
 // request; the proxy must end the loop: the client gets an ordinary reply
 // without tool calls whose text says why (and, plain, the header
@@ -20,9 +23,9 @@ import path from "node:path";
 
 const [bin, prefix, mode = "plain"] = process.argv.slice(2);
 const require = createRequire(path.resolve(prefix, "node_modules", "x.js"));
-const OpenAI = mode.startsWith("anthropic") ? null
-  : (require("openai").default ?? require("openai"));
-const STOP = mode.includes("responses")
+const OpenAI = mode.startsWith("anthropic") || mode.startsWith("gemini")
+  ? null : (require("openai").default ?? require("openai"));
+const STOP = mode.includes("responses") || mode.startsWith("gemini")
   ? /agentguard stopped this turn \((identical_calls|repeated_results)\)/
   : /agentguard stopped this turn \(identical_calls\)/;
 
@@ -38,8 +41,30 @@ const upstream = createServer((req, res) => {
   req.on("end", () => {
     upstreamRequests++;
     if (req.headers.authorization !== "Bearer sk-node-test" &&
-        req.headers["x-api-key"] !== "sk-node-test")
+        req.headers["x-api-key"] !== "sk-node-test" &&
+        req.headers["x-goog-api-key"] !== "sk-node-test")
       fail("the client's key did not reach the upstream as it came");
+    if (req.url.includes(":generateContent") ||
+        req.url.includes(":streamGenerateContent")) {
+      const chunk = (parts, finish) => ({ candidates: [{ content: {
+        role: "model", parts }, index: 0,
+        ...(finish ? { finishReason: "STOP" } : {}) }],
+        usageMetadata: { promptTokenCount: 10, candidatesTokenCount: 5,
+          totalTokenCount: 15 }, modelVersion: "fake" });
+      const call = { functionCall: { name: "read_file",
+        args: { path: "a.txt" } } };
+      if (req.url.includes(":streamGenerateContent")) {
+        if (!req.url.includes("alt=sse")) fail("a stream without alt=sse");
+        res.setHeader("content-type", "text/event-stream");
+        res.write(`data: ${JSON.stringify(chunk([{ text: "Reading. " }]))}` +
+          "\r\n\r\n");
+        res.end(`data: ${JSON.stringify(chunk([call], true))}\r\n\r\n`);
+        return;
+      }
+      res.setHeader("content-type", "application/json");
+      res.end(JSON.stringify(chunk([call], true)));
+      return;
+    }
     if (req.url.endsWith("/messages")) {
       const id = "toolu_" + upstreamRequests;
       if (JSON.parse(body).stream) {
@@ -244,6 +269,36 @@ async function responsesLoop(client, stream) {
   fail("the loop was never stopped");
 }
 
+async function geminiLoop(stream) {
+  const { GoogleGenAI } = require("@google/genai");
+  const ai = new GoogleGenAI({ apiKey: "sk-node-test",
+    httpOptions: { baseUrl: `http://127.0.0.1:${proxyPort}` } });
+  const config = { tools: [{ functionDeclarations: [{ name: "read_file",
+    description: "Read a file", parametersJsonSchema: { type: "object",
+      properties: { path: { type: "string" } } } }] }] };
+  const contents = [{ role: "user", parts: [{ text: "Summarise a.txt" }] }];
+  let steps = 0;
+  while (steps++ < 20) {
+    const params = { model: "fake", contents, config };
+    let parts = [];
+    if (stream) {
+      for await (const ch of await ai.models.generateContentStream(params))
+        parts.push(...(ch.candidates?.[0]?.content?.parts ?? []));
+    } else {
+      const resp = await ai.models.generateContent(params);
+      parts = resp.candidates?.[0]?.content?.parts ?? [];
+    }
+    contents.push({ role: "model", parts });
+    const calls = parts.filter((p) => p.functionCall);
+    if (calls.length === 0)
+      return [parts.map((p) => p.text ?? "").join(""), steps];
+    contents.push({ role: "user", parts: calls.map((c) => ({
+      functionResponse: { id: c.functionCall.id, name: c.functionCall.name,
+        response: { output: "hello" } } })) });
+  }
+  fail("the loop was never stopped");
+}
+
 async function anthropicLoop(stream) {
   const sdk = require("@anthropic-ai/sdk");
   const Anthropic = sdk.default ?? sdk.Anthropic ?? sdk;
@@ -277,6 +332,8 @@ try {
       ? await responsesLoop(client, mode === "responses-stream")
     : mode.startsWith("anthropic")
       ? await anthropicLoop(mode === "anthropic-stream")
+    : mode.startsWith("gemini")
+      ? await geminiLoop(mode === "gemini-stream")
       : await plainLoop(client, mode === "stream");
   if (typeof final !== "string" || !STOP.test(final))
     fail("final output: " + JSON.stringify(final));

@@ -4,7 +4,8 @@
 # official `openai` npm package; agents and agents-responses the OpenAI
 # Agents SDK (@openai/agents, with zod) on Chat Completions and on its
 # default API (Responses);
-# anthropic and anthropic-stream the official @anthropic-ai/sdk. The
+# anthropic and anthropic-stream the official @anthropic-ai/sdk; gemini
+# and gemini-stream the official @google/genai. The
 # packages are pinned and installed into BUILD_DIR/node-proxy-MODE with
 # Debian's node and npm. Exits 77 (a visible skip for CTest) when node or
 # npm is missing or the packages cannot be installed (no network); 1 on
@@ -17,6 +18,7 @@ OPENAI_VERSION=4.95.0
 AGENTS_VERSION=0.20.0
 ZOD_VERSION=4.1.12
 ANTHROPIC_VERSION=0.71.0
+GENAI_VERSION=2.32.0
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "SKIP: node and npm are needed (apt-get install nodejs npm)"
   exit 77
@@ -26,6 +28,11 @@ if [ "$mode" = anthropic ] || [ "$mode" = anthropic-stream ]; then
   pkgs="@anthropic-ai/sdk@$ANTHROPIC_VERSION"
   check=$prefix/node_modules/@anthropic-ai/sdk/package.json
   want=$ANTHROPIC_VERSION
+elif [ "$mode" = gemini ] || [ "$mode" = gemini-stream ]; then
+  prefix=$build/node-proxy-gemini
+  pkgs="@google/genai@$GENAI_VERSION"
+  check=$prefix/node_modules/@google/genai/package.json
+  want=$GENAI_VERSION
 elif [ "$mode" = agents ] || [ "$mode" = agents-responses ]; then
   prefix=$build/node-proxy-agents
   pkgs="@openai/agents@$AGENTS_VERSION zod@$ZOD_VERSION"

@@ -80,7 +80,7 @@ typedef struct server {
   plan p;
   int n_requests;
   char *last_body, *last_url, *last_auth, *last_xkey, *last_version,
-      *last_accept, *last_custom;
+      *last_accept, *last_custom, *last_alt;
 } server;
 
 static server S;
@@ -135,6 +135,7 @@ static void dump_request(const char *body, size_t len, int n) {
   /* named by API: the schema check reads the openai-* ones */
   const char *api = strstr(S.last_url, "/v1/messages") != NULL ? "anthropic"
                     : strstr(S.last_url, "/responses") != NULL ? "responses"
+                    : strstr(S.last_url, "/models/") != NULL   ? "gemini"
                                                                : "openai";
   snprintf(path, sizeof(path), "%s/%s-%d-%d.json", dir, api, (int)getpid(), n);
   FILE *f = fopen(path, "wb");
@@ -191,6 +192,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
   free(S.last_url);
   free(S.last_auth);
   free(S.last_xkey);
+  free(S.last_alt);
   free(S.last_version);
   free(S.last_accept);
   free(S.last_custom);
@@ -198,8 +200,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c,
   S.last_url = dupz(url);
   S.last_auth =
       dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
-  S.last_xkey =
-      dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"));
+  const char *xk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+  S.last_xkey = dupz(xk != NULL ? xk
+                                : MHD_lookup_connection_value(
+                                      c, MHD_HEADER_KIND, "x-goog-api-key"));
+  S.last_alt =
+      dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "alt"));
   S.last_version = dupz(
       MHD_lookup_connection_value(c, MHD_HEADER_KIND, "anthropic-version"));
   S.last_accept =
@@ -279,6 +285,7 @@ static void server_stop(void) {
   free(S.last_url);
   free(S.last_auth);
   free(S.last_xkey);
+  free(S.last_alt);
   free(S.last_version);
   free(S.last_accept);
   free(S.last_custom);
@@ -316,10 +323,16 @@ static ag_provider *provider(const char *kind, bool stream,
   ag_http_provider_opts_init(&o);
   o.kind = kind;
   bool openai = strncmp(kind, "openai", 6) == 0; /* and openai-responses */
+  bool gemini = strcmp(kind, "gemini") == 0;
   snprintf(base_url, sizeof(base_url),
-           openai ? "http://127.0.0.1:%d/v1" : "http://127.0.0.1:%d", S.port);
+           openai   ? "http://127.0.0.1:%d/v1"
+           : gemini ? "http://127.0.0.1:%d/v1beta"
+                    : "http://127.0.0.1:%d",
+           S.port);
   o.base_url = base_url;
-  o.model = openai ? "gpt-4o-mini" : "claude-sonnet-4-5";
+  o.model = openai   ? "gpt-4o-mini"
+            : gemini ? "gemini-2.5-flash"
+                     : "claude-sonnet-4-5";
   o.api_key_env = "TEST_KEY";
   o.stream = stream;
   if (edit != NULL)
@@ -903,6 +916,118 @@ Test(http, responses_stream_cut_before_completed_is_transient) {
   ag_provider_free(p);
 }
 
+Test(http, gemini_history_converted_and_reply_read) {
+  serve_fixture("gemini/response_tool_calls.json", "application/json", 0, 0);
+  ag_provider *p = provider("gemini", false, edit_options);
+  json_t *msgs = history(), *tl = tools();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, tl, NULL, NULL, &r, &pe), AG_OK, "%s", pe.message);
+  cr_expect_str_eq(r.text, "Let me read it — ok.", "thoughts left out");
+  cr_assert_eq(r.n_calls, 2);
+  cr_expect_str_eq(r.calls[0].id, "fc_abc");
+  cr_expect_str_eq(r.calls[0].name, "read_file");
+  cr_expect_str_eq(r.calls[0].arguments,
+                   "{\"path\":\"notes.txt\",\"lines\":[1,5]}");
+  cr_expect_str_eq(r.calls[1].id, "gemini_call_1", "an id made from its slot");
+  cr_expect_str_eq(r.calls[1].name, "list_dir");
+  cr_expect_str_eq(r.finish_reason, "tool_calls");
+  cr_expect_eq(r.usage.prompt_tokens, 150);
+  cr_expect_eq(r.usage.cached_tokens, 30);
+  cr_expect_eq(r.usage.completion_tokens, 40);
+  cr_expect_str_eq(S.last_url,
+                   "/v1beta/models/gemini-2.5-flash:generateContent");
+  cr_expect_str_eq(S.last_xkey, SECRET, "the key in x-goog-api-key");
+  cr_expect_null(S.last_auth);
+  json_t *b = sent_body();
+  cr_expect_null(json_object_get(b, "model"), "the model is in the path");
+  json_t *gen = json_object_get(b, "generationConfig");
+  cr_expect_eq(json_integer_value(json_object_get(gen, "maxOutputTokens")),
+               300);
+  cr_expect_eq(json_integer_value(json_object_get(b, "seed")), 7);
+  json_t *sys = json_object_get(b, "systemInstruction");
+  cr_expect_str_eq(
+      json_string_value(json_object_get(
+          json_array_get(json_object_get(sys, "parts"), 0), "text")),
+      "You are terse.");
+  json_t *contents = json_object_get(b, "contents");
+  json_t *model = json_array_get(contents, 1);
+  cr_expect_str_eq(json_string_value(json_object_get(model, "role")), "model");
+  json_t *fc = json_object_get(
+      json_array_get(json_object_get(model, "parts"), 0), "functionCall");
+  cr_expect_str_eq(json_string_value(json_object_get(fc, "id")), "call_1");
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_object_get(fc, "args"), "path")),
+      "notes.txt");
+  fc = json_object_get(json_array_get(json_object_get(model, "parts"), 1),
+                       "functionCall");
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_object_get(fc, "args"), "input")),
+      "{bad json", "arguments that are not JSON kept as text");
+  json_t *answers = json_array_get(contents, 2);
+  cr_expect_str_eq(json_string_value(json_object_get(answers, "role")), "user");
+  json_t *fr = json_object_get(
+      json_array_get(json_object_get(answers, "parts"), 1), "functionResponse");
+  cr_expect_str_eq(json_string_value(json_object_get(fr, "id")), "call_2");
+  cr_expect_str_eq(json_string_value(json_object_get(fr, "name")), "list_dir",
+                   "the name of the call it answers");
+  json_t *decl = json_array_get(
+      json_object_get(json_array_get(json_object_get(b, "tools"), 0),
+                      "functionDeclarations"),
+      0);
+  cr_expect_str_eq(json_string_value(json_object_get(decl, "name")),
+                   "read_file");
+  cr_expect(json_is_object(json_object_get(decl, "parametersJsonSchema")));
+  json_decref(b);
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  json_decref(tl);
+  ag_provider_free(p);
+}
+
+Test(http, gemini_stream_text_and_function_call) {
+  serve_fixture("gemini/stream_tool_call.sse", "text/event-stream", 7, 1);
+  ag_provider *p = provider("gemini", true, NULL);
+  json_t *msgs = history(), *tl = tools();
+  deltas d = {0};
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, tl, NULL, &d, &r, &pe), AG_OK, "%s", pe.message);
+  cr_expect_str_eq(r.text, "Okay, checking the wéather 🌦 now.");
+  cr_expect_str_eq(d.buf, r.text);
+  cr_expect(!d.bad_utf8);
+  cr_assert_eq(r.n_calls, 1);
+  cr_expect_str_eq(r.calls[0].name, "get_weather");
+  cr_expect_str_eq(r.calls[0].arguments,
+                   "{\"location\":\"San Francisco, CA\",\"unit\":"
+                   "\"fahrenheit\"}");
+  cr_expect_str_eq(r.finish_reason, "tool_calls");
+  cr_expect_eq(r.usage.prompt_tokens, 536);
+  cr_expect_eq(r.usage.cached_tokens, 64);
+  cr_expect_eq(r.usage.completion_tokens, 89);
+  cr_expect_str_eq(S.last_url,
+                   "/v1beta/models/gemini-2.5-flash:streamGenerateContent");
+  cr_expect_str_eq(S.last_alt, "sse");
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  json_decref(tl);
+  ag_provider_free(p);
+}
+
+Test(http, gemini_stream_cut_before_finish_is_transient) {
+  serve_fixture("gemini/fault_stream_cut.sse", "text/event-stream", 0, 0);
+  ag_provider *p = provider("gemini", true, NULL);
+  json_t *msgs = history();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, NULL, NULL, NULL, &r, &pe), AG_EPROVIDER);
+  cr_expect(pe.transient);
+  cr_expect(strstr(pe.message, "finishReason") != NULL, "%s", pe.message);
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  ag_provider_free(p);
+}
+
 Test(http, anthropic_stream_error_event_overloaded) {
   serve_fixture("anthropic/fault_stream_error.sse", "text/event-stream", 0, 0);
   ag_provider *p = provider("anthropic", true, NULL);
@@ -1357,10 +1482,17 @@ Test(http, bad_options_are_named) {
   cr_expect_str_eq(err.msg, "provider.model: missing; name the model to use "
                             "(or set AGENTGUARD_MODEL)");
   o.model = "m";
-  o.kind = "gemini";
+  o.kind = "vertex";
   cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
-  cr_expect_str_eq(err.msg, "provider.kind: \"gemini\" is not a provider kind "
-                            "(openai, anthropic, openai-responses)");
+  cr_expect_str_eq(err.msg, "provider.kind: \"vertex\" is not a provider kind "
+                            "(openai, anthropic, openai-responses, gemini)");
+  o.kind = "gemini";
+  o.model = "models/gemini 2.5?";
+  cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
+  cr_expect_str_eq(err.msg,
+                   "provider.model: \"models/gemini 2.5?\" cannot be put in a "
+                   "Gemini URL (letters, digits, '-', '.' and '_' only)");
+  o.model = "m";
   o.kind = "openai";
   o.base_url = "ftp://example.test/v1";
   cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
@@ -1447,7 +1579,7 @@ Test(http, config_section_keys_and_errors) {
       "\"0\" (no limit)");
   cfg("{\"kind\": \"azure\"}", AG_ECONFIG,
       "provider.kind: \"azure\" is not a provider kind (openai, anthropic, "
-      "openai-responses)");
+      "openai-responses, gemini)");
   cfg("{\"stream\": \"yes\"}", AG_ECONFIG,
       "provider.stream: expected true or false");
   cfg("{\"temperature\": 3}", AG_ECONFIG,

@@ -44,7 +44,7 @@ typedef struct canned {
 } canned;
 
 typedef struct seen {
-  char *url, *body, *auth, *agkey, *query;
+  char *url, *body, *auth, *agkey, *query, *alt;
 } seen;
 
 static struct {
@@ -97,6 +97,7 @@ static enum MHD_Result up_handler(void *cls, struct MHD_Connection *c,
     s->agkey = dupz(
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-agentguard-key"));
     s->query = dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "q"));
+    s->alt = dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "alt"));
   }
   canned r = {500, "{\"error\":{\"message\":\"no canned reply left\"}}"};
   if (U.next < U.n_replies)
@@ -156,6 +157,7 @@ static void canned_reset(void) {
     free(U.reqs[i].auth);
     free(U.reqs[i].agkey);
     free(U.reqs[i].query);
+    free(U.reqs[i].alt);
   }
   U.n_replies = U.next = U.n_reqs = 0;
   pthread_mutex_unlock(&U.mu);
@@ -3893,8 +3895,9 @@ static char *responses_conv(int n, const char *output, bool stream,
                                            "function_call_output", "call_id",
                                            id, "output", output));
   }
-  json_t *o = json_pack("{s:s, s:o, s:b, s:b}", "model", "m", "input", items,
-                        "stream", stream, "store", false);
+  json_t *o = json_pack("{s:s, s:o, s:b, s:b, s:[{s:s, s:s}]}", "model", "m",
+                        "input", items, "stream", stream, "store", false,
+                        "tools", "type", "function", "name", "shell");
   if (extra_key != NULL)
     json_object_set_new(o, extra_key, json_string(extra_value));
   char *t = json_dumps(o, JSON_COMPACT);
@@ -4045,19 +4048,28 @@ Test(proxy, responses_kept_upstream_is_relayed_unguarded) {
 Test(proxy, responses_bad_items_are_400_naming_the_item) {
   char code[64];
   resp *r = call(P, "POST", "/v1/responses",
-                 "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":"
+                 "{\"model\":\"m\",\"tools\":[{\"type\":\"function\","
+                 "\"name\":\"x\"}],\"input\":[{\"role\":\"user\",\"content\":"
                  "\"hi\"},{\"type\":\"function_call\",\"name\":\"x\"}]}",
                  NULL);
   cr_expect_eq(r->status, 400);
   cr_expect_str_eq(err_code(r, code, sizeof code), "invalid_request");
   cr_expect(strstr(r->body, "input[1]") != NULL, "%s", r->body);
   free(r);
-  r = call(P, "POST", "/v1/responses", "{\"model\":\"m\",\"input\":7}", NULL);
+  r = call(P, "POST", "/v1/responses",
+           "{\"model\":\"m\",\"tools\":[{}],\"input\":7}", NULL);
   cr_expect_eq(r->status, 400);
   cr_expect(strstr(r->body, "input: expected a string or an array") != NULL,
             "%s", r->body);
   free(r);
   cr_expect_eq(n_upstream(), 0);
+  /* a request without tools cannot make a call: relayed untouched */
+  canned_add(200, "{\"object\":\"response\",\"output\":[]}");
+  r = call(P, "POST", "/v1/responses",
+           "{\"model\":\"m\",\"input\":[{\"type\":\"function_call\"}]}", NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect_eq(n_upstream(), 1);
+  free(r);
 }
 
 /* The proxy's decision on random Responses conversations equals the
@@ -4104,7 +4116,9 @@ Test(proxy, responses_decisions_equal_the_audits) {
       }
       id += (int)nc;
     }
-    json_t *req = json_pack("{s:s, s:o}", "model", "m", "input", items);
+    json_t *req =
+        json_pack("{s:s, s:o, s:[{s:s, s:s}]}", "model", "m", "input", items,
+                  "tools", "type", "function", "name", "shell");
     char *body = json_dumps(req, JSON_COMPACT);
     json_decref(req);
     ag_trajectory *t = NULL;
@@ -4118,6 +4132,282 @@ Test(proxy, responses_decisions_equal_the_audits) {
     if (!f.stop.stopped)
       canned_add(200, "{\"object\":\"response\",\"output\":[]}");
     resp *r = call(P, "POST", "/v1/responses", body, NULL);
+    cr_expect_str_eq(r->stop,
+                     f.stop.stopped ? ag_reason_name(f.stop.reason) : "",
+                     "run %d: %s", i, body);
+    stops += f.stop.stopped;
+    free(r);
+    free(body);
+  }
+  ag_auditor_free(a);
+  cr_expect_gt(stops, 10, "the random turns exercise stops (%d)", stops);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Gemini (/v1beta/models/{model}:generateContent)                          */
+/* ------------------------------------------------------------------------ */
+
+#define GEMINI_PATH "/v1beta/models/gemini-2.5-pro:generateContent"
+#define GEMINI_SSE "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+
+/* A Gemini request as Gemini CLI sends it: a user content, then `n` rounds
+ * of a model content calling run_shell_command (with an id when `ids`,
+ * a thought part and a thoughtSignature beside it) answered by a user
+ * content with its functionResponse `response` (JSON); tools offered when
+ * `tools`. Caller frees. */
+static char *gemini_conv(int n, const char *response, bool ids, bool tools) {
+  json_t *contents = json_pack("[{s:s, s:[{s:s}]}]", "role", "user", "parts",
+                               "text", "Fix the failing test.");
+  for (int i = 0; i < n; i++) {
+    json_t *fc = json_pack("{s:s, s:{s:s}}", "name", "run_shell_command",
+                           "args", "command", "make test");
+    json_t *fr = json_pack("{s:s, s:o}", "name", "run_shell_command",
+                           "response", json_loads(response, 0, NULL));
+    if (ids) {
+      char id[32];
+      snprintf(id, sizeof id, "run_shell_command-%d", i);
+      json_object_set_new(fc, "id", json_string(id));
+      json_object_set_new(fr, "id", json_string(id));
+    }
+    json_array_append_new(
+        contents,
+        json_pack("{s:s, s:[{s:s, s:b}, {s:o, s:s}]}", "role", "model", "parts",
+                  "text", "Let me run the tests.", "thought", 1, "functionCall",
+                  fc, "thoughtSignature", "c2lnbmF0dXJl"));
+    json_array_append_new(contents,
+                          json_pack("{s:s, s:[{s:o}]}", "role", "user", "parts",
+                                    "functionResponse", fr));
+  }
+  json_t *o =
+      json_pack("{s:o, s:{s:[{s:s}]}}", "contents", contents,
+                "systemInstruction", "parts", "text", "You are Gemini CLI.");
+  if (tools)
+    json_object_set_new(o, "tools",
+                        json_pack("[{s:[{s:s, s:{s:s}}]}]",
+                                  "functionDeclarations", "name",
+                                  "run_shell_command", "parametersJsonSchema",
+                                  "type", "object"));
+  char *t = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  return t;
+}
+
+static const char *const gemini_failed =
+    "{\"error\":\"Command failed: make test\\nExit Code: 2\"}";
+
+/* The text of a GenerateContentResponse's first candidate's first part. */
+static const char *gemini_text(json_t *j) {
+  json_t *cand = json_array_get(json_object_get(j, "candidates"), 0);
+  cr_expect_str_eq(json_string_value(json_object_get(cand, "finishReason")),
+                   "STOP");
+  json_t *content = json_object_get(cand, "content");
+  cr_expect_str_eq(json_string_value(json_object_get(content, "role")),
+                   "model");
+  return json_string_value(json_object_get(
+      json_array_get(json_object_get(content, "parts"), 0), "text"));
+}
+
+Test(proxy, gemini_errors_stop_with_a_generate_content_response) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  c.loop.repeated_result_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body = gemini_conv(3, gemini_failed, true, true);
+  resp *r = call(P, "POST", GEMINI_PATH, body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect_eq(n_upstream(), 0, "nothing goes upstream");
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_assert_not_null(j, "%s", r->body);
+  const char *t = gemini_text(j);
+  cr_expect(t != NULL &&
+                strstr(t, "agentguard stopped this turn (consecutive_errors)"),
+            "%s", r->body);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "modelVersion")),
+                   "gemini-2.5-pro", "the model named in the path");
+  json_decref(j);
+  free(body);
+  free(r);
+}
+
+Test(proxy, gemini_identical_calls_without_ids_stop_a_stream) {
+  /* Gemini CLI's loop: one harmless call, the same answer, again and
+   * again; the calls carry no id, their responses are matched by name */
+  char *body = gemini_conv(3, "{\"output\":\"On branch main\"}", false, true);
+  resp *r = call(P, "POST", GEMINI_SSE, body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect_eq(n_upstream(), 0);
+  cr_expect_str_eq(r->stop, "identical_calls");
+  cr_assert(strncmp(r->body, "data: {", 7) == 0, "one SSE event: %s", r->body);
+  cr_expect(strstr(r->body, "\r\n\r\n") == r->body + r->len - 4,
+            "the event ends the body: %s", r->body);
+  json_t *j = json_loadb(r->body + 6, r->len - 10, 0, NULL);
+  cr_assert_not_null(j, "%s", r->body);
+  const char *t = gemini_text(j);
+  cr_expect(t != NULL && strstr(t, "identical_calls"), "%s", r->body);
+  json_decref(j);
+  free(body);
+  free(r);
+}
+
+Test(proxy, gemini_stream_without_alt_sse_is_a_json_array) {
+  char *body = gemini_conv(3, "{\"output\":\"On branch main\"}", true, true);
+  resp *r =
+      call(P, "POST", "/v1beta/models/gemini-2.5-pro:streamGenerateContent",
+           body, NULL);
+  cr_expect_eq(r->status, 200);
+  json_t *j = json_loads(r->body, 0, NULL);
+  cr_assert(json_is_array(j) && json_array_size(j) == 1, "%s", r->body);
+  cr_expect(strstr(gemini_text(json_array_get(j, 0)), "identical_calls"));
+  json_decref(j);
+  free(body);
+  free(r);
+}
+
+Test(proxy, gemini_without_tools_is_relayed_untouched) {
+  /* Gemini CLI's routing call: the history, no tools, JSON asked back */
+  char *body = gemini_conv(3, "{\"output\":\"On branch main\"}", true, false);
+  const char *up = "{\"candidates\":[{\"content\":{\"role\":\"model\","
+                   "\"parts\":[{\"text\":\"{\\\"model_choice\\\":\\\"flash\\\""
+                   "}\"}]},\"finishReason\":\"STOP\"}]}";
+  canned_add(200, up);
+  resp *r = call(P, "POST", GEMINI_PATH, body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, up);
+  cr_assert_eq(n_upstream(), 1);
+  cr_expect_str_eq(U.reqs[0].body, body, "the body unchanged");
+  free(body);
+  free(r);
+}
+
+Test(proxy, gemini_allowed_goes_up_with_the_error_context) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  const char *up = "data: {\"candidates\":[{\"content\":{\"role\":\"model\","
+                   "\"parts\":[{\"text\":\"ok\"}]},\"finishReason\":\"STOP\"}"
+                   "]}\r\n\r\n";
+  canned_add(200, up);
+  char *body = gemini_conv(1, gemini_failed, true, true);
+  resp *r = call(P, "POST", GEMINI_SSE, body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_eq(r->body, up, "the stream relayed as it came");
+  cr_assert_eq(n_upstream(), 1);
+  cr_expect_str_eq(U.reqs[0].url,
+                   "/v1/v1beta/models/gemini-2.5-pro:streamGenerateContent",
+                   "the upstream's path (/v1 here), then the client's");
+  cr_expect_str_eq(U.reqs[0].alt, "sse", "the query kept");
+  json_t *sent = json_loads(U.reqs[0].body, 0, NULL);
+  cr_assert_not_null(sent);
+  json_t *contents = json_object_get(sent, "contents");
+  cr_expect_eq(json_array_size(contents), 3, "no content added");
+  json_t *parts = json_object_get(json_array_get(contents, 2), "parts");
+  cr_assert_eq(json_array_size(parts), 2,
+               "a text part beside the functionResponse: %s", U.reqs[0].body);
+  cr_expect(strstr(json_string_value(
+                       json_object_get(json_array_get(parts, 1), "text")),
+                   "Exit Code: 2") != NULL,
+            "the error context names the failure: %s", U.reqs[0].body);
+  json_decref(sent);
+  free(body);
+  free(r);
+}
+
+Test(proxy, gemini_bad_contents_are_400_in_googles_shape) {
+  resp *r = call(P, "POST", GEMINI_PATH,
+                 "{\"tools\":[{\"functionDeclarations\":[{\"name\":\"x\"}]}],"
+                 "\"contents\":[{\"role\":\"user\",\"parts\":[{\"text\":\"hi\""
+                 "}]},{\"role\":\"model\",\"parts\":[{\"functionCall\":{"
+                 "\"args\":{}}}]}]}",
+                 NULL);
+  cr_expect_eq(r->status, 400);
+  json_t *j = json_loads(r->body, 0, NULL);
+  json_t *e = json_object_get(j, "error");
+  cr_expect_eq(json_integer_value(json_object_get(e, "code")), 400, "%s",
+               r->body);
+  cr_expect_str_eq(json_string_value(json_object_get(e, "status")),
+                   "INVALID_ARGUMENT");
+  cr_expect(strstr(json_string_value(json_object_get(e, "message")),
+                   "contents[1].parts[0].functionCall") != NULL,
+            "%s", r->body);
+  json_decref(j);
+  free(r);
+  cr_expect_eq(n_upstream(), 0);
+  /* another method of the models path (countTokens) is not guarded */
+  canned_add(200, "{\"totalTokens\":3}");
+  r = call(P, "POST", "/v1beta/models/gemini-2.5-pro:countTokens", "{}", NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 1);
+  free(r);
+}
+
+/* The proxy's decision on random Gemini conversations (ids or none,
+ * parallel calls answered in any order) equals the audit's reading of the
+ * same request body. */
+Test(proxy, gemini_decisions_equal_the_audits) {
+  static const char *const names[] = {"run_shell_command", "read_file",
+                                      "replace"};
+  static const char *const args[] = {"{\"p\":1}", "{\"p\":2}", "{\"q\":[1]}"};
+  static const char *const outs[] = {
+      "{\"output\":\"ok\"}", "{\"error\":\"Exit Code: 1\"}",
+      "{\"output\":\"fine\",\"llmContent\":[1]}", "{\"error\":{\"code\":7}}"};
+  ag_proxy_stop(P);
+  ag_config cfg = test_cfg();
+  cfg.loop.max_iterations = 0;
+  cfg.loop.max_tokens_per_turn = 0;
+  P = proxy_with(cfg, 0, NULL);
+  ag_auditor *a = NULL;
+  cr_assert_eq(ag_auditor_new(&a, &cfg, NULL, NULL), AG_OK);
+  int stops = 0;
+  for (int i = 0; i < 150; i++) {
+    json_t *contents =
+        json_pack("[{s:s, s:[{s:s}]}]", "role", "user", "parts", "text", "go");
+    int rounds = 1 + (int)rnd(8);
+    bool ids = rnd(2) == 0;
+    for (int r = 0; r < rounds; r++) {
+      json_t *calls = json_array(), *resps = json_array();
+      if (rnd(3) == 0)
+        json_array_append_new(calls, json_pack("{s:s}", "text", "working"));
+      unsigned nc = 1 + rnd(2);
+      for (unsigned k = 0; k < nc; k++) {
+        const char *name = names[rnd(3)];
+        json_t *fc = json_pack("{s:s, s:o}", "name", name, "args",
+                               json_loads(args[rnd(3)], 0, NULL));
+        json_t *fr = json_pack("{s:s, s:o}", "name", name, "response",
+                               json_loads(outs[rnd(4)], 0, NULL));
+        if (ids) {
+          char cid[32];
+          snprintf(cid, sizeof cid, "c%d_%u", r, k);
+          json_object_set_new(fc, "id", json_string(cid));
+          json_object_set_new(fr, "id", json_string(cid));
+        }
+        json_array_append_new(calls, json_pack("{s:o}", "functionCall", fc));
+        json_array_append_new(resps,
+                              json_pack("{s:o}", "functionResponse", fr));
+      }
+      json_array_append_new(
+          contents, json_pack("{s:s, s:o}", "role", "model", "parts", calls));
+      json_array_append_new(
+          contents, json_pack("{s:s, s:o}", "role", "user", "parts", resps));
+    }
+    json_t *req =
+        json_pack("{s:o, s:[{s:[{s:s}]}]}", "contents", contents, "tools",
+                  "functionDeclarations", "name", "run_shell_command");
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    ag_trajectory *t = NULL;
+    ag_error_t err;
+    cr_assert_eq(ag_trajectory_parse(&t, body, strlen(body), NULL, &err), AG_OK,
+                 "%s", err.msg);
+    ag_audit_finding f;
+    cr_assert_eq(ag_auditor_run(a, t, &f, &err), AG_OK);
+    ag_trajectory_free(t);
+    canned_reset();
+    if (!f.stop.stopped)
+      canned_add(200, "{\"candidates\":[]}");
+    resp *r = call(P, "POST", GEMINI_PATH, body, NULL);
     cr_expect_str_eq(r->stop,
                      f.stop.stopped ? ag_reason_name(f.stop.reason) : "",
                      "run %d: %s", i, body);

@@ -253,10 +253,10 @@ Test(run, commands_need_approval_and_there_is_no_terminal) {
 Test(run, bad_invocations_run_nothing) {
   F.replies[0] = TEXT_REPLY("never");
   F.n_replies = 1;
-  const char *const bad_kind[] = {"--provider", "gemini", NULL};
+  const char *const bad_kind[] = {"--provider", "vertex", NULL};
   result r = run_task(bad_kind, "x");
   cr_assert_eq(r.status, 2);
-  cr_assert(strstr(r.err, "--provider gemini: unknown kind") != NULL, "%s",
+  cr_assert(strstr(r.err, "--provider vertex: unknown kind") != NULL, "%s",
             r.err);
   result_free(&r);
   const char *const bad_preset[] = {"--preset", "defualt", NULL};

@@ -1,0 +1,228 @@
+/*
+ * src/proxy/request_only.c - the APIs decided on the request alone: OpenAI
+ * Responses (POST /v1/responses: Codex CLI, the OpenAI Agents SDK by
+ * default) and Gemini (POST /v1beta/models/{model}:generateContent and
+ * :streamGenerateContent: Gemini CLI, the google-genai clients). Every
+ * shape-specific step is the wire table's (src/wire/): the conversation's
+ * key (conv_key), its reading as a turn (to_chat), the form the client
+ * wants its reply in (reply_form), the stop reply (stop_body) and the
+ * error context added as the user's text (add_user_text).
+ *
+ * The conversation the client sends is read by the wire layer and its
+ * last turn replayed through a fresh guard. A stop is answered by the
+ * proxy in the API's shape - one assistant message saying why, as JSON,
+ * as the events of a stream, or as Gemini's JSON array of chunks - and
+ * the upstream is not asked. Otherwise the request goes upstream, with the
+ * error context as the user's text when errors.error_context asks for it,
+ * and the upstream's reply is relayed as it comes, streamed or not.
+ *
+ * What differs from Chat Completions and Messages (docs/proxy.md):
+ *   - the reply is not held and checked: a call the model repeats reaches
+ *     the client, and the guard sees it when its result comes back in the
+ *     next request (one call later than with the other shapes);
+ *   - a request without tools (Gemini CLI's routing call, a JSON-output
+ *     request) cannot make a call: it is relayed untouched;
+ *   - a Responses request that continues a conversation the upstream keeps
+ *     (`previous_response_id`, `conversation`) holds only its newest
+ *     items: the turn cannot be replayed, so it is relayed unguarded, with
+ *     an `unguarded` event that says why;
+ *   - a stop is never the final request without tools: the stop reply is
+ *     the answer.
+ */
+#include "internal.h"
+
+/* The model a request names: its "model", else the path's
+ * ("/v1beta/models/<model>:..."), else "agentguard". */
+static const char *model_of(const json_t *req, const char *path, char *buf,
+                            size_t cap) {
+  const char *m = json_string_value(json_object_get(req, "model"));
+  if (m != NULL)
+    return m;
+  const char *s = strstr(path, "/models/");
+  if (s != NULL) {
+    s += 8;
+    size_t n = strcspn(s, ":/");
+    if (n > 0 && n < cap) {
+      memcpy(buf, s, n);
+      buf[n] = '\0';
+      return buf;
+    }
+  }
+  return "agentguard";
+}
+
+/* The stop reply in the request's API and form. */
+static void stop_reply(ag_proxy *p, const req_ctx *q, const json_t *req,
+                       const char *path, const ag_verdict *v, reply *r) {
+  const ag__wire *w = r->shape;
+  char text[AG_VERDICT_MSG_MAX * 2 + 128];
+  ag__px_stop_text(v, text, sizeof text);
+  char id[64], mbuf[256];
+  snprintf(id, sizeof id, "%s_agentguard_%lu",
+           w == &ag__wire_responses ? "resp" : "gen",
+           (unsigned long)atomic_fetch_add(&p->ids, 1));
+  const char *query = strchr(q->uri, '?');
+  ag__reply_form form =
+      w->reply_form(path, query != NULL ? query + 1 : "", req);
+  size_t len = 0;
+  char *body = w->stop_body(form, id, model_of(req, path, mbuf, sizeof mbuf),
+                            text, (long long)time(NULL), &len);
+  if (body == NULL) {
+    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return;
+  }
+  if (form == AG__REPLY_SSE) {
+    sbuf b = {body, len, len + 1, false};
+    ag__px_set_sse(r, &b);
+  } else {
+    ag__px_set_json(r, 200, json_loadb(body, len, 0, NULL));
+    free(body);
+  }
+  if (r->status == 200)
+    r->stop = ag_reason_name(v->reason);
+}
+
+/* Why a request cannot be replayed from itself, or NULL. */
+static const char *held_upstream(const json_t *req) {
+  const json_t *prev = json_object_get(req, "previous_response_id");
+  if (json_is_string(prev))
+    return "previous_response_id: the conversation is kept by the upstream; "
+           "the request holds only its newest items";
+  const json_t *conv = json_object_get(req, "conversation");
+  if (conv != NULL && !json_is_null(conv))
+    return "conversation: the conversation is kept by the upstream; the "
+           "request holds only its newest items";
+  return NULL;
+}
+
+/* The turn in `req` replayed through *g: the action (v filled), or -1 with
+ * r the answer (a 400, a 500). */
+static int decide(ag_proxy *p, const json_t *req, ag_guard **g, ag_verdict *v,
+                  reply *r) {
+  const ag__wire *w = r->shape;
+  const json_t *conv = json_object_get(req, w->conv_key);
+  char emsg[ERR_MSG_MAX];
+  json_t *chat = w->to_chat(conv, 0, emsg, sizeof emsg);
+  if (chat == NULL) {
+    if (emsg[0] != '\0')
+      ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
+                       "agentguard proxy: %s", emsg);
+    else
+      ag__px_set_error(r, 500, "server_error", "out_of_memory",
+                       "out of memory");
+    return -1;
+  }
+  ag_error_t err;
+  int act = -1;
+  if (ag_guard_new(g, &p->cfg, NULL, &err) != AG_OK) {
+    ag__px_set_error(r, 500, "server_error", "guard", "agentguard proxy: %s",
+                     err.msg);
+  } else {
+    act = ag__px_replay_turn(*g, chat, SIZE_MAX, v, emsg, sizeof emsg);
+    if (act == -1)
+      ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
+                       "agentguard proxy: %s: %s", w->conv_key, emsg);
+    else if (act == -2)
+      ag__px_set_error(r, 500, "server_error", "out_of_memory",
+                       "out of memory");
+    if (act >= 0 && !ag__stops((ag_action)act))
+      act = ag_guard_begin_iteration(*g, 0, v);
+  }
+  json_decref(chat);
+  return act < 0 ? -1 : act;
+}
+
+/* The body the upstream gets: the client's, or with the error context. */
+static bool add_context(ag_proxy *p, req_ctx *q, const json_t *req, ag_guard *g,
+                        const char *path, reply *r) {
+  char ectx[8192];
+  size_t need = ag_guard_error_context(g, AG_RECOVER_EXECUTION, NULL, 0, ectx,
+                                       sizeof ectx);
+  if (need == 0 || ectx[0] == '\0')
+    return true;
+  json_t *b = json_copy((json_t *)req);
+  char *body = b != NULL && r->shape->add_user_text(b, ectx)
+                   ? json_dumps(b, JSON_COMPACT)
+                   : NULL;
+  json_decref(b);
+  if (body == NULL) {
+    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
+    return false;
+  }
+  free(q->body);
+  q->body = body;
+  q->len = strlen(body);
+  ag__px_event(p, "error_context", path, NULL, NULL);
+  return true;
+}
+
+/* Whether a request offers the model no tool (nothing it can call). */
+static bool no_tools(const json_t *req) {
+  const json_t *tools = json_object_get(req, "tools");
+  return tools == NULL || json_is_null(tools) ||
+         (json_is_array(tools) && json_array_size(tools) == 0);
+}
+
+/* What to do with a parsed request before its turn: AG_ALLOW to decide it,
+ * 1 to relay it untouched, -1 with r the answer (a 400). */
+static int triage(ag_proxy *p, const json_t *req, const char *path, reply *r) {
+  const ag__wire *w = r->shape;
+  const json_t *conv = json_object_get(req, w->conv_key);
+  const char *unguarded = held_upstream(req);
+  if (unguarded != NULL && w == &ag__wire_responses) {
+    ag__px_event(p, "unguarded", path, NULL, unguarded);
+    return 1;
+  }
+  if (conv == NULL || json_is_string(conv) || no_tools(req))
+    return 1; /* a new turn, or no call possible: nothing to guard */
+  if (!json_is_array(conv)) {
+    ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
+                     "agentguard proxy: %s: expected %s", w->conv_key,
+                     w == &ag__wire_responses ? "a string or an array of items"
+                                              : "an array");
+    return -1;
+  }
+  return AG_ALLOW;
+}
+
+void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                         const char *path, reply *r, bool *started) {
+  json_error_t je;
+  json_t *req = json_loadb(q->body != NULL ? q->body : "", q->len, 0, &je);
+  ag_guard *g = NULL;
+  ag_verdict v;
+  memset(&v, 0, sizeof v);
+  int act = -1;
+  if (req == NULL) {
+    ag__px_set_error(
+        r, 400, "invalid_request_error", "invalid_json",
+        "agentguard proxy: the request body is not JSON: %s (line %d, "
+        "column %d)",
+        je.text, je.line, je.column);
+  } else if (!json_is_object(req)) {
+    ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
+                     "agentguard proxy: the request body must be a JSON "
+                     "object");
+  } else {
+    act = triage(p, req, path, r);
+    if (act == AG_ALLOW)
+      act = decide(p, req, &g, &v, r);
+    else if (act == 1)
+      act = AG_ALLOW; /* relayed untouched, g NULL */
+  }
+  if (act < 0) {
+    /* r holds the answer */
+  } else if (ag__stops((ag_action)act)) {
+    ag__px_event(p, "stopped_before_request", path, &v, NULL);
+    stop_reply(p, q, req, path, &v, r);
+  } else if (g == NULL || !p->cfg.errors.error_context ||
+             add_context(p, q, req, g, path, r)) {
+    *started = ag__px_relay_start(p, c, q, path, r);
+  }
+  /* once the relay started, q (and r in it) is the loop's: it may be
+   * answered and freed already */
+  if (!*started && r->status == 400)
+    ag__px_bad_request(p, path, r);
+  ag_guard_free(g);
+  json_decref(req);
+}
