@@ -452,9 +452,59 @@ char *ag__px_with_messages(const json_t *body, const json_t *extra,
   return text;
 }
 
-/* The upstream's reply read by the OpenAI provider's parser. false with a
- * 502 in `r` when it is not a Chat Completions response. */
-bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r) {
+/* One SSE event of a held reply into the assembler, by the shape's reader. */
+typedef struct held_sse {
+  const ag__wire *w;
+  ag__asm *a;
+} held_sse;
+
+static int held_event(void *user, const char *event, const char *data,
+                      size_t len, size_t pos) {
+  held_sse *h = user;
+  return h->w->event(h->a, event, data, len, pos);
+}
+
+/* A reply held whole, in `form`, into the assembler: a JSON body by the
+ * shape's whole-reply reader, SSE by its event reader, a JSON array (a
+ * Gemini stream without alt=sse) element by element. */
+static void read_held(const ag__wire *w, ag__reply_form form, const char *body,
+                      size_t len, ag__asm *a) {
+  if (form == AG__REPLY_WHOLE) {
+    w->response(a, body, len);
+  } else if (form == AG__REPLY_SSE) {
+    held_sse h = {w, a};
+    ag__sse s;
+    ag_err_t why = AG_OK;
+    ag__sse_init(&s, held_event, &h);
+    if (ag__sse_feed(&s, body, len, &why) == 0)
+      ag__sse_finish(&s, &why);
+    ag__sse_free(&s);
+    if (why != AG_OK && a->failed == AG_OK)
+      a->failed = why;
+  } else {
+    json_error_t je;
+    json_t *arr = json_loadb(body, len, 0, &je);
+    size_t i;
+    json_t *el;
+    if (!json_is_array(arr))
+      ag__asm_bad(a, arr == NULL ? (long)je.position : 0,
+                  "expected a JSON array of chunks");
+    json_array_foreach(arr, i, el) {
+      char *d = json_dumps(el, JSON_COMPACT);
+      if (d == NULL || w->event(a, "", d, strlen(d), 0) != 0) {
+        if (d == NULL && a->failed == AG_OK)
+          a->failed = AG_ENOMEM;
+        free(d);
+        break;
+      }
+      free(d);
+    }
+    json_decref(arr);
+  }
+}
+
+bool ag__px_read_reply_as(upstream *u, const ag__wire *w, ag__reply_form form,
+                          ag_reply *out, reply *r) {
   ag_provider_error perr;
   memset(&perr, 0, sizeof perr);
   ag__asm a;
@@ -467,10 +517,7 @@ bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r) {
     ag__budget_wait(u->bud, parse, u->held);
     u->held += parse;
   }
-  if (r->anthropic)
-    ag__anthropic_response(&a, u->body != NULL ? u->body : "", u->len);
-  else
-    ag__openai_response(&a, u->body != NULL ? u->body : "", u->len);
+  read_held(w, form, u->body != NULL ? u->body : "", u->len, &a);
   ag_err_t rc = a.failed != AG_OK ? a.failed : ag__asm_finish(&a, out);
   ag__asm_free(&a);
   if (rc == AG_OK)
@@ -478,10 +525,18 @@ bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r) {
   ag_reply_clear(out);
   ag__px_set_error(
       r, 502, "upstream_error", "upstream_bad_reply",
-      "agentguard proxy: the upstream's reply is not a %s response: %s",
-      r->anthropic ? "Messages" : "Chat Completions",
+      "agentguard proxy: the upstream's reply is not a %s response: %s", w->api,
       rc == AG_EPROVIDER ? perr.message : ag_strerror(rc));
   return false;
+}
+
+/* The upstream's reply read by the parser of the request's API (Chat
+ * Completions or Messages, whole). false with a 502 in `r` when it is not
+ * one. */
+bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r) {
+  return ag__px_read_reply_as(
+      u, r->anthropic ? &ag__wire_messages : &ag__wire_chat, AG__REPLY_WHOLE,
+      out, r);
 }
 
 /* The final request without tools: the reply, tool calls stripped. */
@@ -1191,7 +1246,7 @@ void ag__px_bad_request(ag_proxy *p, const char *path, const reply *r) {
 void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                  const char *path, reply *r, bool *started, bool *later) {
   if (r->shape != NULL && r->shape->stop_body != NULL) {
-    ag__px_request_only(p, c, q, path, r, started);
+    ag__px_request_only(p, c, q, path, r, started, later);
     return;
   }
   decision d;

@@ -364,12 +364,14 @@ bool ag__px_anth_has_text(const json_t *m);
 const char *ag__px_anth_text(const json_t *content, fast_traj *f, size_t *len);
 void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                  const char *path, reply *r, bool *started, bool *later);
-/* A request of a shape decided on the request alone (r->shape's
- * stop_body: Responses, Gemini) decided and answered (request_only.c): r
- * is the answer, or *started says its relay was handed to the loop. Never
- * waits. */
+/* A request of a shape decided on the request (r->shape's stop_body:
+ * Responses, Gemini) decided and answered (request_only.c): r is the
+ * answer, or *started says its relay was handed to the loop. With `later`
+ * (the loop's thread), a request whose reply must be held is left for a
+ * worker, *later set. */
 void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                         const char *path, reply *r, bool *started);
+                         const char *path, reply *r, bool *started,
+                         bool *later);
 /* The turn of chat `msgs` (from its last user message) replayed through a
  * fresh turn of g: the action, -1 with a 400 message in emsg, -2 out of
  * memory. `shown`: the turn's first index for that message, or SIZE_MAX. */
@@ -418,6 +420,11 @@ void ag__px_on_stream_done(ag__relay_xfer *x, CURLcode cc);
 void *ag__px_on_uri(void *cls, const char *uri, struct MHD_Connection *c);
 void ag__px_pass_back(upstream *u, reply *r);
 bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r);
+/* The upstream's reply held whole, read by shape w's readers as the
+ * client asked for it (whole JSON, SSE, a JSON array of chunks); false
+ * with a 502 in `r` when it is not such a reply. */
+bool ag__px_read_reply_as(upstream *u, const ag__wire *w, ag__reply_form form,
+                          ag_reply *out, reply *r);
 ag_action ag__px_record_nudged(ag_guard *g, const ag_reply *rep,
                                const ag_call_check *checks, ag_verdict *v);
 bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q);

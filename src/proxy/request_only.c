@@ -13,13 +13,17 @@
  * proxy in the API's shape - one assistant message saying why, as JSON,
  * as the events of a stream, or as Gemini's JSON array of chunks - and
  * the upstream is not asked. Otherwise the request goes upstream, with the
- * error context as the user's text when errors.error_context asks for it,
- * and the upstream's reply is relayed as it comes, streamed or not.
+ * error context as the user's text when errors.error_context asks for it;
+ * the upstream's reply is held whole (under the held-reply budget), read
+ * by the shape's own reader in the form the client asked for, and checked:
+ * a call that trips a mechanism has the reply replaced by the stop, any
+ * other reply is passed back as it came.
  *
  * What differs from Chat Completions and Messages (docs/proxy.md):
- *   - the reply is not held and checked: a call the model repeats reaches
- *     the client, and the guard sees it when its result comes back in the
- *     next request (one call later than with the other shapes);
+ *   - a streamed reply reaches the client at once when it is whole, not
+ *     event by event;
+ *   - no nudge: a call the guard would nudge is passed back, and the next
+ *     request (its result in) is decided again;
  *   - a request without tools (Gemini CLI's routing call, a JSON-output
  *     request) cannot make a call: it is relayed untouched;
  *   - a Responses request that continues a conversation the upstream keeps
@@ -132,14 +136,16 @@ static int decide(ag_proxy *p, const json_t *req, ag_guard **g, ag_verdict *v,
   return act < 0 ? -1 : act;
 }
 
-/* The body the upstream gets: the client's, or with the error context. */
+/* The body the upstream gets: the client's, or with the error context
+ * (*ours set). */
 static bool add_context(ag_proxy *p, req_ctx *q, const json_t *req, ag_guard *g,
-                        const char *path, reply *r) {
+                        const char *path, reply *r, bool *ours) {
   char ectx[8192];
   size_t need = ag_guard_error_context(g, AG_RECOVER_EXECUTION, NULL, 0, ectx,
                                        sizeof ectx);
   if (need == 0 || ectx[0] == '\0')
     return true;
+  *ours = true;
   json_t *b = json_copy((json_t *)req);
   char *body = b != NULL && r->shape->add_user_text(b, ectx)
                    ? json_dumps(b, JSON_COMPACT)
@@ -154,6 +160,42 @@ static bool add_context(ag_proxy *p, req_ctx *q, const json_t *req, ag_guard *g,
   q->len = strlen(body);
   ag__px_event(p, "error_context", path, NULL, NULL);
   return true;
+}
+
+/* The request goes upstream (the client's body, or `body` when the error
+ * context rewrote it) and its reply is held whole and checked as the
+ * guard checks a model's reply: a call that trips a mechanism (the 5th
+ * identical call) has the reply replaced by the stop, in the client's
+ * form; any other reply, or an upstream error, is passed back as it came.
+ * On a request's thread (it waits). */
+static void answer_held(ag_proxy *p, req_ctx *q, const json_t *req,
+                        const char *path, bool ours, ag_guard *g, ag_verdict *v,
+                        reply *r) {
+  upstream u;
+  memset(&u, 0, sizeof u);
+  ag_reply rep;
+  memset(&rep, 0, sizeof rep);
+  ag__px_send_upstream(p, q->client_hdrs, "POST", q->uri, q->body, q->len, ours,
+                       q->client_fd, &u);
+  const char *query = strchr(q->uri, '?');
+  ag__reply_form form =
+      r->shape->reply_form(path, query != NULL ? query + 1 : "", req);
+  if (ag__px_upstream_failed(p, &u, r)) {
+    /* r holds the 502 or 504 */
+  } else if (u.status < 200 || u.status >= 300) {
+    ag__px_pass_back(&u, r);
+  } else if (ag__px_read_reply_as(&u, r->shape, form, &rep, r)) {
+    ag_call_check checks[AG__CALLS_MAX];
+    ag_action act = ag__px_check_reply(g, &rep, false, checks, v);
+    if (ag__stops(act)) {
+      ag__px_event(p, "reply_replaced", path, v, NULL);
+      stop_reply(p, q, req, path, v, r);
+    } else {
+      ag__px_pass_back(&u, r); /* a nudge: the next request decides */
+    }
+  }
+  ag_reply_clear(&rep);
+  ag__px_upstream_free(&u);
 }
 
 /* Whether a request offers the model no tool (nothing it can call). */
@@ -186,7 +228,8 @@ static int triage(ag_proxy *p, const json_t *req, const char *path, reply *r) {
 }
 
 void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                         const char *path, reply *r, bool *started) {
+                         const char *path, reply *r, bool *started,
+                         bool *later) {
   json_error_t je;
   json_t *req = json_loadb(q->body != NULL ? q->body : "", q->len, 0, &je);
   ag_guard *g = NULL;
@@ -215,9 +258,15 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   } else if (ag__stops((ag_action)act)) {
     ag__px_event(p, "stopped_before_request", path, &v, NULL);
     stop_reply(p, q, req, path, &v, r);
-  } else if (g == NULL || !p->cfg.errors.error_context ||
-             add_context(p, q, req, g, path, r)) {
+  } else if (g == NULL) {
     *started = ag__px_relay_start(p, c, q, path, r);
+  } else if (later != NULL) {
+    *later = true; /* nothing said or sent yet: a worker decides again */
+  } else {
+    bool ours = false;
+    if (!p->cfg.errors.error_context ||
+        add_context(p, q, req, g, path, r, &ours))
+      answer_held(p, q, req, path, ours, g, &v, r);
   }
   /* once the relay started, q (and r in it) is the loop's: it may be
    * answered and freed already */

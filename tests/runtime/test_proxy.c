@@ -4418,3 +4418,72 @@ Test(proxy, gemini_decisions_equal_the_audits) {
   ag_auditor_free(a);
   cr_expect_gt(stops, 10, "the random turns exercise stops (%d)", stops);
 }
+
+/* The reply is held and checked: the call that makes the limit (3 here)
+ * never reaches the client; the stop comes in the client's form. */
+Test(proxy, gemini_reply_with_the_limits_call_is_replaced) {
+  char *body = gemini_conv(2, "{\"output\":\"On branch main\"}", true, true);
+  canned_add(200,
+             "data: {\"candidates\":[{\"content\":{\"role\":\"model\","
+             "\"parts\":[{\"text\":\"Again.\"}]}}]}\r\n\r\n"
+             "data: {\"candidates\":[{\"content\":{\"role\":\"model\","
+             "\"parts\":[{\"functionCall\":{\"name\":\"run_shell_command\","
+             "\"args\":{\"command\":\"make test\"}}}]},"
+             "\"finishReason\":\"STOP\"}]}\r\n\r\n");
+  resp *r = call(P, "POST", GEMINI_SSE, body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 1, "asked once");
+  cr_expect_str_eq(r->stop, "identical_calls");
+  cr_expect(strstr(r->body, "functionCall") == NULL, "%s", r->body);
+  cr_expect(strncmp(r->body, "data: {", 7) == 0 &&
+                strstr(r->body, "agentguard stopped this turn") != NULL,
+            "%s", r->body);
+  free(r);
+  /* a different call in the reply passes as it came */
+  canned_reset();
+  const char *other = "[{\"candidates\":[{\"content\":{\"role\":\"model\","
+                      "\"parts\":[{\"functionCall\":{\"name\":\"read_file\","
+                      "\"args\":{\"path\":\"a\"}}}]},\"finishReason\":"
+                      "\"STOP\"}]}]";
+  canned_add(200, other);
+  r = call(P, "POST", "/v1beta/models/gemini-2.5-pro:streamGenerateContent",
+           body, NULL);
+  cr_expect_str_eq(r->body, other);
+  cr_expect_str_eq(r->stop, "");
+  free(r);
+  /* a reply that is not the API's: a 502 in Google's shape */
+  canned_reset();
+  canned_add(200, "{\"choices\":7}");
+  r = call(P, "POST", GEMINI_PATH, body, NULL);
+  cr_expect_eq(r->status, 200, "no candidates: nothing to check (%s)", r->body);
+  free(r);
+  canned_reset();
+  canned_add(200, "[1,2");
+  r = call(P, "POST", GEMINI_PATH, body, NULL);
+  cr_expect_eq(r->status, 502, "%s", r->body);
+  cr_expect(strstr(r->body, "not a Gemini response") != NULL, "%s", r->body);
+  cr_expect(strstr(r->body, "\"status\":\"INTERNAL\"") != NULL, "%s", r->body);
+  free(r);
+  free(body);
+}
+
+Test(proxy, responses_reply_with_the_limits_call_is_replaced) {
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.errors.max_consecutive_errors = 0;
+  P = proxy_with(c, 0, NULL);
+  char *body = responses_conv(2, "ok", false, NULL, NULL);
+  canned_add(200,
+             "{\"object\":\"response\",\"status\":\"completed\",\"output\":"
+             "[{\"type\":\"function_call\",\"call_id\":\"c9\",\"name\":"
+             "\"shell\",\"arguments\":\"{\\\"command\\\":[\\\"bash\\\","
+             "\\\"-lc\\\",\\\"make test\\\"]}\"}]}");
+  resp *r = call(P, "POST", "/v1/responses", body, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_eq(n_upstream(), 1);
+  cr_expect_str_eq(r->stop, "identical_calls");
+  cr_expect(strstr(r->body, "function_call") == NULL, "%s", r->body);
+  cr_expect(strstr(r->body, "\"object\":\"response\"") != NULL, "%s", r->body);
+  free(r);
+  free(body);
+}
