@@ -46,6 +46,11 @@ typedef enum {
   AG_FAIL_ALL_FAILED = 0,
   AG_FAIL_ANY_FAILED
 } ag_failing_iteration;
+/* Which failures the error counters (5 identical errors, 6 a tool's
+ * failures, 7 failing iterations, 8 the total) count: every failure, or
+ * only malfunctions of the tool loop - not information such as a failing
+ * test or a program's traceback (docs/errors.md). */
+typedef enum { AG_COUNT_ALL = 0, AG_COUNT_MALFUNCTIONS } ag_counted_failures;
 typedef enum { AG_TRIP_STOP = 0, AG_TRIP_ESCALATE } ag_on_trip;
 /* What the model is told of a failed call: the compact record, the full
  * text, or only "Error: Function failed." (M.E.AI without detailed errors). */
@@ -100,9 +105,10 @@ typedef struct ag_config {
     int max_tool_errors;        /* 6 */
     int max_consecutive_errors; /* 7 */
     ag_failing_iteration failing_iteration;
-    int max_total_errors;    /* 8 */
-    int similar_error_limit; /* 9 */
-    int error_history;       /* 9: errors remembered (1..256) */
+    ag_counted_failures counted_failures; /* 5-8 */
+    int max_total_errors;                 /* 8 */
+    int similar_error_limit;              /* 9 */
+    int error_history;                    /* 9: errors remembered (1..256) */
     ag_str_list error_prefixes;
     ag_on_trip on_trip;
     ag_feedback feedback;

@@ -160,15 +160,19 @@ typedef struct run_ctx {
 /*
  * The category the replay passes for an error the recording did not
  * classify. The guard classifies a result whose category is AG_CAT__COUNT;
- * it uses the category for the error-pattern detector (mechanism 9) and for
- * the error context and escalation record, which the audit never produces.
- * So with mechanism 9 off the category cannot change a verdict, and the
- * replay passes AG_CAT_UNKNOWN instead of paying for the classifier (about
- * 70% of a replay's time on the bundled runs). test_audit checks on every
- * bundled run that the findings are the same either way.
+ * it uses the category for the error-pattern detector (mechanism 9), to
+ * tell information from malfunctions (errors.counted_failures
+ * "malfunctions"), and for the error context and escalation record, which
+ * the audit never produces. So with both off the category cannot change a
+ * verdict, and the replay passes AG_CAT_UNKNOWN instead of paying for the
+ * classifier (about 70% of a replay's time on the bundled runs). test_audit
+ * checks on every bundled run that the findings are the same either way.
  */
 static ag_category category_for(const ag_config *c) {
-  return c->errors.similar_error_limit > 0 ? AG_CAT__COUNT : AG_CAT_UNKNOWN;
+  return c->errors.similar_error_limit > 0 ||
+                 c->errors.counted_failures == AG_COUNT_MALFUNCTIONS
+             ? AG_CAT__COUNT
+             : AG_CAT_UNKNOWN;
 }
 
 /* The "execution" of a replayed batch: the recorded results of the calls

@@ -186,6 +186,9 @@ static const rule rules[] = {
 
     /* Phrases that contain another category's words. */
     P(VALIDATION, "to replace not found"), /* Claude Code Edit */
+    /* the text editor tool's str_replace (Anthropic's, OpenHands',
+     * SWE-agent's): old_str absent or not unique - a misused call */
+    P(VALIDATION, "no replacement was performed"),
     P(AUTH, "permission denied (publickey"),
     P(BUSY, "resource temporarily unavailable"),
     P(RESOURCE, "disk quota exceeded"),

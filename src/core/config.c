@@ -44,6 +44,7 @@
 _Static_assert(sizeof(ag_call_scope) == sizeof(int), "enum size");
 _Static_assert(sizeof(ag_failing_iteration) == sizeof(int), "enum size");
 _Static_assert(sizeof(ag_on_trip) == sizeof(int), "enum size");
+_Static_assert(sizeof(ag_counted_failures) == sizeof(int), "enum size");
 _Static_assert(sizeof(ag_feedback) == sizeof(int), "enum size");
 _Static_assert(sizeof(ag_backoff) == sizeof(int), "enum size");
 _Static_assert(sizeof(ag_retry_on) == sizeof(int), "enum size");
@@ -68,6 +69,7 @@ typedef struct key_desc {
 static const char *const scope_names[] = {"call", "call_and_result", NULL};
 static const char *const failing_names[] = {"all_failed", "any_failed", NULL};
 static const char *const on_trip_names[] = {"stop", "escalate", NULL};
+static const char *const counted_names[] = {"all", "malfunctions", NULL};
 static const char *const feedback_names[] = {"compact", "full", "generic",
                                              NULL};
 static const char *const backoff_names[] = {"linear", "exponential", "constant",
@@ -117,6 +119,7 @@ static const key_desc keys[] = {
     KCOUNT(errors, max_tool_errors, "0"),
     KCOUNT(errors, max_consecutive_errors, "0"),
     KENUM(errors, failing_iteration, failing_names, "all_failed"),
+    KENUM(errors, counted_failures, counted_names, "all"),
     KCOUNT(errors, max_total_errors, "0"),
     KCOUNT(errors, similar_error_limit, "0"),
     KINT(errors, error_history, 1, 256, "10"),
@@ -178,6 +181,9 @@ static const override default_set[] = {
     {"loop.final_request_without_tools", "true"},
     {"errors.max_identical_errors", "5"},
     {"errors.max_consecutive_errors", "3"},
+    /* A failing test or a traceback is what the agent works on, not the
+     * loop going wrong (docs/detection.md): 16 still sees its repeats. */
+    {"errors.counted_failures", "malfunctions"},
     {"errors.feedback", "compact"},
     {"errors.error_context", "true"},
     {"errors.error_prefixes", "Error:"},

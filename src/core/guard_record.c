@@ -455,14 +455,12 @@ static void count_error_pattern(ag_guard *g, trip_note *tn, const rec_item *it,
          ag_category_name(cat), it->name, shown, ell);
 }
 
-/* A failed call: kept for the error context, then mechanisms 5, 6, 8, 9.
+/* A failed call: kept for the error context, then, when it counts (a
+ * malfunction, or every failure with counted_failures "all"), 5, 6, 8, 9.
  * `shown`: scratch. */
 static void record_error(ag_guard *g, trip_note *tn, const rec_item *it,
-                         char *shown, size_t shown_cap) {
-  const ag_result *r = it->r;
-  ag_category cat = r->category < AG_CAT__COUNT
-                        ? r->category
-                        : ag_classify(it->text, it->len);
+                         ag_category cat, bool counts, char *shown,
+                         size_t shown_cap) {
   bool cut;
   ag__collapse_ws(shown, shown_cap, it->text, it->len, SHOWN_ERROR_CHARS, &cut);
   const char *ell = cut ? "..." : "";
@@ -470,7 +468,14 @@ static void record_error(ag_guard *g, trip_note *tn, const rec_item *it,
   ag__guard_ring_push(g, &g->unresolved, it->name, cat, it->text, it->len);
   g->unresolved_total++;
   it->t->unresolved++;
-
+  if (!counts) {
+    /* information (a failing test, a program's traceback): the tool did
+     * its job, so the malfunction counters see a call that worked; it
+     * stays in the error context, and 16 counts its repeats */
+    g->ident_run = 0;
+    it->t->failures = 0;
+    return;
+  }
   count_identical_error(g, tn, it, shown, ell);
   count_tool_error(g, tn, it, shown, ell);
   count_total_error(g, tn, it, shown, ell);
@@ -523,8 +528,13 @@ static void record_one(ag_guard *g, trip_note *tn, const ag_result *r, size_t i,
     }
     return;
   }
-  tally->failed++;
-  record_error(g, tn, &it, shown, shown_cap);
+  ag_category cat =
+      r->category < AG_CAT__COUNT ? r->category : ag_classify(it.text, it.len);
+  bool counts = cfg->errors.counted_failures != AG_COUNT_MALFUNCTIONS ||
+                !ag__failure_is_information(cat, it.text, it.len);
+  if (counts)
+    tally->failed++; /* information is no failing iteration (7) */
+  record_error(g, tn, &it, cat, counts, shown, shown_cap);
 }
 
 /* 12: a reply none of whose calls could run is a refused reply. */

@@ -166,6 +166,11 @@ size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start);
 size_t ag__collapse_ws(char *dst, size_t cap, const char *msg, size_t len,
                        size_t max_chars, bool *cut);
 
+/* Whether a failure of category `cat` is information - the work failing,
+ * the tool doing its job - rather than a malfunction of the tool loop
+ * (src/core/failure.c, docs/errors.md). Pure. */
+bool ag__failure_is_information(ag_category cat, const char *text, size_t len);
+
 /* ------------------------------------------------------------------------ */
 /* The mechanism table                                                      */
 /* ------------------------------------------------------------------------ */

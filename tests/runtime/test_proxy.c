@@ -3905,8 +3905,10 @@ static char *responses_conv(int n, const char *output, bool stream,
   return t;
 }
 
+/* a malfunction (docs/errors.md): the command does not exist */
 static const char *const codex_failed =
-    "Exit code: 1\nWall time: 0.4 seconds\nOutput:\nFAILED test_a - assert";
+    "Exit code: 127\nWall time: 0.0 seconds\nOutput:\nbash: line 1: pytets: "
+    "command not found";
 
 Test(proxy, responses_replayed_errors_stop_with_a_response) {
   ag_proxy_stop(P);
@@ -4021,7 +4023,7 @@ Test(proxy, responses_allowed_goes_up_with_the_error_context) {
   json_t *last = json_array_get(in, json_array_size(in) - 1);
   cr_expect_str_eq(json_string_value(json_object_get(last, "role")), "user");
   cr_expect(strstr(json_string_value(json_object_get(last, "content")),
-                   "FAILED test_a") != NULL,
+                   "pytets: command not found") != NULL,
             "the error context names the failure: %s", U.reqs[0].body);
   cr_expect_eq(json_array_size(in), 6, "the client's 5 items and one more");
   json_decref(sent);

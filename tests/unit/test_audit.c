@@ -642,10 +642,13 @@ Test(fixtures, harmless_error_prefix_is_not_an_error) {
 Test(fixtures, each_mechanism_alone) {
   /* looping_unresolved: a failing test (4), a refused reply (5), the same
    * failing call at 6-11. The third identical failure (7) trips
-   * repeated_results. A refused reply is neither a failing iteration nor an
-   * error, so consecutive_errors alone trips at 8 (4, 6, 7, 8) and identical
-   * errors at 9 (4, 6-9); the identical-call run needs consecutive
-   * iterations, so it restarts at 6 and trips at 10. */
+   * repeated_results. A failing test is information, not a malfunction
+   * (errors.counted_failures), so under default neither consecutive_errors
+   * nor identical errors count it; counting every failure, consecutive
+   * errors alone trip at 8 (4, 6, 7, 8: a refused reply is neither a failing
+   * iteration nor an error) and identical errors at 9 (4, 6-9). The
+   * identical-call run needs consecutive iterations, so it restarts at 6
+   * and trips at 10. */
   ag_trajectory *t = fixture_run("looping_unresolved");
   ag_config cfg = preset("default");
   ag_audit_finding f = audit_cfg(t, &cfg, true);
@@ -655,9 +658,14 @@ Test(fixtures, each_mechanism_alone) {
   cr_assert_eq(f.stop.step, 7);
   cr_assert_eq(f.stop.steps_after, 6);
   cr_assert_eq(f.by_mechanism[AG_REASON_REPEATED_RESULTS].step, 7);
-  cr_assert_eq(f.by_mechanism[AG_REASON_CONSECUTIVE_ERRORS].step, 8);
+  cr_assert(!f.by_mechanism[AG_REASON_CONSECUTIVE_ERRORS].stopped);
+  cr_assert(!f.by_mechanism[AG_REASON_IDENTICAL_ERRORS].stopped);
   cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_CALLS].step, 10);
-  cr_assert_eq(f.by_mechanism[AG_REASON_IDENTICAL_ERRORS].step, 9);
+  ag_config all = cfg;
+  all.errors.counted_failures = AG_COUNT_ALL;
+  ag_audit_finding fa = audit_cfg(t, &all, true);
+  cr_assert_eq(fa.by_mechanism[AG_REASON_CONSECUTIVE_ERRORS].step, 8);
+  cr_assert_eq(fa.by_mechanism[AG_REASON_IDENTICAL_ERRORS].step, 9);
   cr_assert(!f.by_mechanism[AG_REASON_MAX_ITERATIONS].stopped);
   cr_assert(!f.by_mechanism[AG_REASON_CYCLIC_CALLS].stopped);
   for (int r = 1; r < AG_REASON__COUNT; r++) {

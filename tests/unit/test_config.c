@@ -870,7 +870,7 @@ Test(config, to_json_shape) {
   cr_assert_not_null(root);
   cr_assert_eq(json_object_size(root), 5);
   cr_assert_eq(json_object_size(json_object_get(root, "loop")), 20);
-  cr_assert_eq(json_object_size(json_object_get(root, "errors")), 16);
+  cr_assert_eq(json_object_size(json_object_get(root, "errors")), 17);
   cr_assert_eq(json_object_size(json_object_get(root, "retry")), 7);
   cr_assert_eq(json_object_size(json_object_get(root, "network")), 4);
   json_decref(root);
@@ -1074,7 +1074,7 @@ Test(config, docs_preset_table_matches) {
       rows++;
     }
   }
-  cr_assert_eq(rows, 47);
+  cr_assert_eq(rows, 48);
   for (int i = 0; i < N_PRESETS; i++)
     json_decref(roots[i]);
 }

@@ -638,3 +638,125 @@ Test(progress, calls_that_change_the_world) {
                                         cases[i].args, strlen(cases[i].args)),
                  cases[i].changes, "%s %s", cases[i].name, cases[i].args);
 }
+
+/* ---- information and malfunctions (errors.counted_failures) ------------ */
+
+static const char *const repro_fails =
+    "Traceback (most recent call last):\n  File \"/workspace/repro.py\", "
+    "line 4, in <module>\n    assert parse('1e3') == 1000.0\nAssertionError";
+
+/* A reproduction script that fails on purpose, run twice, then the editor
+ * misused twice (old_str missing, create on an existing file), then the
+ * fix: four failing iterations in a row, two of them information. */
+Test(information, a_failing_repro_then_editor_misuse_does_not_stop) {
+  ag_guard *g = make_json("{\"preset\": \"default\"}");
+  ag_verdict v;
+  const char *run = "{\"command\": \"python repro.py\"}";
+  cr_assert_eq(call(g, "bash", run, repro_fails, ERR, &v, NULL), AG_ALLOW);
+  cr_assert_eq(call(g, "bash", "{\"command\": \"python -X dev repro.py\"}",
+                    repro_fails, ERR, &v, NULL),
+               AG_ALLOW);
+  cr_assert_eq(call(g, "str_replace_editor",
+                    "{\"command\": \"str_replace\", \"path\": \"p.py\"}",
+                    "Parameter `old_str` is required for command: "
+                    "str_replace.",
+                    ERR, &v, NULL),
+               AG_ALLOW, "%s", v.message);
+  cr_assert_eq(call(g, "str_replace_editor",
+                    "{\"command\": \"create\", \"path\": \"p.py\"}",
+                    "Invalid `path` parameter: /workspace/p.py. File already "
+                    "exists at: /workspace/p.py. Cannot overwrite files "
+                    "using command `create`.",
+                    ERR, &v, NULL),
+               AG_ALLOW, "%s", v.message);
+  cr_assert_eq(call(g, "str_replace_editor",
+                    "{\"command\": \"str_replace\", \"path\": \"p.py\", "
+                    "\"old_str\": \"a\", \"new_str\": \"b\"}",
+                    "The file p.py has been edited.", OK, &v, NULL),
+               AG_ALLOW);
+  ag_guard_free(g);
+}
+
+/* The same four failing iterations, every one a malfunction: stopped, as
+ * before. And the preset that counts every failure stops the repro run. */
+Test(information, malfunctions_in_a_row_still_stop) {
+  ag_guard *g = make_json("{\"preset\": \"default\"}");
+  ag_verdict v;
+  const char *texts[] = {"bash: line 1: pytets: command not found",
+                         "Parameter `old_str` is required for command: "
+                         "str_replace.",
+                         "No replacement was performed, old_str `x` did not "
+                         "appear verbatim in /workspace/p.py.",
+                         "bash: line 1: mvn: command not found"};
+  for (int i = 0; i < 4; i++) {
+    char args[64];
+    snprintf(args, sizeof args, "{\"try\": %d}", i);
+    ag_action a = call(g, "bash", args, texts[i], ERR, &v, NULL);
+    cr_assert_eq(a, i < 3 ? AG_ALLOW : AG_STOP, "%d: %s", i, v.message);
+  }
+  cr_assert_eq(v.reason, AG_REASON_CONSECUTIVE_ERRORS);
+  ag_guard_free(g);
+  g = make_json("{\"preset\": \"default\", \"errors\": {\"counted_failures\": "
+                "\"all\"}}");
+  for (int i = 0; i < 4; i++) {
+    char args[64];
+    snprintf(args, sizeof args, "{\"command\": \"python repro.py %d\"}", i);
+    ag_action a = call(g, "bash", args, repro_fails, ERR, &v, NULL);
+    cr_assert_eq(a, i < 3 ? AG_ALLOW : AG_STOP, "%d: %s", i, v.message);
+  }
+  ag_guard_free(g);
+}
+
+/* Information is no malfunction, but the same failure of the same call
+ * with nothing changed in between is still a repeat (16). */
+Test(information, the_same_failing_run_with_nothing_changed_stops) {
+  ag_guard *g = make_json("{\"preset\": \"default\"}");
+  ag_verdict v;
+  const char *run = "{\"command\": \"python repro.py\"}";
+  cr_assert_eq(call(g, "bash", run, repro_fails, ERR, &v, NULL), AG_ALLOW);
+  cr_assert_eq(call(g, "bash", run, repro_fails, ERR, &v, NULL), AG_ALLOW);
+  cr_assert_eq(call(g, "bash", run, repro_fails, ERR, &v, NULL), AG_STOP);
+  cr_assert_eq(v.reason, AG_REASON_REPEATED_RESULTS);
+  ag_guard_free(g);
+}
+
+/* What is information and what is a malfunction (src/core/failure.c). */
+Test(information, categories_and_traces) {
+  static const struct {
+    const char *text;
+    bool info;
+  } cases[] = {
+      {"FAILED tests/test_x.py::test_total - assert 19.99 == 20.0", true},
+      {"Traceback (most recent call last):\n  File \"r.py\", line 2, in "
+       "<module>\n    x = 1 + 'a'\nTypeError: unsupported operand",
+       true},
+      {"src/Foo.java:12: error: cannot find symbol\n  symbol: variable x",
+       true},
+      {"[ERROR] /repo/src/Foo.java:[12,5] cannot find symbol", true},
+      {"x.c:3:5: error: expected ';' before 'return'", true},
+      {"error[E0308]: mismatched types\n --> src/main.rs:4:9", true},
+      {"Exception in thread \"main\" java.lang.NullPointerException\n\tat "
+       "Foo.main(Foo.java:3)",
+       true},
+      {"bash: line 1: pytets: command not found", false},
+      {"/bin/bash: line 4: syntax error: unexpected end of file", false},
+      {"usage: grep [OPTION]... PATTERNS [FILE]...", false},
+      {"Parameter `old_str` is required for command: str_replace.", false},
+      {"No replacement was performed, old_str `x` did not appear verbatim "
+       "in /w/p.py.",
+       false},
+      {"Unknown tool: serach_files", false},
+      {"cat: notes.txt: No such file or directory", false},
+      {"ERROR: Command timed out after 120 seconds", false},
+      {"bash: /etc/hosts: Permission denied", false},
+      {"Traceback (most recent call last):\n  File \"r.py\", line 1, in "
+       "<module>\nModuleNotFoundError: No module named 'numpy'",
+       false},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t n = strlen(cases[i].text);
+    ag_category c = ag_classify(cases[i].text, n);
+    cr_expect_eq(ag__failure_is_information(c, cases[i].text, n), cases[i].info,
+                 "%s (%s)", cases[i].text, ag_category_name(c));
+  }
+}
