@@ -59,6 +59,11 @@ typedef struct ag__schema ag__schema;
  */
 ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
                             const char *tool, ag_error_t *err);
+/* The same for a schema of any value, not only of a tool's arguments (the
+ * root may be false or exclude objects): the JSON Schema Test Suite's
+ * cases (tests/runtime/test_schema.c). */
+ag_err_t ag__schema_compile_value(ag__schema **out, const json_t *schema,
+                                  ag_error_t *err);
 void ag__schema_free(ag__schema *s);
 
 /* AG_OK or AG_EINVAL with "<json pointer>: <what>" ("/items/2/path: expected

@@ -18,8 +18,14 @@
  * failure is kept as a stack of (key | index) references in the validator's
  * frame and only rendered into err->msg on failure, so success costs nothing
  * for it. Recursion follows the compiled tree, whose depth is capped at
- * MAX_DEPTH (enum/const values too), so a deep argument document cannot make
- * the validator recurse deeper than the schema does.
+ * MAX_DEPTH (enum/const values too). `$ref` makes the tree a graph: each
+ * target (a JSON pointer into the same document) is compiled once, owned
+ * by the root's `refs`, and referred to (not owned) by every node that
+ * names it, so a recursive definition is a cycle. Validation then follows
+ * the arguments: descending into a value stops at MAX_DEPTH levels, and
+ * entering schemas for one value without descending ($ref, allOf, anyOf,
+ * oneOf, not) stops at MAX_HOPS, so a reference to itself ends with an
+ * error, never a stack overflow.
  *
  * Regexes. `pattern` is compiled with PCRE2 (8-bit, UTF mode) when the tool
  * is registered, with the options closest to ECMA-262, the syntax JSON
@@ -46,7 +52,9 @@
  * keeps its backtracking frames there); the compiled code and its match
  * context are only read, which PCRE2 allows from any number of threads.
  *
- * Order of checks (what "the first violation" means): type, const, enum, then
+ * Order of checks (what "the first violation" means): $ref, allOf, anyOf,
+ * oneOf, not (a failing branch of anyOf/oneOf is tried with a scratch
+ * error), then type, const, enum, then
  * the type's own keywords: minLength, maxLength, pattern; minimum, maximum;
  * minItems, maxItems, then items by index; for objects, unexpected properties
  * first (a misspelt name is the most useful thing to report), then required
@@ -135,7 +143,18 @@ struct ag__schema {
   num minimum, maximum;
   bool has_min_len, has_max_len;
   size_t min_len, max_len;
+  bool has_xmin, has_xmax; /* exclusiveMinimum, exclusiveMaximum */
+  num xmin, xmax;
   pattern *pattern;
+  /* composition: each list owns its schemas */
+  ag__schema **all_of, **any_of, **one_of;
+  size_t n_all_of, n_any_of, n_one_of;
+  ag__schema *not_schema;
+  ag__schema *ref; /* $ref: borrowed from the root's refs */
+  /* the root only: every schema a $ref names, compiled once (a recursive
+   * reference points back into this list) */
+  ag__schema **refs;
+  size_t n_refs;
 };
 
 /* ------------------------------------------------------------------------ */
@@ -357,11 +376,19 @@ static bool as_count(const json_t *v, size_t *out) {
 /* Compilation                                                              */
 /* ------------------------------------------------------------------------ */
 
+#define MAX_REFS 64 /* distinct $ref targets in one schema */
+
 typedef struct cctx {
   const char *tool;
   ag_error_t *err;
   char path[AG_ERROR_MSG_MAX]; /* JSON pointer from the schema root */
   ag__buf pb;
+  const json_t *root; /* the document, for $ref */
+  struct {
+    const json_t *target;
+    ag__schema *node;
+  } refs[MAX_REFS];
+  size_t n_refs;
 } cctx;
 
 static ag_err_t cfail(cctx *c, const char *fmt, ...) AG__PRINTF(2, 3);
@@ -594,6 +621,148 @@ static ag_err_t kw_maximum(cctx *c, ag__schema *s, const json_t *v, int depth) {
   return AG_OK;
 }
 
+static ag_err_t kw_xminimum(cctx *c, ag__schema *s, const json_t *v,
+                            int depth) {
+  (void)depth;
+  if (!json_is_number(v))
+    return cfail(c, "must be a number (the draft 6 and later form)");
+  s->has_xmin = true;
+  num_from(&s->xmin, v);
+  return AG_OK;
+}
+static ag_err_t kw_xmaximum(cctx *c, ag__schema *s, const json_t *v,
+                            int depth) {
+  (void)depth;
+  if (!json_is_number(v))
+    return cfail(c, "must be a number (the draft 6 and later form)");
+  s->has_xmax = true;
+  num_from(&s->xmax, v);
+  return AG_OK;
+}
+
+/* allOf, anyOf, oneOf: a non-empty array of schemas, each compiled. */
+static ag_err_t kw_list(cctx *c, ag__schema ***list, size_t *n, const json_t *v,
+                        int depth) {
+  if (!json_is_array(v) || json_array_size(v) == 0)
+    return cfail(c, "must be a non-empty array of schemas");
+  *list = calloc(json_array_size(v), sizeof(**list));
+  if (*list == NULL)
+    return cnomem(c);
+  for (size_t i = 0; i < json_array_size(v); i++) {
+    char idx[24];
+    int il = snprintf(idx, sizeof idx, "%zu", i);
+    size_t mark = cpush(c, idx, (size_t)il);
+    ag_err_t rc = compile_node(c, &(*list)[i], json_array_get(v, i), depth + 1);
+    (*n)++; /* owned from here on, freed with the node */
+    if (rc != AG_OK)
+      return rc;
+    cpop(c, mark);
+  }
+  return AG_OK;
+}
+static ag_err_t kw_all_of(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  return kw_list(c, &s->all_of, &s->n_all_of, v, depth);
+}
+static ag_err_t kw_any_of(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  return kw_list(c, &s->any_of, &s->n_any_of, v, depth);
+}
+static ag_err_t kw_one_of(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  return kw_list(c, &s->one_of, &s->n_one_of, v, depth);
+}
+static ag_err_t kw_not(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  if (!json_is_object(v) && !json_is_boolean(v))
+    return cfail(c, "must be a schema");
+  return compile_node(c, &s->not_schema, v, depth + 1);
+}
+
+static int hexval(char c) {
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                : -1;
+}
+
+/* The schema a local JSON pointer ("#", "#/$defs/Name") names in the
+ * document, or NULL. The fragment is percent-decoded (%25 is "%") and
+ * its tokens unescaped (~1 is "/", ~0 is "~"). */
+static const json_t *resolve_pointer(const json_t *root, const char *ref) {
+  const json_t *at = root;
+  const char *p = ref + 1; /* after '#' */
+  while (*p == '/' && at != NULL) {
+    p++;
+    char tok[256];
+    size_t n = 0;
+    while (*p != '\0' && *p != '/') {
+      char ch = *p++;
+      if (ch == '%' && hexval(p[0]) >= 0 && hexval(p[1]) >= 0) {
+        ch = (char)(hexval(p[0]) * 16 + hexval(p[1])); /* a URI fragment */
+        p += 2;
+      } else if (ch == '~' && (*p == '0' || *p == '1')) {
+        ch = *p++ == '0' ? '~' : '/';
+      }
+      if (n + 1 >= sizeof tok)
+        return NULL;
+      tok[n++] = ch;
+    }
+    tok[n] = '\0';
+    if (json_is_object(at)) {
+      at = json_object_getn(at, tok, n);
+    } else if (json_is_array(at)) {
+      char *end = NULL;
+      unsigned long i = strtoul(tok, &end, 10);
+      at = n > 0 && *end == '\0' ? json_array_get(at, i) : NULL;
+    } else {
+      at = NULL;
+    }
+  }
+  return *p == '\0' ? at : NULL;
+}
+
+/* $ref to a place in the same document; each target is compiled once and
+ * shared, so a recursive definition (a tree of nodes) is a cycle in the
+ * compiled graph, not an endless compile. */
+static ag_err_t kw_ref(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  const char *ref = json_string_value(v);
+  if (ref == NULL)
+    return cfail(c, "must be a string");
+  if (ref[0] != '#')
+    return cfail(c,
+                 "\"%.*s\": only references inside the schema (\"#/$defs/"
+                 "Name\") are supported, not other documents",
+                 MAX_SHOWN, ref);
+  const json_t *target = resolve_pointer(c->root, ref);
+  if (target == NULL)
+    return cfail(c, "\"%.*s\" names nothing in this schema", MAX_SHOWN, ref);
+  for (size_t i = 0; i < c->n_refs; i++)
+    if (c->refs[i].target == target) {
+      s->ref = c->refs[i].node;
+      return AG_OK;
+    }
+  if (c->n_refs == MAX_REFS)
+    return cfail(c, "more than %d distinct $ref targets", MAX_REFS);
+  size_t k = c->n_refs++;
+  c->refs[k].target = target;
+  c->refs[k].node = NULL;
+  /* compile_node stores the new node in refs[k] before reading its
+   * keywords, so a reference back to it inside finds it */
+  ag_err_t rc = compile_node(c, &c->refs[k].node, target, depth + 1);
+  s->ref = c->refs[k].node;
+  return rc;
+}
+
+static ag_err_t kw_defs(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)s;
+  (void)depth;
+  /* compiled where a $ref names them */
+  return json_is_object(v) ? AG_OK : cfail(c, "must be an object of schemas");
+}
+
+static ag_err_t kw_bool(cctx *c, ag__schema *s, const json_t *v, int depth) {
+  (void)s;
+  (void)depth;
+  return json_is_boolean(v) ? AG_OK : cfail(c, "must be true or false");
+}
+
 /* Renders values as compact JSON joined by ", ", cut near MAX_VALUES_TEXT
  * with "...". Returns a malloc'd string or NULL on ENOMEM. */
 static char *values_text(const json_t *const *vals, size_t n) {
@@ -746,7 +915,20 @@ static const struct keyword {
     {"minLength", kw_min_len},
     {"maxLength", kw_max_len},
     {"pattern", kw_pattern},
+    {"exclusiveMinimum", kw_xminimum},
+    {"exclusiveMaximum", kw_xmaximum},
+    {"allOf", kw_all_of},
+    {"anyOf", kw_any_of},
+    {"oneOf", kw_one_of},
+    {"not", kw_not},
+    {"$ref", kw_ref},
+    {"$defs", kw_defs},
+    {"definitions", kw_defs},
     /* annotations: accepted, checked for shape, ignored */
+    {"format", kw_text},
+    {"readOnly", kw_bool},
+    {"writeOnly", kw_bool},
+    {"deprecated", kw_bool},
     {"description", kw_text},
     {"title", kw_text},
     {"$comment", kw_text},
@@ -860,6 +1042,19 @@ void ag__schema_free(ag__schema *s) {
   free(s->enum_text);
   json_decref(s->const_value);
   free(s->const_text);
+  for (size_t i = 0; i < s->n_all_of; i++)
+    ag__schema_free(s->all_of[i]);
+  for (size_t i = 0; i < s->n_any_of; i++)
+    ag__schema_free(s->any_of[i]);
+  for (size_t i = 0; i < s->n_one_of; i++)
+    ag__schema_free(s->one_of[i]);
+  free(s->all_of);
+  free(s->any_of);
+  free(s->one_of);
+  ag__schema_free(s->not_schema);
+  for (size_t i = 0; i < s->n_refs; i++)
+    ag__schema_free(s->refs[i]);
+  free(s->refs);
   if (s->pattern != NULL) {
     pcre2_match_context_free(s->pattern->mctx);
     pcre2_code_free(s->pattern->code);
@@ -869,8 +1064,8 @@ void ag__schema_free(ag__schema *s) {
   free(s);
 }
 
-ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
-                            const char *tool, ag_error_t *err) {
+static ag_err_t compile_root(ag__schema **out, const json_t *schema,
+                             const char *tool, bool args, ag_error_t *err) {
   if (out == NULL)
     return ag__set_error(err, AG_EINVAL, -1, "schema: no output pointer");
   *out = NULL;
@@ -881,12 +1076,30 @@ ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
     return ag__set_error(err, AG_ENOMEM, -1, "out of memory");
   c->tool = tool;
   c->err = err;
+  c->root = schema;
+  c->n_refs = 0;
   ag__buf_init_fixed(&c->pb, c->path, sizeof(c->path));
   ag__schema *s = NULL;
   ag_err_t rc = compile_node(c, &s, schema, 1);
-  if (rc == AG_OK && s->never)
+  if (c->n_refs > 0) {
+    /* the root owns every $ref target, whatever happened */
+    ag__schema **refs = calloc(c->n_refs, sizeof(*refs));
+    if (refs == NULL || s == NULL) {
+      for (size_t i = 0; i < c->n_refs; i++)
+        ag__schema_free(c->refs[i].node);
+      free(refs);
+      if (rc == AG_OK)
+        rc = cnomem(c);
+    } else {
+      for (size_t i = 0; i < c->n_refs; i++)
+        refs[i] = c->refs[i].node;
+      s->refs = refs;
+      s->n_refs = c->n_refs;
+    }
+  }
+  if (rc == AG_OK && args && s->never)
     rc = cfail(c, "false rejects every call; use true or {} for any object");
-  if (rc == AG_OK && s->types != 0 && !(s->types & T_OBJECT)) {
+  if (rc == AG_OK && args && s->types != 0 && !(s->types & T_OBJECT)) {
     cpush(c, "type", 4);
     rc = cfail(c, "must allow \"object\": tool arguments are always objects");
   }
@@ -899,6 +1112,16 @@ ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
   return AG_OK;
 }
 
+ag_err_t ag__schema_compile(ag__schema **out, const json_t *schema,
+                            const char *tool, ag_error_t *err) {
+  return compile_root(out, schema, tool, true, err);
+}
+
+ag_err_t ag__schema_compile_value(ag__schema **out, const json_t *schema,
+                                  ag_error_t *err) {
+  return compile_root(out, schema, NULL, false, err);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Validation                                                               */
 /* ------------------------------------------------------------------------ */
@@ -909,9 +1132,14 @@ typedef struct seg {
   size_t index;
 } seg;
 
+/* Schemas entered for one value without descending into it ($ref, allOf,
+ * anyOf, ...): a reference that leads back to itself ends here. */
+#define MAX_HOPS 64
+
 typedef struct vctx {
   ag_error_t *err;
   int depth;
+  int hops;
   seg path[MAX_DEPTH];
 } vctx;
 
@@ -1038,7 +1266,10 @@ static ag_err_t match_pattern(vctx *v, const pattern *p, const json_t *x) {
 
 static ag_err_t descend(vctx *v, const ag__schema *s, const json_t *x,
                         const char *key, size_t len, size_t index) {
-  /* The compiled tree is at most MAX_DEPTH deep, so depth < MAX_DEPTH. */
+  /* The compiled tree is at most MAX_DEPTH deep, but a recursive $ref
+   * follows the arguments as deep as they go. */
+  if (v->depth >= MAX_DEPTH)
+    return vfail(v, "nested deeper than %d levels", MAX_DEPTH);
   v->path[v->depth].key = key;
   v->path[v->depth].len = len;
   v->path[v->depth].index = index;
@@ -1105,9 +1336,92 @@ static ag_err_t validate_object(vctx *v, const ag__schema *s, const json_t *x) {
   return AG_OK;
 }
 
+/* One subschema of a composition on the same value; the error (into
+ * *err, scratch) only matters to the caller. */
+static ag_err_t try_sub(vctx *v, const ag__schema *s, const json_t *x,
+                        ag_error_t *err) {
+  ag_error_t *keep = v->err;
+  v->err = err;
+  ag_err_t rc = validate(v, s, x); /* depth and hops come back as they were */
+  v->err = keep;
+  return rc;
+}
+
+/* anyOf / oneOf: how many of `list` the value matches (oneOf stops at
+ * two). With none, the error to report: the value's type is none of the
+ * branches' ("expected string or null, got integer"), or the error of the
+ * first branch that takes its type. */
+static ag_err_t match_some(vctx *v, ag__schema *const *list, size_t n,
+                           const json_t *x, bool one, const char *kw) {
+  size_t matched = 0, first = n;
+  unsigned types = 0;
+  ag_error_t scratch;
+  for (size_t i = 0; i < n && matched < (one ? 2u : 1u); i++) {
+    types |= list[i]->types != 0 ? list[i]->types : ~0u;
+    ag_err_t rc = try_sub(v, list[i], x, &scratch);
+    if (rc == AG_ENOMEM)
+      return ag__set_error(v->err, AG_ENOMEM, -1, "out of memory");
+    if (rc == AG_OK)
+      matched++;
+    else if (first == n && (list[i]->types == 0 || type_ok(list[i]->types, x)))
+      first = i;
+  }
+  if (matched == 1 || (matched > 1 && !one))
+    return AG_OK;
+  if (matched > 1)
+    return vfail(v, "matches more than one of the %zu schemas of %s", n, kw);
+  if ((types & 0x7fu) != 0x7fu && !type_ok(types, x)) {
+    char want[96];
+    ag__buf b;
+    ag__buf_init_fixed(&b, want, sizeof(want));
+    types_text(&b, types);
+    return vfail(v, "expected %s, got %s", want, ag__json_kind(x));
+  }
+  if (first < n)
+    return try_sub(v, list[first], x, v->err);
+  return vfail(v, "matches none of the %zu schemas of %s", n, kw);
+}
+
+/* $ref, allOf, anyOf, oneOf, not. */
+static ag_err_t validate_composition(vctx *v, const ag__schema *s,
+                                     const json_t *x) {
+  ag_err_t rc = AG_OK;
+  if (s->ref != NULL)
+    rc = validate(v, s->ref, x);
+  for (size_t i = 0; rc == AG_OK && i < s->n_all_of; i++)
+    rc = validate(v, s->all_of[i], x);
+  if (rc == AG_OK && s->n_any_of > 0)
+    rc = match_some(v, s->any_of, s->n_any_of, x, false, "anyOf");
+  if (rc == AG_OK && s->n_one_of > 0)
+    rc = match_some(v, s->one_of, s->n_one_of, x, true, "oneOf");
+  if (rc == AG_OK && s->not_schema != NULL) {
+    ag_error_t scratch;
+    ag_err_t nr = try_sub(v, s->not_schema, x, &scratch);
+    if (nr == AG_OK)
+      rc = vfail(v, "must not match the schema of \"not\"");
+    else if (nr == AG_ENOMEM)
+      rc = ag__set_error(v->err, AG_ENOMEM, -1, "out of memory");
+  }
+  return rc;
+}
+
 static ag_err_t validate(vctx *v, const ag__schema *s, const json_t *x) {
   if (s->never)
     return vfail(v, "not allowed");
+  if (s->ref != NULL || s->n_all_of > 0 || s->n_any_of > 0 || s->n_one_of > 0 ||
+      s->not_schema != NULL) {
+    if (++v->hops > MAX_HOPS) {
+      v->hops--;
+      return vfail(v,
+                   "the schema refers to itself without end (more than "
+                   "%d references for one value)",
+                   MAX_HOPS);
+    }
+    ag_err_t rc = validate_composition(v, s, x);
+    v->hops--;
+    if (rc != AG_OK)
+      return rc;
+  }
   if (s->types != 0 && !type_ok(s->types, x)) {
     char want[96];
     ag__buf b;
@@ -1145,6 +1459,10 @@ static ag_err_t validate(vctx *v, const ag__schema *s, const json_t *x) {
       return vfail(v, "must be >= %s", s->minimum.text);
     if (s->has_max && cmp_num(x, &s->maximum) > 0)
       return vfail(v, "must be <= %s", s->maximum.text);
+    if (s->has_xmin && cmp_num(x, &s->xmin) <= 0)
+      return vfail(v, "must be > %s", s->xmin.text);
+    if (s->has_xmax && cmp_num(x, &s->xmax) >= 0)
+      return vfail(v, "must be < %s", s->xmax.text);
     return AG_OK;
   case JSON_ARRAY: {
     size_t n = json_array_size(x);
@@ -1179,5 +1497,6 @@ ag_err_t ag__schema_validate(const ag__schema *s, const json_t *value,
   vctx v;
   v.err = err;
   v.depth = 0;
+  v.hops = 0;
   return validate(&v, s, value);
 }
