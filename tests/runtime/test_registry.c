@@ -325,10 +325,10 @@ Test(registry, schema_errors_name_the_tool) {
   ag_registry *r = new_registry();
   ag_tool_def d =
       native("read_file", "{\"type\":\"object\",\"properties\":{\"path\":{"
-                          "\"type\":\"string\",\"format\":\"uri\"}}}");
+                          "\"type\":\"string\",\"uniqueItems\":true}}}");
   add_fails(r, &d, AG_ECONFIG,
             "tools.read_file.parameters/properties/path: unsupported keyword "
-            "\"format\"");
+            "\"uniqueItems\"");
   d.parameters = "{\"properties\":{\"p\":{\"pattern\":\"[a-\"}}}";
   add_fails(r, &d, AG_ECONFIG, NULL);
   d.parameters = "{\"type\":\"string\"}";
