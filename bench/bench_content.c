@@ -340,9 +340,11 @@ int main(int argc, char **argv) {
   double *v = malloc((size_t)rounds * sizeof(*v));
   if (v == NULL)
     die("out of memory");
-  printf("content-loop detector (defaults: chunk 50, threshold 10, history "
-         "1000); median of %d rounds\n",
-         rounds);
+  ag_content_loop_opts o;
+  ag_content_loop_opts_init(&o);
+  printf("content-loop detector (defaults: chunk %zu, threshold %zu, history "
+         "%zu); median of %d rounds\n",
+         o.chunk_size, o.threshold, o.max_history, rounds);
   for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
     size_t bytes = fed_bytes(d, cases[c].t, cases[c].p);
     long loops = 0;

@@ -6,13 +6,15 @@
  * from then on (it does not grow with the text fed to it).
  *
  * The algorithm is Gemini CLI's content-loop detector
- * (packages/core/src/services/loopDetectionService.ts, the version with a
- * 1000-character history and a 1.5 x chunk-size distance): the text of one
- * reply is kept in a sliding history of at most `max_history` bytes; every
- * chunk of `chunk_size` bytes that starts in it is looked up by content, and
- * a loop is found when one chunk has occurred `threshold` times and its last
- * `threshold` occurrences are on average no more than 1.5 x `chunk_size`
- * bytes apart. Each streamed piece is first checked for markdown structure:
+ * (packages/core/src/services/loopDetectionService.ts, its current
+ * version: a 5000-character history, a 5 x chunk-size distance and a
+ * period check): the text of one reply is kept in a sliding history of at
+ * most `max_history` bytes; every chunk of `chunk_size` bytes that starts
+ * in it is looked up by content, and a loop is found when one chunk has
+ * occurred `threshold` times, its last `threshold` occurrences are on
+ * average no more than 5 x `chunk_size` bytes apart, and the texts between
+ * consecutive ones are themselves repetitive (at most threshold / 2
+ * distinct). Each streamed piece is first checked for markdown structure:
  * a code fence, a table row, a list item, a heading or a blockquote resets
  * the history (structured output repeats by nature), text inside a code
  * block is never analysed, and a piece that is only a divider is skipped.
@@ -63,18 +65,19 @@ typedef struct ag_content_loop_opts {
                        */
   size_t threshold;   /* occurrences of one chunk that make a loop (default
                          10); 2 .. max_history */
-  size_t max_history; /* bytes of the reply kept for analysis (default 1000);
+  size_t max_history; /* bytes of the reply kept for analysis (default 5000);
                          chunk_size .. AG_CONTENT_MAX_HISTORY_LIMIT */
 } ag_content_loop_opts;
 
-/* Fills `opts` with the defaults (Gemini CLI's: 50, 10, 1000). */
+/* Fills `opts` with the defaults (Gemini CLI's: 50, 10, 5000). */
 AG_EXTERN void ag_content_loop_opts_init(ag_content_loop_opts *opts);
 
 /*
  * Creates a detector. `opts` is copied; NULL means the defaults. All memory
- * the detector will ever use is allocated here: about 90 bytes per byte of
- * max_history (text, chunk index and per-position links; 87 KB with the
- * defaults), whatever the length of the text fed later.
+ * the detector will ever use is allocated here, in one block: about 87
+ * bytes per byte of max_history (text, chunk index and per-position links;
+ * 434 KB with the defaults, of which only the 128 KB index is written now,
+ * the rest as a reply grows), whatever the length of the text fed later.
  *
  * Returns AG_OK and sets *out (caller-owns, free with ag_content_loop_free);
  * on failure sets *out to NULL and returns AG_EINVAL (out is NULL, or an

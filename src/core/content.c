@@ -3,8 +3,10 @@
  * content.h; DESIGN.md section 3, mechanism 14; docs/content-loop.md).
  *
  * What it is: Gemini CLI's checkContentLoop / analyzeContentChunksForLoop
- * (the 1000-character, 1.5 x chunk-size version) over bytes, with fixed
- * memory and O(1) work per byte.
+ * (the current version: 5000 characters of history, a 5 x chunk-size
+ * distance, the period check) over bytes, with fixed memory and O(1) work
+ * per byte (the period check compares at most threshold - 1 texts when a
+ * chunk passes the distance test).
  *
  * Per piece, in Gemini's order: (1) classify the piece in one pass over its
  * characters (fences, table, list item, heading, blockquote, divider);
@@ -110,6 +112,7 @@ struct ag_content_loop {
   uint8_t carry[4]; /* an incomplete UTF-8 sequence held back */
   size_t carry_len;
   uint8_t *found_chunk; /* k bytes */
+  uint64_t *occ;        /* thr positions: the period check's scratch */
 };
 
 void ag_content_loop_opts_init(ag_content_loop_opts *opts) {
@@ -117,7 +120,7 @@ void ag_content_loop_opts_init(ag_content_loop_opts *opts) {
     return;
   opts->chunk_size = 50;
   opts->threshold = 10;
-  opts->max_history = 1000;
+  opts->max_history = 5000;
 }
 
 static size_t pow2_at_least(size_t n) {
@@ -190,25 +193,43 @@ ag_err_t ag_content_loop_new(ag_content_loop **out,
   d->thr = o.threshold;
   d->cap = o.max_history;
   size_t ring = pow2_at_least(d->cap);
-  size_t slots = pow2_at_least(4 * d->cap);
+  /* at most cap live chunks: a table of 2 x cap slots or more is at most
+   * half full (31% with the default 5000) */
+  size_t slots = pow2_at_least(2 * d->cap);
   d->ring_mask = ring - 1;
   d->table_mask = slots - 1;
   unsigned bits = 0;
   while (((size_t)1 << bits) < slots)
     bits++;
   d->table_shift = 32 - bits;
-  d->buf = malloc(2 * d->cap);
-  d->table = calloc(slots, sizeof(*d->table));
-  d->entries = calloc(d->cap, sizeof(*d->entries));
-  d->next_occ = calloc(ring, sizeof(*d->next_occ));
-  d->entry_of = calloc(ring, sizeof(*d->entry_of));
-  d->found_chunk = malloc(d->k);
-  if (d->buf == NULL || d->table == NULL || d->entries == NULL ||
-      d->next_occ == NULL || d->entry_of == NULL || d->found_chunk == NULL) {
-    ag_content_loop_free(d);
+  /* One block for everything (fewer calls, and one size for the
+   * allocator: a guard made and freed per proxy request then reuses the
+   * same memory instead of mapping and trimming six blocks each time).
+   * Only the table must start empty: entries past n_used, the links of
+   * positions not yet recorded and the scratch are written before they
+   * are read. */
+  size_t sz_table = slots * sizeof(*d->table);
+  size_t sz_entries = d->cap * sizeof(*d->entries);
+  size_t sz_next = ring * sizeof(*d->next_occ);
+  size_t sz_occ = d->thr * sizeof(*d->occ);
+  size_t sz_of = ring * sizeof(*d->entry_of);
+  size_t total =
+      sz_table + sz_entries + sz_next + sz_occ + sz_of + 2 * d->cap + d->k;
+  uint8_t *block = malloc(total);
+  if (block == NULL) {
+    free(d);
     return ag__set_error(err, AG_ENOMEM, -1, "content loop detector: %s",
                          ag_strerror(AG_ENOMEM));
   }
+  /* in order of alignment: 8-byte arrays first, then 4, then bytes */
+  d->entries = (entry *)(void *)block;
+  d->next_occ = (uint64_t *)(void *)(block + sz_entries);
+  d->occ = (uint64_t *)(void *)(block + sz_entries + sz_next);
+  d->table = (slot *)(void *)(block + sz_entries + sz_next + sz_occ);
+  d->entry_of = (uint32_t *)(void *)((uint8_t *)d->table + sz_table);
+  d->buf = (uint8_t *)d->entry_of + sz_of;
+  d->found_chunk = d->buf + 2 * d->cap;
+  memset(d->table, 0, sz_table);
   uint64_t p = 1;
   for (size_t i = 1; i < d->k; i++)
     p *= ROLL_BASE;
@@ -221,12 +242,7 @@ ag_err_t ag_content_loop_new(ag_content_loop **out,
 void ag_content_loop_free(ag_content_loop *d) {
   if (d == NULL)
     return;
-  free(d->buf);
-  free(d->table);
-  free(d->entries);
-  free(d->next_occ);
-  free(d->entry_of);
-  free(d->found_chunk);
+  free(d->entries); /* the one block (see _new) */
   free(d);
 }
 
@@ -304,6 +320,32 @@ static void drop_position(ag_content_loop *d, uint64_t pos) {
   e->head = d->next_occ[pos & d->ring_mask];
 }
 
+/* Gemini's period check: the texts between the last `thr` occurrences of
+ * a chunk (from `first`) are a loop only when they repeat themselves - at
+ * most thr / 2 distinct ones. Prose that comes back to the same phrase
+ * with different text in between each time is no loop. No allocation:
+ * the periods are compared in place in the history. */
+static bool few_periods(ag_content_loop *d, uint64_t first) {
+  size_t n = d->thr;
+  uint64_t p = first;
+  for (size_t i = 0; i < n; i++) {
+    d->occ[i] = p;
+    if (i + 1 < n)
+      p = d->next_occ[p & d->ring_mask];
+  }
+  size_t distinct = 0;
+  for (size_t i = 0; i + 1 < n; i++) {
+    uint64_t len = d->occ[i + 1] - d->occ[i];
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; j++)
+      seen = d->occ[j + 1] - d->occ[j] == len &&
+             memcmp(at(d, d->occ[j]), at(d, d->occ[i]), (size_t)len) == 0;
+    if (!seen && ++distinct > n / 2)
+      return false;
+  }
+  return true;
+}
+
 /* Gemini's isLoopDetectedForChunk for the chunk at `pos` with hash `h`:
  * records the occurrence; true when it completes a loop. */
 static bool record(ag_content_loop *d, uint64_t pos, const uint8_t *chunk,
@@ -328,10 +370,12 @@ static bool record(ag_content_loop *d, uint64_t pos, const uint8_t *chunk,
       e->wstart = e->head;
     else
       e->wstart = d->next_occ[e->wstart & d->ring_mask];
-    /* average distance <= 1.5 x chunk size, in integers:
-     * (last - first) / (thr - 1) <= 3k / 2 */
+    /* average distance <= 5 x chunk size, in integers:
+     * (last - first) / (thr - 1) <= 5k */
     uint64_t total = pos - e->wstart;
-    return 2 * total <= 3 * (uint64_t)d->k * (uint64_t)(d->thr - 1);
+    if (total > 5 * (uint64_t)d->k * (uint64_t)(d->thr - 1))
+      return false;
+    return few_periods(d, e->wstart);
   }
   uint32_t id;
   if (d->free_head != NONE32) {
@@ -674,6 +718,41 @@ bool ag_content_loop_feed(ag_content_loop *d, const char *text, size_t len) {
   return d->found;
 }
 
+static bool ascii_alnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9');
+}
+
+/* Whether line[i..end), inside a line, begins a markdown element that a
+ * stream would have sent as a piece of its own ("...the end" then
+ * "| a | b |"), which a whole reply glues to the text before it: after a
+ * letter, a digit or a blank, a table row (a '|' with another later on
+ * the line), two or more '#' and a blank, '>' and a blank, or a single
+ * '*' and a blank. ('-' and '+', common as a dash and a plus in prose,
+ * count only at a line start.) A cut here resets the tracking as the
+ * element would as a delta: a whole reply is then judged as the same text
+ * streamed element by element. */
+static bool glued_element(const char *t, size_t i, size_t end) {
+  char b = t[i - 1];
+  if (!ascii_alnum(b) && b != ' ' && b != '\t')
+    return false;
+  char c = t[i];
+  bool blank = i + 1 < end && (t[i + 1] == ' ' || t[i + 1] == '\t');
+  if (c == '|')
+    return memchr(t + i + 1, '|', end - i - 1) != NULL;
+  if (c == '>')
+    return blank;
+  if (c == '*')
+    return blank && b != '*';
+  if (c == '#') {
+    size_t j = i;
+    while (j < end && t[j] == '#')
+      j++;
+    return j - i >= 2 && j < end && (t[j] == ' ' || t[j] == '\t');
+  }
+  return false;
+}
+
 bool ag_content_loop_check_text(ag_content_loop *d, const char *text,
                                 size_t len) {
   if (d == NULL)
@@ -685,8 +764,16 @@ bool ag_content_loop_check_text(ag_content_loop *d, const char *text,
   while (i < len && !d->found) {
     const char *nl = memchr(text + i, '\n', len - i);
     size_t line_end = nl != NULL ? (size_t)(nl - text) : len;
-    if (line_end > i)
-      ag_content_loop_feed(d, text + i, line_end - i);
+    /* a line is one piece, cut again before each glued element */
+    size_t start = i;
+    for (size_t j = i + 1; j < line_end && !d->found; j++) {
+      if (!glued_element(text, j, line_end))
+        continue;
+      ag_content_loop_feed(d, text + start, j - start);
+      start = j;
+    }
+    if (line_end > start && !d->found)
+      ag_content_loop_feed(d, text + start, line_end - start);
     if (nl == NULL)
       break;
     ag_content_loop_feed(d, "\n", 1);

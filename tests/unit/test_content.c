@@ -3,13 +3,14 @@
  *
  * Suites:
  *   gemini     Gemini CLI's content-loop test catalogue
- *              (loopDetectionService.test.ts, the version with a
- *              1000-character history and the 1.5 x chunk-size rule), ported
- *              one to one; where Gemini's test could not fail (a "reset"
- *              checked with different content afterwards) the port uses the
+ *              (loopDetectionService.test.ts, the current version: a
+ *              5000-character history, the 5 x chunk-size rule and the
+ *              period check), ported one to one; where Gemini's test could not
+ * fail (a "reset" checked with different content afterwards) the port uses the
  *              same content, so it fails without the reset.
- *   rules      exact thresholds: the piece that trips, the 75/76-byte
- *              boundary of the distance rule, the history cap.
+ *   rules      exact thresholds: the piece that trips, the 250/251-byte
+ *              boundary of the distance rule, the period check, the
+ *              history cap.
  *   markdown   each markdown check on its own: what resets, what does not.
  *   stream     awkward piece boundaries, multi-byte UTF-8 cut anywhere.
  *   api        options, errors, check_text, the chunk description, NULLs.
@@ -370,7 +371,8 @@ Test(gemini, reset_clears_the_count) {
 /* ------------------------------------------------------------------------ */
 
 /* A period P of text with no inner repetition: each chunk recurs every P
- * bytes, so the average distance is P; the loop needs P <= 75. */
+ * bytes, so the average distance is P; the loop needs P <= 250 (5 chunks)
+ * and 10 occurrences inside the 5000-byte history. */
 static int trips_with_period(size_t period, int pieces) {
   char *unit = random_string(period);
   ag_content_loop *d = new_default();
@@ -380,26 +382,36 @@ static int trips_with_period(size_t period, int pieces) {
   return at;
 }
 
-Test(rules, distance_boundary_is_one_and_a_half_chunks) {
-  /* 10 occurrences of the first chunk need 50 + 9 * 75 = 725 bytes: the
-   * 10th piece of 75 bytes completes them. */
-  int at = trips_with_period(75, 30);
-  cr_expect_eq(at, 10, "period 75: tripped at piece %d, want 10", at);
+Test(rules, distance_boundary_is_five_chunks) {
+  /* 10 occurrences of the first chunk need 50 + 9 * 250 = 2300 bytes: the
+   * 10th piece of 250 bytes completes them. */
+  int at = trips_with_period(250, 30);
+  cr_expect_eq(at, 10, "period 250: tripped at piece %d, want 10", at);
+  at = trips_with_period(251, 30);
+  cr_expect_eq(at, 0, "period 251: tripped at piece %d, want never", at);
   at = trips_with_period(76, 30);
-  cr_expect_eq(at, 0, "period 76: tripped at piece %d, want never", at);
+  cr_expect_eq(at, 10, "period 76 (not a loop under the old 1.5 rule): %d", at);
 }
 
-/* Gemini's later tests (5 x chunk-size rule, 5000-character history) expect
- * these to trip; under the 1.5 rule followed here they do not, because their
- * period exceeds 75 bytes. Kept as the record of that difference. */
-Test(rules, long_periods_do_not_trip_under_the_one_and_a_half_rule) {
+/* Gemini's two "user-provided loop examples" (loopDetectionService
+ * .test.ts): periods of 130 and 105 bytes, which the earlier 1.5-chunk rule
+ * let through. */
+Test(rules, the_user_provided_loop_examples_trip) {
   const char *unit =
       "I will not output any text.\n  I will just end the turn.\n  I am "
       "done.\n  I will not do anything else.\n  I will wait for the user's "
       "next command.\n";
   ag_content_loop *d = new_default();
-  cr_expect_eq(feed_times(d, unit, 30), 0, "%zu-byte unit tripped",
-               strlen(unit));
+  cr_expect_neq(feed_times(d, unit, THRESHOLD + 20), 0, "%zu-byte unit",
+                strlen(unit));
+  ag_content_loop_free(d);
+  d = new_default();
+  cr_expect_neq(feed_times(d,
+                           "I have added all the requested logs and verified "
+                           "the test file. I will now mark the task as "
+                           "complete.\n  ",
+                           THRESHOLD + 20),
+                0);
   ag_content_loop_free(d);
   /* Gemini's "complex thought" example is exactly 75 bytes: it trips. */
   const char *thought = "I need to check the file. The file does not exist. "
@@ -407,6 +419,30 @@ Test(rules, long_periods_do_not_trip_under_the_one_and_a_half_rule) {
   cr_assert_eq(strlen(thought), 75);
   d = new_default();
   cr_expect_eq(feed_times(d, thought, 30), 10);
+  ag_content_loop_free(d);
+}
+
+/* The period check: a phrase that comes back every 60 bytes with
+ * different text in between each time is no loop; the same phrase with
+ * the same text in between is. */
+Test(rules, a_phrase_between_different_texts_is_no_loop) {
+  const char *phrase = "Let me check the configuration file again now. ";
+  ag_content_loop *d = new_default();
+  int tripped = 0;
+  for (int i = 0; i < 40 && tripped == 0; i++) {
+    char piece[128];
+    snprintf(piece, sizeof piece, "%sStep %02d: %s", phrase, i,
+             i % 2 ? "edit" : "test");
+    tripped = feed(d, piece) ? i + 1 : 0;
+  }
+  cr_expect_eq(tripped, 0, "tripped at piece %d", tripped);
+  ag_content_loop_free(d);
+  d = new_default();
+  cr_expect_neq(feed_times(d,
+                           "Let me check the configuration file again "
+                           "now. Step: test. ",
+                           30),
+                0);
   ag_content_loop_free(d);
 }
 
@@ -455,12 +491,12 @@ Test(rules, a_repeat_needs_the_whole_chunk) {
 }
 
 Test(rules, history_cap_forgets_old_occurrences) {
-  /* Nine occurrences, then 1000 bytes of fresh text push them out of the
+  /* Nine occurrences, then 5000 bytes of fresh text push them out of the
    * history; nine more occurrences are then only nine. */
   ag_content_loop *d = new_default();
   char *r = rep_content(1, CHUNK);
   cr_assert_eq(feed_times(d, r, THRESHOLD - 1), 0);
-  char *filler = random_string(1000);
+  char *filler = random_string(5000);
   cr_assert_not(feed(d, filler));
   cr_expect_eq(feed_times(d, r, THRESHOLD - 1), 0, "old occurrences counted");
   cr_expect(feed(d, r), "the 10th new occurrence trips");
@@ -470,12 +506,12 @@ Test(rules, history_cap_forgets_old_occurrences) {
 }
 
 Test(rules, a_piece_longer_than_the_history_is_cut_as_in_gemini) {
-  /* Gemini appends the piece, then keeps its last 1000 bytes: a loop that
+  /* Gemini appends the piece, then keeps its last 5000 bytes: a loop that
    * sits only in the part cut off is never seen. */
   ag_content_loop *d = new_default();
   char *r = rep_content(1, CHUNK);
-  char *filler = random_string(1100);
-  char big[500 + 1100 + 1];
+  char *filler = random_string(5100);
+  static char big[500 + 5100 + 1];
   big[0] = '\0';
   for (int i = 0; i < 10; i++)
     strcat(big, r);
@@ -778,7 +814,7 @@ Test(api, defaults) {
   ag_content_loop_opts_init(&o);
   cr_expect_eq(o.chunk_size, 50);
   cr_expect_eq(o.threshold, 10);
-  cr_expect_eq(o.max_history, 1000);
+  cr_expect_eq(o.max_history, 5000);
   ag_content_loop_opts_init(NULL);
 }
 
@@ -1063,7 +1099,17 @@ static bool ref_feed(ref *r, const char *p, size_t n) {
       if (e->n >= r->thr) {
         double total = (double)(e->idx[e->n - 1] - e->idx[e->n - r->thr]);
         double avg = total / (double)(r->thr - 1);
-        if (avg <= (double)r->k * 1.5) {
+        /* the periods: distinct texts between the recent occurrences */
+        size_t distinct = 0;
+        const size_t *w = e->idx + e->n - r->thr;
+        for (size_t i = 0; i + 1 < r->thr; i++) {
+          bool seen = false;
+          for (size_t j = 0; j < i && !seen; j++)
+            seen = w[j + 1] - w[j] == w[i + 1] - w[i] &&
+                   memcmp(r->hist + w[j], r->hist + w[i], w[i + 1] - w[i]) == 0;
+          distinct += !seen;
+        }
+        if (avg <= (double)r->k * 5 && distinct <= r->thr / 2) {
           r->found = true;
           return true;
         }
@@ -1128,12 +1174,12 @@ Test(reference, small_chunks_small_history) {
 }
 
 Test(reference, gemini_defaults) {
-  differential(50, 10, 1000, 120, 300);
+  differential(50, 10, 5000, 120, 300);
 }
 
 Test(reference, odd_sizes) {
   differential(7, 5, 97, 1000, 200);
-  differential(1, 2, 16, 1000, 100);
+  differential(1, 3, 16, 1000, 100);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1212,4 +1258,70 @@ Test(noalloc, feed_and_check_text) {
   free(prose);
   free(r);
   ag_content_loop_free(d);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Whole replies judged as the same text streamed                           */
+/* ------------------------------------------------------------------------ */
+
+/* Gemini's content cases with their deltas glued into one whole reply
+ * (check_text): the same answer as streamed. `n` copies of `unit`,
+ * optionally around a markdown element. */
+static bool whole(const char *before, int nb, const char *mid,
+                  const char *after, int na) {
+  static char text[16384];
+  text[0] = '\0';
+  for (int i = 0; i < nb; i++)
+    strcat(text, before);
+  strcat(text, mid);
+  for (int i = 0; i < na; i++)
+    strcat(text, after);
+  ag_content_loop *d = new_default();
+  bool got = ag_content_loop_check_text(d, text, strlen(text));
+  ag_content_loop_free(d);
+  return got;
+}
+
+Test(whole, loops_trip_as_streamed) {
+  char *r = rep_content(1, CHUNK);
+  cr_expect(whole(r, THRESHOLD, "", "", 0), "a chunk repeated");
+  char *l = rep_content(1, 150);
+  cr_expect(whole(l, THRESHOLD + 20, "", "", 0), "a 150-byte pattern");
+  cr_expect(whole("I will not output any text.\n  I will just end the turn.\n"
+                  "  I am done.\n  I will not do anything else.\n  I will "
+                  "wait for the user's next command.\n",
+                  THRESHOLD + 20, "", "", 0),
+            "the first user-provided example");
+  cr_expect(whole("I have added all the requested logs and verified the test "
+                  "file. I will now mark the task as complete.\n  ",
+                  THRESHOLD + 20, "", "", 0),
+            "the second user-provided example");
+  cr_expect(whole("Thinking... Done. ", THRESHOLD * 10, "", "", 0));
+  cr_expect(whole("I need to check the file. The file does not exist. I will "
+                  "create the file. ",
+                  THRESHOLD + 20, "", "", 0));
+  free(l);
+  free(r);
+}
+
+Test(whole, markdown_resets_as_streamed) {
+  /* Gemini's negative cases: nine repeats, an element, nine repeats. */
+  char *r = rep_content(1, CHUNK);
+  static const char *const elements[] = {"| Column 1 | Column 2 |",
+                                         "* List item",
+                                         "## Heading",
+                                         "> Quote text",
+                                         "```",
+                                         "\n- item",
+                                         "\n+ item",
+                                         "\n42. item"};
+  for (size_t i = 0; i < sizeof elements / sizeof elements[0]; i++)
+    cr_expect_not(whole(r, THRESHOLD - 1, elements[i], r, THRESHOLD - 1),
+                  "reset by \"%s\"", elements[i]);
+  /* prose around them does not reset: a dash, a plus, bold, C# */
+  static const char *const prose[] = {" - ", " + ", " **bold** ", " C# "};
+  for (size_t i = 0; i < sizeof prose / sizeof prose[0]; i++)
+    cr_expect(whole(r, THRESHOLD - 1, prose[i], r, THRESHOLD - 1),
+              "\"%s\" reset the tracking", prose[i]);
+  free(r);
 }
