@@ -40,6 +40,7 @@ row "7: consecutive errors 4" "{$D, \"errors\": {\"max_consecutive_errors\": 4}}
 row "7: consecutive errors 5" "{$D, \"errors\": {\"max_consecutive_errors\": 5}}"
 row "7: consecutive errors off" "{$D, \"errors\": {\"max_consecutive_errors\": 0}}"
 row "7: any_failed (M.E.AI's rule)" "{$D, \"errors\": {\"failing_iteration\": \"any_failed\"}}"
+row "5-8: every failure counts (counted_failures all)" "{$D, \"errors\": {\"counted_failures\": \"all\"}}"
 row "5: identical errors 3" "{$D, \"errors\": {\"max_identical_errors\": 3}}"
 row "3: identical calls 3" "{$D, \"loop\": {\"identical_call_limit\": 3}}"
 row "3: identical calls 4 in call_and_result scope (OpenHands)" "{$D, \"loop\": {\"identical_call_limit\": 4, \"identical_call_scope\": \"call_and_result\"}}"
