@@ -174,12 +174,57 @@ Test(gemini, no_loop_when_repetitions_are_far_apart) {
   char *r = rep_content(1, CHUNK);
   for (int i = 0; i < THRESHOLD; i++) {
     cr_assert_not(feed(d, r), "repetition %d tripped", i + 1);
-    char *filler = random_string(500);
+    char *filler = random_string(2000);
     cr_assert_not(feed(d, filler), "filler %d tripped", i + 1);
     free(filler);
   }
   free(r);
   ag_content_loop_free(d);
+}
+
+Test(gemini, no_loop_for_a_list_with_a_long_shared_prefix) {
+  char list[2048] = "";
+  for (int i = 0; i < 15; i++) {
+    char line[128];
+    snprintf(line, sizeof line,
+             "- projects/my-google-cloud-project-12345/locations/"
+             "us-central1/services/%d\n",
+             i);
+    strcat(list, line);
+  }
+  ag_content_loop *d = new_default();
+  cr_expect_not(feed(d, list));
+  ag_content_loop_free(d);
+}
+
+/* Gemini's loops of longer periods, each fed up to threshold + 20 times
+ * (alternating phrases: threshold x 10): every one trips. */
+Test(gemini, loops_of_longer_periods_trip) {
+  char *longp = rep_content(1, 150);
+  const struct {
+    const char *text;
+    int times;
+  } cases[] = {
+      {longp, THRESHOLD + 20},
+      {"I will not output any text.\n  I will just end the turn.\n  I am "
+       "done.\n  I will not do anything else.\n  I will wait for the user's "
+       "next command.\n",
+       THRESHOLD + 20},
+      {"I have added all the requested logs and verified the test file. I "
+       "will now mark the task as complete.\n  ",
+       THRESHOLD + 20},
+      {"Thinking... Done. ", THRESHOLD * 10},
+      {"I need to check the file. The file does not exist. I will create "
+       "the file. ",
+       THRESHOLD + 20},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ag_content_loop *d = new_default();
+    cr_expect_neq(feed_times(d, cases[i].text, cases[i].times), 0,
+                  "case %zu did not trip", i);
+    ag_content_loop_free(d);
+  }
+  free(longp);
 }
 
 Test(gemini, no_loop_inside_a_code_block) {
