@@ -25,7 +25,7 @@ static const command commands[] = {
     {"simulate", cli_simulate,
      "run a scenario (scripted model and tools) through the guarded loop"},
     {"proxy", cli_proxy,
-     "an OpenAI/Anthropic-compatible proxy that guards any agent's tool loop"},
+     "an OpenAI/Anthropic/Gemini proxy that guards any agent's tool loop"},
     {"audit", cli_audit,
      "replay recorded agent runs through the guard: where would it stop?"},
     {"presets", cli_presets, "list the presets, or print one as JSON"},
@@ -39,7 +39,8 @@ static void usage(FILE *f) {
   fprintf(f, "usage: agentguard <command> [options]\n\ncommands:\n");
   for (size_t i = 0; i < N_COMMANDS; i++)
     fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].summary);
-  fprintf(f, "\n'agentguard <command> --help' describes a command.\n"
+  fprintf(f, "\n'agentguard help <command>' (or '<command> --help') "
+             "describes a command.\n"
              "Exit codes: 0 completed, 3 stopped or escalated, 4 timed out "
              "or cancelled,\n1 other failure, 2 invalid input (nothing "
              "ran). See docs/cli.md.\n");
@@ -71,6 +72,17 @@ int main(int argc, char **argv) {
     return AG_EXIT_USAGE;
   }
   const char *cmd = argv[1];
+  if (strcmp(cmd, "help") == 0 && argc >= 3) {
+    /* "agentguard help run" is "agentguard run --help" */
+    for (size_t i = 0; i < N_COMMANDS; i++)
+      if (strcmp(argv[2], commands[i].name) == 0) {
+        char *sub[] = {argv[2], "--help", NULL};
+        return finish(argv[2], commands[i].run(2, sub));
+      }
+    fprintf(stderr, "agentguard help: unknown command '%s'\n\n", argv[2]);
+    usage(stderr);
+    return AG_EXIT_USAGE;
+  }
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
       strcmp(cmd, "help") == 0) {
     usage(stdout);

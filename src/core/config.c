@@ -957,10 +957,24 @@ static ag_err_t parse_doc(ag_config *out, const char *json, size_t len,
     *located = true;
     if (AG__JSON_NOMEM(&je))
       return fail(e, AG_ENOMEM, "out of memory");
+    /* the usual reasons a config is not JSON: another format, comments */
+    size_t first = 0;
+    while (first < len && (json[first] == ' ' || json[first] == '\t' ||
+                           json[first] == '\r' || json[first] == '\n'))
+      first++;
+    size_t at = je.position > 0 ? (size_t)je.position - 1 : 0;
+    const char *hint =
+        first < len && json[first] != '{'
+            ? " (a config is a JSON object such as {\"preset\": \"default\"}; "
+              "YAML and other formats are not read)"
+        : at < len && (json[at] == '/' || json[at] == '#')
+            ? " (JSON has no comments)"
+            : "";
     if (je.line > 0)
-      fail(e, AG_EJSON, "line %d, column %d: %s", je.line, je.column, je.text);
+      fail(e, AG_EJSON, "line %d, column %d: %s%s", je.line, je.column, je.text,
+           hint);
     else
-      fail(e, AG_EJSON, "%s", je.text);
+      fail(e, AG_EJSON, "%s%s", je.text, hint);
     e->pos = je.position;
     e->line = je.line > 0 ? je.line : 0;
     e->column = je.column > 0 ? je.column : 0;

@@ -971,6 +971,33 @@ Test(cli, presets_and_check_config) {
   r = run(ARGS("check-config"));
   cr_expect_eq(r.status, 2);
   result_free(&r);
+
+  /* a config that is not JSON says what a config is */
+  r = run(ARGS("check-config", put("c.yaml", "preset: hpd\n")));
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "line 1, column 6: ") != NULL &&
+                strstr(r.err, "(a config is a JSON object such as "
+                              "{\"preset\": \"default\"}; YAML and other "
+                              "formats are not read)") != NULL,
+            "%s", r.err);
+  result_free(&r);
+  r = run(ARGS("check-config",
+               put("c.json", "{\"preset\": \"hpd\", // the seed\n}")));
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "(JSON has no comments)") != NULL, "%s", r.err);
+  result_free(&r);
+}
+
+Test(cli, help_names_a_command) {
+  result r = run(ARGS("help", "audit"));
+  cr_expect_eq(r.status, 0, "%s", r.err);
+  cr_expect(strncmp(r.out, "usage: agentguard audit", 23) == 0, "%s", r.out);
+  result_free(&r);
+  r = run(ARGS("help", "adit"));
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "agentguard help: unknown command 'adit'") != NULL,
+            "%s", r.err);
+  result_free(&r);
 }
 
 /* ------------------------------------------------------------------------ */
