@@ -68,7 +68,9 @@ typedef struct run_ctx {
   json_t *turn_end;
   FILE *tty; /* the terminal for questions, or NULL */
   bool yes;
-  bool streamed_text; /* a streamed line is open on stdout */
+  FILE *text_out;     /* the model's text: stdout, or stderr when the
+                         events are on stdout (--events -) */
+  bool streamed_text; /* a streamed line is open on text_out */
   bool reply_shown;   /* the current reply's text went to stdout */
 } run_ctx;
 
@@ -92,7 +94,8 @@ static void usage(FILE *f) {
       "  --preset NAME      the guard's preset (default: default)\n"
       "  --config FILE      guard keys and a \"provider\" section (JSON)\n"
       "  --tools FILE       more tools, in the scenario's TOOL format\n"
-      "  --events PATH      every event as JSON Lines ('-': stdout)\n"
+      "  --events PATH      every event as JSON Lines ('-': stdout, and the\n"
+      "                     model's text goes to stderr)\n"
       "  --events-detail counts|full\n"
       "                     full: model_request events carry the messages "
       "sent\n"
@@ -232,8 +235,8 @@ static void on_event(void *user, const json_t *ev) {
   if (name != NULL && strcmp(name, "model_request") == 0)
     R->reply_shown = false; /* a new reply: its text is not out yet */
   if (R->streamed_text && name != NULL && strcmp(name, "model_response") == 0) {
-    fputc('\n', stdout); /* end the streamed line before the timeline */
-    fflush(stdout);
+    fputc('\n', R->text_out); /* end the streamed line before the timeline */
+    fflush(R->text_out);
     R->streamed_text = false;
   }
   if (R->timeline != NULL)
@@ -246,8 +249,8 @@ static void on_event(void *user, const json_t *ev) {
 
 static int on_delta(void *user, const char *text, size_t len) {
   run_ctx *R = user;
-  fwrite(text, 1, len, stdout);
-  fflush(stdout);
+  fwrite(text, 1, len, R->text_out);
+  fflush(R->text_out);
   R->streamed_text = len > 0;
   if (len > 0)
     R->reply_shown = true;
@@ -510,17 +513,17 @@ static int one_turn(ag_agent *agent, const char *task, run_ctx *R, bool quiet) {
     rc = AG_EXIT_FAILURE;
   } else {
     if (R->streamed_text)
-      fputc('\n', stdout);
+      fputc('\n', R->text_out);
     if (R->timeline == NULL && !quiet)
       cli_outcome_line(stderr, 1, &o, R->turn_end);
     /* the answer on stdout when it was not streamed there (a provider
      * asked not to stream may still hand the whole text to on_delta) */
     if (o.status == AG_TURN_COMPLETED && o.final_text != NULL &&
         R->timeline != NULL && !R->reply_shown)
-      printf("%s\n", o.final_text);
+      fprintf(R->text_out, "%s\n", o.final_text);
     rc = cli_exit_code(o.status);
   }
-  fflush(stdout);
+  fflush(R->text_out);
   ag_turn_outcome_clear(&o);
   ag_cancel_free(turn);
   return rc;
@@ -543,6 +546,7 @@ int cli_run(int argc, char **argv) {
   memset(&R, 0, sizeof R);
   R.yes = a.yes;
   R.tty = fopen("/dev/tty", "r+");
+  R.text_out = stdout;
   if (a.events != NULL && (R.events = cli_open_events(a.events)) == NULL) {
     fprintf(stderr, "agentguard run: --events %s: cannot open: %s\n", a.events,
             strerror(errno));
@@ -551,6 +555,8 @@ int cli_run(int argc, char **argv) {
       fclose(R.tty);
     return AG_EXIT_USAGE;
   }
+  if (R.events == stdout)
+    R.text_out = stderr; /* stdout stays JSON Lines only */
   if (!a.quiet)
     R.timeline = cli_timeline_new(stderr, isatty(STDERR_FILENO) &&
                                               getenv("NO_COLOR") == NULL);

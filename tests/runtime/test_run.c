@@ -74,6 +74,9 @@ static char *slurp(const char *path) {
 /* Runs `agentguard run` with `extra` args (NULL-terminated) and TASK, with
  * the server's URL, a non-streaming config and the key in the
  * environment. */
+/* run_task writes the events to stdout ("--events -") when set. */
+static bool events_on_stdout;
+
 static result run_task(const char *const *extra, const char *task) {
   char url[64], cfg[320], ev[320], out[320], errp[320];
   snprintf(url, sizeof(url), "http://127.0.0.1:%d/v1", F.port);
@@ -98,7 +101,7 @@ static result run_task(const char *const *extra, const char *task) {
   argv[n++] = "--config";
   argv[n++] = cfg;
   argv[n++] = "--events";
-  argv[n++] = ev;
+  argv[n++] = events_on_stdout ? "-" : ev;
   for (size_t i = 0; extra != NULL && extra[i] != NULL && n < 28; i++)
     argv[n++] = extra[i];
   if (task != NULL)
@@ -184,6 +187,26 @@ Test(run, a_task_with_the_built_in_tools_completes) {
                 strstr(r.events, "\"read_file\",") != NULL,
             "%s", r.events);
   no_key_anywhere(&r);
+  result_free(&r);
+}
+
+Test(run, events_on_stdout_leave_stdout_json_lines_only) {
+  F.replies[0] = TEXT_REPLY("pong");
+  F.n_replies = 1;
+  events_on_stdout = true;
+  result r = run_task(NULL, "Say pong");
+  events_on_stdout = false;
+  cr_assert_eq(r.status, 0, "exit %d\nstderr: %s", r.status, r.err);
+  int lines = 0;
+  for (char *line = strtok(r.out, "\n"); line != NULL;
+       line = strtok(NULL, "\n"), lines++) {
+    json_t *j = json_loads(line, 0, NULL);
+    cr_assert(json_is_object(j) && json_object_get(j, "event") != NULL,
+              "stdout line %d is no event: %s", lines + 1, line);
+    json_decref(j);
+  }
+  cr_assert_gt(lines, 2);
+  cr_assert(strstr(r.err, "pong") != NULL, "the answer on stderr: %s", r.err);
   result_free(&r);
 }
 
