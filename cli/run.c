@@ -57,6 +57,7 @@ typedef struct run_args {
   const char *events;
   const char *tools;
   const char *events_detail;
+  const char *output_format; /* "text" (default) or "json" */
   bool yes, allow_commands, quiet;
 } run_args;
 
@@ -72,6 +73,7 @@ typedef struct run_ctx {
                          events are on stdout (--events -) */
   bool streamed_text; /* a streamed line is open on text_out */
   bool reply_shown;   /* the current reply's text went to stdout */
+  bool json_result;   /* --output-format json: one result object per turn */
 } run_ctx;
 
 static void usage(FILE *f) {
@@ -96,6 +98,10 @@ static void usage(FILE *f) {
       "  --tools FILE       more tools, in the scenario's TOOL format\n"
       "  --events PATH      every event as JSON Lines ('-': stdout, and the\n"
       "                     model's text goes to stderr)\n"
+      "  --output-format text|json\n"
+      "                     json: one result object per turn on stdout\n"
+      "                     (status, reason, final_text, usage), the\n"
+      "                     model's text on stderr\n"
       "  --events-detail counts|full\n"
       "                     full: model_request events carry the messages "
       "sent\n"
@@ -147,11 +153,13 @@ static int parse_args(int argc, char **argv, run_args *a) {
         continue;
       }
       static const char *const with_value[] = {
-          "--workdir", "--provider", "--model", "--base-url",     "--preset",
-          "--config",  "--events",   "--tools", "--events-detail"};
+          "--workdir",       "--provider",     "--model",  "--base-url",
+          "--preset",        "--config",       "--events", "--tools",
+          "--events-detail", "--output-format"};
       const char **const slot[] = {
-          &a->workdir, &a->provider, &a->model, &a->base_url,     &a->preset,
-          &a->config,  &a->events,   &a->tools, &a->events_detail};
+          &a->workdir,       &a->provider,     &a->model,  &a->base_url,
+          &a->preset,        &a->config,       &a->events, &a->tools,
+          &a->events_detail, &a->output_format};
       char msg[128];
       int got = cli_value_option(argc, argv, &i, with_value, slot,
                                  sizeof(with_value) / sizeof(with_value[0]),
@@ -172,6 +180,14 @@ static int parse_args(int argc, char **argv, run_args *a) {
       strcmp(a->events_detail, "full") != 0)
     return usage_error("--events-detail %s: expected counts or full",
                        a->events_detail);
+  if (a->output_format != NULL && strcmp(a->output_format, "text") != 0 &&
+      strcmp(a->output_format, "json") != 0)
+    return usage_error("--output-format %s: expected text or json",
+                       a->output_format);
+  if (a->output_format != NULL && strcmp(a->output_format, "json") == 0 &&
+      a->events != NULL && strcmp(a->events, "-") == 0)
+    return usage_error("%s", "--events - and --output-format json both "
+                             "write to stdout: give --events a file");
   return -1;
 }
 
@@ -255,6 +271,23 @@ static int on_delta(void *user, const char *text, size_t len) {
   if (len > 0)
     R->reply_shown = true;
   return 0;
+}
+
+/* --output-format json: the turn's result as one JSON object on stdout. */
+static void print_result(const ag_turn_outcome *o, int exit_code) {
+  json_t *j =
+      json_pack("{s:s, s:s, s:s, s:s?, s:i, s:i, s:I, s:i}", "status",
+                ag_turn_status_name(o->status), "reason", o->reason, "message",
+                o->message, "final_text", o->final_text, "iterations",
+                o->iterations, "tool_calls", o->tool_calls, "tokens",
+                (json_int_t)o->tokens, "exit_code", exit_code);
+  char *text = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
+  if (text != NULL)
+    printf("%s\n", text);
+  else
+    fprintf(stderr, "agentguard run: out of memory writing the result\n");
+  free(text);
+  json_decref(j);
 }
 
 /* Reads one answer line from the terminal into buf (cap bytes). */
@@ -519,9 +552,11 @@ static int one_turn(ag_agent *agent, const char *task, run_ctx *R, bool quiet) {
     /* the answer on stdout when it was not streamed there (a provider
      * asked not to stream may still hand the whole text to on_delta) */
     if (o.status == AG_TURN_COMPLETED && o.final_text != NULL &&
-        R->timeline != NULL && !R->reply_shown)
+        R->timeline != NULL && !R->reply_shown && !R->json_result)
       fprintf(R->text_out, "%s\n", o.final_text);
     rc = cli_exit_code(o.status);
+    if (R->json_result)
+      print_result(&o, rc);
   }
   fflush(R->text_out);
   ag_turn_outcome_clear(&o);
@@ -555,8 +590,10 @@ int cli_run(int argc, char **argv) {
       fclose(R.tty);
     return AG_EXIT_USAGE;
   }
-  if (R.events == stdout)
-    R.text_out = stderr; /* stdout stays JSON Lines only */
+  R.json_result =
+      a.output_format != NULL && strcmp(a.output_format, "json") == 0;
+  if (R.events == stdout || R.json_result)
+    R.text_out = stderr; /* stdout stays JSON only */
   if (!a.quiet)
     R.timeline = cli_timeline_new(stderr, isatty(STDERR_FILENO) &&
                                               getenv("NO_COLOR") == NULL);

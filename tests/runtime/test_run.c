@@ -210,6 +210,32 @@ Test(run, events_on_stdout_leave_stdout_json_lines_only) {
   result_free(&r);
 }
 
+Test(run, output_format_json_is_one_result_object) {
+  F.replies[0] = TEXT_REPLY("pong");
+  F.n_replies = 1;
+  const char *const json[] = {"--output-format", "json", NULL};
+  result r = run_task(json, "Say pong");
+  cr_assert_eq(r.status, 0, "exit %d\nstderr: %s", r.status, r.err);
+  json_error_t je;
+  json_t *j = json_loads(r.out, 0, &je);
+  cr_assert_not_null(j, "stdout is not one JSON value (%s): %s", je.text,
+                     r.out);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "status")),
+                   "completed");
+  cr_expect_str_eq(json_string_value(json_object_get(j, "final_text")), "pong");
+  cr_expect_eq(json_integer_value(json_object_get(j, "iterations")), 1);
+  cr_expect_eq(json_integer_value(json_object_get(j, "exit_code")), 0);
+  json_decref(j);
+  result_free(&r);
+  const char *const bad[] = {"--output-format", "yaml", NULL};
+  r = run_task(bad, "x");
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "--output-format yaml: expected text or json") !=
+                NULL,
+            "%s", r.err);
+  result_free(&r);
+}
+
 Test(run, model_requests_carry_counts_by_default) {
   F.replies[0] = TEXT_REPLY("Hello.");
   F.n_replies = 1;
