@@ -1,6 +1,7 @@
 # agentguard - convenience targets over CMake.
-#   make demo       build, then run a stuck agent through the guard (stopped)
-#                   and the same agent recovering through a nudge
+#   make demo       build the program only, then run a stuck agent through
+#                   the guard (stopped) and the same agent recovering
+#                   through a nudge
 #   make test       build and run every test (CTest over Criterion)
 #   make test-asan  the tests under AddressSanitizer + UBSan
 #   make test-tsan  the runtime's concurrent scenarios under ThreadSanitizer
@@ -15,26 +16,43 @@ BUILD_TSAN ?= build-tsan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-DEB_PKGS = cmake pkg-config gcc make libjansson-dev libssl-dev \
-           libcurl4-openssl-dev libcriterion-dev libpcre2-dev \
-           libmicrohttpd-dev clang libclang-rt-14-dev
+# The library and the program need only these; the tests add Criterion,
+# fuzzing adds clang and the clang runtime that matches it.
+LIB_PKGS  = cmake pkg-config gcc make libjansson-dev libssl-dev \
+            libcurl4-openssl-dev libpcre2-dev libmicrohttpd-dev
+TEST_PKGS = $(LIB_PKGS) libcriterion-dev
 
-.PHONY: all deps build demo test test-asan test-tsan bench fuzz format format-check clean
+.PHONY: all deps deps-lib deps-fuzz build program demo test test-asan test-tsan bench fuzz format format-check clean
 
 all: build
 
+deps-lib:
+	@sh scripts/deps.sh $(LIB_PKGS)
+
 deps:
-	@sh scripts/deps.sh $(DEB_PKGS)
+	@sh scripts/deps.sh $(TEST_PKGS)
 
-$(BUILD)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
+deps-fuzz: deps
+	@sh scripts/deps.sh clang
+	@sh scripts/deps.sh $$(sh scripts/clang-rt.sh)
 
-build: deps $(BUILD)/CMakeCache.txt
+# Everything: the library, the program, the tests and the benchmarks.
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DAG_BUILD_TESTS=ON -DAG_BUILD_BENCH=ON $(CMAKE_ARGS)
 	cmake --build $(BUILD) -j $(JOBS)
+
+# The program alone (what `make demo` needs): no Criterion, no tests. A
+# build folder configured by `make build` is reused as it is.
+program: deps-lib
+	@test -f $(BUILD)/CMakeCache.txt || cmake -S . -B $(BUILD) \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAG_BUILD_TESTS=OFF \
+	  -DAG_BUILD_BENCH=OFF $(CMAKE_ARGS)
+	cmake --build $(BUILD) -j $(JOBS) --target agentguard_cli
 
 # A stuck agent stopped by the guard (exit 3 is expected), then the same
 # agent recovering through a nudge (exit 0).
-demo: build
+demo: program
 	@$(BUILD)/agentguard simulate --timeline examples/scenarios/stuck_agent.json; \
 	  test $$? -eq 3
 	@echo
@@ -67,7 +85,7 @@ bench: build
 	@sh bench/run.sh $(BUILD)
 
 # libFuzzer targets (clang) in build-fuzz/, FUZZ_SECONDS (60) each.
-fuzz: deps
+fuzz: deps-fuzz
 	@JOBS=$(JOBS) sh scripts/fuzz.sh
 
 C_FILES = $(wildcard include/*.h include/agentguard/*.h src/*/*.c src/*/*.h \

@@ -62,7 +62,7 @@ fi
 [ -n "$RUNS" ] && seedopt="$seedopt -runs=$RUNS"
 [ "$SECONDS_EACH" -gt 0 ] || die "FUZZ_SECONDS must be positive"
 
-command -v "$CC" >/dev/null 2>&1 || die "$CC not found (Debian: apt-get install clang libclang-rt-14-dev)"
+command -v "$CC" >/dev/null 2>&1 || die "$CC not found (Debian: apt-get install clang $(sh "$(dirname "$0")/clang-rt.sh"))"
 "$CC" --version 2>/dev/null | grep -q clang || die "$CC is not clang: libFuzzer needs clang"
 
 cd "$ROOT" || die "cannot enter $ROOT"
