@@ -50,6 +50,7 @@
 
 #include "../audit/internal.h"
 #include "../core/internal.h"
+#include "metrics.h"
 #include "budget.h"
 #include "conns.h"
 #include "hooks.h"
@@ -138,6 +139,7 @@ struct ag_proxy {
   int64_t timeout_ms;
   uint16_t port;
   atomic_ulong ids;
+  ag__px_metrics metrics; /* GET /metrics (metrics.h) */
 };
 
 /* What goes back to the client. */
@@ -176,6 +178,8 @@ typedef struct req_ctx {
   char *method;
   reply r;              /* the answer, unless `st` */
   struct stream_st *st; /* a relayed stream, or NULL */
+  int64_t t0_ms;        /* when its headers were in (mono), for /metrics */
+  unsigned sent_status; /* the status answered, once it is */
 } req_ctx;
 
 typedef struct upstream {
@@ -427,7 +431,8 @@ bool ag__px_read_reply_as(upstream *u, const ag__wire *w, ag__reply_form form,
                           ag_reply *out, reply *r);
 ag_action ag__px_record_nudged(ag_guard *g, const ag_reply *rep,
                                const ag_call_check *checks, ag_verdict *v);
-bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q);
+bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                    const char *method);
 bool ag__px_relay_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                         const char *path, reply *r);
 int ag__px_replay_fast(ag_guard *g, fast_traj *f, ag_verdict *v);

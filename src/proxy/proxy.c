@@ -138,6 +138,7 @@ const char *ag__px_scrub(const ag_proxy *p, const char *in, char *out,
  * header: credentials cannot reach the log. */
 void ag__px_event(ag_proxy *p, const char *decision, const char *path,
                   const ag_verdict *v, const char *detail) {
+  ag__px_metrics_decision(&p->metrics, decision, v);
   if (p->events == NULL)
     return;
   json_t *o =
@@ -315,7 +316,7 @@ static bool start_shards(ag_proxy *p, int lfd, unsigned limit) {
         MHD_OPTION_CONNECTION_LIMIT, limit + CONN_SLACK,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
         MHD_OPTION_URI_LOG_CALLBACK, ag__px_on_uri, NULL,
-        MHD_OPTION_NOTIFY_COMPLETED, ag__px_completed, NULL,
+        MHD_OPTION_NOTIFY_COMPLETED, ag__px_completed, sh->p,
         MHD_OPTION_NOTIFY_CONNECTION, ag__px_on_connection, sh,
         MHD_OPTION_EXTERNAL_LOGGER, quiet_log, NULL, MHD_OPTION_END);
     if (sh->d == NULL)
@@ -584,6 +585,7 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
   pthread_cond_init(&p->jobs_cv, NULL);
   pthread_cond_init(&p->work_cv, NULL);
   atomic_init(&p->ids, 1);
+  ag__px_metrics_init(&p->metrics, wall_ms());
   p->cfg = o->cfg;
   p->max_body = o->max_body > 0 ? o->max_body : AG_PROXY_MAX_BODY_DEFAULT;
   p->events = o->events;

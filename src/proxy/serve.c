@@ -16,6 +16,47 @@ static bool guarded_path(const char *path) {
   return ag__wire_serving(path) != NULL;
 }
 
+/* The paths the proxy answers itself, never forwarded (docs/proxy.md,
+ * "Operating it"): GET /healthz, /readyz, /metrics. */
+static bool own_path(const char *method, const char *path) {
+  return strcmp(method, "GET") == 0 &&
+         (strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0 ||
+          strcmp(path, "/metrics") == 0);
+}
+
+/* The answer to one of own_path's requests. */
+static void answer_own(ag_proxy *p, const char *path, reply *r) {
+  r->ctype = "text/plain; charset=utf-8";
+  if (strcmp(path, "/metrics") == 0) {
+    size_t len = 0;
+    char *text = ag__px_metrics_text(&p->metrics, ag__conns_count(p->conns),
+                                     ag__budget_used(p->budget), &len);
+    if (text == NULL) {
+      ag__px_set_error(r, 500, "server_error", "out_of_memory",
+                       "out of memory");
+      return;
+    }
+    r->status = 200;
+    r->body = text;
+    r->len = len;
+    r->ctype = "text/plain; version=0.0.4; charset=utf-8";
+    return;
+  }
+  pthread_mutex_lock(&p->jobs_mu);
+  bool stopping = p->stopping;
+  pthread_mutex_unlock(&p->jobs_mu);
+  bool ready =
+      strcmp(path, "/healthz") == 0
+          ? !stopping
+          : !stopping && ag__px_metrics_ready(&p->metrics, ag__px_mono_ms());
+  r->status = ready ? 200 : 503;
+  r->body = ag__px_dupz(ready      ? "ok\n"
+                        : stopping ? "stopping\n"
+                                   : "the upstream was not reached by the "
+                                     "last transfer\n");
+  r->len = r->body != NULL ? strlen(r->body) : 0;
+}
+
 /* Headers "Name: value" onto a response. */
 static void add_headers(struct MHD_Response *resp,
                         const struct curl_slist *list) {
@@ -329,6 +370,7 @@ enum MHD_Result ag__px_send_answer(struct MHD_Connection *c, req_ctx *q) {
   stream_st *st = q->st;
   q->st = NULL;
   if (st == NULL) {
+    q->sent_status = q->r.status;
     enum MHD_Result ret = send_reply(c, &q->r);
     ag__px_reply_free(&q->r);
     return ret;
@@ -349,6 +391,7 @@ enum MHD_Result ag__px_send_answer(struct MHD_Connection *c, req_ctx *q) {
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
   }
+  q->sent_status = status;
   enum MHD_Result ret = MHD_queue_response(c, status, resp);
   MHD_destroy_response(resp);
   return ret;
@@ -478,13 +521,18 @@ static int decide_here(shard *sh, struct MHD_Connection *c, req_ctx *q,
  * every later look - the guarded paths, the upstream's URL - sees the path
  * the upstream will route). true with q->r set when the request is
  * refused. */
-bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q) {
+bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                    const char *method) {
   const char *why = NULL;
   bool ok = ag__target_normalise(q->uri, q->uri, strlen(q->uri) + 1, &why);
   char path[2048];
   uri_path(ok ? q->uri : "/", path, sizeof path);
   q->r.shape = ag__wire_serving(path);
   q->r.anthropic = q->r.shape == &ag__wire_messages;
+  if (!own_path(method, path)) { /* the proxy's own are not counted */
+    q->t0_ms = ag__px_mono_ms();
+    ag__px_metrics_request(&p->metrics, q->r.shape);
+  }
   if (q->too_many == AG__CONN_OVER_PER_CLIENT) {
     ag__px_set_error(
         &q->r, 503, "server_error", "too_many_connections",
@@ -499,7 +547,9 @@ bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q) {
         "each serving a request (--max-connections)",
         p->max_conns);
     q->r.close = true;
-  } else if (!key_ok(p, c)) {
+  } else if (!(ok && own_path(method, path)) && !key_ok(p, c)) {
+    /* the health and metrics paths are for load balancers and scrapers,
+     * which hold no client key; they show counts only */
     ag__px_set_error(&q->r, 401, "invalid_request_error", "agentguard_key",
                      "agentguard proxy: this proxy needs its client key in the "
                      "x-agentguard-key header");
@@ -533,7 +583,7 @@ enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
      * request is checked now, before a byte of the body is read. */
     q->begun = true;
     ag__conns_state(q->conn, AG__CONN_BODY, ag__px_mono_ms());
-    if (!ag__px_refused(p, c, q))
+    if (!ag__px_refused(p, c, q, method))
       return MHD_YES;
     enum MHD_Result ret = send_reply(c, &q->r);
     ag__px_reply_free(&q->r);
@@ -583,7 +633,9 @@ enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     q->client_fd = ci != NULL ? ci->connect_fd : -1;
-    if (strcmp(method, "POST") != 0 || !guarded_path(path)) {
+    if (own_path(method, path)) {
+      answer_own(p, path, &q->r);
+    } else if (strcmp(method, "POST") != 0 || !guarded_path(path)) {
       if (ag__px_relay_start(p, c, q, path, &q->r)) {
         /* answered by the loop once the upstream's status is in */
         q->job = true;
@@ -598,6 +650,7 @@ enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
         return MHD_YES; /* suspended: answered by the request's thread */
     }
   }
+  q->sent_status = q->r.status;
   enum MHD_Result ret = send_reply(c, &q->r);
   ag__px_reply_free(&q->r);
   return ret;
@@ -605,10 +658,13 @@ enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
 
 void ag__px_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
-  (void)cls;
+  ag_proxy *p = cls;
   (void)c;
   (void)toe;
   req_ctx *q = *con_cls;
+  if (q != NULL && q->t0_ms > 0 && p != NULL)
+    ag__px_metrics_done(&p->metrics, q->sent_status,
+                        ag__px_mono_ms() - q->t0_ms);
   if (q != NULL) {
     ag__conns_state(q->conn, AG__CONN_IDLE, ag__px_mono_ms());
     ag__px_reply_free(&q->r);

@@ -398,6 +398,7 @@ bool ag__px_upstream_failed(ag_proxy *p, const upstream *u, reply *r) {
         (unsigned)AG_PROXY_UPSTREAM_MAX);
     return true;
   }
+  ag__px_metrics_upstream(&p->metrics, u->cc == CURLE_OK, ag__px_mono_ms());
   if (u->cc == CURLE_OK)
     return false;
   char why[CURL_ERROR_SIZE + 64];

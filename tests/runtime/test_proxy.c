@@ -4489,3 +4489,57 @@ Test(proxy, responses_reply_with_the_limits_call_is_replaced) {
   free(r);
   free(body);
 }
+
+/* ------------------------------------------------------------------------ */
+/* Operating it: /healthz, /readyz, /metrics                                */
+/* ------------------------------------------------------------------------ */
+
+Test(proxy, health_and_metrics_are_the_proxys_own_without_a_key) {
+  ag_proxy_stop(P);
+  P = proxy_with(test_cfg(), 0, "k3y");
+  resp *r = call(P, "GET", "/healthz", NULL, NULL);
+  cr_expect_eq(r->status, 200, "no client key needed: %s", r->body);
+  cr_expect_str_eq(r->body, "ok\n");
+  free(r);
+  r = call(P, "GET", "/readyz", NULL, NULL);
+  cr_expect_eq(r->status, 200);
+  free(r);
+  r = call(P, "GET", "/metrics", NULL, NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect(strstr(r->body, "# TYPE agentguard_proxy_requests_total counter") !=
+                NULL,
+            "%s", r->body);
+  free(r);
+  cr_expect_eq(n_upstream(), 0, "never forwarded");
+  /* another path still needs the key; a POST to /metrics is no metrics */
+  r = call(P, "GET", "/healthz/x", NULL, NULL);
+  cr_expect_eq(r->status, 401);
+  free(r);
+  r = call(P, "POST", "/metrics", "{}", NULL);
+  cr_expect_eq(r->status, 401);
+  free(r);
+}
+
+Test(proxy, readyz_says_when_the_upstream_was_not_reached) {
+  ag_proxy_stop(P);
+  ag_proxy_opts o = test_opts();
+  o.upstream = "http://127.0.0.1:9"; /* nothing listens on port 9 */
+  P = start_with(&o);
+  char *body = conversation(1, "read_file", "{\"path\":\"a\"}", "x");
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 502);
+  free(r);
+  r = call(P, "GET", "/readyz", NULL, NULL);
+  cr_expect_eq(r->status, 503, "%s", r->body);
+  free(r);
+  r = call(P, "GET", "/metrics", NULL, NULL);
+  cr_expect(strstr(r->body, "agentguard_proxy_upstream_failures_total 1\n") !=
+                NULL,
+            "%s", r->body);
+  cr_expect(
+      strstr(r->body, "agentguard_proxy_responses_total{code=\"5xx\"} 1\n") !=
+          NULL,
+      "%s", r->body);
+  free(r);
+  free(body);
+}
