@@ -21,7 +21,7 @@ int cli_value_option(int argc, char **argv, int *i, const char *const *names,
                      const char **const *slots, size_t n, char *msg,
                      size_t cap);
 
-/* The exit code of DESIGN.md section 5 for a turn's status. */
+/* The exit code (docs/cli.md) for a turn's status. */
 int cli_exit_code(ag_turn_status s);
 
 /* Opens an events file for writing (created or truncated, close-on-exec,

@@ -3,7 +3,7 @@
  * and is built only on the public API (include/agentguard.h).
  *
  * A command gets argv without the program name (argv[0] is the command) and
- * returns the process exit code of DESIGN.md section 5: 0 the last turn
+ * returns the process exit code (docs/cli.md): 0 the last turn
  * completed (or the command succeeded); 3 stopped or escalated; 4 timed out
  * or cancelled; 1 any other failure; 2 invalid input (nothing ran).
  */

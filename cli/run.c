@@ -4,10 +4,10 @@
  * the built-in tools confined to a workdir (docs/tools.md), user tools from
  * a tools file, and the guard of the chosen preset around the loop.
  *
- * With TASK: one turn, then exit with DESIGN.md's code for it. Without: an
- * interactive session on the terminal - a prompt, the history kept across
- * turns; Ctrl-C cancels the turn in progress (a second one forces its tools
- * down), not the session; Ctrl-D or "exit" ends it.
+ * With TASK: one turn, then exit with the exit code of docs/cli.md for it.
+ * Without: an interactive session on the terminal - a prompt, the history kept
+ * across turns; Ctrl-C cancels the turn in progress (a second one forces its
+ * tools down), not the session; Ctrl-D or "exit" ends it.
  *
  * Approvals and escalations are asked on the terminal (/dev/tty). Without
  * one they are refused, saying how to allow them (--yes, or

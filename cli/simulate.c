@@ -10,7 +10,7 @@
  * scripted provider, the scenario's registry and its approval and human
  * callbacks); run each turn with the caller's cancel token (sim_run_turns);
  * report (sim_report_check, sim_close_events). The exit code comes from the
- * last turn (DESIGN.md section 5), or with --check from the comparison with the
+ * last turn (docs/cli.md), or with --check from the comparison with the
  * turns' "expect".
  *
  * Events: the agent calls on_event on the turn's thread or a pool thread,

@@ -1,6 +1,6 @@
 /*
  * cli/timeline.h - a readable account of a run, written from the agent's
- * events (DESIGN.md section 5): per iteration what the model asked for, the
+ * events (docs/events.md): per iteration what the model asked for, the
  * attempts and retries, approvals, what the guard decided and why, and the
  * outcome of each turn. docs/cli.md shows an example.
  */

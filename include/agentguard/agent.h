@@ -1,6 +1,6 @@
 /*
  * agentguard/agent.h - the agentic loop: sessions with a history, turns and
- * iterations (DESIGN.md section 2), the guard on every batch, approvals and
+ * iterations (docs/agent.md), the guard on every batch, approvals and
  * execution through the scheduler, the ephemeral error context, nudges, the
  * wrap-up request at the iteration cap, escalation to a human, the turn
  * deadline and caller cancellation, and the event stream (section 5).
@@ -44,9 +44,9 @@ AG_EXTERN const char *ag_turn_status_name(ag_turn_status s);
 /* The outcome of a turn. Release with ag_turn_outcome_clear. */
 typedef struct ag_turn_outcome {
   ag_turn_status status;
-  /* a reason code of DESIGN.md section 3, or final_answer,
+  /* a mechanism's reason code (docs/configuration.md), or final_answer,
    * loop_breaking_tool, cancelled, model_error, script_exhausted (and
-   * out_of_memory, the one failure DESIGN.md does not name) */
+   * out_of_memory, the one failure the design does not name) */
   char reason[32];
   char message[1024]; /* for people: what happened and why */
   char *final_text;   /* the answer or partial answer (caller-owns), or NULL */
@@ -72,7 +72,7 @@ typedef ag_human_action (*ag_human_fn)(void *user, const char *record,
                                        char *hint, size_t hint_cap);
 
 /*
- * One event of DESIGN.md section 5 (an object with "event", "turn",
+ * One event of docs/events.md (an object with "event", "turn",
  * "iteration", "t_ms" and the event's fields), borrowed for the call.
  */
 typedef void (*ag_event_fn)(void *user, const json_t *event);

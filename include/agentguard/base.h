@@ -1,7 +1,7 @@
 /*
  * agentguard/base.h - what every layer needs and nothing decides: the
- * monotonic clock and cancellation tokens with deadlines (DESIGN.md section
- * 1, the base layer; src/base/). Included by agentguard/exec.h, where these
+ * monotonic clock and cancellation tokens with deadlines (the base layer of
+ * docs/layers.md; src/base/). Included by agentguard/exec.h, where these
  * declarations used to live, so code that includes exec.h is unchanged.
  *
  * Thread-safety: ag_cancel is safe from any thread, and ag_cancel_cancel()

@@ -1,7 +1,7 @@
 /*
- * agentguard/content.h - the content-loop detector (DESIGN.md section 3,
- * mechanism 14): a model that repeats the same text over and over in one
- * reply. Part of the pure core: no I/O, no clock, no threads, no globals;
+ * agentguard/content.h - the content-loop detector (mechanism 14,
+ * docs/content-loop.md): a model that repeats the same text over and over in
+ * one reply. Part of the pure core: no I/O, no clock, no threads, no globals;
  * every allocation happens in ag_content_loop_new(), and its memory is fixed
  * from then on (it does not grow with the text fed to it).
  *

@@ -72,7 +72,7 @@ typedef enum {
 
 /*
  * A complete configuration: a plain value (copy it freely, nothing to free).
- * Every key of DESIGN.md sections 3-4. Limits are counts; 0 turns the
+ * Every key of docs/configuration.md. Limits are counts; 0 turns the
  * mechanism off. Durations are milliseconds; 0 means "no limit".
  * docs/configuration.md lists every key with its default and preset values.
  */
@@ -619,7 +619,7 @@ typedef enum {
 
 /*
  * Writes the ephemeral error-context message for the next model request
- * (DESIGN.md "Recoverable errors and the error context") into buf: Forge's
+ * (docs/errors.md) into buf: Forge's
  * template around the last errors.max_errors_in_context unresolved errors as
  * compact records (with an <error_summary> when older ones are hidden), and
  * the instruction for `kind`. `tools` (n_tools names, may be NULL) is listed

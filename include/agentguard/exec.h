@@ -3,7 +3,7 @@
  * deadlines, the retry executor, the tool registry with JSON Schema argument
  * validation, native and subprocess tools, and the two-phase scheduler.
  *
- * The exec layer applies DESIGN.md section 3's rules for retries, timeouts,
+ * The exec layer applies the rules (docs/execution.md) for retries, timeouts,
  * approvals, two-phase execution and cancellation. It uses the core's
  * classifier and config; it never decides loop verdicts (that is the guard).
  *

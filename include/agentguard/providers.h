@@ -2,10 +2,10 @@
  * agentguard/providers.h - model clients behind one interface.
  *
  * A provider performs ONE model request: it never retries (the agent loop
- * applies DESIGN.md's network retry rules: network.max_retries, backoff with
- * full jitter, Retry-After, which statuses are retried). Streaming providers
- * report text as it arrives through an optional delta callback and still
- * return the complete reply.
+ * applies the network retry rules (docs/providers.md): network.max_retries,
+ * backoff with full jitter, Retry-After, which statuses are retried). Streaming
+ * providers report text as it arrives through an optional delta callback and
+ * still return the complete reply.
  *
  * Built in: the scripted provider (plays a scenario's model replies) and
  * the HTTP providers (OpenAI-compatible Chat Completions, Anthropic
@@ -177,7 +177,7 @@ AG_EXTERN ag_err_t ag_provider_complete(ag_provider *p, const ag_request *req,
                                         ag_provider_error *perr);
 
 /*
- * The scripted provider of DESIGN.md section 5: `turns` (borrowed; copied)
+ * The scripted provider (docs/scenarios.md): `turns` (borrowed; copied)
  * is the scenario's "turns" array: [{"user": TEXT, "model": [REPLY...],
  * "repeat_last": bool}]. REPLY: {"text": ...} and/or {"tool_calls":
  * [{"name", "arguments": OBJECT or raw STRING, "id"}]}, or {"provider_error":
