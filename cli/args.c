@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,16 @@ int cli_value_option(int argc, char **argv, int *i, const char *const *names,
     return 1;
   }
   return 0;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "agentguard %s: ", cmd);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n(see 'agentguard help %s')\n", cmd);
+  va_end(ap);
+  return AG_EXIT_USAGE;
 }
 
 int cli_exit_code(ag_turn_status s) {

@@ -21,6 +21,15 @@ int cli_value_option(int argc, char **argv, int *i, const char *const *names,
                      const char **const *slots, size_t n, char *msg,
                      size_t cap);
 
+/* A bad invocation, answered the same way by every command: "agentguard
+ * CMD: <message>" and "(see 'agentguard help CMD')" on stderr. Returns
+ * AG_EXIT_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 /* The exit code (docs/cli.md) for a turn's status. */
 int cli_exit_code(ag_turn_status s);
 

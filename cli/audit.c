@@ -50,6 +50,7 @@
 #include <jansson.h>
 
 #include "agentguard/audit.h"
+#include "args.h"
 #include "cli.h"
 #include "timeline.h"
 
@@ -603,10 +604,7 @@ static int parse_args(int argc, char **argv, opts *o, inputs *in) {
                (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0)) {
       o->quiet = true;
     } else if (!done_opts && a[0] == '-' && a[1] != '\0') {
-      fprintf(stderr,
-              "agentguard audit: unknown option '%s' (see agentguard audit "
-              "--help)\n",
-              a);
+      cli_usage_error("audit", "unknown option '%s'", a);
       return -1;
     } else {
       struct stat st;

@@ -8,6 +8,7 @@
  */
 #include <string.h>
 
+#include "args.h"
 #include "cli.h"
 
 static void usage(FILE *f) {
@@ -33,10 +34,7 @@ int cli_check_config(int argc, char **argv) {
       return AG_EXIT_OK;
     }
     if (argv[i][0] == '-' && argv[i][1] != '\0') {
-      fprintf(stderr, "agentguard check-config: unknown option '%s'\n\n",
-              argv[i]);
-      usage(stderr);
-      return AG_EXIT_USAGE;
+      return cli_usage_error("check-config", "unknown option '%s'", argv[i]);
     }
     if (path != NULL) {
       fprintf(stderr, "agentguard check-config: one FILE only\n\n");

@@ -8,6 +8,7 @@
  */
 #include <string.h>
 
+#include "args.h"
 #include "cli.h"
 
 static const struct {
@@ -55,9 +56,7 @@ int cli_presets(int argc, char **argv) {
       return AG_EXIT_OK;
     }
     if (argv[i][0] == '-' && argv[i][1] != '\0') {
-      fprintf(stderr, "agentguard presets: unknown option '%s'\n\n", argv[i]);
-      usage(stderr);
-      return AG_EXIT_USAGE;
+      return cli_usage_error("presets", "unknown option '%s'", argv[i]);
     }
     if (name != NULL) {
       fprintf(stderr, "agentguard presets: one preset name only\n\n");

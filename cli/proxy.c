@@ -58,13 +58,12 @@ static void usage(FILE *f) {
 }
 
 static int usage_error(const char *fmt, ...) {
+  char msg[512];
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "agentguard proxy: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n(see 'agentguard proxy --help')\n");
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  return AG_EXIT_USAGE;
+  return cli_usage_error("proxy", "%s", msg);
 }
 
 typedef struct proxy_args {

@@ -118,11 +118,7 @@ static void usage(FILE *f) {
 }
 
 static int usage_error(const char *fmt, const char *arg) {
-  fputs("agentguard run: ", stderr);
-  fprintf(stderr, fmt, arg);
-  fputs("\n\n", stderr);
-  usage(stderr);
-  return AG_EXIT_USAGE;
+  return cli_usage_error("run", fmt, arg);
 }
 
 /* Returns -1 when parsed, else the exit code (help or a usage error). */

@@ -96,11 +96,7 @@ static void usage(FILE *f) {
 }
 
 static int usage_error(const char *fmt, const char *arg) {
-  fputs("agentguard simulate: ", stderr);
-  fprintf(stderr, fmt, arg);
-  fputs("\n\n", stderr);
-  usage(stderr);
-  return AG_EXIT_USAGE;
+  return cli_usage_error("simulate", fmt, arg);
 }
 
 /* ------------------------------------------------------------------------ */
