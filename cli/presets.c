@@ -14,9 +14,10 @@
 static const struct {
   const char *name, *line;
 } descriptions[] = {
-    {"default", "the seeds' mechanisms combined (the library's default)"},
+    {"default", "every mechanism, tuned on real agent runs not to stop "
+                "healthy ones (the library's default)"},
     {"none", "every mechanism off, no retries, no timeouts, full errors"},
-    {"hpd", "HPD-Agent (seeds 000, 001): identical-call breaker 5, 3 "
+    {"hpd", "HPD-Agent's rules: identical-call breaker 5, 3 "
             "consecutive failing iterations, 3 retries, 30s/5m timeouts"},
     {"development", "hpd, fail fast: 3 identical calls, 2 retries, 10s per "
                     "attempt, 2m per turn"},
@@ -24,11 +25,11 @@ static const struct {
                    "per attempt, 10m per turn"},
     {"long-running", "hpd, patient: 10 identical calls, 5 retries from 3s, 5m "
                      "per attempt, 30m per turn"},
-    {"forge", "Forge (seed 002): 5 identical errors, a tool call required, "
+    {"forge", "Forge's rules: 5 identical errors, a tool call required, "
               "ended by task_complete or ask_question"},
-    {"twelve-factor", "12-factor agents (seed 003): 3 failures per tool, 10 "
+    {"twelve-factor", "12-factor agents' rules: 3 failures per tool, 10 "
                       "per turn, escalate to a human, compact errors"},
-    {"monadic", "Monadic Chat (seed 004): 3 errors of a kind, 20 calls per "
+    {"monadic", "Monadic Chat's rules: 3 errors of a kind, 20 calls per "
                 "turn, model-request retries"},
     {"meai", "Microsoft.Extensions.AI: 40 iterations then a final answer, 3 "
              "consecutive errors (one failed call fails the iteration)"},
