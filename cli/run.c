@@ -372,6 +372,7 @@ typedef struct setup {
   ag_provider *provider;
   ag_registry *reg;
   char *system_prompt;
+  char who[384]; /* "MODEL (KIND, URL)": the session's banner */
 } setup;
 
 static void setup_free(setup *S) {
@@ -472,6 +473,10 @@ static int make_provider(const run_args *a, setup *S) {
     fprintf(stderr, "agentguard run: provider: %s\n", err.msg);
     return AG_EXIT_USAGE;
   }
+  snprintf(S->who, sizeof S->who, "%.120s (%s, %.200s)", o.model,
+           o.kind != NULL ? o.kind : "openai",
+           o.base_url != NULL && o.base_url[0] != '\0' ? o.base_url
+                                                       : "its default server");
   return 0;
 }
 
@@ -628,6 +633,11 @@ int cli_run(int argc, char **argv) {
      * asks again, as a shell does; SIGTERM or SIGHUP there ends it */
     rc = AG_EXIT_OK;
     char *line = malloc(TASK_MAX + 2);
+    fprintf(stderr,
+            "agentguard run: a session with %s, tools in %s\n"
+            "Type a task and press Enter. Ctrl-C cancels a turn; Ctrl-D or "
+            "\"exit\" ends the session.\n",
+            S.who, a.workdir != NULL ? a.workdir : ".");
     set_handlers(true);
     /* At the prompt the signals are blocked except inside ppoll, so one
      * that comes just before the wait is not lost (a plain read would
@@ -645,11 +655,15 @@ int cli_run(int argc, char **argv) {
         rc = 128 + g_last_signal;
         break;
       }
-      if (fgets(line, TASK_MAX + 2, stdin) == NULL)
-        break; /* Ctrl-D */
-      line[strcspn(line, "\r\n")] = '\0';
-      if (strcmp(line, "exit") == 0 || strcmp(line, "quit") == 0)
+      if (fgets(line, TASK_MAX + 2, stdin) == NULL) {
+        rc = AG_EXIT_OK; /* Ctrl-D: the session ended as asked */
         break;
+      }
+      line[strcspn(line, "\r\n")] = '\0';
+      if (strcmp(line, "exit") == 0 || strcmp(line, "quit") == 0) {
+        rc = AG_EXIT_OK;
+        break;
+      }
       if (line[0] == '\0')
         continue;
       sigprocmask(SIG_SETMASK, &open_mask, NULL);

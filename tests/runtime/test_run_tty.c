@@ -359,6 +359,8 @@ Test(run_tty, a_session_keeps_the_history_and_ends_on_ctrl_d) {
   F.replies[1] = TEXT_REPLY("Second answer DELTA.");
   F.n_replies = 2;
   spawn(PLAIN_CONFIG, NULL, NULL, true);
+  expect("a session with fake-model (openai, http://127.0.0.1:");
+  expect("Ctrl-D or \"exit\" ends the session.");
   expect(PROMPT);
   type("Remember the word ALPHA\r");
   expect("First answer BRAVO.");
@@ -560,4 +562,21 @@ Test(run_tty, an_escalation_stopped_on_the_terminal) {
   cr_assert_eq(status, 3, "exit %d; the pty showed:\n%s", status, T.shown);
   cr_assert(strstr(T.shown, HINT_Q) == NULL, "%s", T.shown);
   cr_assert_eq(F.n_requests, asked_at, "the model was asked again");
+}
+
+Test(run_tty, exit_after_a_stopped_turn_ends_the_session_with_0) {
+  F.replies[0] =
+      CALL_REPLY("list_dir", "\"{\\\"path\\\":\\\".\\\"}\""); /* forever */
+  F.n_replies = 1;
+  spawn(PLAIN_CONFIG, NULL, NULL, true);
+  expect(PROMPT);
+  type("List the files\r");
+  expect("stopped");
+  expect(PROMPT);
+  type("exit\r");
+  int status = child_exit();
+  cr_assert_eq(status, 0,
+               "exit %d: the session ended as asked; the pty "
+               "showed:\n%s",
+               status, T.shown);
 }
