@@ -31,7 +31,8 @@ static void usage(FILE *f) {
       "ANTHROPIC_BASE_URL) at it. POST /v1/chat/completions and POST\n"
       "/v1/messages are guarded; every other request is passed through.\n\n"
       "options:\n"
-      "  --listen HOST:PORT     address to serve on (default 127.0.0.1:8787)\n"
+      "  --listen HOST:PORT     address to serve on (default 127.0.0.1:8787;\n"
+      "                         a host name, or [::1]:8787 for IPv6)\n"
       "  --upstream URL         the real API, e.g. https://api.openai.com/v1\n"
       "  --openai-upstream URL  the same as --upstream\n"
       "  --preset NAME          the guard's preset (default: default)\n"
@@ -175,6 +176,12 @@ int cli_proxy(int argc, char **argv) {
                          a.listen);
     memcpy(host, a.listen, (size_t)(colon - a.listen));
     host[colon - a.listen] = '\0';
+    /* an IPv6 address is written in brackets: [::1]:8787 */
+    size_t hl = strlen(host);
+    if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+      memmove(host, host + 1, hl - 2);
+      host[hl - 2] = '\0';
+    }
     o.port = (uint16_t)port;
   }
   o.listen_host = host;
@@ -279,9 +286,11 @@ int cli_proxy(int argc, char **argv) {
     return err.code == AG_EIO ? AG_EXIT_FAILURE : AG_EXIT_USAGE;
   }
   fprintf(stderr,
-          "agentguard proxy: listening on http://%s:%u (upstream %s, preset "
-          "%s); Ctrl-C stops\n",
-          host, (unsigned)ag_proxy_port(p), ag_proxy_upstream(p), o.cfg.preset);
+          "agentguard proxy: listening on http://%s%s%s:%u (upstream %s, "
+          "preset %s); Ctrl-C stops\n",
+          strchr(host, ':') != NULL ? "[" : "", host,
+          strchr(host, ':') != NULL ? "]" : "", (unsigned)ag_proxy_port(p),
+          ag_proxy_upstream(p), o.cfg.preset);
   int sig = 0;
   sigwait(&set, &sig);
   ag_proxy_stop(p);

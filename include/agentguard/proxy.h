@@ -66,7 +66,9 @@
 #define AG_PROXY_MAX_BUFFERED_DEFAULT ((size_t)256 << 20)
 
 typedef struct ag_proxy_opts {
-  const char *listen_host; /* an IPv4 address; NULL: 127.0.0.1 */
+  const char *listen_host; /* an IPv4 or IPv6 address (no brackets) or a
+                              host name (its first IPv4 address, else its
+                              first IPv6 one); NULL: 127.0.0.1 */
   uint16_t port;           /* 0: any free port (ag_proxy_port says which) */
   /* Where requests go: the upstream's origin and path prefix, to which the
    * client's path is appended ("http://127.0.0.1:8080" + "/v1/chat/

@@ -53,6 +53,8 @@
 #define _GNU_SOURCE /* memmem */
 #include "internal.h"
 
+#include <netdb.h>
+
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                            */
 /* ------------------------------------------------------------------------ */
@@ -243,12 +245,12 @@ static void curl_init(void) {
 
 /* The listening socket, shared by every loop (each daemon takes a
  * duplicate): bound once, so a port in use is refused as it should be. */
-static int listen_on(const struct sockaddr_in *sa, int *e) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+static int listen_on(const struct sockaddr_storage *sa, socklen_t len, int *e) {
+  int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int one = 1;
   if (fd < 0 ||
       setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) != 0 ||
+      bind(fd, (const struct sockaddr *)sa, len) != 0 ||
       listen(fd, SOMAXCONN) != 0) {
     *e = errno;
     if (fd >= 0)
@@ -507,19 +509,61 @@ const char *ag_proxy_upstream(const ag_proxy *p) {
   return p != NULL ? p->up_shown : NULL;
 }
 
-/* The options checked: the address to listen on (*sa), the connections
- * (*limit), the guard's config. */
-static ag_err_t check_opts(const ag_proxy_opts *o, struct sockaddr_in *sa,
-                           unsigned *limit, ag_error_t *err) {
+/* The address to listen on: an IPv4 or IPv6 address, or a host name
+ * (its first IPv4 address, else its first IPv6 one). *len set; false when
+ * the name resolves to neither. Whether it is a loopback address in
+ * *loopback. */
+static bool listen_addr(const char *host, uint16_t port,
+                        struct sockaddr_storage *sa, socklen_t *len,
+                        bool *loopback) {
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host, NULL, &hints, &res) != 0)
+    return false;
+  const struct addrinfo *pick = NULL;
+  for (const struct addrinfo *a = res; a != NULL && pick == NULL;
+       a = a->ai_next)
+    if (a->ai_family == AF_INET)
+      pick = a;
+  for (const struct addrinfo *a = res; a != NULL && pick == NULL;
+       a = a->ai_next)
+    if (a->ai_family == AF_INET6)
+      pick = a;
+  bool ok = pick != NULL && pick->ai_addrlen <= sizeof(*sa);
+  if (ok) {
+    memset(sa, 0, sizeof(*sa));
+    memcpy(sa, pick->ai_addr, pick->ai_addrlen);
+    *len = pick->ai_addrlen;
+    if (sa->ss_family == AF_INET) {
+      struct sockaddr_in *in = (struct sockaddr_in *)sa;
+      in->sin_port = htons(port);
+      *loopback = (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else {
+      struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)sa;
+      in6->sin6_port = htons(port);
+      *loopback = IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
+                  (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) &&
+                   in6->sin6_addr.s6_addr[12] == 127);
+    }
+  }
+  freeaddrinfo(res);
+  return ok;
+}
+
+/* The options checked: the address to listen on (*sa, *sa_len), the
+ * connections (*limit), the guard's config. */
+static ag_err_t check_opts(const ag_proxy_opts *o, struct sockaddr_storage *sa,
+                           socklen_t *sa_len, unsigned *limit,
+                           ag_error_t *err) {
   const char *host = o->listen_host != NULL ? o->listen_host : "127.0.0.1";
-  memset(sa, 0, sizeof(*sa));
-  sa->sin_family = AF_INET;
-  sa->sin_port = htons(o->port);
-  if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
+  bool loopback = false;
+  if (!listen_addr(host, o->port, sa, sa_len, &loopback))
     return ag__px_fail(err, AG_EINVAL,
-                       "--listen: '%s' is not an IPv4 address (e.g. 127.0.0.1)",
+                       "--listen: '%s' is neither an IPv4 or IPv6 address nor "
+                       "a host name this machine resolves",
                        host);
-  bool loopback = (ntohl(sa->sin_addr.s_addr) >> 24) == 127;
   if (!loopback && (o->client_key == NULL || o->client_key[0] == '\0'))
     return ag__px_fail(
         err, AG_EINVAL,
@@ -615,9 +659,10 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   if (out == NULL || o == NULL)
     return ag__px_fail(err, AG_EINVAL, "ag_proxy_start: NULL argument");
   *out = NULL;
-  struct sockaddr_in sa;
+  struct sockaddr_storage sa;
+  socklen_t sa_len = 0;
   unsigned limit = 0;
-  ag_err_t rc = check_opts(o, &sa, &limit, err);
+  ag_err_t rc = check_opts(o, &sa, &sa_len, &limit, err);
   if (rc != AG_OK)
     return rc;
   pthread_once(&curl_once, curl_init);
@@ -628,7 +673,7 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   if ((rc = proxy_new(&p, o, limit, err)) != AG_OK)
     return rc;
   int e = 0;
-  int lfd = listen_on(&sa, &e);
+  int lfd = listen_on(&sa, sa_len, &e);
   if (lfd >= 0)
     reserve_fds(lfd, limit, shard_count());
   if (lfd < 0 || !start_shards(p, lfd, limit)) {
@@ -646,11 +691,13 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
                        o->listen_host != NULL ? o->listen_host : "127.0.0.1",
                        (unsigned)o->port, strerror(e));
   }
-  struct sockaddr_in bound;
+  struct sockaddr_storage bound;
   socklen_t bl = sizeof bound;
-  p->port = getsockname(lfd, (struct sockaddr *)&bound, &bl) == 0
-                ? ntohs(bound.sin_port)
-                : o->port;
+  p->port = o->port;
+  if (getsockname(lfd, (struct sockaddr *)&bound, &bl) == 0)
+    p->port = ntohs(bound.ss_family == AF_INET6
+                        ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                        : ((struct sockaddr_in *)&bound)->sin_port);
   close(lfd); /* each daemon has its own duplicate */
   *out = p;
   return AG_OK;

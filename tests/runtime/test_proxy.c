@@ -4543,3 +4543,44 @@ Test(proxy, readyz_says_when_the_upstream_was_not_reached) {
   free(r);
   free(body);
 }
+
+/* --listen takes a host name and an IPv6 address (skipped where the
+ * machine has no IPv6 loopback). */
+Test(proxy, listens_on_a_host_name_and_on_ipv6) {
+  ag_proxy_stop(P);
+  ag_proxy_opts o = test_opts();
+  o.listen_host = "localhost";
+  P = start_with(&o);
+  resp *r = call(P, "GET", "/healthz", NULL, NULL);
+  cr_expect_eq(r->status, 200, "localhost is 127.0.0.1: %s", r->body);
+  free(r);
+  ag_proxy_stop(P);
+  P = NULL;
+  o.listen_host = "::1";
+  ag_error_t err;
+  if (ag_proxy_start(&P, &o, &err) != AG_OK) {
+    cr_expect(strstr(err.msg, "cannot listen") != NULL, "%s", err.msg);
+    P = proxy_with(test_cfg(), 0, NULL);
+    cr_skip_test("no IPv6 loopback here: %s", err.msg);
+  }
+  CURL *h = curl_easy_init();
+  char url[64];
+  snprintf(url, sizeof url, "http://[::1]:%u/healthz",
+           (unsigned)ag_proxy_port(P));
+  resp *got = calloc(1, sizeof *got);
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rbody);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, got);
+  cr_expect_eq(curl_easy_perform(h), CURLE_OK);
+  cr_expect_str_eq(got->body, "ok\n");
+  free(got);
+  long code = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+  cr_expect_eq(code, 200);
+  curl_easy_cleanup(h);
+  /* a name that resolves to nothing is refused with a clear error */
+  ag_proxy *bad = NULL;
+  o.listen_host = "nosuchhost.invalid";
+  cr_expect_eq(ag_proxy_start(&bad, &o, &err), AG_EINVAL);
+  cr_expect(strstr(err.msg, "nosuchhost.invalid") != NULL, "%s", err.msg);
+}
