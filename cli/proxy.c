@@ -50,6 +50,9 @@ static void usage(FILE *f) {
       "                         (default 10)\n"
       "  --request-timeout S    request line to the end of the body\n"
       "                         (default 120)\n"
+      "  --drain-timeout S      on SIGTERM or Ctrl-C, how long the requests\n"
+      "                         under way may take to finish while new\n"
+      "                         ones get a 503 (default 10; 0: stop at once)\n"
       "  --max-buffered BYTES   guarded replies held whole at once, over all\n"
       "                         connections (default 268435456); past it a\n"
       "                         reply waits for another to be sent\n"
@@ -70,7 +73,7 @@ static int usage_error(const char *fmt, ...) {
 typedef struct proxy_args {
   const char *listen, *upstream, *openai_upstream, *preset, *config, *events,
       *max_body, *key_env, *max_connections, *per_client, *idle_timeout,
-      *header_timeout, *request_timeout, *max_buffered;
+      *header_timeout, *request_timeout, *max_buffered, *drain_timeout;
 } proxy_args;
 
 static int parse_args(int argc, char **argv, proxy_args *a) {
@@ -81,13 +84,14 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
       "--max-body",        "--client-key-env",
       "--max-connections", "--max-connections-per-client",
       "--idle-timeout",    "--header-timeout",
-      "--request-timeout", "--max-buffered"};
+      "--request-timeout", "--max-buffered",
+      "--drain-timeout"};
   const char **const slot[] = {
       &a->listen,          &a->upstream,     &a->openai_upstream,
       &a->preset,          &a->config,       &a->events,
       &a->max_body,        &a->key_env,      &a->max_connections,
       &a->per_client,      &a->idle_timeout, &a->header_timeout,
-      &a->request_timeout, &a->max_buffered};
+      &a->request_timeout, &a->max_buffered, &a->drain_timeout};
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -243,6 +247,18 @@ int cli_proxy(int argc, char **argv) {
                          tvals[i]);
     *touts[i] = (int64_t)v * 1000;
   }
+  int64_t drain_ms = 10000;
+  if (a.drain_timeout != NULL) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(a.drain_timeout, &end, 10);
+    if (end == a.drain_timeout || *end != '\0' || errno != 0 || v < 0 ||
+        v > 86400)
+      return usage_error("--drain-timeout %s: expected seconds from 0 to "
+                         "86400",
+                         a.drain_timeout);
+    drain_ms = (int64_t)v * 1000;
+  }
   if (a.key_env != NULL) {
     const char *k = getenv(a.key_env);
     if (k == NULL || k[0] == '\0')
@@ -293,6 +309,17 @@ int cli_proxy(int argc, char **argv) {
           ag_proxy_upstream(p), o.cfg.preset);
   int sig = 0;
   sigwait(&set, &sig);
+  if (drain_ms > 0) {
+    /* a rolling update's SIGTERM: the requests under way finish, new ones
+     * get a 503, for at most --drain-timeout */
+    fprintf(stderr,
+            "agentguard proxy: draining: new requests get a 503; waiting up "
+            "to %lld s for the requests under way\n",
+            (long long)(drain_ms / 1000));
+    if (!ag_proxy_drain(p, drain_ms))
+      fprintf(stderr, "agentguard proxy: --drain-timeout passed; the "
+                      "requests left are cut\n");
+  }
   ag_proxy_stop(p);
   fprintf(stderr, "agentguard proxy: stopped\n");
   if (events != NULL && fclose(events) != 0) {

@@ -144,6 +144,15 @@ const char *ag_proxy_upstream(const ag_proxy *p);
  */
 int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
                     bool anthropic, ag_verdict *v, ag_error_t *err);
+/*
+ * Drains the proxy before a stop (a rolling update): new requests get a
+ * 503 `shutting_down` and GET /healthz and /readyz a 503, while the
+ * requests under way - streams included - go on to their end. Returns true
+ * once none is left, false when `timeout_ms` passed first (ag_proxy_stop
+ * then ends what is left). Call it from a thread of the caller's, not from
+ * a hook the proxy runs.
+ */
+bool ag_proxy_drain(ag_proxy *p, int64_t timeout_ms);
 /* Stops serving (waits for the connections' threads) and frees. NULL does
  * nothing. */
 void ag_proxy_stop(ag_proxy *p);

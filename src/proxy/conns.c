@@ -315,3 +315,14 @@ long ag__conns_period_ms(const ag__conns *t) {
 unsigned ag__conns_count(ag__conns *t) {
   return atomic_load_explicit(&t->n_open, memory_order_relaxed);
 }
+
+unsigned ag__conns_busy(ag__conns *t) {
+  unsigned n = 0;
+  pthread_mutex_lock(&t->mu);
+  for (ag__conn *c = t->head; c != NULL; c = c->next) {
+    int st = atomic_load_explicit(&c->state, memory_order_relaxed);
+    n += st == AG__CONN_BODY || st == AG__CONN_BUSY;
+  }
+  pthread_mutex_unlock(&t->mu);
+  return n;
+}

@@ -94,6 +94,9 @@ ag__conn_refusal ag__conn_refused(const ag__conn *c);
 unsigned ag__conns_sweep(ag__conns *t, int64_t now_ms);
 /* How often ag__conns_sweep should run, in ms. */
 long ag__conns_period_ms(const ag__conns *t);
+/* Connections with a request under way (BODY or BUSY), under the mutex. */
+unsigned ag__conns_busy(ag__conns *t);
+
 /* Connections in the table (open, counted or not); no lock taken. */
 unsigned ag__conns_count(ag__conns *t);
 

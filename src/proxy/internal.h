@@ -120,6 +120,7 @@ struct ag_proxy {
   bool quit;             /* the workers end */
   unsigned jobs;         /* request threads running */
   bool stopping;         /* under jobs_mu: ag_proxy_stop has begun */
+  atomic_bool draining;  /* ag_proxy_drain: new requests get a 503 */
   CURLU *up;             /* the upstream's URL, credentials included */
   char *up_path;         /* its path, without a trailing slash ("" for none) */
   size_t up_version_len; /* up_path ends in a version ("/v1", "/v1beta"):

@@ -707,6 +707,22 @@ uint16_t ag_proxy_port(const ag_proxy *p) {
   return p != NULL ? p->port : 0;
 }
 
+bool ag_proxy_drain(ag_proxy *p, int64_t timeout_ms) {
+  if (p == NULL)
+    return true;
+  atomic_store(&p->draining, true);
+  int64_t end = ag__px_mono_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+  for (;;) {
+    /* the request that asked for the drain (a signal) is none of them */
+    if (ag__conns_busy(p->conns) == 0)
+      return true;
+    if (ag__px_mono_ms() >= end)
+      return false;
+    struct timespec ts = {0, 20 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
 void ag_proxy_stop(ag_proxy *p) {
   if (p == NULL)
     return;

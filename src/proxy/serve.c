@@ -43,7 +43,7 @@ static void answer_own(ag_proxy *p, const char *path, reply *r) {
     return;
   }
   pthread_mutex_lock(&p->jobs_mu);
-  bool stopping = p->stopping;
+  bool stopping = p->stopping || atomic_load(&p->draining);
   pthread_mutex_unlock(&p->jobs_mu);
   bool ready =
       strcmp(path, "/healthz") == 0
@@ -546,6 +546,11 @@ bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
         "agentguard proxy: more than %u client connections are open, "
         "each serving a request (--max-connections)",
         p->max_conns);
+    q->r.close = true;
+  } else if (atomic_load(&p->draining) && !(ok && own_path(method, path))) {
+    ag__px_set_error(&q->r, 503, "server_error", "shutting_down",
+                     "agentguard proxy: shutting down; send the request "
+                     "again (to another replica)");
     q->r.close = true;
   } else if (!(ok && own_path(method, path)) && !key_ok(p, c)) {
     /* the health and metrics paths are for load balancers and scrapers,

@@ -4584,3 +4584,74 @@ Test(proxy, listens_on_a_host_name_and_on_ipv6) {
   cr_expect_eq(ag_proxy_start(&bad, &o, &err), AG_EINVAL);
   cr_expect(strstr(err.msg, "nosuchhost.invalid") != NULL, "%s", err.msg);
 }
+
+/* ---- drain --------------------------------------------------------------- */
+
+typedef struct drain_client {
+  char url[128];
+  char *body;
+  timed_body *t;
+  CURLcode cc;
+  long status;
+} drain_client;
+
+static void *drain_client_main(void *arg) {
+  drain_client *dc = arg;
+  CURL *h = curl_easy_init();
+  curl_easy_setopt(h, CURLOPT_URL, dc->url);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDS, dc->body);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, timed_write);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, dc->t);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
+  dc->cc = curl_easy_perform(h);
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &dc->status);
+  curl_easy_cleanup(h);
+  return NULL;
+}
+
+/* A drain lets a stream under way finish whole, while a new request and
+ * the health checks get a 503. */
+Test(proxy, drain_finishes_the_streams_under_way) {
+  memset(&SLOW, 0, sizeof SLOW);
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL,
+      NULL, slow_handler, NULL, MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL,
+      MHD_OPTION_END);
+  cr_assert_not_null(d);
+  ag_proxy_stop(P);
+  snprintf(upstream_url, sizeof upstream_url, "http://127.0.0.1:%u",
+           (unsigned)MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT)->port);
+  P = proxy_with(test_cfg(), 0, NULL);
+  drain_client dc = {0};
+  snprintf(dc.url, sizeof dc.url, "http://127.0.0.1:%u/v1/chat/completions",
+           (unsigned)ag_proxy_port(P));
+  dc.body = streaming(conversation(0, "read", "{}", ""));
+  dc.t = calloc(1, sizeof *dc.t);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, drain_client_main, &dc), 0);
+  /* the stream has begun (its first chunk is in) before the drain */
+  for (int i = 0; i < 200 && SLOW.sent == 0; i++) {
+    struct timespec ts = {0, 10 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  cr_assert(ag_proxy_drain(P, 10000), "the stream did not end in 10 s");
+  pthread_join(th, NULL);
+  cr_expect_eq(dc.cc, CURLE_OK, "%s", curl_easy_strerror(dc.cc));
+  cr_expect_eq(dc.status, 200);
+  cr_expect(strstr(dc.t->text, "<w4>") != NULL &&
+                strstr(dc.t->text, "data: [DONE]") != NULL,
+            "the stream was cut: %s", dc.t->text);
+  resp *r = call(P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_eq(r->status, 503, "a new request while draining: %s", r->body);
+  cr_expect(strstr(r->body, "shutting_down") != NULL, "%s", r->body);
+  free(r);
+  r = call(P, "GET", "/healthz", NULL, NULL);
+  cr_expect_eq(r->status, 503);
+  free(r);
+  ag_proxy_stop(P);
+  P = NULL;
+  MHD_stop_daemon(d);
+  free(dc.t);
+  free(dc.body);
+  P = proxy_with(test_cfg(), 0, NULL); /* for teardown */
+}
