@@ -35,6 +35,9 @@ static void usage(FILE *f) {
       "                         a host name, or [::1]:8787 for IPv6)\n"
       "  --upstream URL         the real API, e.g. https://api.openai.com/v1\n"
       "  --openai-upstream URL  the same as --upstream\n"
+      "  --anthropic-upstream URL\n"
+      "                         Anthropic's paths (/v1/messages...) go there\n"
+      "  --gemini-upstream URL  Gemini's paths (/v1beta/...) go there\n"
       "  --preset NAME          the guard's preset (default: default)\n"
       "  --config FILE          a config file (its keys on top of the preset)\n"
       "  --events FILE          append the proxy's decisions as JSON Lines\n"
@@ -73,7 +76,8 @@ static int usage_error(const char *fmt, ...) {
 typedef struct proxy_args {
   const char *listen, *upstream, *openai_upstream, *preset, *config, *events,
       *max_body, *key_env, *max_connections, *per_client, *idle_timeout,
-      *header_timeout, *request_timeout, *max_buffered, *drain_timeout;
+      *header_timeout, *request_timeout, *max_buffered, *drain_timeout,
+      *anthropic_upstream, *gemini_upstream;
 } proxy_args;
 
 static int parse_args(int argc, char **argv, proxy_args *a) {
@@ -85,13 +89,17 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
       "--max-connections", "--max-connections-per-client",
       "--idle-timeout",    "--header-timeout",
       "--request-timeout", "--max-buffered",
-      "--drain-timeout"};
-  const char **const slot[] = {
-      &a->listen,          &a->upstream,     &a->openai_upstream,
-      &a->preset,          &a->config,       &a->events,
-      &a->max_body,        &a->key_env,      &a->max_connections,
-      &a->per_client,      &a->idle_timeout, &a->header_timeout,
-      &a->request_timeout, &a->max_buffered, &a->drain_timeout};
+      "--drain-timeout",   "--anthropic-upstream",
+      "--gemini-upstream"};
+  const char **const slot[] = {&a->listen,          &a->upstream,
+                               &a->openai_upstream, &a->preset,
+                               &a->config,          &a->events,
+                               &a->max_body,        &a->key_env,
+                               &a->max_connections, &a->per_client,
+                               &a->idle_timeout,    &a->header_timeout,
+                               &a->request_timeout, &a->max_buffered,
+                               &a->drain_timeout,   &a->anthropic_upstream,
+                               &a->gemini_upstream};
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -168,6 +176,8 @@ int cli_proxy(int argc, char **argv) {
   ag_proxy_opts o;
   ag_proxy_opts_init(&o);
   o.upstream = a.upstream;
+  o.anthropic_upstream = a.anthropic_upstream;
+  o.gemini_upstream = a.gemini_upstream;
   char host[64] = "127.0.0.1";
   if (a.listen != NULL) {
     const char *colon = strrchr(a.listen, ':');

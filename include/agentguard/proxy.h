@@ -79,6 +79,11 @@ typedef struct ag_proxy_opts {
    * The client supplies only a path and query (docs/security.md, "The
    * proxy"). Required. */
   const char *upstream;
+  /* Upstreams of their own for Anthropic's paths (/v1/messages and below)
+   * and Gemini's (/v1beta/..., a model's :generateContent), read and kept
+   * as `upstream` is; NULL: those paths go to `upstream` too. */
+  const char *anthropic_upstream;
+  const char *gemini_upstream;
   ag_config cfg;   /* the guard's config */
   size_t max_body; /* request body cap; 0: AG_PROXY_MAX_BODY_DEFAULT */
   /* Open client connections served at once (--max-connections), 1 to

@@ -103,6 +103,18 @@ typedef struct shard {
  * queue, as libmicrohttpd does at its own limit. */
 #define CONN_SLACK 16u
 
+/* One upstream, read once at start (parse_upstream). */
+typedef struct px_up {
+  CURLU *up;          /* its URL, credentials included; NULL: not given */
+  char *path;         /* its path, without a trailing slash ("" for none) */
+  size_t version_len; /* path ends in a version ("/v1", "/v1beta"): its
+                       * length with the '/', else 0 */
+  char *shown;        /* scheme://host:port: what messages name, never
+                         credentials */
+} px_up;
+
+enum { PX_UP_DEFAULT, PX_UP_ANTHROPIC, PX_UP_GEMINI, PX_UPS };
+
 struct ag_proxy {
   shard sh[SHARDS_MAX];
   unsigned n_sh;
@@ -116,17 +128,15 @@ struct ag_proxy {
   pthread_cond_t work_cv;  /* a request queued for an idle worker */
   struct req_ctx *queue, *queue_tail;
   unsigned queued, idle, workers;
-  unsigned spawning;     /* workers made that have not taken a request yet */
-  bool quit;             /* the workers end */
-  unsigned jobs;         /* request threads running */
-  bool stopping;         /* under jobs_mu: ag_proxy_stop has begun */
-  atomic_bool draining;  /* ag_proxy_drain: new requests get a 503 */
-  CURLU *up;             /* the upstream's URL, credentials included */
-  char *up_path;         /* its path, without a trailing slash ("" for none) */
-  size_t up_version_len; /* up_path ends in a version ("/v1", "/v1beta"):
-                          * its length with the '/', else 0 */
-  char *up_shown;        /* scheme://host:port: what messages name, never
-                            credentials */
+  unsigned spawning;    /* workers made that have not taken a request yet */
+  bool quit;            /* the workers end */
+  unsigned jobs;        /* request threads running */
+  bool stopping;        /* under jobs_mu: ag_proxy_stop has begun */
+  atomic_bool draining; /* ag_proxy_drain: new requests get a 503 */
+  /* the upstreams: [PX_UP_DEFAULT] (--upstream: every path not routed
+   * elsewhere), [PX_UP_ANTHROPIC] and [PX_UP_GEMINI] when given (their
+   * paths go there: ag__px_route) */
+  px_up ups[PX_UPS];
   /* what no text of the proxy's may show (scrub): the secret values of the
    * environment at start, and the upstream's user and password */
   ag__secret secrets[AG__SECRETS_MAX];
@@ -184,6 +194,7 @@ typedef struct req_ctx {
 } req_ctx;
 
 typedef struct upstream {
+  const char *shown; /* the upstream it went to (px_up.shown), for messages */
   long status;
   char *body;
   size_t len, cap;
@@ -397,7 +408,8 @@ void ag__px_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 char *ag__px_dupz(const char *s);
 void ag__px_event(ag_proxy *p, const char *decision, const char *path,
                   const ag_verdict *v, const char *detail);
-ag_err_t ag__px_fail(ag_error_t *err, ag_err_t code, const char *fmt, ...);
+ag_err_t ag__px_fail(ag_error_t *err, ag_err_t code, const char *fmt, ...)
+    AG__PRINTF(3, 4);
 int ag__px_fast_chunk(stream_st *st, const char *data, size_t len);
 void ag__px_fast_free(fast_traj *f);
 int ag__px_fast_turn(const json_t *msgs, size_t start, fast_traj *f);
@@ -424,6 +436,11 @@ int ag__px_on_sse_event(void *user, const char *event_name, const char *data,
 void ag__px_on_stream_done(ag__relay_xfer *x, CURLcode cc);
 void *ag__px_on_uri(void *cls, const char *uri, struct MHD_Connection *c);
 void ag__px_pass_back(upstream *u, reply *r);
+/* The upstream a request-target goes to: Anthropic's paths (/v1/messages
+ * and below) to PX_UP_ANTHROPIC and Gemini's (/v1beta/..., a model's
+ * :generateContent) to PX_UP_GEMINI when those were given, every other to
+ * PX_UP_DEFAULT. */
+const px_up *ag__px_route(const ag_proxy *p, const char *target);
 bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r);
 /* The upstream's reply held whole, read by shape w's readers as the
  * client asked for it (whole JSON, SSE, a JSON array of chunks); false

@@ -393,13 +393,18 @@ static void url_shown(const char *url, char *out, size_t cap) {
  * no message names the upstream with its userinfo). */
 static ag_err_t keep_secrets(ag_proxy *p) {
   ag__secret found[AG__SECRETS_MAX];
-  size_t n = ag__secrets_from_env(environ, found, AG__SECRETS_MAX - 4);
-  char *parts[4] = {NULL, NULL, NULL, NULL};
-  curl_url_get(p->up, CURLUPART_USER, &parts[0], 0);
-  curl_url_get(p->up, CURLUPART_USER, &parts[1], CURLU_URLDECODE);
-  curl_url_get(p->up, CURLUPART_PASSWORD, &parts[2], 0);
-  curl_url_get(p->up, CURLUPART_PASSWORD, &parts[3], CURLU_URLDECODE);
-  for (int i = 0; i < 4; i++)
+  size_t n = ag__secrets_from_env(environ, found, AG__SECRETS_MAX - 4 * PX_UPS);
+  char *parts[4 * PX_UPS] = {NULL};
+  for (int k = 0; k < PX_UPS; k++) {
+    CURLU *up = p->ups[k].up;
+    if (up == NULL)
+      continue;
+    curl_url_get(up, CURLUPART_USER, &parts[4 * k], 0);
+    curl_url_get(up, CURLUPART_USER, &parts[4 * k + 1], CURLU_URLDECODE);
+    curl_url_get(up, CURLUPART_PASSWORD, &parts[4 * k + 2], 0);
+    curl_url_get(up, CURLUPART_PASSWORD, &parts[4 * k + 3], CURLU_URLDECODE);
+  }
+  for (int i = 0; i < 4 * PX_UPS; i++)
     if (parts[i] != NULL && strlen(parts[i]) >= AG__SECRET_MIN)
       found[n++] = (ag__secret){parts[i], strlen(parts[i])};
   size_t bytes = 0, keep = 0;
@@ -414,62 +419,63 @@ static ag_err_t keep_secrets(ag_proxy *p) {
     at += found[i].len;
   }
   p->n_secrets = rc == AG_OK ? keep : 0;
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 4 * PX_UPS; i++)
     curl_free(parts[i]);
   return rc;
 }
 
-/* --upstream, read once with libcurl's URL API: http or https, a host, no
- * query or fragment. Fills p->up (kept whole: the credentials go with
- * every request), up_path, up_version_len, up_shown and the secrets. */
-static ag_err_t parse_upstream(ag_proxy *p, const char *url, ag_error_t *err) {
+/* An upstream option (`opt`: its name, for messages), read once with
+ * libcurl's URL API: http or https, a host, no query or fragment. Fills
+ * *to: the URL (kept whole: the credentials go with every request), its
+ * path, version length and the shown form. */
+static ag_err_t parse_upstream(px_up *to, const char *opt, const char *url,
+                               ag_error_t *err) {
   char shown[512];
   url_shown(url, shown, sizeof shown);
   char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *q = NULL,
        *frag = NULL;
   ag_err_t rc = AG_OK;
   CURLUcode uc = CURLUE_OUT_OF_MEMORY;
-  if ((p->up = curl_url()) != NULL)
-    uc = curl_url_set(p->up, CURLUPART_URL, url, 0);
+  if ((to->up = curl_url()) != NULL)
+    uc = curl_url_set(to->up, CURLUPART_URL, url, 0);
   if (uc == CURLUE_OK)
-    uc = curl_url_get(p->up, CURLUPART_SCHEME, &scheme, 0);
+    uc = curl_url_get(to->up, CURLUPART_SCHEME, &scheme, 0);
   if (uc == CURLUE_OK)
-    uc = curl_url_get(p->up, CURLUPART_HOST, &host, 0);
+    uc = curl_url_get(to->up, CURLUPART_HOST, &host, 0);
   if (uc == CURLUE_OK)
-    uc = curl_url_get(p->up, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT);
+    uc = curl_url_get(to->up, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT);
   if (uc == CURLUE_OK)
-    uc = curl_url_get(p->up, CURLUPART_PATH, &path, 0);
+    uc = curl_url_get(to->up, CURLUPART_PATH, &path, 0);
   if (uc == CURLUE_OUT_OF_MEMORY)
     rc = ag__px_fail(err, AG_ENOMEM, "out of memory");
   else if (uc != CURLUE_OK)
     rc = ag__px_fail(err, AG_EINVAL,
-                     "--upstream '%s': expected an http:// or https:// URL: %s",
+                     "%s '%s': expected an http:// or https:// URL: %s", opt,
                      shown, curl_url_strerror(uc));
   else if (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0)
-    rc = ag__px_fail(
-        err, AG_EINVAL,
-        "--upstream '%s': expected an http:// or https:// URL, not %s", shown,
-        scheme);
-  else if (curl_url_get(p->up, CURLUPART_QUERY, &q, 0) == CURLUE_OK ||
-           curl_url_get(p->up, CURLUPART_FRAGMENT, &frag, 0) == CURLUE_OK)
     rc = ag__px_fail(err, AG_EINVAL,
-                     "--upstream '%s': a query or fragment cannot be kept (the "
+                     "%s '%s': expected an http:// or https:// URL, not %s",
+                     opt, shown, scheme);
+  else if (curl_url_get(to->up, CURLUPART_QUERY, &q, 0) == CURLUE_OK ||
+           curl_url_get(to->up, CURLUPART_FRAGMENT, &frag, 0) == CURLUE_OK)
+    rc = ag__px_fail(err, AG_EINVAL,
+                     "%s '%s': a query or fragment cannot be kept (the "
                      "client's request supplies them)",
-                     shown);
+                     opt, shown);
   if (rc == AG_OK) {
     size_t pl = strlen(path);
     while (pl > 0 && path[pl - 1] == '/')
       path[--pl] = '\0';
     const char *last = strrchr(path, '/');
-    p->up_version_len =
+    to->version_len =
         last != NULL && last[1] == 'v' && last[2] >= '0' && last[2] <= '9'
             ? strlen(last)
             : 0;
-    p->up_path = ag__px_dupz(path);
+    to->path = ag__px_dupz(path);
     size_t sl = strlen(scheme) + strlen(host) + strlen(port) + 5;
-    if ((p->up_shown = malloc(sl)) != NULL)
-      snprintf(p->up_shown, sl, "%s://%s:%s", scheme, host, port);
-    if (p->up_path == NULL || p->up_shown == NULL || keep_secrets(p) != AG_OK)
+    if ((to->shown = malloc(sl)) != NULL)
+      snprintf(to->shown, sl, "%s://%s:%s", scheme, host, port);
+    if (to->path == NULL || to->shown == NULL)
       rc = ag__px_fail(err, AG_ENOMEM, "out of memory");
   }
   curl_free(scheme);
@@ -497,16 +503,18 @@ static void proxy_free(ag_proxy *p) {
     OPENSSL_cleanse(p->secret_buf, n);
   }
   free(p->secret_buf);
-  curl_url_cleanup(p->up);
+  for (int k = 0; k < PX_UPS; k++) {
+    curl_url_cleanup(p->ups[k].up);
+    free(p->ups[k].path);
+    free(p->ups[k].shown);
+  }
   ag__conns_free(p->conns);
   ag__budget_free(p->budget);
-  free(p->up_path);
-  free(p->up_shown);
   free(p);
 }
 
 const char *ag_proxy_upstream(const ag_proxy *p) {
-  return p != NULL ? p->up_shown : NULL;
+  return p != NULL ? p->ups[PX_UP_DEFAULT].shown : NULL;
 }
 
 /* The address to listen on: an IPv4 or IPv6 address, or a host name
@@ -637,7 +645,16 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
   p->client_key = o->client_key != NULL ? ag__px_dupz(o->client_key) : NULL;
   ag_err_t rc = o->client_key != NULL && p->client_key == NULL
                     ? ag__px_fail(err, AG_ENOMEM, "out of memory")
-                    : parse_upstream(p, o->upstream, err);
+                    : parse_upstream(&p->ups[PX_UP_DEFAULT], "--upstream",
+                                     o->upstream, err);
+  if (rc == AG_OK && o->anthropic_upstream != NULL)
+    rc = parse_upstream(&p->ups[PX_UP_ANTHROPIC], "--anthropic-upstream",
+                        o->anthropic_upstream, err);
+  if (rc == AG_OK && o->gemini_upstream != NULL)
+    rc = parse_upstream(&p->ups[PX_UP_GEMINI], "--gemini-upstream",
+                        o->gemini_upstream, err);
+  if (rc == AG_OK && keep_secrets(p) != AG_OK)
+    rc = ag__px_fail(err, AG_ENOMEM, "out of memory");
   if (rc == AG_OK) {
     ag__conns_limits cl = conns_limits(o, limit);
     p->per_client = cl.per_client;

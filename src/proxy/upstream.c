@@ -181,19 +181,34 @@ static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow,
  * another host), and the client's query. A version the upstream's path
  * already ends with ("/v1", "/v1beta") is not doubled when the client's
  * path starts with it. NULL when out of memory. */
-static char *upstream_url(const ag_proxy *p, const char *target) {
+const px_up *ag__px_route(const ag_proxy *p, const char *target) {
+  char path[2048];
+  size_t pl = strcspn(target, "?");
+  snprintf(path, sizeof path, "%.*s", (int)(pl < sizeof path ? pl : 0), target);
+  if (p->ups[PX_UP_ANTHROPIC].up != NULL &&
+      strncmp(path, "/v1/messages", 12) == 0 &&
+      (path[12] == '\0' || path[12] == '/'))
+    return &p->ups[PX_UP_ANTHROPIC];
+  if (p->ups[PX_UP_GEMINI].up != NULL &&
+      (strncmp(path, "/v1beta/", 8) == 0 ||
+       ag__wire_serving(path) == &ag__wire_gemini))
+    return &p->ups[PX_UP_GEMINI];
+  return &p->ups[PX_UP_DEFAULT];
+}
+
+static char *upstream_url(const px_up *to, const char *target) {
   const char *path = target;
-  size_t vl = p->up_version_len;
-  if (vl > 0 && strncmp(path, p->up_path + strlen(p->up_path) - vl, vl) == 0 &&
+  size_t vl = to->version_len;
+  if (vl > 0 && strncmp(path, to->path + strlen(to->path) - vl, vl) == 0 &&
       path[vl] == '/')
     path += vl;
   size_t pl = strcspn(path, "?");
-  size_t bl = strlen(p->up_path);
-  CURLU *cu = curl_url_dup(p->up);
+  size_t bl = strlen(to->path);
+  CURLU *cu = curl_url_dup(to->up);
   char *full = malloc(bl + pl + 1);
   char *got = NULL, *url = NULL;
   if (cu != NULL && full != NULL) {
-    memcpy(full, p->up_path, bl);
+    memcpy(full, to->path, bl);
     memcpy(full + bl, path, pl);
     full[bl + pl] = '\0';
     if (curl_url_set(cu, CURLUPART_PATH, full, 0) == CURLUE_OK &&
@@ -223,7 +238,9 @@ bool ag__px_upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
   u->cc = CURLE_OUT_OF_MEMORY;
   u->client_fd = client_fd;
   u->bud = p->budget;
-  *url = upstream_url(p, uri);
+  const px_up *to = ag__px_route(p, uri);
+  u->shown = to->shown;
+  *url = upstream_url(to, uri);
   struct curl_slist *list = NULL;
   bool failed = false;
   for (; ch != NULL && !failed; ch = ch->next) {
@@ -404,7 +421,8 @@ bool ag__px_upstream_failed(ag_proxy *p, const upstream *u, reply *r) {
   char why[CURL_ERROR_SIZE + 64];
   ag__px_set_error(
       r, 502, "upstream_error", "upstream_unreachable",
-      "agentguard proxy: the upstream %s did not answer: %s", p->up_shown,
+      "agentguard proxy: the upstream %s did not answer: %s",
+      u->shown != NULL ? u->shown : p->ups[PX_UP_DEFAULT].shown,
       ag__px_scrub(p,
                    u->errbuf[0] != '\0' ? u->errbuf : curl_easy_strerror(u->cc),
                    why, sizeof why));

@@ -4655,3 +4655,66 @@ Test(proxy, drain_finishes_the_streams_under_way) {
   free(dc.body);
   P = proxy_with(test_cfg(), 0, NULL); /* for teardown */
 }
+
+/* ---- several upstreams ----------------------------------------------------
+ */
+
+static char second_url[256];
+
+static enum MHD_Result second_handler(void *cls, struct MHD_Connection *c,
+                                      const char *url, const char *method,
+                                      const char *version, const char *upload,
+                                      size_t *upload_size, void **con_cls) {
+  (void)cls, (void)method, (void)version, (void)upload;
+  if (*con_cls == NULL) {
+    *con_cls = c;
+    return MHD_YES;
+  }
+  if (*upload_size > 0) {
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  snprintf(second_url, sizeof second_url, "%s", url);
+  static const char body[] = "{\"from\":\"second\"}";
+  struct MHD_Response *r = MHD_create_response_from_buffer(
+      sizeof body - 1, (void *)body, MHD_RESPMEM_PERSISTENT);
+  enum MHD_Result ret = MHD_queue_response(c, 200, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+/* --anthropic-upstream: Anthropic's paths go there, every other path to
+ * --upstream. */
+Test(proxy, each_api_goes_to_its_own_upstream) {
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, second_handler, NULL,
+      MHD_OPTION_EXTERNAL_LOGGER, quiet, NULL, MHD_OPTION_END);
+  cr_assert_not_null(d);
+  char second[64];
+  snprintf(second, sizeof second, "http://127.0.0.1:%u",
+           (unsigned)MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT)->port);
+  ag_proxy_stop(P);
+  ag_proxy_opts o = test_opts();
+  o.anthropic_upstream = second;
+  P = start_with(&o);
+  canned_add(200, "{\"data\":[]}");
+  resp *r = call(P, "POST", "/v1/messages/count_tokens", "{}", NULL);
+  cr_expect_str_eq(r->body, "{\"from\":\"second\"}");
+  cr_expect_str_eq(second_url, "/v1/messages/count_tokens");
+  cr_expect_eq(n_upstream(), 0, "not the default upstream");
+  free(r);
+  r = call(P, "GET", "/v1/models", NULL, NULL);
+  cr_expect_str_eq(r->body, "{\"data\":[]}");
+  cr_expect_eq(n_upstream(), 1, "every other path: --upstream");
+  free(r);
+  ag_proxy_stop(P);
+  P = NULL;
+  MHD_stop_daemon(d);
+  /* a bad one is refused, named */
+  o.anthropic_upstream = "ftp://x";
+  ag_error_t err;
+  cr_expect_eq(ag_proxy_start(&P, &o, &err), AG_EINVAL);
+  cr_expect(strstr(err.msg, "--anthropic-upstream 'ftp://x'") != NULL, "%s",
+            err.msg);
+  P = proxy_with(test_cfg(), 0, NULL);
+}
