@@ -148,6 +148,9 @@ void ag__px_event(ag_proxy *p, const char *decision, const char *path,
                 (json_int_t)wall_ms(), "decision", decision, "path", path);
   if (o == NULL)
     return;
+  const ag__wire *api = ag__wire_serving(path);
+  if (api != NULL) /* attribution: which API (the path says it) */
+    json_object_set_new(o, "api", json_string(api->name));
   if (v != NULL) {
     json_object_set_new(o, "action",
                         json_string(v->action == AG_ESCALATE ? "escalate"

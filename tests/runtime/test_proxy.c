@@ -3864,6 +3864,7 @@ Test(proxy, bad_request_writes_an_event) {
   char line[2048] = "";
   cr_expect_not_null(fgets(line, sizeof line, ev));
   cr_expect(strstr(line, "\"decision\":\"bad_request\"") != NULL, "%s", line);
+  cr_expect(strstr(line, "\"api\":\"anthropic\"") != NULL, "%s", line);
   cr_expect(strstr(line, "messages[0].role") != NULL, "%s", line);
   fclose(ev);
 }
