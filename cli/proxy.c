@@ -120,9 +120,87 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
     return usage_error("give --upstream or --openai-upstream, not both");
   if (a->upstream == NULL)
     a->upstream = a->openai_upstream;
-  if (a->upstream == NULL)
-    return usage_error("--upstream URL is required");
   return -1;
+}
+
+/* The options a config file's "proxy" section and the environment may
+ * set: each flag's name without "--", '-' as '_' (the section's key), and
+ * AGENTGUARD_PROXY_ + its upper case (the variable). A flag wins over the
+ * variable, which wins over the file. */
+#define PROXY_KEYS 14
+static void proxy_keys(proxy_args *a, const char *keys[PROXY_KEYS + 1],
+                       const char **slots[PROXY_KEYS]) {
+  static const char *const names[PROXY_KEYS + 1] = {
+      "listen",          "upstream",        "anthropic_upstream",
+      "gemini_upstream", "events",          "max_body",
+      "client_key_env",  "max_connections", "max_connections_per_client",
+      "idle_timeout",    "header_timeout",  "request_timeout",
+      "max_buffered",    "drain_timeout",   NULL};
+  const char **const s[PROXY_KEYS] = {
+      &a->listen,          &a->upstream,        &a->anthropic_upstream,
+      &a->gemini_upstream, &a->events,          &a->max_body,
+      &a->key_env,         &a->max_connections, &a->per_client,
+      &a->idle_timeout,    &a->header_timeout,  &a->request_timeout,
+      &a->max_buffered,    &a->drain_timeout};
+  for (int i = 0; i <= PROXY_KEYS; i++)
+    keys[i] = names[i];
+  for (int i = 0; i < PROXY_KEYS; i++)
+    slots[i] = s[i];
+}
+
+/* Fills the options no flag gave from AGENTGUARD_PROXY_* and then from the
+ * config's "proxy" section (numbers kept as their decimal text in `nums`).
+ * 0, or an exit code. */
+static int fill_from_config(proxy_args *a, const json_t *section,
+                            const char *file, char nums[PROXY_KEYS][32]) {
+  const char *keys[PROXY_KEYS + 1];
+  const char **slots[PROXY_KEYS];
+  proxy_keys(a, keys, slots);
+  for (int i = 0; i < PROXY_KEYS; i++) {
+    if (*slots[i] != NULL)
+      continue; /* the flag */
+    char var[64] = "AGENTGUARD_PROXY_";
+    size_t n = strlen(var);
+    for (const char *k = keys[i]; *k != '\0' && n + 1 < sizeof var; k++)
+      var[n++] = (char)(*k >= 'a' && *k <= 'z' ? *k - 'a' + 'A' : *k);
+    var[n] = '\0';
+    const char *env = getenv(var);
+    if (env != NULL && env[0] != '\0')
+      *slots[i] = env;
+  }
+  if (section == NULL)
+    return 0;
+  if (!json_is_object(section)) {
+    fprintf(stderr, "agentguard proxy: %s: proxy: expected an object\n", file);
+    return AG_EXIT_USAGE;
+  }
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)section, key, v) {
+    int i = 0;
+    while (i < PROXY_KEYS && strcmp(keys[i], key) != 0)
+      i++;
+    if (i == PROXY_KEYS) {
+      const char *near = ag_suggest(key, keys);
+      fprintf(stderr, "agentguard proxy: %s: proxy.%s: unknown key%s%s%s\n",
+              file, key, near != NULL ? "; did you mean " : "",
+              near != NULL ? near : "", near != NULL ? "?" : "");
+      return AG_EXIT_USAGE;
+    }
+    if (json_is_integer(v) && json_integer_value(v) >= 0) {
+      snprintf(nums[i], sizeof nums[i], "%lld",
+               (long long)json_integer_value(v));
+    } else if (!json_is_string(v)) {
+      fprintf(stderr,
+              "agentguard proxy: %s: proxy.%s: expected a string or a "
+              "whole number\n",
+              file, key);
+      return AG_EXIT_USAGE;
+    }
+    if (*slots[i] == NULL)
+      *slots[i] = json_is_string(v) ? json_string_value(v) : nums[i];
+  }
+  return 0;
 }
 
 /* The guard's config: the file, with --preset winning over its "preset". */
@@ -167,12 +245,53 @@ static int load_config(const proxy_args *a, ag_config *cfg) {
   return rc;
 }
 
+static int run_proxy(proxy_args *pa);
+
+/* The config file's document, for its "proxy" section (NULL without
+ * --config); on a file that cannot be read or is not JSON, load_config
+ * says why, and *rc is its exit code. */
+static json_t *config_doc(const proxy_args *a, int *rc) {
+  *rc = 0;
+  if (a->config == NULL)
+    return NULL;
+  char *buf = NULL, msg[256];
+  size_t len = 0;
+  json_t *root = NULL;
+  if (cli_read_file(a->config, CONFIG_MAX, &buf, &len, msg, sizeof msg) == 0)
+    root = json_loadb(buf, len, 0, NULL);
+  free(buf);
+  if (root == NULL) {
+    ag_config cfg;
+    *rc = load_config(a, &cfg);
+    if (*rc == 0)
+      *rc = AG_EXIT_FAILURE; /* read once, not twice: out of memory */
+  }
+  return root;
+}
+
 int cli_proxy(int argc, char **argv) {
   proxy_args a;
   memset(&a, 0, sizeof a);
   int rc = parse_args(argc, argv, &a);
   if (rc >= 0)
     return rc;
+  json_t *doc = config_doc(&a, &rc);
+  if (rc != 0)
+    return rc;
+  char nums[PROXY_KEYS][32];
+  rc = fill_from_config(&a, json_object_get(doc, "proxy"), a.config, nums);
+  if (rc == 0 && a.upstream == NULL)
+    rc = usage_error("--upstream URL is required (or proxy.upstream in "
+                     "--config, or AGENTGUARD_PROXY_UPSTREAM)");
+  if (rc == 0)
+    rc = run_proxy(&a);
+  json_decref(doc);
+  return rc;
+}
+
+static int run_proxy(proxy_args *pa) {
+  proxy_args a = *pa;
+  int rc;
   ag_proxy_opts o;
   ag_proxy_opts_init(&o);
   o.upstream = a.upstream;

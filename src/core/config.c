@@ -1007,14 +1007,16 @@ static ag_err_t parse_doc(ag_config *out, const char *json, size_t len,
   }
   build_preset(&tmp, pd);
 
-  static const char *const top[] = {"preset", "loop",    "errors",
-                                    "retry",  "network", "provider"};
+  static const char *const top[] = {"preset",  "loop",     "errors", "retry",
+                                    "network", "provider", "proxy"};
   const char *key;
   json_t *v;
   json_object_foreach(root, key, v) {
     /* "provider" is the model client's section, read by
-     * ag_provider_config_from_json (providers.h), not by the guard. */
-    if (strcmp(key, "preset") == 0 || strcmp(key, "provider") == 0)
+     * ag_provider_config_from_json (providers.h), and "proxy" the proxy's,
+     * read by `agentguard proxy`; not by the guard. */
+    if (strcmp(key, "preset") == 0 || strcmp(key, "provider") == 0 ||
+        strcmp(key, "proxy") == 0)
       continue;
     size_t s = 0;
     while (s < N_SECTIONS && strcmp(sections[s], key) != 0)

@@ -1329,3 +1329,48 @@ Test(cli, audit_refuses_a_cut_line_in_the_middle) {
   free(both);
   free(text);
 }
+
+/* The proxy's options from a config's "proxy" section and from
+ * AGENTGUARD_PROXY_*: a flag wins over the variable, the variable over the
+ * file. */
+Test(cli, proxy_options_from_the_config_and_the_environment) {
+  const char *c =
+      put("p.json", "{\"preset\": \"hpd\", \"proxy\": {\"upstream\": "
+                    "\"http://127.0.0.1:9\", \"listen\": "
+                    "\"127.0.0.1:0\", \"drain_timeout\": 0}}");
+  result r = run_sig(ARGS("proxy", "--config", c), 700);
+  cr_expect(strstr(r.err, "listening on http://127.0.0.1:") != NULL &&
+                strstr(r.err, "(upstream http://127.0.0.1:9, preset hpd)") !=
+                    NULL,
+            "%s", r.err);
+  result_free(&r);
+  setenv("AGENTGUARD_PROXY_UPSTREAM", "http://127.0.0.1:7", 1);
+  r = run_sig(ARGS("proxy", "--config", c), 700);
+  cr_expect(strstr(r.err, "(upstream http://127.0.0.1:7,") != NULL,
+            "the variable wins over the file: %s", r.err);
+  result_free(&r);
+  r = run_sig(ARGS("proxy", "--config", c, "--upstream", "http://127.0.0.1:5"),
+              700);
+  cr_expect(strstr(r.err, "(upstream http://127.0.0.1:5,") != NULL,
+            "the flag wins: %s", r.err);
+  result_free(&r);
+  unsetenv("AGENTGUARD_PROXY_UPSTREAM");
+  r = run(ARGS("proxy", "--config",
+               put("p2.json", "{\"proxy\": {\"listne\": \"127.0.0.1:0\"}}")));
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "proxy.listne: unknown key; did you mean listen?") !=
+                NULL,
+            "%s", r.err);
+  result_free(&r);
+  r = run(ARGS("proxy", "--config",
+               put("p3.json", "{\"proxy\": {\"max_body\": [1]}}")));
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "proxy.max_body: expected a string or a whole "
+                          "number") != NULL,
+            "%s", r.err);
+  result_free(&r);
+  r = run(ARGS("proxy"));
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "--upstream URL is required") != NULL, "%s", r.err);
+  result_free(&r);
+}
