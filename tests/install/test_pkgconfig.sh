@@ -4,7 +4,10 @@
 # installed in, for CMAKE_INSTALL_LIBDIR values of one folder (lib), two
 # (lib/x86_64-linux-gnu, as GNUInstallDirs picks on Debian for --prefix
 # /usr) and an absolute path, with `cmake --install --prefix` choosing a
-# prefix other than the configured one, and after the tree is moved.
+# prefix other than the configured one. By default the paths must be
+# absolute and normalised (no "..": `pkg-config --cflags` gives
+# -I<prefix>/include as written); with -DAG_PC_RELOCATABLE=ON they must
+# still be right after the installed tree is moved.
 #
 # Each case configures a scratch tree (no compiling: only the pkgconfig
 # install component is installed) and asks pkg-config for libdir and
@@ -35,10 +38,20 @@ check() { # case-name configure-prefix libdir-arg expected-libdir expected-inclu
   fi
 }
 
-run() { # case-name configure-prefix libdir-arg
-  name=$1 prefix=$2 libdir=$3
+normalised() { # case-name pcdir expected-first-cflag (jansson's may follow)
+  got=$(PKG_CONFIG_PATH=$2 pkg-config --cflags-only-I agentguard | sed 's/ *$//')
+  case $got in
+  *..*) echo "FAIL $1: pkg-config --cflags-only-I gives '$got', with '..'"; fail=1 ;;
+  "$3" | "$3 "*) echo "ok   $1: cflags $got" ;;
+  *) echo "FAIL $1: pkg-config --cflags-only-I gives '$got', expected '$3' first"; fail=1 ;;
+  esac
+}
+
+run() { # case-name configure-prefix libdir-arg [relocatable]
+  name=$1 prefix=$2 libdir=$3 reloc=${4:-OFF}
   b=$WORK/$name-build p=$WORK/$name-prefix
   if ! cmake -S "$SRC" -B "$b" -DAG_BUILD_TESTS=OFF -DAG_BUILD_BENCH=OFF \
+      -DAG_PC_RELOCATABLE="$reloc" \
       -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_LIBDIR="$libdir" \
       >"$WORK/$name.log" 2>&1; then
     echo "FAIL $name: cmake configure failed:"; tail -n 20 "$WORK/$name.log"; fail=1; return
@@ -52,8 +65,9 @@ run() { # case-name configure-prefix libdir-arg
   esac
   mkdir -p "$lib" "$p/include" # the folders the real install fills
   check "$name" "$prefix" "$libdir" "$(cd "$lib" && pwd -P)" "$(cd "$p/include" && pwd -P)" "$lib/pkgconfig"
-  case $libdir in
-  /*) ;;
+  [ "$reloc" = ON ] || normalised "$name" "$lib/pkgconfig" "-I$p/include"
+  case $reloc$libdir in
+  ON/*|OFF*) ;;
   *) # relocatable: move the whole tree and ask again
     mv "$p" "$p-moved"
     check "$name, moved" "$prefix" "$libdir" "$(cd "$p-moved/$libdir" && pwd -P)" \
@@ -64,4 +78,6 @@ run() { # case-name configure-prefix libdir-arg
 run lib /usr/local lib
 run multiarch /usr lib/x86_64-linux-gnu
 run absolute /usr "$WORK/abs/lib64"
+run lib-reloc /usr/local lib ON
+run multiarch-reloc /usr lib/x86_64-linux-gnu ON
 exit $fail
