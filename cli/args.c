@@ -15,9 +15,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -63,6 +65,37 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
   fprintf(stderr, "\n(see 'agentguard help %s')\n", cmd);
   va_end(ap);
   return AG_EXIT_USAGE;
+}
+
+/* A regular file (or a link to one) at buf, which holds a path of at most
+ * cap - 1 bytes: true. A path that would not fit is no file. */
+static bool is_file(const char *buf, int n, size_t cap) {
+  struct stat st;
+  return n > 0 && (size_t)n < cap && stat(buf, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+const char *cli_default_config(char *buf, size_t cap) {
+  const char *off = getenv("AGENTGUARD_NO_CONFIG");
+  if (off != NULL && off[0] != '\0' && strcmp(off, "0") != 0)
+    return NULL;
+  if (is_file(buf, snprintf(buf, cap, "agentguard.json"), cap))
+    return buf;
+  const char *xdg = getenv("XDG_CONFIG_HOME");
+  const char *home = getenv("HOME");
+  int n;
+  if (xdg != NULL && xdg[0] == '/')
+    n = snprintf(buf, cap, "%s/agentguard/config.json", xdg);
+  else if (home != NULL && home[0] == '/')
+    n = snprintf(buf, cap, "%s/.config/agentguard/config.json", home);
+  else
+    return NULL;
+  return is_file(buf, n, cap) ? buf : NULL;
+}
+
+void cli_use_default_config(const char *cmd, const char **config, char *buf,
+                            size_t cap) {
+  if (*config == NULL && (*config = cli_default_config(buf, cap)) != NULL)
+    fprintf(stderr, "agentguard %s: config from %s\n", cmd, *config);
 }
 
 int cli_exit_code(ag_turn_status s) {

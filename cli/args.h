@@ -30,6 +30,23 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 #endif
     ;
 
+/*
+ * The config file a command reads when it was given no --config: the first
+ * of ./agentguard.json and $XDG_CONFIG_HOME/agentguard/config.json
+ * (~/.config/agentguard/config.json when XDG_CONFIG_HOME is unset or not
+ * absolute) that exists, written into buf[0..cap); NULL when there is none
+ * or AGENTGUARD_NO_CONFIG is set to anything but "" or "0". `run`, `proxy`
+ * and `audit` read it and say so on stderr; `simulate` never does (a
+ * scenario carries its config). docs/configuration.md, "Where the config
+ * comes from".
+ */
+const char *cli_default_config(char *buf, size_t cap);
+
+/* When *config is NULL (no --config), points it at cli_default_config's
+ * file, if any, and says "agentguard CMD: config from PATH" on stderr. */
+void cli_use_default_config(const char *cmd, const char **config, char *buf,
+                            size_t cap);
+
 /* The exit code (docs/cli.md) for a turn's status. */
 int cli_exit_code(ag_turn_status s);
 

@@ -68,14 +68,18 @@ static const char usage_text[] =
     "\n"
     "PATH is a file, a folder (its *.json, *.jsonl and *.ndjson files, not\n"
     "subfolders) or - for standard input. Formats are detected: agentguard\n"
-    "trajectories ({\"steps\": ...}), OpenAI chat transcripts (an array of\n"
-    "messages, {\"messages\": [...]}, or JSON Lines of messages) and "
-    "agentguard\nevent logs (simulate --events).\n"
+    "trajectories ({\"steps\": ...}), conversations as the model APIs send\n"
+    "them (Chat Completions or Anthropic Messages: an array of messages,\n"
+    "{\"messages\": [...]} or JSON Lines of messages; OpenAI Responses:\n"
+    "{\"input\": [...]}; Gemini: {\"contents\": [...]}) and agentguard event\n"
+    "logs (simulate --events).\n"
     "\n"
     "options:\n"
     "  --preset NAME   the preset to audit with (default: default)\n"
     "  --config FILE   a config file; with --preset, its keys go on top of "
-    "NAME\n"
+    "NAME;\n"
+    "                  default ./agentguard.json, then\n"
+    "                  $XDG_CONFIG_HOME/agentguard/config.json\n"
     "  --all-stops     also show each mechanism's first stop when it is the\n"
     "                  only one on\n"
     "  --json          JSON Lines on stdout: one object per run or skipped\n"
@@ -649,6 +653,8 @@ int cli_audit(int argc, char **argv) {
     inputs_free(&in);
     return AG_EXIT_USAGE;
   }
+  char defcfg[4096];
+  cli_use_default_config("audit", &o.config, defcfg, sizeof defcfg);
   ag_config cfg;
   if (load_config(&o, &cfg) != 0) {
     inputs_free(&in);

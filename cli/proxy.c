@@ -39,7 +39,10 @@ static void usage(FILE *f) {
       "                         Anthropic's paths (/v1/messages...) go there\n"
       "  --gemini-upstream URL  Gemini's paths (/v1beta/...) go there\n"
       "  --preset NAME          the guard's preset (default: default)\n"
-      "  --config FILE          a config file (its keys on top of the preset)\n"
+      "  --config FILE          a config file (its keys on top of the "
+      "preset);\n"
+      "                         default ./agentguard.json, then\n"
+      "                         $XDG_CONFIG_HOME/agentguard/config.json\n"
       "  --events FILE          append the proxy's decisions as JSON Lines\n"
       "  --max-body BYTES       request body cap (default 8388608)\n"
       "  --max-connections N    client connections served at once, 1 to\n"
@@ -275,6 +278,8 @@ int cli_proxy(int argc, char **argv) {
   int rc = parse_args(argc, argv, &a);
   if (rc >= 0)
     return rc;
+  char defcfg[4096];
+  cli_use_default_config("proxy", &a.config, defcfg, sizeof defcfg);
   json_t *doc = config_doc(&a, &rc);
   if (rc != 0)
     return rc;

@@ -94,7 +94,9 @@ static void usage(FILE *f) {
       "  --base-url URL     the server (or AGENTGUARD_BASE_URL, "
       "provider.base_url)\n"
       "  --preset NAME      the guard's preset (default: default)\n"
-      "  --config FILE      guard keys and a \"provider\" section (JSON)\n"
+      "  --config FILE      guard keys and a \"provider\" section (JSON);\n"
+      "                     default ./agentguard.json, then\n"
+      "                     $XDG_CONFIG_HOME/agentguard/config.json\n"
       "  --tools FILE       more tools, in the scenario's TOOL format\n"
       "  --events PATH      every event as JSON Lines ('-': stdout, and the\n"
       "                     model's text goes to stderr)\n"
@@ -570,6 +572,8 @@ int cli_run(int argc, char **argv) {
   int rc = parse_args(argc, argv, &a);
   if (rc >= 0)
     return rc;
+  char defcfg[4096];
+  cli_use_default_config("run", &a.config, defcfg, sizeof defcfg);
   setup S;
   memset(&S, 0, sizeof S);
   if ((rc = load_config(&a, &S)) != 0 || (rc = make_provider(&a, &S)) != 0 ||

@@ -1374,3 +1374,66 @@ Test(cli, proxy_options_from_the_config_and_the_environment) {
   cr_expect(strstr(r.err, "--upstream URL is required") != NULL, "%s", r.err);
   result_free(&r);
 }
+
+/* No --config: ./agentguard.json, then $XDG_CONFIG_HOME/agentguard/
+ * config.json, each said on stderr; --config wins; AGENTGUARD_NO_CONFIG
+ * turns the lookup off. */
+Test(cli, a_default_config_file_is_looked_for) {
+  const char *here = put("agentguard.json",
+                         "{\"preset\": \"hpd\", \"proxy\": {\"upstream\": "
+                         "\"http://127.0.0.1:9\", \"listen\": \"127.0.0.1:0\", "
+                         "\"drain_timeout\": 0}}");
+  result r = run_sig(ARGS("proxy"), 700);
+  cr_expect(
+      strstr(r.err, "agentguard proxy: config from agentguard.json") != NULL &&
+          strstr(r.err, "(upstream http://127.0.0.1:9, preset hpd)") != NULL,
+      "%s", r.err);
+  result_free(&r);
+  r = run_sig(
+      ARGS("proxy", "--config",
+           put("other.json", "{\"proxy\": {\"upstream\": "
+                             "\"http://127.0.0.1:8\", \"listen\": "
+                             "\"127.0.0.1:0\", \"drain_timeout\": 0}}")),
+      700);
+  cr_expect(strstr(r.err, "config from") == NULL &&
+                strstr(r.err, "(upstream http://127.0.0.1:8,") != NULL,
+            "--config wins over the default file: %s", r.err);
+  result_free(&r);
+
+  char xdg[256], sub[300], moved[320];
+  snprintf(xdg, sizeof xdg, "%s/xdg", dir);
+  snprintf(sub, sizeof sub, "%s/agentguard", xdg);
+  snprintf(moved, sizeof moved, "%s/config.json", sub);
+  cr_assert_eq(mkdir(xdg, 0700), 0);
+  cr_assert_eq(mkdir(sub, 0700), 0);
+  cr_assert_eq(rename(here, moved), 0);
+  setenv("XDG_CONFIG_HOME", xdg, 1);
+  r = run_sig(ARGS("proxy"), 700);
+  cr_expect(strstr(r.err, "config from ") != NULL &&
+                strstr(r.err, "/xdg/agentguard/config.json") != NULL &&
+                strstr(r.err, "(upstream http://127.0.0.1:9, preset hpd)") !=
+                    NULL,
+            "%s", r.err);
+  result_free(&r);
+  setenv("AGENTGUARD_NO_CONFIG", "1", 1);
+  r = run(ARGS("proxy"));
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "config from") == NULL &&
+                strstr(r.err, "--upstream URL is required") != NULL,
+            "%s", r.err);
+  result_free(&r);
+  unsetenv("AGENTGUARD_NO_CONFIG");
+  /* a default file that is broken is named, not skipped */
+  FILE *f = fopen(moved, "w");
+  cr_assert_not_null(f);
+  fputs("preset: hpd\n", f);
+  fclose(f);
+  put("x.json", "{\"messages\": []}");
+  r = run(ARGS("audit", "x.json"));
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "/xdg/agentguard/config.json") != NULL &&
+                strstr(r.err, "YAML") != NULL,
+            "%s", r.err);
+  result_free(&r);
+  unsetenv("XDG_CONFIG_HOME");
+}
