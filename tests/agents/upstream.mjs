@@ -11,7 +11,8 @@
 // a routing or a summary request) is answered with plain text - for
 // Gemini's JSON-output requests, the JSON Gemini CLI's router expects.
 //
-// Prints "port N" on stdout once listening; appends one line per request
+// Listens on 127.0.0.1, port PORT (default: any free one). Prints "port N"
+// on stdout once listening; appends one line per request
 // (method, path, API, whether tools were offered) to LOG, and the body of
 // each request that offers tools to DUMP, when they are set (agents.mjs
 // keeps both in the agent's scratch folder: what the agent sent).
@@ -204,5 +205,5 @@ const server = createServer((req, res) => {
     return gemini(res, url, text, call);
   });
 });
-server.listen(0, "127.0.0.1", () =>
+server.listen(Number(process.env.PORT ?? 0), "127.0.0.1", () =>
   console.log("port " + server.address().port));
