@@ -84,7 +84,7 @@ static const char usage_text[] =
     "                  only one on\n"
     "  --json          JSON Lines on stdout: one object per run or skipped\n"
     "                  input, then a summary (docs/audit.md)\n"
-    "  --quiet         the summary only (table output)\n"
+    "  --quiet, -q     the summary only (table output)\n"
     "  -h, --help      this text\n"
     "\n"
     "Exit codes: 0 every input audited (whatever the guard found), 1 some\n"

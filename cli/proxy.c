@@ -26,10 +26,14 @@ static void usage(FILE *f) {
   fprintf(
       f,
       "usage: agentguard proxy --upstream URL [options]\n\n"
-      "An OpenAI- and Anthropic-compatible proxy that guards the tool loop of\n"
-      "any agent: point the agent's base URL (OPENAI_BASE_URL,\n"
-      "ANTHROPIC_BASE_URL) at it. POST /v1/chat/completions and POST\n"
-      "/v1/messages are guarded; every other request is passed through.\n\n"
+      "A proxy that guards the tool loop of any agent: point the agent's\n"
+      "base URL (OPENAI_BASE_URL, ANTHROPIC_BASE_URL,\n"
+      "GOOGLE_GEMINI_BASE_URL) at it. Guarded: POST /v1/chat/completions\n"
+      "(OpenAI Chat Completions), /v1/responses (OpenAI Responses),\n"
+      "/v1/messages (Anthropic Messages) and /v1beta/models/M:generateContent\n"
+      "and :streamGenerateContent (Gemini). GET /healthz, /readyz and\n"
+      "/metrics are the proxy's own; every other request is passed through.\n"
+      "See docs/proxy.md.\n\n"
       "options:\n"
       "  --listen HOST:PORT     address to serve on (default 127.0.0.1:8787;\n"
       "                         a host name, or [::1]:8787 for IPv6)\n"
