@@ -34,6 +34,7 @@
 #include "cli.h"
 #include "scenario.h"
 #include "timeline.h"
+#include "waiting.h"
 
 #define TASK_MAX (1u << 20)       /* bytes of a task or a typed line */
 #define CONFIG_MAX (1u << 20)     /* bytes of --config */
@@ -69,11 +70,12 @@ typedef struct run_ctx {
   json_t *turn_end;
   FILE *tty; /* the terminal for questions, or NULL */
   bool yes;
-  FILE *text_out;     /* the model's text: stdout, or stderr when the
-                         events are on stdout (--events -) */
-  bool streamed_text; /* a streamed line is open on text_out */
-  bool reply_shown;   /* the current reply's text went to stdout */
-  bool json_result;   /* --output-format json: one result object per turn */
+  FILE *text_out;       /* the model's text: stdout, or stderr when the
+                           events are on stdout (--events -) */
+  bool streamed_text;   /* a streamed line is open on text_out */
+  bool reply_shown;     /* the current reply's text went to stdout */
+  bool json_result;     /* --output-format json: one result object per turn */
+  cli_waiting *waiting; /* "waiting for the model" on a terminal, or NULL */
 } run_ctx;
 
 static void usage(FILE *f) {
@@ -247,6 +249,7 @@ static void on_event(void *user, const json_t *ev) {
     }
   }
   const char *name = json_string_value(json_object_get(ev, "event"));
+  cli_waiting_clear(R->waiting); /* before anything is written */
   if (name != NULL && strcmp(name, "model_request") == 0)
     R->reply_shown = false; /* a new reply: its text is not out yet */
   if (R->streamed_text && name != NULL && strcmp(name, "model_response") == 0) {
@@ -260,10 +263,13 @@ static void on_event(void *user, const json_t *ev) {
     json_decref(R->turn_end);
     R->turn_end = json_incref((json_t *)ev);
   }
+  if (name != NULL && strcmp(name, "model_request") == 0)
+    cli_waiting_start(R->waiting); /* after the timeline's line */
 }
 
 static int on_delta(void *user, const char *text, size_t len) {
   run_ctx *R = user;
+  cli_waiting_clear(R->waiting);
   fwrite(text, 1, len, R->text_out);
   fflush(R->text_out);
   R->streamed_text = len > 0;
@@ -375,7 +381,9 @@ typedef struct setup {
   ag_provider *provider;
   ag_registry *reg;
   char *system_prompt;
-  char who[384]; /* "MODEL (KIND, URL)": the session's banner */
+  char who[384];               /* "MODEL (KIND, URL)": the session's banner */
+  ag_http_provider_opts popts; /* what the provider was made from (its
+                                  strings borrowed from pcfg and argv) */
 } setup;
 
 static void setup_free(setup *S) {
@@ -472,6 +480,7 @@ static int make_provider(const run_args *a, setup *S) {
     o.timeout_ms = S->cfg.network.timeout_ms;
   o.parallel_tool_calls = S->cfg.loop.parallel;
   ag_error_t err;
+  S->popts = o;
   if (ag_provider_http_new(&S->provider, &o, &err) != AG_OK) {
     fprintf(stderr, "agentguard run: provider: %s\n", err.msg);
     return AG_EXIT_USAGE;
@@ -542,6 +551,7 @@ static int one_turn(ag_agent *agent, const char *task, run_ctx *R, bool quiet) {
   R->streamed_text = false;
   R->reply_shown = false;
   ag_err_t e = ag_agent_run_turn(agent, task, turn, &o, &err);
+  cli_waiting_clear(R->waiting);
   g_turn = NULL;
   int rc;
   if (e != AG_OK && e != AG_ENOMEM) {
@@ -603,6 +613,8 @@ int cli_run(int argc, char **argv) {
   if (!a.quiet)
     R.timeline = cli_timeline_new(stderr, isatty(STDERR_FILENO) &&
                                               getenv("NO_COLOR") == NULL);
+  if (R.timeline != NULL && isatty(STDERR_FILENO))
+    R.waiting = cli_waiting_new(stderr);
 
   ag_agent_opts ao;
   ag_agent_opts_init(&ao);
@@ -633,6 +645,13 @@ int cli_run(int argc, char **argv) {
     fprintf(stderr, "agentguard run: no TASK and no terminal for an "
                     "interactive session: give the task as an argument\n");
     rc = AG_EXIT_USAGE;
+  } else if (ag_http_provider_check(&S.popts, &err) != AG_OK) {
+    /* a session checks the server first, not after the first message */
+    fprintf(stderr,
+            "agentguard run: %s\nIs the server running? Start it, or give "
+            "its address with --base-url.\n",
+            err.msg);
+    rc = AG_EXIT_FAILURE;
   } else {
     /* the interactive session: Ctrl-C at the prompt drops the line and
      * asks again, as a shell does; SIGTERM or SIGHUP there ends it */
@@ -681,6 +700,7 @@ int cli_run(int argc, char **argv) {
   }
 
   ag_agent_free(agent);
+  cli_waiting_free(R.waiting);
   cli_timeline_free(R.timeline);
   json_decref(R.turn_end);
   if (R.tty != NULL)

@@ -267,6 +267,20 @@ AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
                                         ag_error_t *err);
 
 /*
+ * Whether the server the options name can be reached: a connection to the
+ * request URL's host (and for https the TLS handshake), with
+ * o->connect_timeout_ms (10 s when 0); no request is sent, no key is read.
+ * For a session to say at its start that the server is down, rather than
+ * after the first message. Returns AG_OK; AG_EPROVIDER with err->msg
+ * naming the host, the URL and why ("could not reach localhost
+ * (http://localhost:11434/v1/chat/completions): Failed to connect ...");
+ * AG_ECONFIG as ag_provider_http_new for bad options; AG_ENOMEM. Blocks
+ * for at most the connect timeout; safe from any thread.
+ */
+AG_EXTERN ag_err_t ag_http_provider_check(const ag_http_provider_opts *o,
+                                          ag_error_t *err);
+
+/*
  * The "provider" section of a config file, parsed. Owns every string its
  * options point to. Keys: kind, base_url, model, api_key_env, headers (an
  * object of name: value strings), timeout, connect_timeout, idle_timeout

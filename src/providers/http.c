@@ -902,6 +902,57 @@ static ag_err_t provider_setup(http_provider *p, const ag_http_provider_opts *o,
   return p->easy != NULL && p->multi != NULL ? AG_OK : oom(err);
 }
 
+AG_EXTERN ag_err_t ag_http_provider_check(const ag_http_provider_opts *o,
+                                          ag_error_t *err) {
+  if (o == NULL)
+    return ag__set_error(err, AG_EINVAL, -1,
+                         "ag_http_provider_check: opts is NULL");
+  const ag__wire *wire = NULL;
+  ag_err_t rc = check_opts(o, &wire, err);
+  if (rc != AG_OK)
+    return rc;
+  pthread_once(&curl_once, curl_init);
+  if (curl_init_rc != CURLE_OK)
+    return ag__set_error(err, AG_EIO, -1, "libcurl failed to start: %s",
+                         curl_easy_strerror(curl_init_rc));
+  http_provider p;
+  memset(&p, 0, sizeof p);
+  p.wire = wire;
+  rc = set_url(&p, o, err);
+  CURL *e = rc == AG_OK ? curl_easy_init() : NULL;
+  if (rc == AG_OK && e == NULL)
+    rc = oom(err);
+  if (rc != AG_OK) {
+    free(p.url);
+    return rc;
+  }
+  /* connect (and for https, the TLS handshake) only: no request is sent */
+  char errbuf[CURL_ERROR_SIZE] = "";
+  int64_t ct = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 10000;
+  curl_easy_setopt(e, CURLOPT_URL, p.url);
+  curl_easy_setopt(e, CURLOPT_CONNECT_ONLY, 1L);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)ct);
+#if LIBCURL_VERSION_NUM >= 0x075500
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+#endif
+  CURLcode cc = curl_easy_perform(e);
+  if (cc != CURLE_OK) {
+    const char *why = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(cc);
+    if (cc == CURLE_OPERATION_TIMEDOUT)
+      rc = ag__set_error(err, AG_EPROVIDER, -1,
+                         "could not reach %s (%s): no answer within %lld ms",
+                         p.service, p.url, (long long)ct);
+    else
+      rc = ag__set_error(err, AG_EPROVIDER, -1, "could not reach %s (%s): %s",
+                         p.service, p.url, why);
+  }
+  curl_easy_cleanup(e);
+  free(p.url);
+  return rc;
+}
+
 AG_EXTERN ag_err_t ag_provider_http_new(ag_provider **out,
                                         const ag_http_provider_opts *o,
                                         ag_error_t *err) {

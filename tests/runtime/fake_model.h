@@ -44,7 +44,8 @@ extern fake_model F;
 
 /* Starts the server on a free port (F.port); asserts it started. */
 void fake_start(void);
-/* Ends every delayed reply, stops the server, frees the bodies. */
+/* Ends every delayed reply, stops the server, frees the bodies. A second
+ * call does nothing. */
 void fake_stop(void);
 /* Waits until at least n requests arrived or timeout_ms passed; returns
  * F.n_requests at that point. */

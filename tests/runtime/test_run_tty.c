@@ -580,3 +580,40 @@ Test(run_tty, exit_after_a_stopped_turn_ends_the_session_with_0) {
                "showed:\n%s",
                status, T.shown);
 }
+
+/* A slow model: "waiting for the model (N s)" counts on the terminal, and
+ * its line is erased (ESC [ K) before the answer is written. */
+Test(run_tty, a_slow_model_shows_the_wait_and_erases_it) {
+  F.replies[0] = TEXT_REPLY("Slow answer GOLF.");
+  F.delay_ms[0] = 2600;
+  F.n_replies = 1;
+  spawn(PLAIN_CONFIG, NULL, NULL, true);
+  expect(PROMPT);
+  type("Take your time\r");
+  expect("waiting for the model (1 s, Ctrl-C cancels)");
+  expect("waiting for the model (2 s, Ctrl-C cancels)");
+  expect("\033[K");
+  const char *erased = T.shown + T.seen;
+  expect("Slow answer GOLF.");
+  cr_assert(strstr(erased, "waiting for the model") == NULL ||
+                strstr(erased, "waiting for the model") >
+                    strstr(erased, "Slow answer GOLF."),
+            "the wait was shown again after it was erased:\n%s", T.shown);
+  expect(PROMPT);
+  type("exit\r");
+  int status = child_exit();
+  cr_assert_eq(status, 0, "exit %d; the pty showed:\n%s", status, T.shown);
+}
+
+/* The server is checked when a session starts: down, it says so at once
+ * and the session does not begin. */
+Test(run_tty, a_session_says_at_once_that_the_server_is_down) {
+  fake_stop(); /* nothing listens on F.port any more */
+  spawn(PLAIN_CONFIG, NULL, NULL, true);
+  expect("agentguard run: could not reach 127.0.0.1");
+  expect("Is the server running?");
+  int status = child_exit();
+  cr_assert_eq(status, 1, "exit %d; the pty showed:\n%s", status, T.shown);
+  cr_assert(strstr(T.shown, PROMPT) == NULL, "a prompt was shown:\n%s",
+            T.shown);
+}
