@@ -19,7 +19,7 @@ CMAKE_ARGS ?=
 # The library and the program need only these; the tests add Criterion,
 # fuzzing adds clang and the clang runtime that matches it.
 LIB_PKGS  = cmake pkg-config gcc make libjansson-dev libssl-dev \
-            libcurl4-openssl-dev libpcre2-dev libmicrohttpd-dev
+            libcurl4-openssl-dev libpcre2-dev libmicrohttpd-dev libedit-dev
 TEST_PKGS = $(LIB_PKGS) libcriterion-dev
 
 .PHONY: all deps deps-lib deps-fuzz build program demo test test-asan test-tsan bench fuzz format format-check clean

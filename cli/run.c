@@ -19,11 +19,10 @@
  * flags override both. network.timeout is the provider's total request
  * timeout unless provider.timeout is given.
  */
-#define _GNU_SOURCE /* realpath, ppoll */
+#define _GNU_SOURCE /* realpath */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,11 +31,14 @@
 
 #include "args.h"
 #include "cli.h"
+#include "prompt.h"
 #include "scenario.h"
 #include "timeline.h"
 #include "waiting.h"
 
-#define TASK_MAX (1u << 20)       /* bytes of a task or a typed line */
+#define TASK_MAX (1u << 20) /* bytes of a task or a typed line */
+#define HISTORY_MAX 500     /* lines a session's history keeps */
+#define PROMPT "agentguard> "
 #define CONFIG_MAX (1u << 20)     /* bytes of --config */
 #define TOOLS_FILE_MAX (1u << 20) /* bytes of --tools */
 
@@ -295,22 +297,6 @@ static void print_result(const ag_turn_outcome *o, int exit_code) {
   json_decref(j);
 }
 
-/* Reads one answer line from the terminal into buf (cap bytes). */
-
-/* Waits until fd has a line to read; false when a signal came first. The
- * caller has the signals blocked and `open_mask` unblocks them inside
- * ppoll only, so one that comes just before the wait is not lost (a plain
- * read is interrupted only by one that comes during it). */
-static bool wait_line(int fd, const sigset_t *open_mask) {
-  struct pollfd pf = {fd, POLLIN, 0};
-  for (;;) {
-    if (ppoll(&pf, 1, NULL, open_mask) >= 0)
-      return true;
-    if (errno == EINTR)
-      return false;
-  }
-}
-
 /* Reads one answer line from the terminal into buf (cap bytes); false at
  * its end, or when a signal (Ctrl-C) came before or during the question. */
 static bool ask(run_ctx *R, const char *question, char *buf, size_t cap) {
@@ -321,13 +307,37 @@ static bool ask(run_ctx *R, const char *question, char *buf, size_t cap) {
   if (g_signals == 0) { /* not cancelled already */
     fputs(question, R->tty);
     fflush(R->tty);
-    ok = wait_line(fileno(R->tty), &open_mask) &&
+    ok = cli_wait_input(fileno(R->tty), &open_mask) &&
          fgets(buf, (int)cap, R->tty) != NULL;
   }
   sigprocmask(SIG_SETMASK, &open_mask, NULL);
   if (ok)
     buf[strcspn(buf, "\r\n")] = '\0';
   return ok;
+}
+
+/* Reads the session's next task: with the prompt's line editing, or
+ * plainly when libedit could not start. */
+static cli_prompt_result read_task(cli_prompt *prompt,
+                                   const sigset_t *open_mask, char *buf,
+                                   size_t cap) {
+  if (prompt != NULL)
+    return cli_prompt_read(prompt, PROMPT, open_mask, buf, cap);
+  fputs(PROMPT, stderr);
+  fflush(stderr);
+  if (!cli_wait_input(STDIN_FILENO, open_mask))
+    return CLI_PROMPT_SIGNAL;
+  if (fgets(buf, (int)cap, stdin) == NULL)
+    return CLI_PROMPT_EOF;
+  size_t n = strcspn(buf, "\r\n");
+  if (buf[n] == '\0' && n + 1 >= cap) {
+    int c;
+    while ((c = getchar()) != EOF && c != '\n') /* the rest of the line */
+      ;
+    return CLI_PROMPT_TOO_LONG;
+  }
+  buf[n] = '\0';
+  return CLI_PROMPT_LINE;
 }
 
 static ag_approval approve(void *user, const char *tool, const char *args,
@@ -615,6 +625,9 @@ int cli_run(int argc, char **argv) {
                                               getenv("NO_COLOR") == NULL);
   if (R.timeline != NULL && isatty(STDERR_FILENO))
     R.waiting = cli_waiting_new(stderr);
+  /* the answer is written to the terminal already: shown once */
+  cli_timeline_omit_final_text(R.timeline, isatty(fileno(R.text_out)) &&
+                                               isatty(STDERR_FILENO));
 
   ag_agent_opts ao;
   ag_agent_opts_init(&ao);
@@ -656,11 +669,14 @@ int cli_run(int argc, char **argv) {
     /* the interactive session: Ctrl-C at the prompt drops the line and
      * asks again, as a shell does; SIGTERM or SIGHUP there ends it */
     rc = AG_EXIT_OK;
-    char *line = malloc(TASK_MAX + 2);
+    char *line = malloc(TASK_MAX + 1);
+    /* line editing and the session's history (libedit); without it (it
+     * cannot start on this terminal) lines are read plainly */
+    cli_prompt *prompt = cli_prompt_new(stdin, stderr, HISTORY_MAX);
     fprintf(stderr,
             "agentguard run: a session with %s, tools in %s\n"
-            "Type a task and press Enter. Ctrl-C cancels a turn; Ctrl-D or "
-            "\"exit\" ends the session.\n",
+            "Type a task and press Enter (Up for an earlier one). Ctrl-C "
+            "cancels a turn; Ctrl-D or \"exit\" ends the session.\n",
             S.who, a.workdir != NULL ? a.workdir : ".");
     set_handlers(true);
     /* At the prompt the signals are blocked except inside ppoll, so one
@@ -670,30 +686,37 @@ int cli_run(int argc, char **argv) {
     stop_signals(&sigs);
     sigprocmask(SIG_BLOCK, &sigs, &open_mask);
     while (line != NULL) {
-      fputs("\nagentguard> ", stderr);
-      fflush(stderr);
+      fputc('\n', stderr);
       g_last_signal = 0;
-      if (!wait_line(STDIN_FILENO, &open_mask)) {
+      cli_prompt_result got = read_task(prompt, &open_mask, line, TASK_MAX + 1);
+      if (got == CLI_PROMPT_SIGNAL) {
         if (g_last_signal == SIGINT)
           continue; /* Ctrl-C: the line is dropped, asked again */
         rc = 128 + g_last_signal;
         break;
       }
-      if (fgets(line, TASK_MAX + 2, stdin) == NULL) {
+      if (got == CLI_PROMPT_EOF) {
         rc = AG_EXIT_OK; /* Ctrl-D: the session ended as asked */
         break;
       }
-      line[strcspn(line, "\r\n")] = '\0';
+      if (got == CLI_PROMPT_TOO_LONG) {
+        fprintf(stderr,
+                "agentguard run: the line is longer than %u bytes; give a "
+                "longer task as an argument or from a file\n",
+                TASK_MAX);
+        continue;
+      }
       if (strcmp(line, "exit") == 0 || strcmp(line, "quit") == 0) {
         rc = AG_EXIT_OK;
         break;
       }
-      if (line[0] == '\0')
+      if (line[strspn(line, " \t")] == '\0')
         continue;
       sigprocmask(SIG_SETMASK, &open_mask, NULL);
       rc = one_turn(agent, line, &R, a.quiet);
       sigprocmask(SIG_BLOCK, &sigs, NULL);
     }
+    cli_prompt_free(prompt);
     sigprocmask(SIG_SETMASK, &open_mask, NULL);
     set_handlers(false);
     free(line);

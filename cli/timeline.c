@@ -32,6 +32,7 @@ struct cli_timeline {
   long long iteration;
   bool calls_shown; /* the model_response line listed this reply's calls */
   bool any_turn;
+  bool omit_final; /* cli_timeline_omit_final_text */
 };
 
 #define C_RESET "\x1b[0m"
@@ -55,6 +56,11 @@ cli_timeline *cli_timeline_new(FILE *out, bool color) {
   t->out = out;
   t->color = color;
   return t;
+}
+
+void cli_timeline_omit_final_text(cli_timeline *t, bool omit) {
+  if (t != NULL)
+    t->omit_final = omit;
 }
 
 void cli_timeline_free(cli_timeline *t) {
@@ -461,7 +467,7 @@ static void turn_end(cli_timeline *t, const json_t *ev) {
     put_str(t->out, msg, 2 * W_MSG);
     fputc('\n', t->out);
   }
-  if (final != NULL && final[0] != '\0') {
+  if (final != NULL && final[0] != '\0' && !t->omit_final) {
     lead(t, NULL, 2);
     fputs("final text: \"", t->out);
     put_str(t->out, final, 2 * W_MSG);

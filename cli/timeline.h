@@ -21,6 +21,10 @@ typedef struct cli_timeline cli_timeline;
 cli_timeline *cli_timeline_new(FILE *out, bool color);
 void cli_timeline_free(cli_timeline *t);
 
+/* Leaves the final text out of each turn's outcome: for `run` when the
+ * answer is already on the same terminal (stdout), so it shows once. */
+void cli_timeline_omit_final_text(cli_timeline *t, bool omit);
+
 /* Writes what `event` (borrowed) adds to the story. Unknown events and
  * missing fields are skipped, never fatal. */
 void cli_timeline_event(cli_timeline *t, const json_t *event);

@@ -385,6 +385,36 @@ Test(run_tty, a_session_keeps_the_history_and_ends_on_ctrl_d) {
   free(second);
 }
 
+/* The prompt edits lines (libedit, emacs keys) and keeps the session's
+ * tasks: Up brings the last one back, Ctrl-A goes to the line's start,
+ * Backspace erases; what is sent is the edited line. */
+Test(run_tty, the_prompt_edits_lines_and_recalls_earlier_ones) {
+  F.replies[0] = TEXT_REPLY("Answer INDIA.");
+  F.replies[1] = TEXT_REPLY("Answer JULIETT.");
+  F.n_replies = 2;
+  spawn(PLAIN_CONFIG, NULL, NULL, true);
+  expect(PROMPT);
+  type("Count the filesX\x7f\r"); /* Backspace erases the X */
+  expect("Answer INDIA.");
+  expect(PROMPT);
+  type("\033[A"); /* Up: the last task again */
+  type("\x01"
+       "Again: \r"); /* Ctrl-A, then text at the line's start */
+  expect("Answer JULIETT.");
+  expect(PROMPT);
+  type("exit\r");
+  int status = child_exit();
+  cr_assert_eq(status, 0, "exit %d; the pty showed:\n%s", status, T.shown);
+  cr_assert_eq(F.n_requests, 2, "%d requests", F.n_requests);
+  char *first = fake_body(0), *second = fake_body(1);
+  cr_assert(first != NULL && second != NULL);
+  cr_assert(strstr(first, "\"Count the files\"") != NULL, "%s", first);
+  cr_assert(strstr(second, "\"Again: Count the files\"") != NULL,
+            "%s\nthe pty showed:\n%s", second, T.shown);
+  free(first);
+  free(second);
+}
+
 Test(run_tty, ctrl_c_cancels_the_turn_not_the_session) {
   F.replies[0] = TEXT_REPLY("Too late ECHO.");
   F.delay_ms[0] = 200000; /* until the test ends: only Ctrl-C ends the turn */
