@@ -60,7 +60,7 @@ typedef struct run_args {
   const char *events;
   const char *tools;
   const char *events_detail;
-  const char *output_format; /* "text" (default) or "json" */
+  const char *output_format; /* "text" (default), "json" or "stream-json" */
   bool yes, allow_commands, quiet;
 } run_args;
 
@@ -77,6 +77,7 @@ typedef struct run_ctx {
   bool streamed_text;   /* a streamed line is open on text_out */
   bool reply_shown;     /* the current reply's text went to stdout */
   bool json_result;     /* --output-format json: one result object per turn */
+  bool result_event;    /* stream-json: the result is the stream's "result" */
   cli_waiting *waiting; /* "waiting for the model" on a terminal, or NULL */
 } run_ctx;
 
@@ -104,10 +105,12 @@ static void usage(FILE *f) {
       "  --tools FILE       more tools, in the scenario's TOOL format\n"
       "  --events PATH      every event as JSON Lines ('-': stdout, and the\n"
       "                     model's text goes to stderr)\n"
-      "  --output-format text|json\n"
+      "  --output-format text|json|stream-json\n"
       "                     json: one result object per turn on stdout\n"
-      "                     (status, reason, final_text, usage), the\n"
-      "                     model's text on stderr\n"
+      "                     (status, reason, final_text, usage);\n"
+      "                     stream-json: every event on stdout as it\n"
+      "                     happens, then that object as a \"result\"\n"
+      "                     event; both put the model's text on stderr\n"
       "  --events-detail counts|full\n"
       "                     full: model_request events carry the messages "
       "sent\n"
@@ -184,9 +187,17 @@ static int parse_args(int argc, char **argv, run_args *a) {
     return usage_error("--events-detail %s: expected counts or full",
                        a->events_detail);
   if (a->output_format != NULL && strcmp(a->output_format, "text") != 0 &&
-      strcmp(a->output_format, "json") != 0)
-    return usage_error("--output-format %s: expected text or json",
+      strcmp(a->output_format, "json") != 0 &&
+      strcmp(a->output_format, "stream-json") != 0)
+    return usage_error("--output-format %s: expected text, json or "
+                       "stream-json",
                        a->output_format);
+  if (a->output_format != NULL &&
+      strcmp(a->output_format, "stream-json") == 0 && a->events != NULL &&
+      strcmp(a->events, "-") != 0)
+    return usage_error("--output-format stream-json writes the events to "
+                       "stdout; --events %s would write them again: give one",
+                       a->events);
   if (a->output_format != NULL && strcmp(a->output_format, "json") == 0 &&
       a->events != NULL && strcmp(a->events, "-") == 0)
     return usage_error("%s", "--events - and --output-format json both "
@@ -281,13 +292,14 @@ static int on_delta(void *user, const char *text, size_t len) {
 }
 
 /* --output-format json: the turn's result as one JSON object on stdout. */
-static void print_result(const ag_turn_outcome *o, int exit_code) {
-  json_t *j =
-      json_pack("{s:s, s:s, s:s, s:s?, s:i, s:i, s:I, s:i}", "status",
-                ag_turn_status_name(o->status), "reason", o->reason, "message",
-                o->message, "final_text", o->final_text, "iterations",
-                o->iterations, "tool_calls", o->tool_calls, "tokens",
-                (json_int_t)o->tokens, "exit_code", exit_code);
+static void print_result(const ag_turn_outcome *o, int exit_code,
+                         bool as_event) {
+  json_t *j = json_pack(
+      "{s:s*, s:s, s:s, s:s, s:s?, s:i, s:i, s:I, s:i}", "event",
+      as_event ? "result" : NULL, "status", ag_turn_status_name(o->status),
+      "reason", o->reason, "message", o->message, "final_text", o->final_text,
+      "iterations", o->iterations, "tool_calls", o->tool_calls, "tokens",
+      (json_int_t)o->tokens, "exit_code", exit_code);
   char *text = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
   if (text != NULL)
     printf("%s\n", text);
@@ -580,7 +592,7 @@ static int one_turn(ag_agent *agent, const char *task, run_ctx *R, bool quiet) {
       fprintf(R->text_out, "%s\n", o.final_text);
     rc = cli_exit_code(o.status);
     if (R->json_result)
-      print_result(&o, rc);
+      print_result(&o, rc, R->result_event);
   }
   fflush(R->text_out);
   ag_turn_outcome_clear(&o);
@@ -608,6 +620,10 @@ int cli_run(int argc, char **argv) {
   R.yes = a.yes;
   R.tty = fopen("/dev/tty", "r+");
   R.text_out = stdout;
+  R.result_event =
+      a.output_format != NULL && strcmp(a.output_format, "stream-json") == 0;
+  if (R.result_event)
+    a.events = "-"; /* the stream is the events, then the result */
   if (a.events != NULL && (R.events = cli_open_events(a.events)) == NULL) {
     fprintf(stderr, "agentguard run: --events %s: cannot open: %s\n", a.events,
             strerror(errno));
@@ -616,8 +632,8 @@ int cli_run(int argc, char **argv) {
       fclose(R.tty);
     return AG_EXIT_USAGE;
   }
-  R.json_result =
-      a.output_format != NULL && strcmp(a.output_format, "json") == 0;
+  R.json_result = R.result_event || (a.output_format != NULL &&
+                                     strcmp(a.output_format, "json") == 0);
   if (R.events == stdout || R.json_result)
     R.text_out = stderr; /* stdout stays JSON only */
   if (!a.quiet)

@@ -230,8 +230,48 @@ Test(run, output_format_json_is_one_result_object) {
   const char *const bad[] = {"--output-format", "yaml", NULL};
   r = run_task(bad, "x");
   cr_expect_eq(r.status, 2);
-  cr_expect(strstr(r.err, "--output-format yaml: expected text or json") !=
-                NULL,
+  cr_expect(strstr(r.err, "--output-format yaml: expected text, json or "
+                          "stream-json") != NULL,
+            "%s", r.err);
+  result_free(&r);
+}
+
+/* stream-json: every event on stdout as it happens, then the turn's result
+ * as a "result" event; each line parses, the text is on stderr. With
+ * --events FILE as well it is refused (the events would go twice). */
+Test(run, output_format_stream_json_is_the_events_then_the_result) {
+  F.replies[0] = TEXT_REPLY("pong");
+  F.n_replies = 1;
+  events_on_stdout = true;
+  const char *const sj[] = {"--output-format", "stream-json", NULL};
+  result r = run_task(sj, "Say pong");
+  events_on_stdout = false;
+  cr_assert_eq(r.status, 0, "exit %d\nstderr: %s", r.status, r.err);
+  int lines = 0;
+  bool turn_end = false, result_last = false;
+  for (char *line = strtok(r.out, "\n"); line != NULL;
+       line = strtok(NULL, "\n"), lines++) {
+    json_t *j = json_loads(line, 0, NULL);
+    const char *ev = json_string_value(json_object_get(j, "event"));
+    cr_assert(ev != NULL, "stdout line %d is no event: %s", lines + 1, line);
+    turn_end = turn_end || strcmp(ev, "turn_end") == 0;
+    result_last = strcmp(ev, "result") == 0;
+    if (result_last) {
+      cr_expect(turn_end, "the result came before the turn's end");
+      cr_expect_str_eq(json_string_value(json_object_get(j, "final_text")),
+                       "pong");
+      cr_expect_eq(json_integer_value(json_object_get(j, "exit_code")), 0);
+    }
+    json_decref(j);
+  }
+  cr_assert_gt(lines, 3);
+  cr_assert(result_last, "the last line is not the result");
+  cr_assert(strstr(r.err, "pong") != NULL, "the answer on stderr: %s", r.err);
+  result_free(&r);
+  r = run_task(sj, "x"); /* with --events FILE */
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "--output-format stream-json writes the events to "
+                          "stdout") != NULL,
             "%s", r.err);
   result_free(&r);
 }
