@@ -48,6 +48,9 @@ static void usage(FILE *f) {
       "                         default ./agentguard.json, then\n"
       "                         $XDG_CONFIG_HOME/agentguard/config.json\n"
       "  --events FILE          append the proxy's decisions as JSON Lines\n"
+      "  --log-format text|json the access log on stderr: one line per\n"
+      "                         request answered (default text)\n"
+      "  --quiet, -q            no access log\n"
       "  --max-body BYTES       request body cap (default 8388608)\n"
       "  --max-connections N    client connections served at once, 1 to\n"
       "                         65536 (default 512); when all are taken, the\n"
@@ -84,7 +87,8 @@ typedef struct proxy_args {
   const char *listen, *upstream, *openai_upstream, *preset, *config, *events,
       *max_body, *key_env, *max_connections, *per_client, *idle_timeout,
       *header_timeout, *request_timeout, *max_buffered, *drain_timeout,
-      *anthropic_upstream, *gemini_upstream;
+      *anthropic_upstream, *gemini_upstream, *log_format;
+  bool quiet;
 } proxy_args;
 
 static int parse_args(int argc, char **argv, proxy_args *a) {
@@ -97,7 +101,7 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
       "--idle-timeout",    "--header-timeout",
       "--request-timeout", "--max-buffered",
       "--drain-timeout",   "--anthropic-upstream",
-      "--gemini-upstream"};
+      "--gemini-upstream", "--log-format"};
   const char **const slot[] = {&a->listen,          &a->upstream,
                                &a->openai_upstream, &a->preset,
                                &a->config,          &a->events,
@@ -106,12 +110,16 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
                                &a->idle_timeout,    &a->header_timeout,
                                &a->request_timeout, &a->max_buffered,
                                &a->drain_timeout,   &a->anthropic_upstream,
-                               &a->gemini_upstream};
+                               &a->gemini_upstream, &a->log_format};
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
       usage(stdout);
       return AG_EXIT_OK;
+    }
+    if (strcmp(arg, "--quiet") == 0 || strcmp(arg, "-q") == 0) {
+      a->quiet = true;
+      continue;
     }
     char msg[128];
     int got =
@@ -134,21 +142,32 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
  * set: each flag's name without "--", '-' as '_' (the section's key), and
  * AGENTGUARD_PROXY_ + its upper case (the variable). A flag wins over the
  * variable, which wins over the file. */
-#define PROXY_KEYS 14
+#define PROXY_KEYS 15
 static void proxy_keys(proxy_args *a, const char *keys[PROXY_KEYS + 1],
                        const char **slots[PROXY_KEYS]) {
   static const char *const names[PROXY_KEYS + 1] = {
-      "listen",          "upstream",        "anthropic_upstream",
-      "gemini_upstream", "events",          "max_body",
-      "client_key_env",  "max_connections", "max_connections_per_client",
-      "idle_timeout",    "header_timeout",  "request_timeout",
-      "max_buffered",    "drain_timeout",   NULL};
+      "listen",
+      "upstream",
+      "anthropic_upstream",
+      "gemini_upstream",
+      "events",
+      "max_body",
+      "client_key_env",
+      "max_connections",
+      "max_connections_per_client",
+      "idle_timeout",
+      "header_timeout",
+      "request_timeout",
+      "max_buffered",
+      "drain_timeout",
+      "log_format",
+      NULL};
   const char **const s[PROXY_KEYS] = {
       &a->listen,          &a->upstream,        &a->anthropic_upstream,
       &a->gemini_upstream, &a->events,          &a->max_body,
       &a->key_env,         &a->max_connections, &a->per_client,
       &a->idle_timeout,    &a->header_timeout,  &a->request_timeout,
-      &a->max_buffered,    &a->drain_timeout};
+      &a->max_buffered,    &a->drain_timeout,   &a->log_format};
   for (int i = 0; i <= PROXY_KEYS; i++)
     keys[i] = names[i];
   for (int i = 0; i < PROXY_KEYS; i++)
@@ -408,6 +427,14 @@ static int run_proxy(proxy_args *pa) {
   rc = load_config(&a, &o.cfg);
   if (rc != 0)
     return rc;
+  if (a.log_format != NULL && strcmp(a.log_format, "text") != 0 &&
+      strcmp(a.log_format, "json") != 0)
+    return usage_error("--log-format %s: expected text or json", a.log_format);
+  if (!a.quiet) {
+    o.access_log = stderr;
+    o.access_log_json =
+        a.log_format != NULL && strcmp(a.log_format, "json") == 0;
+  }
   FILE *events = NULL;
   if (a.events != NULL) {
     events = fopen(a.events, "a");

@@ -121,6 +121,16 @@ typedef struct ag_proxy_opts {
    * then one goes past it, so memory for them stays under max_buffered +
    * AG_PROXY_UPSTREAM_MAX. 0: AG_PROXY_MAX_BUFFERED_DEFAULT. */
   size_t max_buffered;
+  /* The access log: one line per request the proxy relays (not its own
+   * /healthz, /readyz, /metrics), written when it is answered - time,
+   * request number, client, method, path (no query), API, model,
+   * conversation id, decision and reason, status, milliseconds, tokens
+   * (docs/proxy.md, "Operating it"). NULL: none. `access_log_json`: one
+   * JSON object per line instead of text. The model and the conversation
+   * (as in the events) are read from each guarded request when either this
+   * or `events` is set. */
+  FILE *access_log;
+  bool access_log_json;
 } ag_proxy_opts;
 
 /* Fills the defaults (loopback, port 8787, the default preset). */

@@ -1141,7 +1141,7 @@ static bool add_error_context(decision *d) {
                      "out of memory");
     return false;
   }
-  ag__px_event(d->p, "error_context", d->path, NULL, NULL);
+  ag__px_event(d->p, &d->q->attr, "error_context", d->path, NULL, NULL);
   return true;
 }
 
@@ -1153,18 +1153,22 @@ static bool ask_upstream(decision *d, const char *body, size_t len, bool ours,
   ag__px_upstream_free(u);
   ag__px_send_upstream(d->p, d->q->client_hdrs, "POST", d->q->uri, body, len,
                        ours, d->q->client_fd, u);
+  ag__px_attr_upstream(&d->q->attr, u->total_us);
   if (ag__px_upstream_failed(d->p, u, d->r))
     return false;
   if (u->status < 200 || u->status >= 300) {
     ag__px_pass_back(u, d->r);
     return false;
   }
-  return ag__px_read_reply(u, rep, d->r);
+  if (!ag__px_read_reply(u, rep, d->r))
+    return false;
+  ag__px_attr_usage(&d->q->attr, rep);
+  return true;
 }
 
 /* The stop reply for a reply the check replaced (d->v says why). */
 static void replace_reply(decision *d) {
-  ag__px_event(d->p, "reply_replaced", d->path, &d->v, NULL);
+  ag__px_event(d->p, &d->q->attr, "reply_replaced", d->path, &d->v, NULL);
   set_stop_reply(d->p, d->req, &d->v, d->r);
 }
 
@@ -1193,7 +1197,7 @@ static void answer_whole(decision *d) {
     replace_reply(d);
     goto out;
   }
-  ag__px_event(d->p, "nudge", d->path, &d->v, NULL);
+  ag__px_event(d->p, &d->q->attr, "nudge", d->path, &d->v, NULL);
   json_t *extra = d->r->anthropic
                       ? ag__px_nudge_messages_anthropic(&rep, checks)
                       : ag__px_nudge_messages(&rep, checks);
@@ -1230,11 +1234,12 @@ out:
 /* A 400 the proxy answers itself leaves an event with its message: a
  * client (Claude Code) that gets one otherwise says nothing of it, and
  * only the events say why its agent stopped at once. */
-void ag__px_bad_request(ag_proxy *p, const char *path, const reply *r) {
+void ag__px_bad_request(ag_proxy *p, ag__px_attr *a, const char *path,
+                        const reply *r) {
   json_t *j = json_loadb(r->body != NULL ? r->body : "", r->len, 0, NULL);
   json_t *e = json_object_get(j, "error");
   const char *m = json_string_value(json_object_get(e, "message"));
-  ag__px_event(p, "bad_request", path, NULL, m != NULL ? m : "");
+  ag__px_event(p, a, "bad_request", path, NULL, m != NULL ? m : "");
   json_decref(j);
 }
 
@@ -1276,9 +1281,10 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   } else if (later != NULL && (ag__stops((ag_action)act) ? final : !d.stream)) {
     *later = true; /* nothing said or sent yet: the worker decides again */
   } else if (ag__stops((ag_action)act)) {
-    ag__px_event(
-        p, final ? "final_request_without_tools" : "stopped_before_request",
-        path, &d.v, NULL);
+    ag__px_event(p, &q->attr,
+                 final ? "final_request_without_tools"
+                       : "stopped_before_request",
+                 path, &d.v, NULL);
     if (final)
       final_without_tools(p, q->client_hdrs, q->uri, q->client_fd, d.req, &d.v,
                           r);
@@ -1295,7 +1301,7 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     answer_whole(&d);
   }
   if (!*started && r->status == 400) /* started: r is the loop's */
-    ag__px_bad_request(p, path, r);
+    ag__px_bad_request(p, &q->attr, path, r);
   if (anth_stream && r->status == 200)
     anthropic_sse(r);
   ag_guard_free(d.g);

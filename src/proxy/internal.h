@@ -51,6 +51,7 @@
 #include "../audit/internal.h"
 #include "../core/internal.h"
 #include "metrics.h"
+#include "attr.h"
 #include "budget.h"
 #include "conns.h"
 #include "hooks.h"
@@ -151,6 +152,12 @@ struct ag_proxy {
   uint16_t port;
   atomic_ulong ids;
   ag__px_metrics metrics; /* GET /metrics (metrics.h) */
+  /* attribution (attr.h): read from each guarded request when something
+   * shows it (events, the access log) */
+  bool attr_on;
+  FILE *access_log;      /* one line per request answered, or NULL */
+  bool log_json;         /* the access log's lines are JSON */
+  atomic_ullong req_ids; /* requests numbered, from 1 */
 };
 
 /* What goes back to the client. */
@@ -187,10 +194,12 @@ typedef struct req_ctx {
   struct curl_slist *client_hdrs; /* the client's headers, hop-by-hop out */
   int client_fd; /* its socket, watched while it is suspended (on_progress) */
   char *method;
-  reply r;              /* the answer, unless `st` */
-  struct stream_st *st; /* a relayed stream, or NULL */
-  int64_t t0_ms;        /* when its headers were in (mono), for /metrics */
-  unsigned sent_status; /* the status answered, once it is */
+  reply r;                /* the answer, unless `st` */
+  struct stream_st *st;   /* a relayed stream, or NULL */
+  int64_t t0_ms;          /* when its headers were in (mono), for /metrics */
+  unsigned sent_status;   /* the status answered, once it is */
+  ag__px_attr attr;       /* who it is for (attr.h) */
+  ag__px_attr_box *st_ab; /* its stream's copy (stream_st.ab), or NULL */
 } req_ctx;
 
 typedef struct upstream {
@@ -202,6 +211,7 @@ typedef struct upstream {
   struct curl_slist *headers; /* the final response's, hop-by-hop removed */
   bool hdr_end;               /* the final response's headers are in */
   CURLcode cc;
+  int64_t total_us; /* the transfer's time (ag__px_send_upstream) */
   char errbuf[CURL_ERROR_SIZE];
   /* the socket of the client waiting for this transfer while its
    * connection is suspended, watched by on_progress; -1: none */
@@ -313,6 +323,9 @@ typedef struct stream_st {
   bool looped;    /* the content-loop detector stopped the reply */
   bool any_text;  /* text was relayed */
   ag_verdict loop_v;
+  /* its request's attribution (req_ctx.attr), shared with the request,
+   * which reads what the stream added when it ends; NULL: none */
+  ag__px_attr_box *ab;
   sbuf out, held;
   char id[96], model[96];
   /* Anthropic: blocks are renumbered for the client (held tool_use blocks
@@ -396,7 +409,8 @@ int ag__px_replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
 /* b's events as r's body (text/event-stream), or a 500 when b failed. */
 void ag__px_set_sse(reply *r, sbuf *b);
 /* The event of a 400 the proxy answers itself (r's error message). */
-void ag__px_bad_request(ag_proxy *p, const char *path, const reply *r);
+void ag__px_bad_request(ag_proxy *p, ag__px_attr *a, const char *path,
+                        const reply *r);
 ag_action ag__px_check_reply(ag_guard *g, const ag_reply *rep,
                              bool text_checked, ag_call_check *checks,
                              ag_verdict *v);
@@ -406,8 +420,10 @@ bool ag__px_client_headers(struct MHD_Connection *c, struct curl_slist **out);
 void ag__px_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe);
 char *ag__px_dupz(const char *s);
-void ag__px_event(ag_proxy *p, const char *decision, const char *path,
-                  const ag_verdict *v, const char *detail);
+/* A decision event (docs/events.md, "The proxy's events"), attributed to
+ * request `a` (may be NULL: none) and recorded in it for the access log. */
+void ag__px_event(ag_proxy *p, ag__px_attr *a, const char *decision,
+                  const char *path, const ag_verdict *v, const char *detail);
 ag_err_t ag__px_fail(ag_error_t *err, ag_err_t code, const char *fmt, ...)
     AG__PRINTF(3, 4);
 int ag__px_fast_chunk(stream_st *st, const char *data, size_t len);

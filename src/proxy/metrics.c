@@ -24,9 +24,28 @@ static const char *const decision_names[AG__PX_DECISIONS] = {
     "bad_request_target",
     "other"};
 
-/* Upper bounds of the request duration buckets, in milliseconds. */
-static const int64_t bucket_ms[AG__PX_BUCKETS - 1] = {
-    1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000, 60000};
+/* Upper bounds of the buckets, in microseconds: for whole requests and
+ * upstream transfers (1 ms to 60 s), and for the time the proxy adds
+ * (0.1 ms to 1 s). */
+static const int64_t bucket_us[AG__PX_BUCKETS - 1] = {
+    1000,   5000,   10000,   25000,   50000,    100000,
+    250000, 500000, 1000000, 2500000, 10000000, 60000000};
+static const int64_t added_us[AG__PX_BUCKETS - 1] = {
+    100,   250,   500,    1000,   2500,   5000,
+    10000, 25000, 100000, 250000, 500000, 1000000};
+
+static void observe(ag__px_hist *h, const int64_t bounds[AG__PX_BUCKETS - 1],
+                    int64_t us) {
+  if (us < 0)
+    us = 0;
+  size_t b = 0;
+  while (b < AG__PX_BUCKETS - 1 && us > bounds[b])
+    b++;
+  atomic_fetch_add_explicit(&h->bucket[b], 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&h->sum_us, (unsigned long long)us,
+                            memory_order_relaxed);
+}
 
 void ag__px_metrics_init(ag__px_metrics *m, int64_t now_wall_ms) {
   memset(m, 0, sizeof *m);
@@ -70,18 +89,24 @@ bool ag__px_metrics_ready(const ag__px_metrics *m, int64_t now) {
   return fail == 0 || fail <= ok || now - fail > 30000;
 }
 
-void ag__px_metrics_done(ag__px_metrics *m, unsigned status, int64_t ms) {
+void ag__px_metrics_done(ag__px_metrics *m, unsigned status, int64_t us,
+                         int64_t upstream_us, long long in_tokens,
+                         long long out_tokens, unsigned long long saved) {
   unsigned cls = status >= 100 && status < 600 ? status / 100 - 1 : 5;
   atomic_fetch_add_explicit(&m->status[cls], 1, memory_order_relaxed);
-  if (ms < 0)
-    ms = 0;
-  size_t b = 0;
-  while (b < AG__PX_BUCKETS - 1 && ms > bucket_ms[b])
-    b++;
-  atomic_fetch_add_explicit(&m->duration[b], 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&m->duration_count, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&m->duration_sum_us, (unsigned long long)ms * 1000,
-                            memory_order_relaxed);
+  observe(&m->duration, bucket_us, us);
+  if (upstream_us >= 0) {
+    observe(&m->upstream, bucket_us, upstream_us);
+    observe(&m->added, added_us, us - upstream_us);
+  }
+  if (in_tokens > 0)
+    atomic_fetch_add_explicit(&m->tokens_in, (unsigned long long)in_tokens,
+                              memory_order_relaxed);
+  if (out_tokens > 0)
+    atomic_fetch_add_explicit(&m->tokens_out, (unsigned long long)out_tokens,
+                              memory_order_relaxed);
+  if (saved > 0)
+    atomic_fetch_add_explicit(&m->tokens_saved, saved, memory_order_relaxed);
 }
 
 static unsigned long long get(const atomic_ullong *a) {
@@ -113,28 +138,36 @@ static void reason_series(ag__buf *b, const char *name, const char *help,
                        ag_reason_name((ag_reason)r), get(&by[r]));
 }
 
-static void duration_series(ag__buf *b, const ag__px_metrics *m) {
-  head(b, "agentguard_proxy_request_duration_seconds", "histogram",
-       "Time from a request's headers to the end of its answer.");
+static void hist_series(ag__buf *b, const char *name, const char *help,
+                        const ag__px_hist *h,
+                        const int64_t bounds[AG__PX_BUCKETS - 1]) {
+  head(b, name, "histogram", help);
   unsigned long long cum = 0;
   for (size_t i = 0; i < AG__PX_BUCKETS; i++) {
-    cum += get(&m->duration[i]);
+    cum += get(&h->bucket[i]);
     if (i + 1 < AG__PX_BUCKETS)
-      ag__buf_printf_cut(b,
-                         "agentguard_proxy_request_duration_seconds_bucket{le="
-                         "\"%g\"} %llu\n",
-                         (double)bucket_ms[i] / 1000.0, cum);
+      ag__buf_printf_cut(b, "%s_bucket{le=\"%g\"} %llu\n", name,
+                         (double)bounds[i] / 1e6, cum);
     else
-      ag__buf_printf_cut(b,
-                         "agentguard_proxy_request_duration_seconds_bucket{le="
-                         "\"+Inf\"} %llu\n",
-                         cum);
+      ag__buf_printf_cut(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, cum);
   }
-  ag__buf_printf_cut(b, "agentguard_proxy_request_duration_seconds_sum %.6f\n",
-                     (double)get(&m->duration_sum_us) / 1e6);
-  ag__buf_printf_cut(b,
-                     "agentguard_proxy_request_duration_seconds_count %llu\n",
-                     get(&m->duration_count));
+  ag__buf_printf_cut(b, "%s_sum %.6f\n", name, (double)get(&h->sum_us) / 1e6);
+  ag__buf_printf_cut(b, "%s_count %llu\n", name, get(&h->count));
+}
+
+static void token_series(ag__buf *b, const ag__px_metrics *m) {
+  head(b, "agentguard_proxy_tokens_total", "counter",
+       "Tokens the upstream's replies reported (usage), as the proxy read "
+       "them.");
+  ag__buf_printf_cut(b, "agentguard_proxy_tokens_total{kind=\"input\"} %llu\n",
+                     get(&m->tokens_in));
+  ag__buf_printf_cut(b, "agentguard_proxy_tokens_total{kind=\"output\"} %llu\n",
+                     get(&m->tokens_out));
+  head(b, "agentguard_proxy_tokens_saved_estimate_total", "counter",
+       "Input tokens of the requests stopped before going upstream, "
+       "estimated as their body's bytes / 4.");
+  ag__buf_printf_cut(b, "agentguard_proxy_tokens_saved_estimate_total %llu\n",
+                     get(&m->tokens_saved));
 }
 
 char *ag__px_metrics_text(const ag__px_metrics *m, unsigned connections,
@@ -171,7 +204,18 @@ char *ag__px_metrics_text(const ag__px_metrics *m, unsigned connections,
     ag__buf_printf_cut(&b,
                        "agentguard_proxy_responses_total{code=\"%s\"} %llu\n",
                        cls[i], get(&m->status[i]));
-  duration_series(&b, m);
+  hist_series(&b, "agentguard_proxy_request_duration_seconds",
+              "Time from a request's headers to the end of its answer.",
+              &m->duration, bucket_us);
+  hist_series(&b, "agentguard_proxy_upstream_duration_seconds",
+              "Time a request's upstream transfers took (for requests that "
+              "made one).",
+              &m->upstream, bucket_us);
+  hist_series(&b, "agentguard_proxy_added_latency_seconds",
+              "A request's time minus its upstream transfers': what the "
+              "proxy added (for requests that made one).",
+              &m->added, added_us);
+  token_series(&b, m);
   head(&b, "agentguard_proxy_upstream_failures_total", "counter",
        "Transfers for guarded requests that reached no upstream (DNS, "
        "connect, TLS, timeout).");

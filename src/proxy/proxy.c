@@ -138,9 +138,10 @@ const char *ag__px_scrub(const ag_proxy *p, const char *in, char *out,
 
 /* One event line: {"event":"proxy_decision","ts_ms",...}. Never holds a
  * header: credentials cannot reach the log. */
-void ag__px_event(ag_proxy *p, const char *decision, const char *path,
-                  const ag_verdict *v, const char *detail) {
+void ag__px_event(ag_proxy *p, ag__px_attr *a, const char *decision,
+                  const char *path, const ag_verdict *v, const char *detail) {
   ag__px_metrics_decision(&p->metrics, decision, v);
+  ag__px_attr_decision(a, decision, v);
   if (p->events == NULL)
     return;
   json_t *o =
@@ -151,6 +152,15 @@ void ag__px_event(ag_proxy *p, const char *decision, const char *path,
   const ag__wire *api = ag__wire_serving(path);
   if (api != NULL) /* attribution: which API (the path says it) */
     json_object_set_new(o, "api", json_string(api->name));
+  if (a != NULL && a->id > 0) { /* and whose request (attr.h) */
+    json_object_set_new(o, "request_id", json_integer((json_int_t)a->id));
+    if (a->client[0] != '\0')
+      json_object_set_new(o, "client", json_string(a->client));
+    if (a->model[0] != '\0')
+      json_object_set_new(o, "model", json_string(a->model));
+    if (a->conv[0] != '\0')
+      json_object_set_new(o, "conversation", json_string(a->conv));
+  }
   if (v != NULL) {
     json_object_set_new(o, "action",
                         json_string(v->action == AG_ESCALATE ? "escalate"
@@ -644,6 +654,9 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
   p->cfg = o->cfg;
   p->max_body = o->max_body > 0 ? o->max_body : AG_PROXY_MAX_BODY_DEFAULT;
   p->events = o->events;
+  p->access_log = o->access_log;
+  p->log_json = o->access_log_json;
+  p->attr_on = o->events != NULL || o->access_log != NULL;
   p->timeout_ms = o->upstream_timeout_ms > 0 ? o->upstream_timeout_ms : 600000;
   p->client_key = o->client_key != NULL ? ag__px_dupz(o->client_key) : NULL;
   ag_err_t rc = o->client_key != NULL && p->client_key == NULL

@@ -158,7 +158,7 @@ static bool add_context(ag_proxy *p, req_ctx *q, const json_t *req, ag_guard *g,
   free(q->body);
   q->body = body;
   q->len = strlen(body);
-  ag__px_event(p, "error_context", path, NULL, NULL);
+  ag__px_event(p, &q->attr, "error_context", path, NULL, NULL);
   return true;
 }
 
@@ -177,6 +177,7 @@ static void answer_held(ag_proxy *p, req_ctx *q, const json_t *req,
   memset(&rep, 0, sizeof rep);
   ag__px_send_upstream(p, q->client_hdrs, "POST", q->uri, q->body, q->len, ours,
                        q->client_fd, &u);
+  ag__px_attr_upstream(&q->attr, u.total_us);
   const char *query = strchr(q->uri, '?');
   ag__reply_form form =
       r->shape->reply_form(path, query != NULL ? query + 1 : "", req);
@@ -185,10 +186,11 @@ static void answer_held(ag_proxy *p, req_ctx *q, const json_t *req,
   } else if (u.status < 200 || u.status >= 300) {
     ag__px_pass_back(&u, r);
   } else if (ag__px_read_reply_as(&u, r->shape, form, &rep, r)) {
+    ag__px_attr_usage(&q->attr, &rep);
     ag_call_check checks[AG__CALLS_MAX];
     ag_action act = ag__px_check_reply(g, &rep, false, checks, v);
     if (ag__stops(act)) {
-      ag__px_event(p, "reply_replaced", path, v, NULL);
+      ag__px_event(p, &q->attr, "reply_replaced", path, v, NULL);
       stop_reply(p, q, req, path, v, r);
     } else {
       ag__px_pass_back(&u, r); /* a nudge: the next request decides */
@@ -207,12 +209,13 @@ static bool no_tools(const json_t *req) {
 
 /* What to do with a parsed request before its turn: AG_ALLOW to decide it,
  * 1 to relay it untouched, -1 with r the answer (a 400). */
-static int triage(ag_proxy *p, const json_t *req, const char *path, reply *r) {
+static int triage(ag_proxy *p, req_ctx *q, const json_t *req, const char *path,
+                  reply *r) {
   const ag__wire *w = r->shape;
   const json_t *conv = json_object_get(req, w->conv_key);
   const char *unguarded = held_upstream(req);
   if (unguarded != NULL && w == &ag__wire_responses) {
-    ag__px_event(p, "unguarded", path, NULL, unguarded);
+    ag__px_event(p, &q->attr, "unguarded", path, NULL, unguarded);
     return 1;
   }
   if (conv == NULL || json_is_string(conv) || no_tools(req))
@@ -247,7 +250,7 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                      "agentguard proxy: the request body must be a JSON "
                      "object");
   } else {
-    act = triage(p, req, path, r);
+    act = triage(p, q, req, path, r);
     if (act == AG_ALLOW)
       act = decide(p, req, &g, &v, r);
     else if (act == 1)
@@ -256,7 +259,7 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   if (act < 0) {
     /* r holds the answer */
   } else if (ag__stops((ag_action)act)) {
-    ag__px_event(p, "stopped_before_request", path, &v, NULL);
+    ag__px_event(p, &q->attr, "stopped_before_request", path, &v, NULL);
     stop_reply(p, q, req, path, &v, r);
   } else if (g == NULL) {
     *started = ag__px_relay_start(p, c, q, path, r);
@@ -271,7 +274,7 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   /* once the relay started, q (and r in it) is the loop's: it may be
    * answered and freed already */
   if (!*started && r->status == 400)
-    ag__px_bad_request(p, path, r);
+    ag__px_bad_request(p, &q->attr, path, r);
   ag_guard_free(g);
   json_decref(req);
 }

@@ -532,6 +532,14 @@ bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   if (!own_path(method, path)) { /* the proxy's own are not counted */
     q->t0_ms = ag__px_mono_ms();
     ag__px_metrics_request(&p->metrics, q->r.shape);
+    const union MHD_ConnectionInfo *ai =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    ag__px_attr_begin(&q->attr, atomic_fetch_add(&p->req_ids, 1) + 1,
+                      ai != NULL ? ai->client_addr : NULL,
+                      q->r.shape != NULL ? q->r.shape->name : NULL,
+                      MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                  "x-agentguard-session"));
+    snprintf(q->attr.method, sizeof q->attr.method, "%s", method);
   }
   if (q->too_many == AG__CONN_OVER_PER_CLIENT) {
     ag__px_set_error(
@@ -563,7 +571,7 @@ bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     ag__px_set_error(&q->r, 400, "invalid_request_error", "bad_request_target",
                      "agentguard proxy: %s", why);
     q->r.close = true;
-    ag__px_event(p, "bad_request_target", "", NULL, why);
+    ag__px_event(p, &q->attr, "bad_request_target", "", NULL, why);
   } else {
     return false;
   }
@@ -648,6 +656,8 @@ enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
         return MHD_YES;
       }
     } else {
+      if (p->attr_on) /* the model and the conversation, for the logs */
+        ag__px_attr_body(&q->attr, path, q->r.shape->conv_key, q->body, q->len);
       int here = decide_here(sh, c, q, path);
       if (here == 1)
         return MHD_YES; /* a stream: suspended, answered by the loop */
@@ -667,12 +677,31 @@ void ag__px_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   (void)c;
   (void)toe;
   req_ctx *q = *con_cls;
-  if (q != NULL && q->t0_ms > 0 && p != NULL)
-    ag__px_metrics_done(&p->metrics, q->sent_status,
-                        ag__px_mono_ms() - q->t0_ms);
+  if (q != NULL && q->t0_ms > 0 && p != NULL) {
+    if (q->st_ab != NULL) /* what its stream decided and read */
+      ag__px_attr_merge(&q->attr, &q->st_ab->a);
+    const ag__px_attr *a = &q->attr;
+    int64_t us = ag__px_attr_now_us() - a->t0_us, ms = us / 1000;
+    /* a request stopped before it went upstream saved at least its own
+     * input tokens: about a token per 4 bytes of JSON and text */
+    bool saved = a->decision != NULL &&
+                 strcmp(a->decision, "stopped_before_request") == 0;
+    ag__px_metrics_done(&p->metrics, q->sent_status, us, a->upstream_us,
+                        a->in_tokens, a->out_tokens, saved ? q->len / 4 : 0);
+    if (p->access_log != NULL) {
+      char path[2048]; /* no query: it may hold a key (Gemini's ?key=) */
+      uri_path(q->uri != NULL ? q->uri : "/", path, sizeof path);
+      struct timespec now;
+      clock_gettime(CLOCK_REALTIME, &now);
+      ag__px_attr_log(&q->attr, p->access_log, p->log_json, path,
+                      q->sent_status, ms,
+                      (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000);
+    }
+  }
   if (q != NULL) {
     ag__conns_state(q->conn, AG__CONN_IDLE, ag__px_mono_ms());
     ag__px_reply_free(&q->r);
+    ag__px_attr_unshare(q->st_ab);
     if (q->st != NULL)
       ag__px_stream_free(q->st);
     curl_slist_free_all(q->client_hdrs);

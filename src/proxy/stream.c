@@ -6,6 +6,9 @@
 #define _GNU_SOURCE /* memmem */
 #include "internal.h"
 
+/* A stream's attribution (attr.h), or NULL. */
+#define ST_ATTR(st) ((st)->ab != NULL ? &(st)->ab->a : NULL)
+
 /* ---- A streamed reply, relayed ---------------------------------------- */
 
 static void stream_destroy(stream_st *st) {
@@ -25,8 +28,15 @@ static void stream_destroy(stream_st *st) {
   free(st->orig);
   free(st->uri);
   free(st->path);
+  ag__px_attr_unshare(st->ab);
   pthread_mutex_destroy(&st->mu);
   free(st);
+}
+
+/* The request's attribution, shared with its stream (attr.h). */
+static void share_attr(stream_st *st, req_ctx *q) {
+  ag__px_attr_unshare(q->st_ab); /* not expected: one stream a request */
+  st->ab = q->st_ab = ag__px_attr_share(&q->attr);
 }
 
 /* Lets go of one reference (refs) or one finished relay request (ops). */
@@ -278,6 +288,9 @@ void ag__px_on_stream_done(ag__relay_xfer *x, CURLcode cc) {
   curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
   st->u.cc = cc;
   st->u.status = status;
+  curl_off_t us = 0;
+  if (curl_easy_getinfo(st->x.h, CURLINFO_TOTAL_TIME_T, &us) == CURLE_OK)
+    ag__px_attr_upstream(ST_ATTR(st), (int64_t)us);
   if (cc == CURLE_OK && status >= 200 && status < 300 && !st->raw) {
     ag_err_t why = AG_OK;
     if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
@@ -563,7 +576,8 @@ static bool stream_complete(const stream_st *st) {
 static void stream_finish_anth(stream_st *st, nudge_job **nj) {
   char msg[ERR_MSG_MAX];
   if (st->looped) {
-    ag__px_event(st->p, "stream_stopped", st->path, &st->loop_v, NULL);
+    ag__px_event(st->p, ST_ATTR(st), "stream_stopped", st->path, &st->loop_v,
+                 NULL);
     anth_stop(st, &st->loop_v);
     return;
   }
@@ -589,6 +603,7 @@ static void stream_finish_anth(stream_st *st, nudge_job **nj) {
   ag_reply rep;
   memset(&rep, 0, sizeof rep);
   ag_err_t fin = ag__asm_finish(&st->asmb, &rep);
+  ag__px_attr_usage(ST_ATTR(st), &rep);
   if (fin != AG_OK) { /* rep may hold the calls before the bad one */
     ag_reply_clear(&rep);
     snprintf(msg, sizeof msg,
@@ -622,7 +637,7 @@ static void stream_finish_anth(stream_st *st, nudge_job **nj) {
     goto out;
   }
   if (act != AG_NUDGE) {
-    ag__px_event(st->p, "reply_replaced", st->path, &v, NULL);
+    ag__px_event(st->p, ST_ATTR(st), "reply_replaced", st->path, &v, NULL);
     anth_stop(st, &v);
     goto out;
   }
@@ -640,7 +655,7 @@ void ag__px_stream_nudge_anth(stream_st *st, nudge_job *nj) {
   memset(&rep2, 0, sizeof rep2);
   ag_call_check *checks = nj->checks;
   ag_verdict v = nj->v;
-  ag__px_event(st->p, "nudge", st->path, &v, NULL);
+  ag__px_event(st->p, ST_ATTR(st), "nudge", st->path, &v, NULL);
   json_t *b = stream_request(st);
   json_t *extra = ag__px_nudge_messages_anthropic(&nj->rep, checks);
   size_t len = 0;
@@ -706,7 +721,7 @@ void ag__px_stream_nudge_anth(stream_st *st, nudge_job *nj) {
   }
   if (act == AG_NUDGE)
     v.action = AG_STOP; /* one nudge per request */
-  ag__px_event(st->p, "reply_replaced", st->path, &v, NULL);
+  ag__px_event(st->p, ST_ATTR(st), "reply_replaced", st->path, &v, NULL);
   anth_stop(st, &v);
 out:
   ag_reply_clear(&rep2);
@@ -725,7 +740,8 @@ void ag__px_stream_finish(stream_st *st, nudge_job **nj) {
     snprintf(st->model, sizeof st->model, "agentguard");
   }
   if (st->looped) {
-    ag__px_event(st->p, "stream_stopped", st->path, &st->loop_v, NULL);
+    ag__px_event(st->p, ST_ATTR(st), "stream_stopped", st->path, &st->loop_v,
+                 NULL);
     stream_stop(st, &st->loop_v);
     return;
   }
@@ -752,6 +768,7 @@ void ag__px_stream_finish(stream_st *st, nudge_job **nj) {
   ag_reply rep;
   memset(&rep, 0, sizeof rep);
   ag_err_t fin = ag__asm_finish(&st->asmb, &rep);
+  ag__px_attr_usage(ST_ATTR(st), &rep);
   if (fin != AG_OK) { /* rep may hold the calls before the bad one */
     ag_reply_clear(&rep);
     stream_error(st, "agentguard proxy: the upstream's stream broke: %s",
@@ -767,7 +784,7 @@ void ag__px_stream_finish(stream_st *st, nudge_job **nj) {
     goto out;
   }
   if (act != AG_NUDGE) {
-    ag__px_event(st->p, "reply_replaced", st->path, &v, NULL);
+    ag__px_event(st->p, ST_ATTR(st), "reply_replaced", st->path, &v, NULL);
     stream_stop(st, &v);
     goto out;
   }
@@ -786,7 +803,7 @@ void ag__px_stream_nudge(stream_st *st, nudge_job *nj) {
   memset(&rep2, 0, sizeof rep2);
   ag_call_check *checks = nj->checks;
   ag_verdict v = nj->v;
-  ag__px_event(st->p, "nudge", st->path, &v, NULL);
+  ag__px_event(st->p, ST_ATTR(st), "nudge", st->path, &v, NULL);
   json_t *b = stream_request(st);
   json_t *extra = ag__px_nudge_messages(&nj->rep, checks);
   size_t len = 0;
@@ -831,7 +848,7 @@ void ag__px_stream_nudge(stream_st *st, nudge_job *nj) {
   }
   if (act == AG_NUDGE)
     v.action = AG_STOP; /* one nudge per request */
-  ag__px_event(st->p, "reply_replaced", st->path, &v, NULL);
+  ag__px_event(st->p, ST_ATTR(st), "reply_replaced", st->path, &v, NULL);
   stream_stop(st, &v);
 out:
   ag_reply_clear(&rep2);
@@ -934,6 +951,7 @@ bool ag__px_stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return false;
   }
+  share_attr(st, q);
   st->sh = q->sh;
   st->ct = q->sh->ct;
   st->c = c;
@@ -993,6 +1011,7 @@ bool ag__px_relay_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     return false;
   }
   st->raw = true;
+  share_attr(st, q);
   st->conn = q->conn;
   st->sh = q->sh;
   st->c = c;

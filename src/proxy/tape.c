@@ -591,3 +591,94 @@ out:
   ag__jcs_free(t.j);
   return act;
 }
+
+/* ------------------------------------------------------------------------ */
+/* Attribution: the model and the conversation id (attr.h)                  */
+/* ------------------------------------------------------------------------ */
+
+/* Hashes the raw text of every string that is the value of a "text" or
+ * "content" member inside token i (or i itself, a string). */
+static void t_hash_texts(const tape *t, size_t i, ag__sha256 *h, bool *any) {
+  if (i == 0)
+    return;
+  const char *raw;
+  if (t_is(t, i, AG__JT_STR)) {
+    size_t n = ag__jcs_str_raw(t->j, i, &raw);
+    ag__sha256_update(h, raw, n);
+    ag__sha256_update(h, "", 1);
+    *any = true;
+    return;
+  }
+  size_t end = ag__jcs_tok_next(t->j, i);
+  for (size_t k = i + 1; k + 1 < end; k++) {
+    if (ag__jcs_tok_type(t->j, k) != AG__JT_KEY ||
+        !(ag__jcs_key_is(t->j, k, "text", 4) ||
+          ag__jcs_key_is(t->j, k, "content", 7)) ||
+        !t_is(t, k + 1, AG__JT_STR))
+      continue;
+    size_t n = ag__jcs_str_raw(t->j, k + 1, &raw);
+    ag__sha256_update(h, raw, n);
+    ag__sha256_update(h, "", 1);
+    *any = true;
+  }
+}
+
+void ag__px_attr_body(ag__px_attr *a, const char *path, const char *conv_key,
+                      const char *body, size_t len) {
+  tape t = {NULL, body, len, 0, NULL, 0, 0};
+  ag_error_t err;
+  ag__sha256 *h = NULL;
+  if (body == NULL || len == 0 ||
+      ag__jcs_tape_new(&t.j, len, TAPE_DEPTH, &err) != AG_OK ||
+      ag__jcs_tape(t.j, body, len, &t.n, &err) != AG_OK ||
+      ag__jcs_tok_type(t.j, 0) != AG__JT_OBJ)
+    goto model_from_path;
+  size_t m = t_get(&t, 0, "model");
+  if (t_is(&t, m, AG__JT_STR) && !ag__jcs_str_escaped(t.j, m)) {
+    const char *raw;
+    size_t n = ag__jcs_str_raw(t.j, m, &raw);
+    if (n < sizeof a->model) {
+      for (size_t k = 0; k < n; k++) /* one word in a log line */
+        a->model[k] = (raw[k] > 0x20 && raw[k] < 0x7f) ? raw[k] : '_';
+      a->model[n] = '\0';
+    }
+  }
+  if (a->conv[0] == '\0' && conv_key != NULL && ag__sha256_new(&h) == AG_OK) {
+    bool any = false;
+    ag__sha256_init(h);
+    static const char *const sys[] = {"system", "instructions",
+                                      "systemInstruction"};
+    for (size_t k = 0; k < sizeof sys / sizeof sys[0]; k++)
+      t_hash_texts(&t, t_get(&t, 0, sys[k]), h, &any);
+    size_t conv = t_get(&t, 0, conv_key);
+    if (t_is(&t, conv, AG__JT_STR)) {
+      t_hash_texts(&t, conv, h, &any); /* Responses: input as one string */
+    } else {
+      T_EACH(&t, conv, e) {
+        t_hash_texts(&t, e, h, &any);
+        if (t_eq(&t, t_get(&t, e, "role"), "user"))
+          break; /* up to the first user message: the conversation's start */
+      }
+    }
+    uint8_t sig[AG_SIG_LEN];
+    if (any && ag__sha256_final(h, sig))
+      for (size_t k = 0; k < 8; k++)
+        snprintf(a->conv + 2 * k, 3, "%02x", sig[k]);
+  }
+model_from_path:
+  if (a->model[0] == '\0' && path != NULL) {
+    /* Gemini: /v1beta/models/MODEL:generateContent */
+    const char *at = strstr(path, "/models/");
+    if (at != NULL) {
+      at += 8;
+      size_t n = strcspn(at, ":/?");
+      if (n > 0 && n < sizeof a->model) {
+        for (size_t k = 0; k < n; k++)
+          a->model[k] = (at[k] > 0x20 && at[k] < 0x7f) ? at[k] : '_';
+        a->model[n] = '\0';
+      }
+    }
+  }
+  ag__sha256_free(h);
+  ag__jcs_free(t.j);
+}

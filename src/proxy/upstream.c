@@ -23,7 +23,8 @@ static const char *const hop_by_hop[] = {"connection",
                                          "content-length",
                                          "expect",
                                          "accept-encoding",
-                                         "x-agentguard-key"};
+                                         "x-agentguard-key",
+                                         "x-agentguard-session"};
 
 static bool is_hop(const char *name, size_t n) {
   for (size_t i = 0; i < sizeof(hop_by_hop) / sizeof(hop_by_hop[0]); i++)
@@ -386,6 +387,9 @@ void ag__px_send_upstream(ag_proxy *p, const struct curl_slist *ch,
     u->cc = sync_run_xfer(
         ag__px_tl_relay != NULL ? ag__px_tl_relay : p->sh[0].relay, h, u);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
+    curl_off_t us = 0;
+    if (curl_easy_getinfo(h, CURLINFO_TOTAL_TIME_T, &us) == CURLE_OK)
+      u->total_us = (int64_t)us;
   }
   curl_easy_cleanup(h);
   curl_slist_free_all(hdrs);

@@ -1373,6 +1373,13 @@ Test(cli, proxy_options_from_the_config_and_the_environment) {
   cr_expect_eq(r.status, 2);
   cr_expect(strstr(r.err, "--upstream URL is required") != NULL, "%s", r.err);
   result_free(&r);
+  setenv("AGENTGUARD_PROXY_LOG_FORMAT", "yaml", 1);
+  r = run(ARGS("proxy", "--config", c));
+  unsetenv("AGENTGUARD_PROXY_LOG_FORMAT");
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "--log-format yaml: expected text or json") != NULL,
+            "%s", r.err);
+  result_free(&r);
 }
 
 /* No --config: ./agentguard.json, then $XDG_CONFIG_HOME/agentguard/

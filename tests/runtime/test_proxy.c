@@ -3869,6 +3869,173 @@ Test(proxy, bad_request_writes_an_event) {
   fclose(ev);
 }
 
+/* Attribution: each request answered writes one access-log line (JSON
+ * here) naming its number, client, API, model, conversation, decision,
+ * status, time and tokens, and the decision events carry the same ids.
+ * A conversation keeps its id as it grows (the id is the hash of its
+ * start); another conversation gets another; a client's
+ * x-agentguard-session wins and is not forwarded; a query (it may hold a
+ * key) is not logged. */
+Test(proxy, every_request_is_logged_with_who_it_is_for) {
+  ag_proxy_stop(P);
+  FILE *ev = tmpfile(), *log = tmpfile();
+  cr_assert(ev != NULL && log != NULL);
+  ag_proxy_opts o = test_opts();
+  o.events = ev;
+  o.access_log = log;
+  o.access_log_json = true;
+  P = start_with(&o);
+  canned_call("read", "{\"path\":\"b\"}");
+  canned_call("read", "{\"path\":\"c\"}");
+  char *one = conversation(0, "read", "{\"path\":\"a\"}", "text of a");
+  char *two = conversation(1, "read", "{\"path\":\"a\"}", "text of a");
+  char *stop = conversation(3, "read", "{\"path\":\"a\"}", "same");
+  resp *r = call(P, "POST", "/v1/chat/completions", one, NULL);
+  cr_expect_eq(r->status, 200);
+  free(r);
+  r = call(P, "POST", "/v1/chat/completions", two, NULL);
+  cr_expect_eq(r->status, 200);
+  free(r);
+  r = call(P, "POST", "/v1/chat/completions", stop,
+           "x-agentguard-session: team-a/run 7");
+  cr_expect_str_eq(r->stop, "identical_calls");
+  free(r);
+  canned_add(200, "{\"object\":\"list\",\"data\":[]}");
+  r = call(P, "GET", "/v1/models?key=sk-in-the-query", NULL, NULL);
+  free(r);
+  /* a different first user message: another conversation */
+  canned_call(NULL, "done");
+  json_t *other = json_loads(one, 0, NULL);
+  json_object_set_new(json_array_get(json_object_get(other, "messages"), 1),
+                      "content", json_string("Read the other file."));
+  char *three = json_dumps(other, JSON_COMPACT);
+  json_decref(other);
+  r = call(P, "POST", "/v1/chat/completions", three, NULL);
+  free(r);
+  /* the same in /metrics: the tokens read, the stop's estimated saving
+   * (its body / 4), the upstream's time and the proxy's own */
+  r = call(P, "GET", "/metrics", NULL, NULL);
+  cr_expect(strstr(r->body, "agentguard_proxy_tokens_total{kind=\"input\"} "
+                            "30\n") != NULL,
+            "%s", r->body);
+  cr_expect(strstr(r->body, "agentguard_proxy_tokens_total{kind=\"output\"} "
+                            "15\n") != NULL,
+            "%s", r->body);
+  char want[96];
+  snprintf(want, sizeof want,
+           "agentguard_proxy_tokens_saved_estimate_total %zu\n",
+           strlen(stop) / 4);
+  cr_expect(strstr(r->body, want) != NULL, "%s\n%s", want, r->body);
+  cr_expect(strstr(r->body, "agentguard_proxy_upstream_duration_seconds_count "
+                            "4\n") != NULL,
+            "%s", r->body);
+  cr_expect(strstr(r->body, "agentguard_proxy_added_latency_seconds_count "
+                            "4\n") != NULL,
+            "%s", r->body);
+  free(r);
+  ag_proxy_stop(P);
+  P = NULL;
+  cr_expect_eq(n_upstream(), 4, "the stop went nowhere");
+  pthread_mutex_lock(&U.mu);
+  for (int i = 0; i < U.n_reqs; i++)
+    cr_expect_null(U.reqs[i].alt, "x-agentguard-session went upstream");
+  pthread_mutex_unlock(&U.mu);
+
+  rewind(log);
+  char line[4096];
+  json_t *l[5] = {NULL};
+  int n = 0;
+  while (n < 5 && fgets(line, sizeof line, log) != NULL) {
+    l[n] = json_loads(line, 0, NULL);
+    cr_assert_not_null(l[n], "not JSON: %s", line);
+    cr_expect(strstr(line, "sk-in-the-query") == NULL, "%s", line);
+    n++;
+  }
+  cr_assert_eq(n, 5, "%d access-log lines", n);
+#define F(i, k) json_object_get(l[i], k)
+#define S(i, k) json_string_value(F(i, k))
+  for (int i = 0; i < 5; i++) {
+    cr_expect_eq(json_integer_value(F(i, "id")), i + 1);
+    cr_expect_str_eq(S(i, "client"), "127.0.0.1");
+    cr_expect_eq(json_integer_value(F(i, "status")), 200);
+    cr_expect(json_integer_value(F(i, "ms")) >= 0);
+    /* every request but the stop went upstream */
+    cr_expect(i == 2 ? F(i, "upstream_ms") == NULL
+                     : json_integer_value(F(i, "upstream_ms")) >= 0);
+  }
+  cr_expect_str_eq(S(0, "api"), "openai");
+  cr_expect_str_eq(S(0, "model"), "m");
+  cr_expect_str_eq(S(0, "decision"), "passed");
+  cr_expect_eq(json_integer_value(F(0, "input_tokens")), 10);
+  cr_expect_eq(json_integer_value(F(0, "output_tokens")), 5);
+  cr_assert_not_null(S(0, "conversation"));
+  cr_expect_eq(strlen(S(0, "conversation")), 16);
+  cr_expect_str_eq(S(1, "conversation"), S(0, "conversation"),
+                   "a conversation keeps its id as it grows");
+  cr_expect_str_eq(S(2, "conversation"), "team-a/run_7");
+  cr_expect_str_eq(S(2, "decision"), "stopped_before_request");
+  cr_expect_str_eq(S(2, "reason"), "identical_calls");
+  cr_expect_str_eq(S(3, "method"), "GET");
+  cr_expect_str_eq(S(3, "path"), "/v1/models");
+  cr_expect_str_eq(S(3, "decision"), "relayed");
+  cr_expect_null(F(3, "api"));
+  cr_assert_not_null(S(4, "conversation"));
+  cr_expect_str_neq(S(4, "conversation"), S(0, "conversation"),
+                    "another conversation, another id");
+#undef F
+#undef S
+  for (int i = 0; i < 5; i++)
+    json_decref(l[i]);
+  /* the stop's event names the same request */
+  rewind(ev);
+  cr_assert_not_null(fgets(line, sizeof line, ev));
+  cr_expect(strstr(line, "\"request_id\":3") != NULL, "%s", line);
+  cr_expect(strstr(line, "\"conversation\":\"team-a/run_7\"") != NULL, "%s",
+            line);
+  cr_expect(strstr(line, "\"model\":\"m\"") != NULL, "%s", line);
+  cr_expect(strstr(line, "\"client\":\"127.0.0.1\"") != NULL, "%s", line);
+  fclose(ev);
+  fclose(log);
+  free(one);
+  free(two);
+  free(three);
+  free(stop);
+}
+
+/* A stream's own decision reaches its access-log line (the stream is the
+ * response's and may outlive the request, or the other way round). */
+Test(proxy, a_streams_decision_is_in_its_log_line) {
+  ag_proxy_stop(P);
+  FILE *log = tmpfile();
+  cr_assert_not_null(log);
+  ag_proxy_opts o = test_opts();
+  o.access_log = log;
+  P = start_with(&o);
+  canned_stream_call("{\"path\":\"a\"}");
+  char *body =
+      streaming(conversation(2, "read", "{\"path\":\"a\"}", "text of a"));
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect(strstr(r->body, "agentguard stopped this turn") != NULL, "%s",
+            r->body);
+  free(r);
+  free(body);
+  ag_proxy_stop(P);
+  P = NULL;
+  rewind(log);
+  char line[2048] = "";
+  cr_assert_not_null(fgets(line, sizeof line, log));
+  cr_expect(strstr(line, " #1 127.0.0.1 POST /v1/chat/completions api=openai "
+                         "model=m conv=") != NULL,
+            "%s", line);
+  cr_expect(strstr(line, " reply_replaced reason=identical_calls status=200 "
+                         "ms=") != NULL,
+            "%s", line);
+  cr_expect(strstr(line, " upstream_ms=") != NULL &&
+                strstr(line, " upstream_ms=-") == NULL,
+            "%s", line);
+  fclose(log);
+}
+
 /* ------------------------------------------------------------------------ */
 /* OpenAI Responses (/v1/responses)                                         */
 /* ------------------------------------------------------------------------ */

@@ -221,8 +221,8 @@ int main(void) {
   char upstream[64];
   snprintf(upstream, sizeof upstream, "http://127.0.0.1:%u/v1",
            (unsigned)MHD_get_daemon_info(up, MHD_DAEMON_INFO_BIND_PORT)->port);
-  FILE *events = tmpfile();
-  CHECK(events != NULL, "tmpfile");
+  FILE *events = tmpfile(), *log = tmpfile();
+  CHECK(events != NULL && log != NULL, "tmpfile");
   ag_proxy_opts o;
   ag_proxy_opts_init(&o);
   o.port = 0;
@@ -230,6 +230,8 @@ int main(void) {
   o.cfg.loop.identical_call_limit = 3;
   o.cfg.loop.nudge_before_stop = true;
   o.events = events;
+  o.access_log = log; /* and attribution: shared by requests and streams */
+  o.access_log_json = true;
   /* a budget of two held replies: the plain requests wait their turn
    * (their transfers paused, their threads in the budget's queue); short
    * deadlines: the loops sweep the connection table every 75 ms */
@@ -254,6 +256,14 @@ int main(void) {
   fclose(events);
   /* each looping request: a nudge, then its reply replaced */
   CHECK(lines == THREADS * ROUNDS * 4, "%d event lines, want %d", lines,
+        THREADS * ROUNDS * 4);
+  rewind(log);
+  int logged = 0;
+  while ((ch = fgetc(log)) != EOF)
+    logged += ch == '\n';
+  fclose(log);
+  /* one access-log line per request */
+  CHECK(logged == THREADS * ROUNDS * 4, "%d log lines, want %d", logged,
         THREADS * ROUNDS * 4);
   printf("tsan_proxy: %d requests from %d threads, all answered\n",
          THREADS * ROUNDS * 4, THREADS);

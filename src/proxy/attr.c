@@ -1,0 +1,185 @@
+/*
+ * src/proxy/attr.c - a request's attribution and its access-log line
+ * (attr.h). The body's part (the model, the conversation id) is read from
+ * the JCS tokenizer's tape, in tape.c.
+ */
+#define _GNU_SOURCE
+#include "attr.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agentguard/providers.h"
+
+void ag__px_attr_begin(ag__px_attr *a, unsigned long long id,
+                       const struct sockaddr *client, const char *api,
+                       const char *session_header) {
+  memset(a, 0, sizeof *a);
+  a->id = id;
+  a->api = api;
+  a->in_tokens = a->out_tokens = -1;
+  a->upstream_us = -1;
+  a->t0_us = ag__px_attr_now_us();
+  if (client != NULL && client->sa_family == AF_INET) {
+    const struct sockaddr_in *s4 = (const struct sockaddr_in *)client;
+    inet_ntop(AF_INET, &s4->sin_addr, a->client, sizeof a->client);
+  } else if (client != NULL && client->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)client;
+    inet_ntop(AF_INET6, &s6->sin6_addr, a->client, sizeof a->client);
+  }
+  if (session_header != NULL) {
+    /* the client's own id, cut to 64 bytes, printable ASCII only */
+    size_t k = 0;
+    for (const char *s = session_header; *s != '\0' && k < 64; s++)
+      a->conv[k++] = (*s > 0x20 && *s < 0x7f) ? *s : '_';
+    a->conv[k] = '\0';
+  }
+}
+
+ag__px_attr_box *ag__px_attr_share(const ag__px_attr *a) {
+  ag__px_attr_box *b = malloc(sizeof *b);
+  if (b != NULL) {
+    b->a = *a;
+    atomic_init(&b->refs, 2);
+  }
+  return b;
+}
+
+void ag__px_attr_unshare(ag__px_attr_box *b) {
+  if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1)
+    free(b);
+}
+
+int64_t ag__px_attr_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+void ag__px_attr_upstream(ag__px_attr *a, int64_t us) {
+  if (a == NULL || us < 0)
+    return;
+  a->upstream_us = (a->upstream_us > 0 ? a->upstream_us : 0) + us;
+}
+
+void ag__px_attr_usage(ag__px_attr *a, const struct ag_reply *rep) {
+  if (a == NULL || rep == NULL || !rep->has_usage)
+    return;
+  a->in_tokens = rep->usage.prompt_tokens;
+  a->out_tokens = rep->usage.completion_tokens;
+}
+
+void ag__px_attr_decision(ag__px_attr *a, const char *decision,
+                          const ag_verdict *v) {
+  if (a == NULL)
+    return;
+  a->decision = decision;
+  snprintf(a->reason, sizeof a->reason, "%s",
+           v != NULL ? ag_reason_name(v->reason) : "");
+}
+
+/* Writes all of buf to out's descriptor, past what the FILE buffers. */
+static void write_whole(FILE *out, const char *buf, size_t n) {
+  fflush(out);
+  int fd = fileno(out);
+  for (size_t off = 0; fd >= 0 && off < n;) {
+    ssize_t w = write(fd, buf + off, n - off);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      break;
+    off += (size_t)w;
+  }
+}
+
+void ag__px_attr_merge(ag__px_attr *a, const ag__px_attr *from) {
+  if (from->decision != NULL) {
+    a->decision = from->decision;
+    memcpy(a->reason, from->reason, sizeof a->reason);
+  }
+  if (from->in_tokens >= 0)
+    a->in_tokens = from->in_tokens;
+  if (from->out_tokens >= 0)
+    a->out_tokens = from->out_tokens;
+  if (from->upstream_us >= 0) /* the stream's copy began with a's */
+    a->upstream_us = from->upstream_us;
+}
+
+void ag__px_attr_log(const ag__px_attr *a, FILE *out, bool json,
+                     const char *path, unsigned status, int64_t ms,
+                     int64_t wall_ms) {
+  const char *method = a->method[0] != '\0' ? a->method : NULL;
+  char ts[32];
+  time_t sec = (time_t)(wall_ms / 1000);
+  struct tm tm;
+  gmtime_r(&sec, &tm);
+  size_t tl = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(ts + tl, sizeof ts - tl, ".%03dZ", (int)(wall_ms % 1000));
+  const char *decision = a->decision != NULL ? a->decision
+                         : a->api != NULL    ? "passed"
+                                             : "relayed";
+  if (json) {
+    json_t *o = json_pack(
+        "{s:s, s:I, s:s, s:s, s:s, s:s*, s:s*, s:s*, s:s, s:s*, s:i, s:I}",
+        "ts", ts, "id", (json_int_t)a->id, "client", a->client, "method",
+        method != NULL ? method : "", "path", path != NULL ? path : "", "api",
+        a->api, "model", a->model[0] ? a->model : NULL, "conversation",
+        a->conv[0] ? a->conv : NULL, "decision", decision, "reason",
+        a->reason[0] ? a->reason : NULL, "status", (int)status, "ms",
+        (json_int_t)ms);
+    if (o != NULL && a->upstream_us >= 0)
+      json_object_set_new(o, "upstream_ms",
+                          json_integer((json_int_t)(a->upstream_us / 1000)));
+    if (o != NULL && a->in_tokens >= 0)
+      json_object_set_new(o, "input_tokens", json_integer(a->in_tokens));
+    if (o != NULL && a->out_tokens >= 0)
+      json_object_set_new(o, "output_tokens", json_integer(a->out_tokens));
+    char *line = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (line != NULL) {
+      size_t n = strlen(line);
+      char *whole = realloc(line, n + 2);
+      if (whole != NULL) {
+        whole[n] = '\n';
+        write_whole(out, whole, n + 1);
+        line = whole;
+      }
+    }
+    free(line);
+    return;
+  }
+  char up[32] = "-";
+  if (a->upstream_us >= 0)
+    snprintf(up, sizeof up, "%lld", (long long)(a->upstream_us / 1000));
+  char tokens[48] = "-";
+  if (a->in_tokens >= 0 || a->out_tokens >= 0)
+    snprintf(tokens, sizeof tokens, "%lld+%lld",
+             a->in_tokens >= 0 ? a->in_tokens : 0,
+             a->out_tokens >= 0 ? a->out_tokens : 0);
+  /* a path is the client's: cut, and nothing that would start a new line */
+  char shown[160];
+  size_t k = 0;
+  for (const char *s = path != NULL ? path : ""; *s != '\0' && k < 150; s++)
+    shown[k++] = (*s > 0x20 && *s < 0x7f) ? *s : '_';
+  shown[k] = '\0';
+  char line[1024];
+  int n = snprintf(
+      line, sizeof line,
+      "%s #%llu %s %s %s api=%s model=%s conv=%s %s%s%s status=%u ms=%lld "
+      "upstream_ms=%s tokens=%s\n",
+      ts, a->id, a->client[0] ? a->client : "-", method != NULL ? method : "-",
+      shown, a->api != NULL ? a->api : "-", a->model[0] ? a->model : "-",
+      a->conv[0] ? a->conv : "-", decision, a->reason[0] ? " reason=" : "",
+      a->reason, status, (long long)ms, up, tokens);
+  if (n <= 0)
+    return;
+  size_t len = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+  line[len - 1] = '\n'; /* a cut line still ends */
+  write_whole(out, line, len);
+}
