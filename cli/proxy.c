@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "args.h"
 #include "cli.h"
@@ -51,6 +52,10 @@ static void usage(FILE *f) {
       "  --log-format text|json the access log on stderr: one line per\n"
       "                         request answered (default text)\n"
       "  --quiet, -q            no access log\n"
+      "  --otlp-endpoint URL    OpenTelemetry traces (OTLP/HTTP, JSON) to\n"
+      "                         URL/v1/traces; default from\n"
+      "                         OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or\n"
+      "                         OTEL_EXPORTER_OTLP_ENDPOINT\n"
       "  --max-body BYTES       request body cap (default 8388608)\n"
       "  --max-connections N    client connections served at once, 1 to\n"
       "                         65536 (default 512); when all are taken, the\n"
@@ -87,7 +92,7 @@ typedef struct proxy_args {
   const char *listen, *upstream, *openai_upstream, *preset, *config, *events,
       *max_body, *key_env, *max_connections, *per_client, *idle_timeout,
       *header_timeout, *request_timeout, *max_buffered, *drain_timeout,
-      *anthropic_upstream, *gemini_upstream, *log_format;
+      *anthropic_upstream, *gemini_upstream, *log_format, *otlp_endpoint;
   bool quiet;
 } proxy_args;
 
@@ -101,7 +106,8 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
       "--idle-timeout",    "--header-timeout",
       "--request-timeout", "--max-buffered",
       "--drain-timeout",   "--anthropic-upstream",
-      "--gemini-upstream", "--log-format"};
+      "--gemini-upstream", "--log-format",
+      "--otlp-endpoint"};
   const char **const slot[] = {&a->listen,          &a->upstream,
                                &a->openai_upstream, &a->preset,
                                &a->config,          &a->events,
@@ -110,7 +116,8 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
                                &a->idle_timeout,    &a->header_timeout,
                                &a->request_timeout, &a->max_buffered,
                                &a->drain_timeout,   &a->anthropic_upstream,
-                               &a->gemini_upstream, &a->log_format};
+                               &a->gemini_upstream, &a->log_format,
+                               &a->otlp_endpoint};
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -142,7 +149,7 @@ static int parse_args(int argc, char **argv, proxy_args *a) {
  * set: each flag's name without "--", '-' as '_' (the section's key), and
  * AGENTGUARD_PROXY_ + its upper case (the variable). A flag wins over the
  * variable, which wins over the file. */
-#define PROXY_KEYS 15
+#define PROXY_KEYS 16
 static void proxy_keys(proxy_args *a, const char *keys[PROXY_KEYS + 1],
                        const char **slots[PROXY_KEYS]) {
   static const char *const names[PROXY_KEYS + 1] = {
@@ -161,13 +168,15 @@ static void proxy_keys(proxy_args *a, const char *keys[PROXY_KEYS + 1],
       "max_buffered",
       "drain_timeout",
       "log_format",
+      "otlp_endpoint",
       NULL};
   const char **const s[PROXY_KEYS] = {
       &a->listen,          &a->upstream,        &a->anthropic_upstream,
       &a->gemini_upstream, &a->events,          &a->max_body,
       &a->key_env,         &a->max_connections, &a->per_client,
       &a->idle_timeout,    &a->header_timeout,  &a->request_timeout,
-      &a->max_buffered,    &a->drain_timeout,   &a->log_format};
+      &a->max_buffered,    &a->drain_timeout,   &a->log_format,
+      &a->otlp_endpoint};
   for (int i = 0; i <= PROXY_KEYS; i++)
     keys[i] = names[i];
   for (int i = 0; i < PROXY_KEYS; i++)
@@ -317,6 +326,54 @@ int cli_proxy(int argc, char **argv) {
   return rc;
 }
 
+/* Where traces go (docs/proxy.md, "Traces"): --otlp-endpoint (or its key
+ * and variable) is a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT is, to which
+ * /v1/traces is added; else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is;
+ * else OTEL_EXPORTER_OTLP_ENDPOINT. The standard variables also give the
+ * headers and the service name, and turn traces off (OTEL_SDK_DISABLED,
+ * OTEL_TRACES_EXPORTER=none). 0, or an exit code. */
+static int otlp_opts(const proxy_args *a, ag_proxy_opts *o, char *url,
+                     size_t cap) {
+  const char *base = a->otlp_endpoint, *whole = NULL;
+  const char *off = getenv("OTEL_SDK_DISABLED");
+  const char *exp = getenv("OTEL_TRACES_EXPORTER");
+  bool env_off = (off != NULL && strcasecmp(off, "true") == 0) ||
+                 (exp != NULL && strcmp(exp, "none") == 0);
+  if (base == NULL && !env_off) {
+    whole = getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+    if (whole == NULL || whole[0] == '\0') {
+      whole = NULL;
+      base = getenv("OTEL_EXPORTER_OTLP_ENDPOINT");
+      if (base != NULL && base[0] == '\0')
+        base = NULL;
+    }
+  }
+  if (base == NULL && whole == NULL)
+    return 0;
+  const char *proto = getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL");
+  if (proto == NULL)
+    proto = getenv("OTEL_EXPORTER_OTLP_PROTOCOL");
+  if (proto != NULL && strcmp(proto, "grpc") == 0)
+    return usage_error("OTEL_EXPORTER_OTLP_PROTOCOL=grpc: agentguard exports "
+                       "traces over OTLP/HTTP (JSON) only; give the "
+                       "collector's HTTP endpoint (port 4318)");
+  size_t bl = base != NULL ? strlen(base) : 0;
+  while (bl > 0 && base[bl - 1] == '/')
+    bl--;
+  bool has_path = bl >= 10 && strncmp(base + bl - 10, "/v1/traces", 10) == 0;
+  int n = whole != NULL ? snprintf(url, cap, "%s", whole)
+                        : snprintf(url, cap, "%.*s%s", (int)bl, base,
+                                   has_path ? "" : "/v1/traces");
+  if (n < 0 || (size_t)n >= cap)
+    return usage_error("the OTLP endpoint is longer than %zu bytes", cap - 1);
+  o->otlp_traces_url = url;
+  o->otlp_headers = getenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS");
+  if (o->otlp_headers == NULL)
+    o->otlp_headers = getenv("OTEL_EXPORTER_OTLP_HEADERS");
+  o->otlp_service_name = getenv("OTEL_SERVICE_NAME");
+  return 0;
+}
+
 static int run_proxy(proxy_args *pa) {
   proxy_args a = *pa;
   int rc;
@@ -435,6 +492,9 @@ static int run_proxy(proxy_args *pa) {
     o.access_log_json =
         a.log_format != NULL && strcmp(a.log_format, "json") == 0;
   }
+  char otlp_url[2048];
+  if ((rc = otlp_opts(&a, &o, otlp_url, sizeof otlp_url)) != 0)
+    return rc;
   FILE *events = NULL;
   if (a.events != NULL) {
     events = fopen(a.events, "a");
@@ -472,6 +532,9 @@ static int run_proxy(proxy_args *pa) {
           strchr(host, ':') != NULL ? "[" : "", host,
           strchr(host, ':') != NULL ? "]" : "", (unsigned)ag_proxy_port(p),
           ag_proxy_upstream(p), o.cfg.preset);
+  if (o.otlp_traces_url != NULL)
+    fprintf(stderr, "agentguard proxy: traces to %s (OTLP/HTTP, JSON)\n",
+            o.otlp_traces_url);
   int sig = 0;
   sigwait(&set, &sig);
   if (drain_ms > 0) {

@@ -131,6 +131,17 @@ typedef struct ag_proxy_opts {
    * or `events` is set. */
   FILE *access_log;
   bool access_log_json;
+  /* OpenTelemetry traces (docs/proxy.md, "Traces"): one span per guarded
+   * request, posted as OTLP/HTTP JSON to this URL - the whole traces URL,
+   * such as "http://127.0.0.1:4318/v1/traces" - in batches by a thread of
+   * the proxy's own; a full queue drops spans (counted in /metrics), it
+   * never slows a request. `otlp_headers`: extra headers in
+   * OTEL_EXPORTER_OTLP_HEADERS' form ("k=v,k2=v2"); `otlp_service_name`:
+   * the resource's service.name (NULL: "agentguard-proxy"). NULL URL: no
+   * traces. */
+  const char *otlp_traces_url;
+  const char *otlp_headers;
+  const char *otlp_service_name;
 } ag_proxy_opts;
 
 /* Fills the defaults (loopback, port 8787, the default preset). */

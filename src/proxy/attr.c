@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "agentguard/providers.h"
+#include "otlp.h"
 
 void ag__px_attr_begin(ag__px_attr *a, unsigned long long id,
                        const struct sockaddr *client, const char *api,
@@ -73,6 +74,112 @@ void ag__px_attr_usage(ag__px_attr *a, const struct ag_reply *rep) {
     return;
   a->in_tokens = rep->usage.prompt_tokens;
   a->out_tokens = rep->usage.completion_tokens;
+}
+
+/* n lower-case hex digits, not all zero when `nonzero`. */
+static bool hex_ok(const char *s, size_t n, bool nonzero) {
+  bool any = false;
+  for (size_t i = 0; i < n; i++) {
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+      return false;
+    any = any || s[i] != '0';
+  }
+  return any || !nonzero;
+}
+
+void ag__px_attr_trace(ag__px_attr *a, const char *tp) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  a->start_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  a->parent_id[0] = '\0';
+  /* "00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>" (version 00;
+   * a later version may add fields after the flags) */
+  if (tp != NULL && strlen(tp) >= 55 && tp[2] == '-' && tp[35] == '-' &&
+      tp[52] == '-' && hex_ok(tp, 2, false) && strncmp(tp, "ff", 2) != 0 &&
+      hex_ok(tp + 3, 32, true) && hex_ok(tp + 36, 16, true) &&
+      hex_ok(tp + 53, 2, false) &&
+      (tp[55] == '\0' || (tp[55] == '-' && strncmp(tp, "00", 2) != 0))) {
+    memcpy(a->trace_id, tp + 3, 32);
+    a->trace_id[32] = '\0';
+    memcpy(a->parent_id, tp + 36, 16);
+    a->parent_id[16] = '\0';
+  } else if (!ag__otlp_random_hex(a->trace_id, 16)) {
+    a->trace_id[0] = '\0';
+  }
+  if (!ag__otlp_random_hex(a->span_id, 8))
+    a->trace_id[0] = '\0'; /* no span without ids */
+}
+
+/* {"key": k, "value": {"stringValue": v}} or {"intValue": "n"} onto arr. */
+static void attr_str(json_t *arr, const char *k, const char *v) {
+  if (v != NULL && v[0] != '\0')
+    json_array_append_new(
+        arr, json_pack("{s:s, s:{s:s}}", "key", k, "value", "stringValue", v));
+}
+
+static void attr_int(json_t *arr, const char *k, long long v) {
+  char n[24];
+  snprintf(n, sizeof n, "%lld", v);
+  json_array_append_new(
+      arr, json_pack("{s:s, s:{s:s}}", "key", k, "value", "intValue", n));
+}
+
+char *ag__px_attr_span(const ag__px_attr *a, const char *path, unsigned status,
+                       int64_t end_ns) {
+  if (a->trace_id[0] == '\0')
+    return NULL;
+  /* the GenAI conventions: the operation and the provider by API */
+  const char *api = a->api != NULL ? a->api : "";
+  const char *op = strcmp(api, "gemini") == 0 ? "generate_content" : "chat";
+  const char *provider = strcmp(api, "anthropic") == 0 ? "anthropic"
+                         : strcmp(api, "gemini") == 0  ? "gcp.gemini"
+                                                       : "openai";
+  json_t *at = json_array();
+  if (at == NULL)
+    return NULL;
+  attr_str(at, "gen_ai.operation.name", op);
+  attr_str(at, "gen_ai.provider.name", provider);
+  attr_str(at, "gen_ai.system", provider);
+  attr_str(at, "gen_ai.request.model", a->model);
+  attr_str(at, "gen_ai.conversation.id", a->conv);
+  if (a->in_tokens >= 0)
+    attr_int(at, "gen_ai.usage.input_tokens", a->in_tokens);
+  if (a->out_tokens >= 0)
+    attr_int(at, "gen_ai.usage.output_tokens", a->out_tokens);
+  attr_str(at, "http.request.method", a->method);
+  attr_str(at, "url.path", path);
+  attr_int(at, "http.response.status_code", (long long)status);
+  attr_str(at, "client.address", a->client);
+  attr_str(at, "agentguard.api", a->api);
+  attr_str(at, "agentguard.decision",
+           a->decision != NULL ? a->decision : "passed");
+  attr_str(at, "agentguard.reason", a->reason);
+  attr_int(at, "agentguard.request_id", (long long)a->id);
+  if (a->upstream_us >= 0)
+    attr_int(at, "agentguard.upstream_ms", a->upstream_us / 1000);
+  char name[AG__PX_MODEL_MAX + 32], t0[24], t1[24], msg[32];
+  snprintf(name, sizeof name, "%s%s%s", op, a->model[0] ? " " : "", a->model);
+  snprintf(t0, sizeof t0, "%lld", (long long)a->start_ns);
+  snprintf(t1, sizeof t1, "%lld",
+           (long long)(end_ns > a->start_ns ? end_ns : a->start_ns));
+  snprintf(msg, sizeof msg, "HTTP %u", status);
+  /* kind 3: a client span (the call to the model); status 2 (error) for
+   * an answer of 400 or more, else unset */
+  json_t *s = json_pack(
+      "{s:s, s:s, s:s, s:i, s:s, s:s, s:o, s:o}", "traceId", a->trace_id,
+      "spanId", a->span_id, "name", name, "kind", 3, "startTimeUnixNano", t0,
+      "endTimeUnixNano", t1, "attributes", at, "status",
+      status >= 400 ? json_pack("{s:i, s:s}", "code", 2, "message", msg)
+                    : json_object());
+  if (s != NULL && a->parent_id[0] != '\0')
+    json_object_set_new(s, "parentSpanId", json_string(a->parent_id));
+  char *text = s != NULL ? json_dumps(s, JSON_COMPACT) : NULL;
+  json_decref(s);
+  if (text != NULL && strlen(text) > AG__OTLP_SPAN_MAX) {
+    free(text); /* a span has a bounded size: a long model name, cut */
+    text = NULL;
+  }
+  return text;
 }
 
 void ag__px_attr_decision(ag__px_attr *a, const char *decision,

@@ -39,7 +39,11 @@ typedef struct ag__px_attr {
   char reason[32];                 /* its reason, or "" */
   long long in_tokens, out_tokens; /* the reply's usage, -1: not seen */
   int64_t t0_us;                   /* its headers were in (monotonic) */
-  int64_t upstream_us;             /* its upstream transfers, -1: none */
+  /* its span (otlp.h), when traces are exported: ids in hex, the parent
+   * from the client's traceparent ("" for none), the start (wall ns) */
+  char trace_id[33], span_id[17], parent_id[17];
+  int64_t start_ns;
+  int64_t upstream_us; /* its upstream transfers, -1: none */
 } ag__px_attr;
 
 /* An attribution shared by a request and its stream, which may outlive
@@ -59,6 +63,16 @@ void ag__px_attr_unshare(ag__px_attr_box *b);
 void ag__px_attr_begin(ag__px_attr *a, unsigned long long id,
                        const struct sockaddr *client, const char *api,
                        const char *session_header);
+
+/* The request will have a span: its ids, joining the client's trace when
+ * `traceparent` (W3C Trace Context) is valid, else a new trace. */
+void ag__px_attr_trace(ag__px_attr *a, const char *traceparent);
+
+/* The request's span as OTLP JSON (a Span object; malloc'd), with the
+ * GenAI semantic conventions' attributes and agentguard's decision; NULL
+ * when it has no trace id or out of memory. */
+char *ag__px_attr_span(const ag__px_attr *a, const char *path, unsigned status,
+                       int64_t end_ns);
 
 /* The model and, without a session header, the conversation id, read from
  * the body of a guarded request (path: for a model named in it, as

@@ -52,6 +52,7 @@
 #include "../core/internal.h"
 #include "metrics.h"
 #include "attr.h"
+#include "otlp.h"
 #include "budget.h"
 #include "conns.h"
 #include "hooks.h"
@@ -158,6 +159,7 @@ struct ag_proxy {
   FILE *access_log;      /* one line per request answered, or NULL */
   bool log_json;         /* the access log's lines are JSON */
   atomic_ullong req_ids; /* requests numbered, from 1 */
+  ag__otlp *otlp;        /* the trace exporter (otlp.h), or NULL */
 };
 
 /* What goes back to the client. */

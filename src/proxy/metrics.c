@@ -171,7 +171,9 @@ static void token_series(ag__buf *b, const ag__px_metrics *m) {
 }
 
 char *ag__px_metrics_text(const ag__px_metrics *m, unsigned connections,
-                          size_t held_bytes, size_t *len) {
+                          size_t held_bytes, bool tracing,
+                          unsigned long long spans_exported,
+                          unsigned long long spans_dropped, size_t *len) {
   ag__buf b;
   ag__buf_init(&b, 256u << 10);
   head(&b, "agentguard_proxy_info", "gauge", "The proxy's version (always 1).");
@@ -227,6 +229,16 @@ char *ag__px_metrics_text(const ag__px_metrics *m, unsigned connections,
   head(&b, "agentguard_proxy_held_bytes", "gauge",
        "Bytes of replies held whole under --max-buffered.");
   ag__buf_printf_cut(&b, "agentguard_proxy_held_bytes %zu\n", held_bytes);
+  if (tracing) {
+    head(&b, "agentguard_proxy_spans_exported_total", "counter",
+         "Spans the OTLP collector took.");
+    ag__buf_printf_cut(&b, "agentguard_proxy_spans_exported_total %llu\n",
+                       spans_exported);
+    head(&b, "agentguard_proxy_spans_dropped_total", "counter",
+         "Spans dropped: the export queue was full, or the export failed.");
+    ag__buf_printf_cut(&b, "agentguard_proxy_spans_dropped_total %llu\n",
+                       spans_dropped);
+  }
   if (b.cut || b.p == NULL) {
     ag__buf_free(&b);
     return NULL;

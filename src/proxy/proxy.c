@@ -523,6 +523,8 @@ static void proxy_free(ag_proxy *p) {
   }
   ag__conns_free(p->conns);
   ag__budget_free(p->budget);
+  /* the spans of the requests answered go out now, for at most 2 s */
+  ag__otlp_stop(p->otlp, 2000);
   free(p);
 }
 
@@ -656,7 +658,8 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
   p->events = o->events;
   p->access_log = o->access_log;
   p->log_json = o->access_log_json;
-  p->attr_on = o->events != NULL || o->access_log != NULL;
+  p->attr_on =
+      o->events != NULL || o->access_log != NULL || o->otlp_traces_url != NULL;
   p->timeout_ms = o->upstream_timeout_ms > 0 ? o->upstream_timeout_ms : 600000;
   p->client_key = o->client_key != NULL ? ag__px_dupz(o->client_key) : NULL;
   ag_err_t rc = o->client_key != NULL && p->client_key == NULL
@@ -671,6 +674,9 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
                         o->gemini_upstream, err);
   if (rc == AG_OK && keep_secrets(p) != AG_OK)
     rc = ag__px_fail(err, AG_ENOMEM, "out of memory");
+  if (rc == AG_OK && o->otlp_traces_url != NULL)
+    rc = ag__otlp_start(&p->otlp, o->otlp_traces_url, o->otlp_headers,
+                        o->otlp_service_name, err);
   if (rc == AG_OK) {
     ag__conns_limits cl = conns_limits(o, limit);
     p->per_client = cl.per_client;

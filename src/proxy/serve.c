@@ -29,8 +29,10 @@ static void answer_own(ag_proxy *p, const char *path, reply *r) {
   r->ctype = "text/plain; charset=utf-8";
   if (strcmp(path, "/metrics") == 0) {
     size_t len = 0;
-    char *text = ag__px_metrics_text(&p->metrics, ag__conns_count(p->conns),
-                                     ag__budget_used(p->budget), &len);
+    char *text = ag__px_metrics_text(
+        &p->metrics, ag__conns_count(p->conns), ag__budget_used(p->budget),
+        p->otlp != NULL, ag__otlp_exported(p->otlp), ag__otlp_dropped(p->otlp),
+        &len);
     if (text == NULL) {
       ag__px_set_error(r, 500, "server_error", "out_of_memory",
                        "out of memory");
@@ -540,6 +542,9 @@ bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                       MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                   "x-agentguard-session"));
     snprintf(q->attr.method, sizeof q->attr.method, "%s", method);
+    if (p->otlp != NULL && q->r.shape != NULL) /* a span: its ids now */
+      ag__px_attr_trace(&q->attr, MHD_lookup_connection_value(
+                                      c, MHD_HEADER_KIND, "traceparent"));
   }
   if (q->too_many == AG__CONN_OVER_PER_CLIENT) {
     ag__px_set_error(
@@ -688,14 +693,19 @@ void ag__px_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                  strcmp(a->decision, "stopped_before_request") == 0;
     ag__px_metrics_done(&p->metrics, q->sent_status, us, a->upstream_us,
                         a->in_tokens, a->out_tokens, saved ? q->len / 4 : 0);
-    if (p->access_log != NULL) {
+    if (p->access_log != NULL || p->otlp != NULL) {
       char path[2048]; /* no query: it may hold a key (Gemini's ?key=) */
       uri_path(q->uri != NULL ? q->uri : "/", path, sizeof path);
       struct timespec now;
       clock_gettime(CLOCK_REALTIME, &now);
-      ag__px_attr_log(&q->attr, p->access_log, p->log_json, path,
-                      q->sent_status, ms,
-                      (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000);
+      if (p->access_log != NULL)
+        ag__px_attr_log(a, p->access_log, p->log_json, path, q->sent_status, ms,
+                        (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000);
+      if (p->otlp != NULL && a->api != NULL)
+        ag__otlp_push(
+            p->otlp,
+            ag__px_attr_span(a, path, q->sent_status,
+                             (int64_t)now.tv_sec * 1000000000 + now.tv_nsec));
     }
   }
   if (q != NULL) {

@@ -1373,6 +1373,48 @@ Test(cli, proxy_options_from_the_config_and_the_environment) {
   cr_expect_eq(r.status, 2);
   cr_expect(strstr(r.err, "--upstream URL is required") != NULL, "%s", r.err);
   result_free(&r);
+  /* traces: the standard variables, as the OpenTelemetry SDKs read them */
+  setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9/", 1);
+  r = run_sig(ARGS("proxy", "--config", c), 700);
+  cr_expect(strstr(r.err, "traces to http://127.0.0.1:9/v1/traces (OTLP/HTTP, "
+                          "JSON)") != NULL,
+            "%s", r.err);
+  result_free(&r);
+  setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:8/t", 1);
+  r = run_sig(ARGS("proxy", "--config", c), 700);
+  cr_expect(strstr(r.err, "traces to http://127.0.0.1:8/t (") != NULL, "%s",
+            r.err);
+  result_free(&r);
+  r = run_sig(ARGS("proxy", "--config", c, "--otlp-endpoint",
+                   "http://127.0.0.1:7/v1/traces"),
+              700);
+  cr_expect(strstr(r.err, "traces to http://127.0.0.1:7/v1/traces (") != NULL,
+            "the flag wins, /v1/traces not added twice: %s", r.err);
+  result_free(&r);
+  setenv("OTEL_SDK_DISABLED", "true", 1);
+  r = run_sig(ARGS("proxy", "--config", c), 700);
+  cr_expect(strstr(r.err, "listening on") != NULL &&
+                strstr(r.err, "traces to") == NULL,
+            "%s", r.err);
+  result_free(&r);
+  unsetenv("OTEL_SDK_DISABLED");
+  setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", 1);
+  r = run(ARGS("proxy", "--config", c));
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc: agentguard "
+                          "exports traces over OTLP/HTTP") != NULL,
+            "%s", r.err);
+  result_free(&r);
+  unsetenv("OTEL_EXPORTER_OTLP_PROTOCOL");
+  setenv("OTEL_EXPORTER_OTLP_HEADERS", "no-equals-sign", 1);
+  r = run(ARGS("proxy", "--config", c));
+  cr_expect_eq(r.status, 2);
+  cr_expect(strstr(r.err, "OTLP headers: expected name=value pairs") != NULL,
+            "%s", r.err);
+  result_free(&r);
+  unsetenv("OTEL_EXPORTER_OTLP_HEADERS");
+  unsetenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+  unsetenv("OTEL_EXPORTER_OTLP_ENDPOINT");
   setenv("AGENTGUARD_PROXY_LOG_FORMAT", "yaml", 1);
   r = run(ARGS("proxy", "--config", c));
   unsetenv("AGENTGUARD_PROXY_LOG_FORMAT");

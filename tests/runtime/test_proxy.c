@@ -45,6 +45,8 @@ typedef struct canned {
 
 typedef struct seen {
   char *url, *body, *auth, *agkey, *query, *alt;
+  char *sess; /* x-agentguard-session, which must not come */
+  char *team; /* x-team: an OTLP header */
 } seen;
 
 static struct {
@@ -98,6 +100,9 @@ static enum MHD_Result up_handler(void *cls, struct MHD_Connection *c,
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-agentguard-key"));
     s->query = dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "q"));
     s->alt = dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "alt"));
+    s->sess = dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                               "x-agentguard-session"));
+    s->team = dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-team"));
   }
   canned r = {500, "{\"error\":{\"message\":\"no canned reply left\"}}"};
   if (U.next < U.n_replies)
@@ -158,6 +163,8 @@ static void canned_reset(void) {
     free(U.reqs[i].agkey);
     free(U.reqs[i].query);
     free(U.reqs[i].alt);
+    free(U.reqs[i].sess);
+    free(U.reqs[i].team);
   }
   U.n_replies = U.next = U.n_reqs = 0;
   pthread_mutex_unlock(&U.mu);
@@ -3901,7 +3908,8 @@ Test(proxy, every_request_is_logged_with_who_it_is_for) {
   cr_expect_str_eq(r->stop, "identical_calls");
   free(r);
   canned_add(200, "{\"object\":\"list\",\"data\":[]}");
-  r = call(P, "GET", "/v1/models?key=sk-in-the-query", NULL, NULL);
+  r = call(P, "GET", "/v1/models?key=sk-in-the-query", NULL,
+           "x-agentguard-session: probe");
   free(r);
   /* a different first user message: another conversation */
   canned_call(NULL, "done");
@@ -3938,7 +3946,7 @@ Test(proxy, every_request_is_logged_with_who_it_is_for) {
   cr_expect_eq(n_upstream(), 4, "the stop went nowhere");
   pthread_mutex_lock(&U.mu);
   for (int i = 0; i < U.n_reqs; i++)
-    cr_expect_null(U.reqs[i].alt, "x-agentguard-session went upstream");
+    cr_expect_null(U.reqs[i].sess, "x-agentguard-session went upstream");
   pthread_mutex_unlock(&U.mu);
 
   rewind(log);
@@ -3978,6 +3986,7 @@ Test(proxy, every_request_is_logged_with_who_it_is_for) {
   cr_expect_str_eq(S(3, "method"), "GET");
   cr_expect_str_eq(S(3, "path"), "/v1/models");
   cr_expect_str_eq(S(3, "decision"), "relayed");
+  cr_expect_str_eq(S(3, "conversation"), "probe");
   cr_expect_null(F(3, "api"));
   cr_assert_not_null(S(4, "conversation"));
   cr_expect_str_neq(S(4, "conversation"), S(0, "conversation"),
@@ -4034,6 +4043,159 @@ Test(proxy, a_streams_decision_is_in_its_log_line) {
                 strstr(line, " upstream_ms=-") == NULL,
             "%s", line);
   fclose(log);
+}
+
+/* The value of span attribute `key` (a string, or an int's decimal
+ * text), or NULL. */
+static const char *span_attr(const json_t *span, const char *key) {
+  size_t i;
+  json_t *a;
+  json_array_foreach(json_object_get(span, "attributes"), i, a) {
+    if (strcmp(json_string_value(json_object_get(a, "key")), key) != 0)
+      continue;
+    json_t *v = json_object_get(a, "value");
+    json_t *s = json_object_get(v, "stringValue");
+    return json_string_value(s != NULL ? s : json_object_get(v, "intValue"));
+  }
+  return NULL;
+}
+
+static bool lower_hex(const char *s, size_t n) {
+  if (s == NULL || strlen(s) != n)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+      return false;
+  return true;
+}
+
+/* OpenTelemetry: each guarded request is a span, posted as OTLP/HTTP JSON
+ * with the headers given; a client's traceparent makes it a child in the
+ * client's trace; the GenAI attributes and the decision are on it. The
+ * spans queued when the proxy stops are sent then. */
+Test(proxy, each_guarded_request_is_a_span_in_the_clients_trace) {
+  ag_proxy_stop(P);
+  char url[96];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/traces", U.port);
+  ag_proxy_opts o = test_opts();
+  o.otlp_traces_url = url;
+  o.otlp_headers = "x-team=blue, x-other = 2";
+  o.otlp_service_name = "agents-gateway";
+  P = start_with(&o);
+  canned_call(NULL, "done");
+  char *pass = conversation(0, "read", "{\"path\":\"a\"}", "x");
+  char *stop = conversation(3, "read", "{\"path\":\"a\"}", "same");
+  resp *r = call(P, "POST", "/v1/chat/completions", pass,
+                 "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-"
+                 "00f067aa0ba902b7-01");
+  cr_expect_eq(r->status, 200);
+  free(r);
+  r = call(P, "POST", "/v1/chat/completions", stop,
+           "traceparent: 00-00000000000000000000000000000000-"
+           "00f067aa0ba902b7-01"); /* invalid: a new trace */
+  cr_expect_str_eq(r->stop, "identical_calls");
+  free(r);
+  canned_add(200, "{}"); /* the collector's answer */
+  ag_proxy_stop(P);
+  P = NULL;
+  free(pass);
+  free(stop);
+
+  pthread_mutex_lock(&U.mu);
+  int at = -1;
+  for (int i = 0; i < U.n_reqs; i++)
+    if (strcmp(U.reqs[i].url, "/v1/traces") == 0)
+      at = i;
+  cr_assert_geq(at, 0, "no export reached the collector");
+  cr_expect_str_eq(U.reqs[at].team, "blue");
+  json_error_t je;
+  json_t *req = json_loads(U.reqs[at].body, 0, &je);
+  pthread_mutex_unlock(&U.mu);
+  cr_assert_not_null(req, "the export is not JSON: %s", je.text);
+  json_t *rs = json_array_get(json_object_get(req, "resourceSpans"), 0);
+  json_t *res_attr = json_array_get(
+      json_object_get(json_object_get(rs, "resource"), "attributes"), 0);
+  cr_expect_str_eq(json_string_value(json_object_get(res_attr, "key")),
+                   "service.name");
+  cr_expect_str_eq(json_string_value(json_object_get(
+                       json_object_get(res_attr, "value"), "stringValue")),
+                   "agents-gateway");
+  json_t *ss = json_array_get(json_object_get(rs, "scopeSpans"), 0);
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_object_get(ss, "scope"), "name")),
+      "agentguard");
+  json_t *spans = json_object_get(ss, "spans");
+  cr_assert_eq(json_array_size(spans), 2, "%s", U.reqs[at].body);
+  json_t *a = json_array_get(spans, 0), *b = json_array_get(spans, 1);
+  /* the first joins the client's trace, under the client's span */
+  cr_expect_str_eq(json_string_value(json_object_get(a, "traceId")),
+                   "4bf92f3577b34da6a3ce929d0e0e4736");
+  cr_expect_str_eq(json_string_value(json_object_get(a, "parentSpanId")),
+                   "00f067aa0ba902b7");
+  cr_expect(lower_hex(json_string_value(json_object_get(a, "spanId")), 16));
+  cr_expect_str_eq(json_string_value(json_object_get(a, "name")), "chat m");
+  cr_expect_eq(json_integer_value(json_object_get(a, "kind")), 3);
+  const char *t0 = json_string_value(json_object_get(a, "startTimeUnixNano"));
+  const char *t1 = json_string_value(json_object_get(a, "endTimeUnixNano"));
+  cr_assert(t0 != NULL && t1 != NULL && strlen(t0) == 19 && strlen(t1) == 19);
+  cr_expect(strcmp(t0, t1) <= 0);
+  cr_expect_str_eq(span_attr(a, "gen_ai.operation.name"), "chat");
+  cr_expect_str_eq(span_attr(a, "gen_ai.provider.name"), "openai");
+  cr_expect_str_eq(span_attr(a, "gen_ai.request.model"), "m");
+  cr_expect_str_eq(span_attr(a, "gen_ai.usage.input_tokens"), "10");
+  cr_expect_str_eq(span_attr(a, "gen_ai.usage.output_tokens"), "5");
+  cr_expect_str_eq(span_attr(a, "http.response.status_code"), "200");
+  cr_expect_str_eq(span_attr(a, "agentguard.decision"), "passed");
+  cr_expect(lower_hex(span_attr(a, "gen_ai.conversation.id"), 16));
+  /* the second: a new trace (the zero trace id is invalid), the stop */
+  const char *tid = json_string_value(json_object_get(b, "traceId"));
+  cr_expect(lower_hex(tid, 32) &&
+                strcmp(tid, "4bf92f3577b34da6a3ce929d0e0e4736") != 0,
+            "%s", tid);
+  cr_expect_null(json_object_get(b, "parentSpanId"));
+  cr_expect_str_eq(span_attr(b, "agentguard.decision"),
+                   "stopped_before_request");
+  cr_expect_str_eq(span_attr(b, "agentguard.reason"), "identical_calls");
+  cr_expect_null(span_attr(b, "gen_ai.usage.input_tokens"));
+  json_decref(req);
+}
+
+/* A collector that cannot be reached costs the requests nothing: they are
+ * answered as before, and the lost spans are counted in /metrics. */
+Test(proxy, an_unreachable_collector_drops_spans_and_counts_them) {
+  ag_proxy_stop(P);
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof sa;
+  cr_assert(bind(s, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+            getsockname(s, (struct sockaddr *)&sa, &sl) == 0);
+  close(s); /* nothing listens there now: connections are refused */
+  char url[96];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/traces",
+           (unsigned)ntohs(sa.sin_port));
+  ag_proxy_opts o = test_opts();
+  o.otlp_traces_url = url;
+  P = start_with(&o);
+  canned_call(NULL, "done");
+  char *pass = conversation(0, "read", "{\"path\":\"a\"}", "x");
+  resp *r = call(P, "POST", "/v1/chat/completions", pass, NULL);
+  cr_expect_eq(r->status, 200);
+  free(r);
+  free(pass);
+  bool counted = false;
+  for (int i = 0; i < 100 && !counted; i++) { /* the batch goes after 1 s */
+    r = call(P, "GET", "/metrics", NULL, NULL);
+    counted =
+        strstr(r->body, "agentguard_proxy_spans_dropped_total 1\n") != NULL;
+    if (!counted)
+      nap_ms(50);
+    else
+      cr_expect(strstr(r->body, "agentguard_proxy_spans_exported_total 0\n") !=
+                NULL);
+    free(r);
+  }
+  cr_expect(counted, "the dropped span was not counted");
 }
 
 /* ------------------------------------------------------------------------ */
