@@ -232,6 +232,9 @@ int main(void) {
   o.events = events;
   o.access_log = log; /* and attribution: shared by requests and streams */
   o.access_log_json = true;
+  /* and traces, to a collector that refuses: the spans are pushed from
+   * every loop while the exporter's thread drops them */
+  o.otlp_traces_url = "http://127.0.0.1:9/v1/traces";
   /* a budget of two held replies: the plain requests wait their turn
    * (their transfers paused, their threads in the budget's queue); short
    * deadlines: the loops sweep the connection table every 75 ms */
