@@ -110,18 +110,18 @@ void ag__px_attr_trace(ag__px_attr *a, const char *tp) {
     a->trace_id[0] = '\0'; /* no span without ids */
 }
 
-/* {"key": k, "value": {"stringValue": v}} or {"intValue": "n"} onto arr. */
+/* {"key": k, "value": {"stringValue": v}} onto arr. */
 static void attr_str(json_t *arr, const char *k, const char *v) {
   if (v != NULL && v[0] != '\0')
     json_array_append_new(
         arr, json_pack("{s:s, s:{s:s}}", "key", k, "value", "stringValue", v));
 }
 
+/* An int64 as the official JSON serializer writes it: a number (proto3's
+ * JSON mapping takes a number or a string). */
 static void attr_int(json_t *arr, const char *k, long long v) {
-  char n[24];
-  snprintf(n, sizeof n, "%lld", v);
-  json_array_append_new(
-      arr, json_pack("{s:s, s:{s:s}}", "key", k, "value", "intValue", n));
+  json_array_append_new(arr, json_pack("{s:s, s:{s:I}}", "key", k, "value",
+                                       "intValue", (json_int_t)v));
 }
 
 char *ag__px_attr_span(const ag__px_attr *a, const char *path, unsigned status,
@@ -164,13 +164,13 @@ char *ag__px_attr_span(const ag__px_attr *a, const char *path, unsigned status,
            (long long)(end_ns > a->start_ns ? end_ns : a->start_ns));
   snprintf(msg, sizeof msg, "HTTP %u", status);
   /* kind 3: a client span (the call to the model); status 2 (error) for
-   * an answer of 400 or more, else unset */
+   * an answer of 400 or more, else 0 (unset) */
   json_t *s = json_pack(
       "{s:s, s:s, s:s, s:i, s:s, s:s, s:o, s:o}", "traceId", a->trace_id,
       "spanId", a->span_id, "name", name, "kind", 3, "startTimeUnixNano", t0,
       "endTimeUnixNano", t1, "attributes", at, "status",
       status >= 400 ? json_pack("{s:i, s:s}", "code", 2, "message", msg)
-                    : json_object());
+                    : json_pack("{s:i}", "code", 0));
   if (s != NULL && a->parent_id[0] != '\0')
     json_object_set_new(s, "parentSpanId", json_string(a->parent_id));
   char *text = s != NULL ? json_dumps(s, JSON_COMPACT) : NULL;

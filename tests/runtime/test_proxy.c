@@ -4046,7 +4046,8 @@ Test(proxy, a_streams_decision_is_in_its_log_line) {
 }
 
 /* The value of span attribute `key` (a string, or an int's decimal
- * text), or NULL. */
+ * text in buf), or NULL. */
+static char span_int[32];
 static const char *span_attr(const json_t *span, const char *key) {
   size_t i;
   json_t *a;
@@ -4055,7 +4056,14 @@ static const char *span_attr(const json_t *span, const char *key) {
       continue;
     json_t *v = json_object_get(a, "value");
     json_t *s = json_object_get(v, "stringValue");
-    return json_string_value(s != NULL ? s : json_object_get(v, "intValue"));
+    if (s != NULL)
+      return json_string_value(s);
+    json_t *n = json_object_get(v, "intValue");
+    if (!json_is_integer(n))
+      return NULL;
+    snprintf(span_int, sizeof span_int, "%lld",
+             (long long)json_integer_value(n));
+    return span_int;
   }
   return NULL;
 }
