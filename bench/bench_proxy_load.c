@@ -42,10 +42,13 @@
  * doubles; no memory figure). With --warm, the whole run is made once,
  * untimed, before the measured one: the proxy as it is once its threads'
  * heaps have grown, as in a proxy that has been serving for a while (no
- * memory figure).
+ * memory figure). With --observe, the proxy runs as an operator runs
+ * it: decision events and a JSON access log (to /dev/null) and OTLP
+ * traces (posted to the fake upstream, as the collector), so that the
+ * cost of attribution, logging and tracing shows in the figures.
  *
  *   build/bench_proxy_load [--streams N] [--chunks N] [--gap-ms MS]
- *                          [--ramp-ms MS] [--together] [--warm]
+ *                          [--ramp-ms MS] [--together] [--warm] [--observe]
  *   (defaults 200 streams, 20 chunks, 10 ms, ramp 0; the issue's figure:
  *   1000 streams)
  */
@@ -76,6 +79,8 @@ static int gap_ms = 10;
 static int ramp_ms = 0;
 static bool together = false;
 static bool warm_first = false;
+static bool observe = false;  /* --observe: events, access log, traces */
+static atomic_int up_exports; /* OTLP posts the fake collector took */
 static atomic_int up_open, up_peak;
 static atomic_int up_conns; /* TCP connections the upstream accepted */
 
@@ -192,7 +197,7 @@ static enum MHD_Result up_handler(void *cls, struct MHD_Connection *conn,
                                   const char *url, const char *method,
                                   const char *version, const char *upload,
                                   size_t *upload_size, void **state) {
-  (void)cls, (void)url, (void)method, (void)version, (void)upload;
+  (void)cls, (void)method, (void)version, (void)upload;
   if (*state == NULL) {
     *state = conn; /* the request's first call: headers only */
     return MHD_YES;
@@ -200,6 +205,16 @@ static enum MHD_Result up_handler(void *cls, struct MHD_Connection *conn,
   if (*upload_size > 0) { /* the body: read and ignored */
     *upload_size = 0;
     return MHD_YES;
+  }
+  if (strcmp(url, "/v1/traces") == 0) { /* --observe: the OTLP collector */
+    atomic_fetch_add(&up_exports, 1);
+    struct MHD_Response *ok = MHD_create_response_from_buffer(
+        2, (void *)"{}", MHD_RESPMEM_PERSISTENT);
+    if (ok == NULL)
+      return MHD_NO;
+    enum MHD_Result rc = MHD_queue_response(conn, 200, ok);
+    MHD_destroy_response(ok);
+    return rc;
   }
   up_conn *c = calloc(1, sizeof *c);
   if (c == NULL)
@@ -588,10 +603,13 @@ int main(int argc, char **argv) {
       together = true;
     else if (strcmp(argv[i], "--warm") == 0)
       warm_first = true;
+    else if (strcmp(argv[i], "--observe") == 0)
+      observe = true;
     else {
       fprintf(stderr,
               "usage: bench_proxy_load [--streams N] [--chunks N] "
-              "[--gap-ms MS] [--ramp-ms MS] [--together] [--warm]\n(unknown or "
+              "[--gap-ms MS] [--ramp-ms MS] [--together] [--warm] "
+              "[--observe]\n(unknown or "
               "incomplete "
               "argument '%s')\n",
               argv[i]);
@@ -634,6 +652,18 @@ int main(int argc, char **argv) {
   o.port = 0;
   o.upstream = up_base;
   o.max_connections = n + 64;
+  /* --observe: everything an operator turns on - the decision events and
+   * the access log (to /dev/null: the writes, not a disk, are measured)
+   * and the traces, posted to the fake upstream as the collector */
+  FILE *sink = observe ? fopen("/dev/null", "w") : NULL;
+  char traces[96];
+  snprintf(traces, sizeof traces, "%s/v1/traces", up_base);
+  if (observe) {
+    o.events = sink;
+    o.access_log = sink;
+    o.access_log_json = true;
+    o.otlp_traces_url = traces;
+  }
   ag_proxy *p = NULL;
   ag_error_t err;
   if (ag_proxy_start(&p, &o, &err) != AG_OK) {
@@ -806,6 +836,12 @@ int main(int argc, char **argv) {
   printf("load average after: %.2f %.2f %.2f\n", load[0], load[1], load[2]);
 
   ag_proxy_stop(p);
+  if (observe) {
+    printf("observe: events, access log (JSON) and OTLP traces on; the "
+           "collector took %d exports\n",
+           atomic_load(&up_exports));
+    fclose(sink);
+  }
   atomic_store(&W.quit, true);
   pthread_join(W.thread, NULL);
   MHD_stop_daemon(up);
