@@ -160,6 +160,12 @@ struct ag_proxy {
   bool log_json;         /* the access log's lines are JSON */
   atomic_ullong req_ids; /* requests numbered, from 1 */
   ag__otlp *otlp;        /* the trace exporter (otlp.h), or NULL */
+  /* GET /readyz's own probe of the upstreams (readyz_probe in serve.c),
+   * its result kept for 10 s; probe_mu is held for a probe (2 s at most) */
+  pthread_mutex_t probe_mu;
+  int64_t probe_at; /* mono ms of the last probe, 0: none */
+  bool probe_ok;
+  char probe_why[512];
 };
 
 /* What goes back to the client. */
@@ -200,6 +206,7 @@ typedef struct req_ctx {
   struct stream_st *st;   /* a relayed stream, or NULL */
   int64_t t0_ms;          /* when its headers were in (mono), for /metrics */
   unsigned sent_status;   /* the status answered, once it is */
+  bool readyz;            /* GET /readyz, answered by a worker's probe */
   ag__px_attr attr;       /* who it is for (attr.h) */
   ag__px_attr_box *st_ab; /* its stream's copy (stream_st.ab), or NULL */
 } req_ctx;

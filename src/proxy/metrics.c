@@ -83,10 +83,12 @@ void ag__px_metrics_upstream(ag__px_metrics *m, bool reached, int64_t now) {
   atomic_fetch_add_explicit(&m->upstream_failures, 1, memory_order_relaxed);
 }
 
-bool ag__px_metrics_ready(const ag__px_metrics *m, int64_t now) {
+int ag__px_metrics_ready(const ag__px_metrics *m, int64_t now) {
   long long ok = atomic_load_explicit(&m->up_ok_ms, memory_order_relaxed);
   long long fail = atomic_load_explicit(&m->up_fail_ms, memory_order_relaxed);
-  return fail == 0 || fail <= ok || now - fail > 30000;
+  if (fail != 0 && fail > ok && now - fail <= 30000)
+    return 0;
+  return ok != 0 && now - ok <= 30000 ? 1 : -1;
 }
 
 void ag__px_metrics_done(ag__px_metrics *m, unsigned status, int64_t us,

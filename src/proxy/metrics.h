@@ -53,9 +53,11 @@ void ag__px_metrics_decision(ag__px_metrics *m, const char *decision,
 /* A transfer the proxy waited for (a guarded request's): whether it
  * reached the upstream, at mono `now`. */
 void ag__px_metrics_upstream(ag__px_metrics *m, bool reached, int64_t now);
-/* GET /readyz: false when the last such transfer reached no upstream, in
- * the last 30 s, and none has reached it since. */
-bool ag__px_metrics_ready(const ag__px_metrics *m, int64_t now);
+/* GET /readyz's evidence from the transfers themselves: 0 when the last
+ * such transfer reached no upstream, in the last 30 s, and none has
+ * reached it since; 1 when one reached it in the last 30 s; -1 when no
+ * transfer in the last 30 s says (then the proxy probes: readyz). */
+int ag__px_metrics_ready(const ag__px_metrics *m, int64_t now);
 /* A request answered: its status, how long it took from its headers and
  * how much of that its upstream transfers took (-1: none), the tokens its
  * reply reported (-1: not seen), and the tokens a stop saved (estimated

@@ -503,6 +503,7 @@ static ag_err_t parse_upstream(px_up *to, const char *opt, const char *url,
 /* Frees what proxy_new made of p, and p. */
 static void proxy_free(ag_proxy *p) {
   pthread_mutex_destroy(&p->ev_mu);
+  pthread_mutex_destroy(&p->probe_mu);
   pthread_mutex_destroy(&p->jobs_mu);
   pthread_cond_destroy(&p->jobs_cv);
   pthread_cond_destroy(&p->work_cv);
@@ -648,6 +649,7 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
   if (p == NULL)
     return ag__px_fail(err, AG_ENOMEM, "out of memory");
   pthread_mutex_init(&p->ev_mu, NULL);
+  pthread_mutex_init(&p->probe_mu, NULL);
   pthread_mutex_init(&p->jobs_mu, NULL);
   pthread_cond_init(&p->jobs_cv, NULL);
   pthread_cond_init(&p->work_cv, NULL);

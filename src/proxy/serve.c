@@ -47,16 +47,76 @@ static void answer_own(ag_proxy *p, const char *path, reply *r) {
   pthread_mutex_lock(&p->jobs_mu);
   bool stopping = p->stopping || atomic_load(&p->draining);
   pthread_mutex_unlock(&p->jobs_mu);
-  bool ready =
-      strcmp(path, "/healthz") == 0
-          ? !stopping
-          : !stopping && ag__px_metrics_ready(&p->metrics, ag__px_mono_ms());
+  int ready = stopping ? 0
+              : strcmp(path, "/healthz") == 0
+                  ? 1
+                  : ag__px_metrics_ready(&p->metrics, ag__px_mono_ms());
+  if (ready < 0) { /* no transfer says: the probe's answer */
+    r->status = 0;
+    return;
+  }
   r->status = ready ? 200 : 503;
   r->body = ag__px_dupz(ready      ? "ok\n"
                         : stopping ? "stopping\n"
                                    : "the upstream was not reached by the "
                                      "last transfer\n");
   r->len = r->body != NULL ? strlen(r->body) : 0;
+}
+
+/* Whether the upstreams answer, by a connection to each (TLS included, no
+ * request; 2 s at most), when no transfer in the last 30 s said so. The
+ * result is kept for 10 s, so a load balancer polling every second makes
+ * one connection in ten seconds; probes are one at a time (probe_mu), and
+ * a /readyz that waits for one takes its result. On a worker's thread. */
+static void readyz_probe(ag_proxy *p, reply *r) {
+  pthread_mutex_lock(&p->probe_mu);
+  int64_t now = ag__px_mono_ms();
+  if (p->probe_at == 0 || now - p->probe_at > 10000) {
+    bool ok = true;
+    char why[512] = "";
+    for (int k = 0; k < PX_UPS && ok; k++) {
+      if (p->ups[k].up == NULL)
+        continue;
+      char *scheme = NULL, *host = NULL, *port = NULL, url[600];
+      curl_url_get(p->ups[k].up, CURLUPART_SCHEME, &scheme, 0);
+      curl_url_get(p->ups[k].up, CURLUPART_HOST, &host, 0);
+      curl_url_get(p->ups[k].up, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT);
+      snprintf(url, sizeof url, "%s://%s:%s/", scheme ? scheme : "http",
+               host ? host : "", port ? port : "");
+      curl_free(scheme);
+      curl_free(host);
+      curl_free(port);
+      CURL *h = curl_easy_init();
+      char errbuf[CURL_ERROR_SIZE] = "";
+      CURLcode cc = CURLE_OUT_OF_MEMORY;
+      if (h != NULL) {
+        curl_easy_setopt(h, CURLOPT_URL, url);
+        curl_easy_setopt(h, CURLOPT_CONNECT_ONLY, 1L);
+        curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 2000L);
+        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+        cc = curl_easy_perform(h);
+        curl_easy_cleanup(h);
+      }
+      if (cc != CURLE_OK) {
+        ok = false;
+        char red[CURL_ERROR_SIZE + 64];
+        snprintf(why, sizeof why, "the upstream %s was not reached: %s\n",
+                 p->ups[k].shown,
+                 ag__px_scrub(p, errbuf[0] ? errbuf : curl_easy_strerror(cc),
+                              red, sizeof red));
+      }
+    }
+    p->probe_ok = ok;
+    snprintf(p->probe_why, sizeof p->probe_why, "%s", ok ? "ok\n" : why);
+    p->probe_at = ag__px_mono_ms();
+  }
+  r->status = p->probe_ok ? 200 : 503;
+  r->body = ag__px_dupz(p->probe_why);
+  pthread_mutex_unlock(&p->probe_mu);
+  r->len = r->body != NULL ? strlen(r->body) : 0;
+  r->ctype = "text/plain; charset=utf-8";
 }
 
 /* Headers "Name: value" onto a response. */
@@ -202,9 +262,12 @@ void *ag__px_job_main(void *arg) {
   char path[2048];
   uri_path(q->uri, path, sizeof path);
   bool started = false;
-  ag__px_chat(p, c, q, path, &q->r, &started,
-              NULL); /* only guarded ones come */
-  if (!started) {    /* else the stream's loop answers the request */
+  if (q->readyz)
+    readyz_probe(p, &q->r);
+  else
+    ag__px_chat(p, c, q, path, &q->r, &started,
+                NULL); /* only guarded ones come */
+  if (!started) {      /* else the stream's loop answers the request */
     atomic_store(&q->answered, true);
     ag__px_resume(sh, c);
   }
@@ -653,6 +716,11 @@ enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
     q->client_fd = ci != NULL ? ci->connect_fd : -1;
     if (own_path(method, path)) {
       answer_own(p, path, &q->r);
+      if (q->r.status == 0) { /* /readyz: the probe, on a worker */
+        q->readyz = true;
+        if (start_job(sh, c, q))
+          return MHD_YES;
+      }
     } else if (strcmp(method, "POST") != 0 || !guarded_path(path)) {
       if (ag__px_relay_start(p, c, q, path, &q->r)) {
         /* answered by the loop once the upstream's status is in */

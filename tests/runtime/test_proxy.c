@@ -4882,6 +4882,33 @@ Test(proxy, readyz_says_when_the_upstream_was_not_reached) {
   free(body);
 }
 
+/* With no transfer in the last 30 s to go by, /readyz probes the
+ * upstream itself: one connection (no request), its result kept for 10 s;
+ * an upstream nobody listens at is named in the 503. */
+Test(proxy, readyz_probes_the_upstream_when_no_transfer_says) {
+  for (int i = 0; i < 3; i++) {
+    resp *r = call(P, "GET", "/readyz", NULL, NULL);
+    cr_expect_eq(r->status, 200, "%s", r->body);
+    cr_expect_str_eq(r->body, "ok\n");
+    free(r);
+  }
+  pthread_mutex_lock(&U.mu);
+  int conns = U.n_conns, reqs = U.n_reqs;
+  pthread_mutex_unlock(&U.mu);
+  cr_expect_eq(conns, 1, "%d probe connections for 3 /readyz", conns);
+  cr_expect_eq(reqs, 0, "the probe sends no request");
+  ag_proxy_stop(P);
+  ag_proxy_opts o = test_opts();
+  o.upstream = "http://127.0.0.1:9"; /* nothing listens on port 9 */
+  P = start_with(&o);
+  resp *r = call(P, "GET", "/readyz", NULL, NULL);
+  cr_expect_eq(r->status, 503, "%s", r->body);
+  cr_expect(strstr(r->body, "the upstream http://127.0.0.1:9 was not "
+                            "reached: ") != NULL,
+            "%s", r->body);
+  free(r);
+}
+
 /* --listen takes a host name and an IPv6 address (skipped where the
  * machine has no IPv6 loopback). */
 Test(proxy, listens_on_a_host_name_and_on_ipv6) {
