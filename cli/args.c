@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -153,4 +154,51 @@ int cli_write_event(FILE *f, const json_t *ev) {
   }
   free(line);
   return rc;
+}
+
+int cli_otlp(const char *endpoint, char *url, size_t cap, const char **headers,
+             const char **service, char *msg, size_t msgcap) {
+  const char *base = endpoint, *whole = NULL;
+  const char *off = getenv("OTEL_SDK_DISABLED");
+  const char *exp = getenv("OTEL_TRACES_EXPORTER");
+  bool env_off = (off != NULL && strcasecmp(off, "true") == 0) ||
+                 (exp != NULL && strcmp(exp, "none") == 0);
+  if (base == NULL && !env_off) {
+    whole = getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+    if (whole == NULL || whole[0] == '\0') {
+      whole = NULL;
+      base = getenv("OTEL_EXPORTER_OTLP_ENDPOINT");
+      if (base != NULL && base[0] == '\0')
+        base = NULL;
+    }
+  }
+  if (base == NULL && whole == NULL)
+    return -1;
+  const char *proto = getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL");
+  if (proto == NULL)
+    proto = getenv("OTEL_EXPORTER_OTLP_PROTOCOL");
+  if (proto != NULL && strcmp(proto, "grpc") == 0) {
+    snprintf(msg, msgcap,
+             "OTEL_EXPORTER_OTLP_PROTOCOL=grpc: agentguard exports traces "
+             "over OTLP/HTTP (JSON) only; give the collector's HTTP endpoint "
+             "(port 4318)");
+    return 1;
+  }
+  size_t bl = base != NULL ? strlen(base) : 0;
+  while (bl > 0 && base[bl - 1] == '/')
+    bl--;
+  bool has_path = bl >= 10 && strncmp(base + bl - 10, "/v1/traces", 10) == 0;
+  int n = whole != NULL ? snprintf(url, cap, "%s", whole)
+                        : snprintf(url, cap, "%.*s%s", (int)bl, base,
+                                   has_path ? "" : "/v1/traces");
+  if (n < 0 || (size_t)n >= cap) {
+    snprintf(msg, msgcap, "the OTLP endpoint is longer than %zu bytes",
+             cap - 1);
+    return 1;
+  }
+  *headers = getenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS");
+  if (*headers == NULL)
+    *headers = getenv("OTEL_EXPORTER_OTLP_HEADERS");
+  *service = getenv("OTEL_SERVICE_NAME");
+  return 0;
 }

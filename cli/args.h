@@ -47,6 +47,21 @@ const char *cli_default_config(char *buf, size_t cap);
 void cli_use_default_config(const char *cmd, const char **config, char *buf,
                             size_t cap);
 
+/*
+ * Where OpenTelemetry traces go (docs/proxy.md, "Traces"): `endpoint` (a
+ * command's --otlp-endpoint, or NULL) is a base URL, as
+ * OTEL_EXPORTER_OTLP_ENDPOINT is, to which /v1/traces is added (unless it
+ * ends so); without it OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is, else
+ * OTEL_EXPORTER_OTLP_ENDPOINT, unless OTEL_SDK_DISABLED=true or
+ * OTEL_TRACES_EXPORTER=none. The whole URL goes to url (cap bytes), the
+ * headers (OTEL_EXPORTER_OTLP_[TRACES_]HEADERS) and OTEL_SERVICE_NAME to
+ * *headers and *service (NULL when unset). Returns 0 (traces on), -1 (no
+ * traces), or 1 with msg filled (OTEL_EXPORTER_OTLP_PROTOCOL=grpc, a URL
+ * too long).
+ */
+int cli_otlp(const char *endpoint, char *url, size_t cap, const char **headers,
+             const char **service, char *msg, size_t msgcap);
+
 /* The exit code (docs/cli.md) for a turn's status. */
 int cli_exit_code(ag_turn_status s);
 

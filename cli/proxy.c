@@ -13,7 +13,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "args.h"
 #include "cli.h"
@@ -326,51 +325,16 @@ int cli_proxy(int argc, char **argv) {
   return rc;
 }
 
-/* Where traces go (docs/proxy.md, "Traces"): --otlp-endpoint (or its key
- * and variable) is a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT is, to which
- * /v1/traces is added; else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is;
- * else OTEL_EXPORTER_OTLP_ENDPOINT. The standard variables also give the
- * headers and the service name, and turn traces off (OTEL_SDK_DISABLED,
- * OTEL_TRACES_EXPORTER=none). 0, or an exit code. */
+/* Where traces go: cli_otlp (args.h). 0, or an exit code. */
 static int otlp_opts(const proxy_args *a, ag_proxy_opts *o, char *url,
                      size_t cap) {
-  const char *base = a->otlp_endpoint, *whole = NULL;
-  const char *off = getenv("OTEL_SDK_DISABLED");
-  const char *exp = getenv("OTEL_TRACES_EXPORTER");
-  bool env_off = (off != NULL && strcasecmp(off, "true") == 0) ||
-                 (exp != NULL && strcmp(exp, "none") == 0);
-  if (base == NULL && !env_off) {
-    whole = getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
-    if (whole == NULL || whole[0] == '\0') {
-      whole = NULL;
-      base = getenv("OTEL_EXPORTER_OTLP_ENDPOINT");
-      if (base != NULL && base[0] == '\0')
-        base = NULL;
-    }
-  }
-  if (base == NULL && whole == NULL)
-    return 0;
-  const char *proto = getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL");
-  if (proto == NULL)
-    proto = getenv("OTEL_EXPORTER_OTLP_PROTOCOL");
-  if (proto != NULL && strcmp(proto, "grpc") == 0)
-    return usage_error("OTEL_EXPORTER_OTLP_PROTOCOL=grpc: agentguard exports "
-                       "traces over OTLP/HTTP (JSON) only; give the "
-                       "collector's HTTP endpoint (port 4318)");
-  size_t bl = base != NULL ? strlen(base) : 0;
-  while (bl > 0 && base[bl - 1] == '/')
-    bl--;
-  bool has_path = bl >= 10 && strncmp(base + bl - 10, "/v1/traces", 10) == 0;
-  int n = whole != NULL ? snprintf(url, cap, "%s", whole)
-                        : snprintf(url, cap, "%.*s%s", (int)bl, base,
-                                   has_path ? "" : "/v1/traces");
-  if (n < 0 || (size_t)n >= cap)
-    return usage_error("the OTLP endpoint is longer than %zu bytes", cap - 1);
-  o->otlp_traces_url = url;
-  o->otlp_headers = getenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS");
-  if (o->otlp_headers == NULL)
-    o->otlp_headers = getenv("OTEL_EXPORTER_OTLP_HEADERS");
-  o->otlp_service_name = getenv("OTEL_SERVICE_NAME");
+  char msg[256];
+  int got = cli_otlp(a->otlp_endpoint, url, cap, &o->otlp_headers,
+                     &o->otlp_service_name, msg, sizeof msg);
+  if (got > 0)
+    return usage_error("%s", msg);
+  if (got == 0)
+    o->otlp_traces_url = url;
   return 0;
 }
 

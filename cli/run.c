@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -34,6 +35,7 @@
 #include "prompt.h"
 #include "scenario.h"
 #include "timeline.h"
+#include "trace.h"
 #include "waiting.h"
 
 #define TASK_MAX (1u << 20) /* bytes of a task or a typed line */
@@ -61,6 +63,7 @@ typedef struct run_args {
   const char *tools;
   const char *events_detail;
   const char *output_format; /* "text" (default), "json" or "stream-json" */
+  const char *otlp_endpoint; /* --otlp-endpoint, or NULL */
   bool yes, allow_commands, quiet;
 } run_args;
 
@@ -79,6 +82,7 @@ typedef struct run_ctx {
   bool json_result;     /* --output-format json: one result object per turn */
   bool result_event;    /* stream-json: the result is the stream's "result" */
   cli_waiting *waiting; /* "waiting for the model" on a terminal, or NULL */
+  cli_trace *trace;     /* OpenTelemetry spans (--otlp-endpoint), or NULL */
 } run_ctx;
 
 static void usage(FILE *f) {
@@ -114,6 +118,10 @@ static void usage(FILE *f) {
       "  --events-detail counts|full\n"
       "                     full: model_request events carry the messages "
       "sent\n"
+      "  --otlp-endpoint URL\n"
+      "                     OpenTelemetry spans of each turn (OTLP/HTTP,\n"
+      "                     JSON) to URL/v1/traces; default from\n"
+      "                     OTEL_EXPORTER_OTLP_ENDPOINT\n"
       "  --allow-commands   offer run_command (asks before each run)\n"
       "  --yes, -y          approve every call without asking\n"
       "  --quiet, -q        no timeline on stderr\n"
@@ -125,6 +133,12 @@ static void usage(FILE *f) {
       "Exit codes: 0 completed; 3 stopped or escalated; 4 timed out or\n"
       "cancelled; 1 any other failure; 2 invalid input (nothing ran).\n",
       f);
+}
+
+static int64_t wall_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -159,13 +173,13 @@ static int parse_args(int argc, char **argv, run_args *a) {
         continue;
       }
       static const char *const with_value[] = {
-          "--workdir",       "--provider",     "--model",  "--base-url",
-          "--preset",        "--config",       "--events", "--tools",
-          "--events-detail", "--output-format"};
+          "--workdir",       "--provider",      "--model",        "--base-url",
+          "--preset",        "--config",        "--events",       "--tools",
+          "--events-detail", "--output-format", "--otlp-endpoint"};
       const char **const slot[] = {
-          &a->workdir,       &a->provider,     &a->model,  &a->base_url,
-          &a->preset,        &a->config,       &a->events, &a->tools,
-          &a->events_detail, &a->output_format};
+          &a->workdir,       &a->provider,      &a->model,        &a->base_url,
+          &a->preset,        &a->config,        &a->events,       &a->tools,
+          &a->events_detail, &a->output_format, &a->otlp_endpoint};
       char msg[128];
       int got = cli_value_option(argc, argv, &i, with_value, slot,
                                  sizeof(with_value) / sizeof(with_value[0]),
@@ -254,6 +268,7 @@ static void set_handlers(bool on) {
 
 static void on_event(void *user, const json_t *ev) {
   run_ctx *R = user;
+  cli_trace_event(R->trace, ev);
   if (R->events != NULL && !R->events_failed) {
     int e = cli_write_event(R->events, ev);
     if (e != 0) {
@@ -607,6 +622,14 @@ int cli_run(int argc, char **argv) {
     return rc;
   char defcfg[4096];
   cli_use_default_config("run", &a.config, defcfg, sizeof defcfg);
+  char otlp_url[2048], otlp_msg[256];
+  const char *otlp_headers = NULL, *otlp_service = NULL;
+  int traces =
+      cli_otlp(a.otlp_endpoint, otlp_url, sizeof otlp_url, &otlp_headers,
+               &otlp_service, otlp_msg, sizeof otlp_msg);
+  if (traces > 0)
+    return usage_error("%s", otlp_msg);
+  bool otlp_on = traces == 0;
   setup S;
   memset(&S, 0, sizeof S);
   if ((rc = load_config(&a, &S)) != 0 || (rc = make_provider(&a, &S)) != 0 ||
@@ -663,7 +686,19 @@ int cli_run(int argc, char **argv) {
       a.events_detail != NULL && strcmp(a.events_detail, "full") == 0;
   ag_agent *agent = NULL;
   ag_error_t err;
-  if (ag_agent_new(&agent, &ao, &err) != AG_OK) {
+  ag_otlp *otlp = NULL;
+  if (otlp_on &&
+      ag_otlp_start(&otlp, otlp_url, otlp_headers,
+                    otlp_service != NULL ? otlp_service : "agentguard",
+                    &err) != AG_OK) {
+    fprintf(stderr, "agentguard run: %s\n", err.msg);
+    rc = AG_EXIT_USAGE;
+  } else if (otlp_on && (R.trace = cli_trace_new(
+                             otlp, S.popts.model, S.popts.kind,
+                             getenv("TRACEPARENT"), wall_ns())) == NULL) {
+    fprintf(stderr, "agentguard run: out of memory\n");
+    rc = AG_EXIT_FAILURE;
+  } else if (ag_agent_new(&agent, &ao, &err) != AG_OK) {
     fprintf(stderr, "agentguard run: %s\n", err.msg);
     rc = AG_EXIT_USAGE;
   } else if (a.task != NULL) {
@@ -739,6 +774,13 @@ int cli_run(int argc, char **argv) {
   }
 
   ag_agent_free(agent);
+  cli_trace_free(R.trace);
+  if (otlp != NULL) { /* the spans of the session go now, 2 s at most */
+    unsigned long long lost = ag_otlp_stop(otlp, 2000);
+    if (lost > 0)
+      fprintf(stderr, "agentguard run: %llu span%s could not be sent to %s\n",
+              lost, lost == 1 ? "" : "s", otlp_url);
+  }
   cli_waiting_free(R.waiting);
   cli_timeline_free(R.timeline);
   json_decref(R.turn_end);

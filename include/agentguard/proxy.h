@@ -183,4 +183,30 @@ bool ag_proxy_drain(ag_proxy *p, int64_t timeout_ms);
  * nothing. */
 void ag_proxy_stop(ag_proxy *p);
 
+/*
+ * The proxy's OpenTelemetry trace exporter on its own (for `agentguard
+ * run`'s spans, docs/run.md "Traces"): spans - each an OTLP JSON Span
+ * object's text - are queued without I/O and posted in batches as
+ * OTLP/HTTP JSON to `traces_url` (the whole URL) by a thread of the
+ * exporter's own, with `headers` ("k=v,k2=v2"; may be NULL) under the
+ * resource `service_name` (NULL: "agentguard-proxy"). A full queue (4096)
+ * drops spans; ag_otlp_stop sends what is queued, for at most timeout_ms.
+ */
+typedef struct ag__otlp ag_otlp;
+ag_err_t ag_otlp_start(ag_otlp **out, const char *traces_url,
+                       const char *headers, const char *service_name,
+                       ag_error_t *err);
+/* Queues one span (malloc'd JSON text, taken in every case); false when it
+ * was dropped. */
+bool ag_otlp_push(ag_otlp *o, char *span_json);
+/* Spans the collector took, and spans dropped. */
+unsigned long long ag_otlp_exported(const ag_otlp *o);
+unsigned long long ag_otlp_dropped(const ag_otlp *o);
+/* Sends what is queued (for at most timeout_ms), stops and frees; returns
+ * the spans dropped over the exporter's life (0 for NULL). */
+unsigned long long ag_otlp_stop(ag_otlp *o, int64_t timeout_ms);
+/* A random id in lower-case hex (bytes 16: a trace id, 8: a span id;
+ * out holds 2 * bytes + 1); false when the random source failed. */
+bool ag_otlp_random_id(char *out, size_t bytes);
+
 #endif /* AG_PROXY_H */

@@ -26,6 +26,7 @@
 
 #include "../base/internal.h"
 #include "agentguard.h"
+#include "agentguard/proxy.h"
 
 struct ag__otlp {
   char *url;
@@ -276,6 +277,11 @@ bool ag__otlp_push(ag__otlp *o, char *span) {
 }
 
 void ag__otlp_stop(ag__otlp *o, int64_t timeout_ms) {
+  ag__otlp_stop_counted(o, timeout_ms, NULL);
+}
+
+void ag__otlp_stop_counted(ag__otlp *o, int64_t timeout_ms,
+                           unsigned long long *dropped) {
   if (o == NULL)
     return;
   /* what is queued goes now (the thread does not wait for its second),
@@ -306,10 +312,44 @@ void ag__otlp_stop(ag__otlp *o, int64_t timeout_ms) {
   pthread_mutex_unlock(&o->mu);
   atomic_fetch_add(&o->dropped, left);
   pthread_join(o->thread, NULL); /* a post under way ends within 10 s */
+  if (dropped != NULL)
+    *dropped = atomic_load(&o->dropped);
   pthread_cond_destroy(&o->cv);
   pthread_cond_destroy(&o->drained);
   pthread_mutex_destroy(&o->mu);
   otlp_free(o);
+}
+
+/* The public names (agentguard/proxy.h). */
+ag_err_t ag_otlp_start(ag_otlp **out, const char *traces_url,
+                       const char *headers, const char *service_name,
+                       ag_error_t *err) {
+  return ag__otlp_start(out, traces_url, headers, service_name, err);
+}
+
+bool ag_otlp_push(ag_otlp *o, char *span_json) {
+  return ag__otlp_push(o, span_json);
+}
+
+unsigned long long ag_otlp_stop(ag_otlp *o, int64_t timeout_ms) {
+  if (o == NULL)
+    return 0;
+  /* the count once the exporter has stopped, read just before it is freed */
+  unsigned long long dropped = 0;
+  ag__otlp_stop_counted(o, timeout_ms, &dropped);
+  return dropped;
+}
+
+unsigned long long ag_otlp_exported(const ag_otlp *o) {
+  return ag__otlp_exported(o);
+}
+
+unsigned long long ag_otlp_dropped(const ag_otlp *o) {
+  return ag__otlp_dropped(o);
+}
+
+bool ag_otlp_random_id(char *out, size_t bytes) {
+  return ag__otlp_random_hex(out, bytes);
 }
 
 unsigned long long ag__otlp_exported(const ag__otlp *o) {

@@ -35,6 +35,10 @@ bool ag__otlp_push(ag__otlp *o, char *span);
 /* Sends what is queued, waiting at most timeout_ms, then stops and frees
  * (NULL: nothing). */
 void ag__otlp_stop(ag__otlp *o, int64_t timeout_ms);
+/* The same, with the spans dropped over its life in *dropped (may be
+ * NULL). */
+void ag__otlp_stop_counted(ag__otlp *o, int64_t timeout_ms,
+                           unsigned long long *dropped);
 
 /* Spans sent and acknowledged (2xx), and dropped (the queue full, or an
  * export that failed). */

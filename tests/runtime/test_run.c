@@ -276,6 +276,106 @@ Test(run, output_format_stream_json_is_the_events_then_the_result) {
   result_free(&r);
 }
 
+/* The attribute `key` of an OTLP span: a string, or an int as decimal
+ * text in buf. */
+static const char *span_attr(const json_t *span, const char *key, char *buf,
+                             size_t cap) {
+  size_t i;
+  json_t *a;
+  json_array_foreach(json_object_get(span, "attributes"), i, a) {
+    if (strcmp(json_string_value(json_object_get(a, "key")), key) != 0)
+      continue;
+    json_t *v = json_object_get(a, "value");
+    if (json_is_string(json_object_get(v, "stringValue")))
+      return json_string_value(json_object_get(v, "stringValue"));
+    snprintf(buf, cap, "%lld",
+             (long long)json_integer_value(json_object_get(v, "intValue")));
+    return buf;
+  }
+  return NULL;
+}
+
+/* --otlp-endpoint: a turn is an invoke_agent span, with a chat span per
+ * model request and an execute_tool span per call under it, posted when
+ * the program ends (here to the fake model's server, which keeps the body);
+ * TRACEPARENT puts the turn in the caller's trace. */
+Test(run, a_turn_is_traced_as_genai_spans) {
+  F.replies[0] =
+      CALL_REPLY("read_file", "\"{\\\"path\\\":\\\"missing.txt\\\"}\"");
+  F.replies[1] = TEXT_REPLY("No such file.");
+  F.n_replies = 2;
+  char endpoint[64];
+  snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%d", F.port);
+  const char *const extra[] = {"--otlp-endpoint", endpoint, NULL};
+  setenv("TRACEPARENT",
+         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", 1);
+  result r = run_task(extra, "Read missing.txt");
+  unsetenv("TRACEPARENT");
+  cr_assert_eq(r.status, 0, "exit %d\nstderr: %s", r.status, r.err);
+  cr_assert_eq(F.n_requests, 3, "two model requests and the export");
+  char *body = fake_body(2);
+  json_t *j = json_loads(body, 0, NULL);
+  cr_assert_not_null(j, "the export is not JSON: %s", body);
+  json_t *spans = json_object_get(
+      json_array_get(json_object_get(
+                         json_array_get(json_object_get(j, "resourceSpans"), 0),
+                         "scopeSpans"),
+                     0),
+      "spans");
+  cr_assert_eq(json_array_size(spans), 4, "%s", body);
+  json_t *turn = NULL, *tool = NULL;
+  int chats = 0;
+  size_t i;
+  json_t *s;
+  json_array_foreach(spans, i, s) {
+    const char *name = json_string_value(json_object_get(s, "name"));
+    cr_expect_str_eq(json_string_value(json_object_get(s, "traceId")),
+                     "4bf92f3577b34da6a3ce929d0e0e4736");
+    if (strcmp(name, "invoke_agent agentguard") == 0)
+      turn = s;
+    else if (strcmp(name, "execute_tool read_file") == 0)
+      tool = s;
+    else
+      chats += strcmp(name, "chat fake-model") == 0;
+  }
+  cr_assert(turn != NULL && tool != NULL && chats == 2, "%s", body);
+  cr_expect_str_eq(json_string_value(json_object_get(turn, "parentSpanId")),
+                   "00f067aa0ba902b7");
+  const char *turn_id = json_string_value(json_object_get(turn, "spanId"));
+  char buf[32];
+  json_array_foreach(spans, i, s) {
+    if (s == turn)
+      continue;
+    cr_expect_str_eq(json_string_value(json_object_get(s, "parentSpanId")),
+                     turn_id, "every span is the turn's child");
+    if (strstr(json_string_value(json_object_get(s, "name")), "chat ") == NULL)
+      continue;
+    /* each request's own usage: 100 + 10 (the call), 120 + 5 (the text) */
+    char in[32], out[32];
+    const char *ti = span_attr(s, "gen_ai.usage.input_tokens", in, sizeof in);
+    const char *to =
+        span_attr(s, "gen_ai.usage.output_tokens", out, sizeof out);
+    cr_assert(ti != NULL && to != NULL);
+    cr_expect(strcmp(ti, "100") == 0
+                  ? strcmp(to, "10") == 0
+                  : strcmp(ti, "120") == 0 && strcmp(to, "5") == 0,
+              "tokens %s + %s", ti, to);
+  }
+  cr_expect_str_eq(span_attr(turn, "gen_ai.operation.name", buf, sizeof buf),
+                   "invoke_agent");
+  cr_expect_str_eq(span_attr(turn, "agentguard.status", buf, sizeof buf),
+                   "completed");
+  cr_expect_str_eq(span_attr(tool, "gen_ai.tool.name", buf, sizeof buf),
+                   "read_file");
+  cr_expect_str_eq(span_attr(tool, "error.type", buf, sizeof buf), "not_found");
+  cr_expect_eq(json_integer_value(
+                   json_object_get(json_object_get(tool, "status"), "code")),
+               2);
+  json_decref(j);
+  free(body);
+  result_free(&r);
+}
+
 Test(run, model_requests_carry_counts_by_default) {
   F.replies[0] = TEXT_REPLY("Hello.");
   F.n_replies = 1;
