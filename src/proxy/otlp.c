@@ -25,7 +25,7 @@
 #include <time.h>
 
 #include "../base/internal.h"
-#include "agentguard.h"
+#include "agentguard/common.h"
 #include "agentguard/proxy.h"
 
 struct ag__otlp {
