@@ -159,6 +159,7 @@ struct ag_proxy {
   FILE *access_log;      /* one line per request answered, or NULL */
   bool log_json;         /* the access log's lines are JSON */
   atomic_ullong req_ids; /* requests numbered, from 1 */
+  atomic_int streams;    /* responses relayed as they come, open now */
   ag__otlp *otlp;        /* the trace exporter (otlp.h), or NULL */
   /* GET /readyz's own probe of the upstreams (readyz_probe in serve.c),
    * its result kept for 10 s; probe_mu is held for a probe (2 s at most) */

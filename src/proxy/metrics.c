@@ -173,7 +173,7 @@ static void token_series(ag__buf *b, const ag__px_metrics *m) {
 }
 
 char *ag__px_metrics_text(const ag__px_metrics *m, unsigned connections,
-                          size_t held_bytes, bool tracing,
+                          size_t held_bytes, unsigned streams, bool tracing,
                           unsigned long long spans_exported,
                           unsigned long long spans_dropped, size_t *len) {
   ag__buf b;
@@ -228,6 +228,10 @@ char *ag__px_metrics_text(const ag__px_metrics *m, unsigned connections,
   head(&b, "agentguard_proxy_open_connections", "gauge",
        "Client connections open.");
   ag__buf_printf_cut(&b, "agentguard_proxy_open_connections %u\n", connections);
+  head(&b, "agentguard_proxy_open_streams", "gauge",
+       "Responses relayed as they come (streams and passed-through "
+       "bodies), open now.");
+  ag__buf_printf_cut(&b, "agentguard_proxy_open_streams %u\n", streams);
   head(&b, "agentguard_proxy_held_bytes", "gauge",
        "Bytes of replies held whole under --max-buffered.");
   ag__buf_printf_cut(&b, "agentguard_proxy_held_bytes %zu\n", held_bytes);

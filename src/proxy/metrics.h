@@ -68,7 +68,7 @@ void ag__px_metrics_done(ag__px_metrics *m, unsigned status, int64_t us,
 /* The exposition text (malloc'd, *len), with the gauges given; NULL when
  * out of memory. */
 char *ag__px_metrics_text(const ag__px_metrics *m, unsigned connections,
-                          size_t held_bytes, bool tracing,
+                          size_t held_bytes, unsigned streams, bool tracing,
                           unsigned long long spans_exported,
                           unsigned long long spans_dropped, size_t *len);
 

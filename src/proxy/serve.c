@@ -31,8 +31,8 @@ static void answer_own(ag_proxy *p, const char *path, reply *r) {
     size_t len = 0;
     char *text = ag__px_metrics_text(
         &p->metrics, ag__conns_count(p->conns), ag__budget_used(p->budget),
-        p->otlp != NULL, ag__otlp_exported(p->otlp), ag__otlp_dropped(p->otlp),
-        &len);
+        (unsigned)atomic_load(&p->streams), p->otlp != NULL,
+        ag__otlp_exported(p->otlp), ag__otlp_dropped(p->otlp), &len);
     if (text == NULL) {
       ag__px_set_error(r, 500, "server_error", "out_of_memory",
                        "out of memory");

@@ -29,6 +29,7 @@ static void stream_destroy(stream_st *st) {
   free(st->uri);
   free(st->path);
   ag__px_attr_unshare(st->ab);
+  atomic_fetch_sub(&st->p->streams, 1);
   pthread_mutex_destroy(&st->mu);
   free(st);
 }
@@ -905,6 +906,7 @@ static stream_st *stream_new(ag_proxy *p, bool anth, const char *path) {
   pthread_mutex_init(&st->mu, NULL);
   st->refs = 1;
   st->p = p;
+  atomic_fetch_add(&p->streams, 1);
   st->anth = anth;
   for (size_t k = 0; k < sizeof(st->map) / sizeof(st->map[0]); k++)
     st->map[k] = -1;
