@@ -12,8 +12,10 @@
  * ag_auditor_run (include/agentguard/audit.h), the summary and the JSON are
  * the core's too, so an embedding program gets the same numbers.
  *
- * Inputs are handled one at a time: read, parse, audit, print, free, so
- * memory does not grow with the number of files. Within one input, jansson's
+ * Each input is read, parsed, audited, printed and freed in turn, so memory
+ * does not grow with the number of files; --jobs threads do the reading,
+ * parsing and replay of the next inputs meanwhile (the pool below), while
+ * the main thread prints in input order. Within one input, jansson's
  * tree is most of it: 3 to 4 times the input for real recordings, but up to
  * about 80 times for a document of tiny values ("[{},{},...]", every "{}"
  * an object with its own hash table). So jansson allocates through a
@@ -41,11 +43,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -85,6 +89,8 @@ static const char usage_text[] =
     "  --json          JSON Lines on stdout: one object per run or skipped\n"
     "                  input, then a summary (docs/audit.md)\n"
     "  --quiet, -q     the summary only (table output)\n"
+    "  --jobs N        inputs read and replayed at once, 1 to 64 (default:\n"
+    "                  the number of cores); output stays in input order\n"
     "  -h, --help      this text\n"
     "\n"
     "Exit codes: 0 every input audited (whatever the guard found), 1 some\n"
@@ -96,7 +102,10 @@ typedef struct opts {
   bool all_stops;
   bool json;
   bool quiet;
+  int jobs; /* --jobs: threads reading and replaying inputs; 0: the cores */
 } opts;
+
+#define JOBS_MAX 64
 
 /* ---- jansson's memory ---------------------------------------------------- */
 
@@ -104,10 +113,12 @@ typedef struct opts {
  * not freed), and the most it may hold above `json_base` while an input is
  * parsed. A block jansson allocated but someone frees with free() (a
  * json_dumps result) is never subtracted; counting from `json_base`, taken
- * just before each parse, keeps such drift out of the budget. The audit is
- * single-threaded, so plain variables do. */
-static size_t json_live, json_base, json_budget = SIZE_MAX;
-static bool json_over;
+ * just before each parse, keeps such drift out of the budget. Each thread
+ * counts its own (an input is parsed by one thread; a block freed by
+ * another thread only makes that thread's count drift, which the base
+ * taken before each parse keeps out of the budget too). */
+static _Thread_local size_t json_live, json_base, json_budget = SIZE_MAX;
+static _Thread_local bool json_over;
 
 static void *json_counted_malloc(size_t n) {
   size_t used = json_live > json_base ? json_live - json_base : 0;
@@ -574,6 +585,157 @@ static void print_summary(const opts *o, const ag_config *cfg,
   }
 }
 
+/* ---- the inputs, read and replayed by a pool of threads ----------------- */
+
+/*
+ * `--jobs N` threads read, parse and replay inputs (each with an auditor of
+ * its own: an ag_auditor is one thread's); the main thread prints and adds
+ * to the summary in input order, as each input's turn comes. A thread takes
+ * input i only while i < consumed + window (window = 2 x jobs), so at most
+ * that many parsed inputs wait for their turn: memory stays that of 2 x jobs
+ * inputs, whatever their number.
+ */
+typedef struct job_result {
+  bool done, ok;
+  ag_trajectory *t;
+  ag_audit_finding f;
+  char why[AG_ERROR_MSG_MAX + 64];
+} job_result;
+
+typedef struct pool {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  const inputs *in;
+  const ag_config *cfg;
+  const ag_audit_opts *ao;
+  job_result *res;
+  size_t next, consumed, window;
+  pthread_t threads[JOBS_MAX];
+  int n_threads;
+} pool;
+
+static int cores(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > JOBS_MAX ? JOBS_MAX : (int)n;
+}
+
+/* Reads, parses and replays input i into r (r->ok, or r->why). */
+static void run_one(const char *path, ag_auditor *aud, job_result *r) {
+  char *buf = NULL;
+  size_t len = 0;
+  ag_error_t err;
+  r->ok = read_input(path, MAX_INPUT_BYTES, &buf, &len, r->why,
+                     sizeof(r->why)) == 0;
+  if (r->ok) {
+    ag_traj_opts to;
+    ag_traj_opts_init(&to);
+    to.max_bytes = MAX_INPUT_BYTES;
+    size_t budget = len * JSON_BUDGET_FACTOR;
+    json_base = json_live;
+    json_budget = budget > JSON_BUDGET_MIN ? budget : JSON_BUDGET_MIN;
+    json_over = false;
+    r->ok = ag_trajectory_parse(&r->t, buf, len, &to, &err) == AG_OK;
+    json_budget = SIZE_MAX;
+    if (!r->ok && json_over)
+      snprintf(r->why, sizeof(r->why),
+               "needs more than %zu MiB to parse (%d times its size: its "
+               "JSON has very many small values); split it or audit a part",
+               (budget > JSON_BUDGET_MIN ? budget : JSON_BUDGET_MIN) >> 20,
+               JSON_BUDGET_FACTOR);
+    else if (!r->ok)
+      snprintf(r->why, sizeof(r->why), "%s", err.msg);
+  }
+  free(buf);
+  if (r->ok) {
+    r->ok = ag_auditor_run(aud, r->t, &r->f, &err) == AG_OK;
+    if (!r->ok)
+      snprintf(r->why, sizeof(r->why), "%s", err.msg);
+  }
+}
+
+static void *pool_main(void *arg) {
+  pool *P = arg;
+  ag_auditor *aud = NULL;
+  ag_error_t err;
+  bool made = ag_auditor_new(&aud, P->cfg, P->ao, &err) == AG_OK;
+  pthread_mutex_lock(&P->mu);
+  for (;;) {
+    while (P->next < P->in->n && P->next >= P->consumed + P->window)
+      pthread_cond_wait(&P->cv, &P->mu);
+    if (P->next >= P->in->n)
+      break;
+    size_t i = P->next++;
+    pthread_mutex_unlock(&P->mu);
+    job_result *r = &P->res[i];
+    if (made)
+      run_one(P->in->paths[i], aud, r);
+    else
+      snprintf(r->why, sizeof r->why, "%s", err.msg);
+    pthread_mutex_lock(&P->mu);
+    r->done = true;
+    pthread_cond_broadcast(&P->cv);
+  }
+  pthread_mutex_unlock(&P->mu);
+  ag_auditor_free(aud);
+  return NULL;
+}
+
+/* Starts `jobs` threads (fewer for fewer inputs); 0, or -1 with err. */
+static int pool_start(pool *P, const inputs *in, const ag_config *cfg,
+                      const ag_audit_opts *ao, int jobs, ag_error_t *err) {
+  memset(P, 0, sizeof *P);
+  P->in = in;
+  P->cfg = cfg;
+  P->ao = ao;
+  P->res = calloc(in->n, sizeof *P->res);
+  if (jobs > (int)in->n)
+    jobs = (int)in->n;
+  P->window = 2 * (size_t)jobs;
+  pthread_mutex_init(&P->mu, NULL);
+  pthread_cond_init(&P->cv, NULL);
+  for (int k = 0; P->res != NULL && k < jobs; k++) {
+    if (pthread_create(&P->threads[k], NULL, pool_main, P) != 0)
+      break;
+    P->n_threads++;
+  }
+  if (P->n_threads == 0) {
+    free(P->res);
+    pthread_mutex_destroy(&P->mu);
+    pthread_cond_destroy(&P->cv);
+    snprintf(err->msg, sizeof err->msg, "%s",
+             P->res == NULL ? "out of memory" : "cannot start a thread");
+    return -1;
+  }
+  return 0;
+}
+
+/* Input i's result, once a thread has it. */
+static job_result *pool_take(pool *P, size_t i) {
+  pthread_mutex_lock(&P->mu);
+  while (!P->res[i].done)
+    pthread_cond_wait(&P->cv, &P->mu);
+  pthread_mutex_unlock(&P->mu);
+  return &P->res[i];
+}
+
+/* Input i is printed: its trajectory goes, and a thread may take one more. */
+static void pool_done(pool *P, size_t i) {
+  ag_trajectory_free(P->res[i].t);
+  P->res[i].t = NULL;
+  pthread_mutex_lock(&P->mu);
+  P->consumed = i + 1;
+  pthread_cond_broadcast(&P->cv);
+  pthread_mutex_unlock(&P->mu);
+}
+
+static void pool_stop(pool *P) {
+  for (int k = 0; k < P->n_threads; k++)
+    pthread_join(P->threads[k], NULL);
+  pthread_mutex_destroy(&P->mu);
+  pthread_cond_destroy(&P->cv);
+  free(P->res);
+}
+
 /* ---- the command -------------------------------------------------------- */
 
 static int parse_args(int argc, char **argv, opts *o, inputs *in) {
@@ -607,6 +769,17 @@ static int parse_args(int argc, char **argv, opts *o, inputs *in) {
     } else if (!done_opts &&
                (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0)) {
       o->quiet = true;
+    } else if (!done_opts && strcmp(a, "--jobs") == 0) {
+      char *end = NULL;
+      long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+      if (i + 1 >= argc || end == argv[i + 1] || *end != '\0' || v < 1 ||
+          v > JOBS_MAX) {
+        cli_usage_error("audit", "--jobs %s: expected a number from 1 to %d",
+                        i + 1 < argc ? argv[i + 1] : "(none)", JOBS_MAX);
+        return -1;
+      }
+      o->jobs = (int)v;
+      i++;
     } else if (!done_opts && a[0] == '-' && a[1] != '\0') {
       cli_usage_error("audit", "unknown option '%s'", a);
       return -1;
@@ -686,37 +859,23 @@ int cli_audit(int argc, char **argv) {
   }
   double t0 = now_s();
   bool header = false;
+  int jobs = o.jobs > 0 ? o.jobs : cores();
+  pool P;
+  if (pool_start(&P, &in, &cfg, &ao, jobs, &err) != 0) {
+    fprintf(stderr, "agentguard audit: %s\n", err.msg);
+    ag_auditor_free(aud);
+    inputs_free(&in);
+    return AG_EXIT_FAILURE;
+  }
   for (size_t i = 0; i < in.n; i++) {
     const char *path = in.paths[i];
     char label[512];
     run_label(path, label, sizeof(label));
-    char *buf = NULL;
-    size_t len = 0;
-    char why[AG_ERROR_MSG_MAX + 64];
-    ag_trajectory *t = NULL;
-    ag_audit_finding f;
-    bool ok =
-        read_input(path, MAX_INPUT_BYTES, &buf, &len, why, sizeof(why)) == 0;
-    if (ok) {
-      ag_traj_opts to;
-      ag_traj_opts_init(&to);
-      to.max_bytes = MAX_INPUT_BYTES;
-      size_t budget = len * JSON_BUDGET_FACTOR;
-      json_base = json_live;
-      json_budget = budget > JSON_BUDGET_MIN ? budget : JSON_BUDGET_MIN;
-      json_over = false;
-      ok = ag_trajectory_parse(&t, buf, len, &to, &err) == AG_OK;
-      json_budget = SIZE_MAX;
-      if (!ok && json_over)
-        snprintf(why, sizeof(why),
-                 "needs more than %zu MiB to parse (%d times its size: its "
-                 "JSON has very many small values); split it or audit a part",
-                 (budget > JSON_BUDGET_MIN ? budget : JSON_BUDGET_MIN) >> 20,
-                 JSON_BUDGET_FACTOR);
-      else if (!ok)
-        snprintf(why, sizeof(why), "%s", err.msg);
-    }
-    free(buf);
+    job_result *res = pool_take(&P, i);
+    bool ok = res->ok;
+    ag_trajectory *t = res->t;
+    ag_audit_finding f = res->f;
+    const char *why = res->why;
     if (ok && t->cut_line > 0) {
       fputs("agentguard audit: ", stderr);
       cli_put_oneline(stderr, path, strlen(path), strlen(path));
@@ -724,11 +883,6 @@ int cli_audit(int argc, char **argv) {
               ": line %ld is cut off (the writer stopped mid-line); read "
               "without it\n",
               t->cut_line);
-    }
-    if (ok) {
-      ok = ag_auditor_run(aud, t, &f, &err) == AG_OK;
-      if (!ok)
-        snprintf(why, sizeof(why), "%s", err.msg);
     }
     if (!ok) {
       ag_audit_summary_add_skipped(&sum);
@@ -751,7 +905,7 @@ int cli_audit(int argc, char **argv) {
         free(line);
         json_decref(j);
       }
-      ag_trajectory_free(t);
+      pool_done(&P, i);
       continue;
     }
     ag_audit_summary_add(&sum, t, &f);
@@ -778,8 +932,9 @@ int cli_audit(int argc, char **argv) {
       header = true;
       print_row(width, label, t, &f);
     }
-    ag_trajectory_free(t);
+    pool_done(&P, i);
   }
+  pool_stop(&P);
   double secs = now_s() - t0;
 
   if (o.json) {

@@ -1295,6 +1295,61 @@ Test(cli, audit_reads_a_log_without_its_cut_last_line) {
   free(text);
 }
 
+/* --jobs: inputs read and replayed by several threads, printed in input
+ * order - the output, the warnings and the exit code are those of one job,
+ * for good, looping and broken inputs and event logs mixed. */
+Test(cli, audit_jobs_keep_the_output_in_input_order) {
+  char sub[300];
+  snprintf(sub, sizeof sub, "%s/runs", dir);
+  cr_assert_eq(mkdir(sub, 0700), 0);
+  size_t last;
+  char *log = stopped_run_log(&last);
+  for (int i = 0; i < 24; i++) {
+    char name[64], text[2048];
+    snprintf(name, sizeof name, "runs/r%02d.json", i);
+    if (i % 6 == 1) {
+      put(name, "{not json");
+    } else if (i % 6 == 3) {
+      snprintf(name, sizeof name, "runs/r%02d.jsonl", i);
+      put(name, log);
+    } else {
+      /* a conversation with i % 4 + 2 identical calls */
+      int n = 0;
+      n += snprintf(text + n, sizeof text - (size_t)n,
+                    "[{\"role\":\"user\",\"content\":\"task %d\"}", i);
+      for (int k = 0; k < i % 4 + 2; k++)
+        n += snprintf(text + n, sizeof text - (size_t)n,
+                      ",{\"role\":\"assistant\",\"content\":null,"
+                      "\"tool_calls\":[{\"id\":\"c%d\",\"type\":"
+                      "\"function\",\"function\":{\"name\":\"read\","
+                      "\"arguments\":\"{}\"}}]},{\"role\":\"tool\","
+                      "\"tool_call_id\":\"c%d\",\"content\":\"same\"}",
+                      k, k);
+      snprintf(text + n, sizeof text - (size_t)n, "]");
+      put(name, text);
+    }
+  }
+  free(log);
+  result one =
+      run(ARGS("audit", "--json", "--preset", "hpd", "--jobs", "1", "runs"));
+  cr_expect_eq(one.status, 1, "the broken inputs are skipped: %s", one.err);
+  cr_expect(strstr(one.out, "\"type\":\"skipped\"") != NULL, "%s", one.out);
+  for (int rounds = 0; rounds < 3; rounds++) {
+    result many =
+        run(ARGS("audit", "--json", "--preset", "hpd", "--jobs", "4", "runs"));
+    cr_expect_eq(many.status, one.status);
+    cr_expect_str_eq(many.out, one.out);
+    cr_expect_str_eq(many.err, one.err);
+    result_free(&many);
+  }
+  result_free(&one);
+  result bad = run(ARGS("audit", "--jobs", "0", "runs"));
+  cr_expect_eq(bad.status, 2);
+  cr_expect(strstr(bad.err, "--jobs 0: expected a number from 1 to 64") != NULL,
+            "%s", bad.err);
+  result_free(&bad);
+}
+
 /* Only the last line, and only without its newline: a cut line with lines
  * after it (another writer appended) is a bad input, skipped as before. */
 Test(cli, audit_refuses_a_cut_line_in_the_middle) {
