@@ -12,6 +12,7 @@
 #include "waiting.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -88,7 +89,14 @@ cli_waiting *cli_waiting_new(FILE *out) {
     free(w);
     return NULL;
   }
-  if (pthread_create(&w->thread, NULL, ticker, w) != 0) {
+  /* The thread takes no signal: a Ctrl-C must reach the thread that waits
+   * for it in ppoll (run's prompt and questions), not wake this one. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&w->thread, NULL, ticker, w);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);

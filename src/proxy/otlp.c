@@ -18,6 +18,7 @@
 #include <jansson.h>
 #include <openssl/rand.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,7 +242,19 @@ ag_err_t ag__otlp_start(ag__otlp **out, const char *url, const char *headers,
   pthread_cond_init(&o->cv, &ca);
   pthread_condattr_destroy(&ca);
   pthread_cond_init(&o->drained, NULL);
-  if (pthread_create(&o->thread, NULL, exporter, o) != 0) {
+  /* The exporter's thread takes no asynchronous signal: they are the
+   * program's threads' to handle (a Ctrl-C waited for in ppoll). */
+  sigset_t all, old;
+  sigfillset(&all);
+  sigdelset(&all, SIGSEGV);
+  sigdelset(&all, SIGBUS);
+  sigdelset(&all, SIGFPE);
+  sigdelset(&all, SIGILL);
+  sigdelset(&all, SIGABRT);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int made = pthread_create(&o->thread, NULL, exporter, o);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (made != 0) {
     pthread_cond_destroy(&o->cv);
     pthread_cond_destroy(&o->drained);
     pthread_mutex_destroy(&o->mu);
