@@ -22,6 +22,7 @@
  */
 #define _GNU_SOURCE /* posix_openpt, grantpt, ptsname_r, TIOCSCTTY */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -413,6 +414,46 @@ Test(run_tty, the_prompt_edits_lines_and_recalls_earlier_ones) {
             "%s\nthe pty showed:\n%s", second, T.shown);
   free(first);
   free(second);
+}
+
+/* A Ctrl-C that comes while the session is not yet in its ppoll must
+ * stay pending for the thread that waits there: every other thread of the
+ * program blocks SIGINT (the "waiting for the model" ticker once took it,
+ * and the session then waited for ever). Read from /proc: each thread's
+ * blocked set, at the prompt. */
+Test(run_tty, only_the_waiting_thread_takes_ctrl_c) {
+  spawn(PLAIN_CONFIG, NULL, NULL, true);
+  expect(PROMPT);
+  char dir[64];
+  snprintf(dir, sizeof dir, "/proc/%d/task", (int)T.pid);
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    cr_skip_test("no %s: %s", dir, strerror(errno));
+  int others = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.' || atoi(e->d_name) == T.pid)
+      continue; /* the main thread: it waits in ppoll, SIGINT open */
+    char path[400], line[256];
+    snprintf(path, sizeof path, "%s/%s/status", dir, e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+      continue; /* it ended meanwhile */
+    unsigned long long blk = 0;
+    bool seen = false;
+    while (fgets(line, sizeof line, f) != NULL)
+      if (sscanf(line, "SigBlk: %llx", &blk) == 1)
+        seen = true;
+    fclose(f);
+    cr_assert(seen, "no SigBlk in %s", path);
+    cr_expect(blk & (1ull << (SIGINT - 1)),
+              "thread %s takes SIGINT (SigBlk %llx)", e->d_name, blk);
+    others++;
+  }
+  closedir(d);
+  cr_expect_gt(others, 0, "the ticker thread was not found");
+  type("exit\r");
+  cr_expect_eq(child_exit(), 0);
 }
 
 Test(run_tty, ctrl_c_cancels_the_turn_not_the_session) {
