@@ -68,8 +68,15 @@ typedef struct sturn {
   sreply *replies;
   size_t n;
   bool repeat_last;
-  size_t served; /* requests answered from `replies`, at most n */
+  size_t served;  /* requests answered from `replies`, at most n */
+  size_t repeats; /* requests answered by repeating the last reply */
 } sturn;
+
+/* repeat_last repeats the last reply this many times at most: a model that
+ * repeats for ever under a config that never stops it (no iteration cap,
+ * the loop mechanisms off) would otherwise run until killed. The turn then
+ * ends as an exhausted script, saying why. */
+#define REPEATS_MAX 1000
 
 typedef struct scripted {
   sturn *turns;
@@ -512,9 +519,18 @@ static ag_err_t scripted_complete(void *self, const ag_request *req,
   const sreply *r;
   if (t->served < t->n)
     r = &t->replies[t->served++];
-  else if (t->repeat_last && t->n > 0)
+  else if (t->repeat_last && t->n > 0 && t->repeats < REPEATS_MAX) {
     r = &t->replies[t->n - 1];
-  else {
+    t->repeats++;
+  } else if (t->repeat_last && t->n > 0) {
+    snprintf(perr->message, sizeof(perr->message),
+             "turn %d's last model reply was repeated %d times "
+             "(repeat_last) and nothing stopped the turn: the config has "
+             "no limit this loop reaches (max_iterations, the loop "
+             "mechanisms)",
+             req->turn, REPEATS_MAX);
+    return exhausted(perr);
+  } else {
     snprintf(perr->message, sizeof(perr->message),
              "the scenario has no more model replies for turn %d (it has %zu)",
              req->turn, t->n);

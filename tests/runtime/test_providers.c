@@ -555,6 +555,23 @@ Test(scripted, repeat_last_repeats) {
   ag_provider_free(p);
 }
 
+/* repeat_last has an end: after 1000 repeats the script is exhausted,
+ * saying that nothing stopped the turn (a preset with no caps would
+ * otherwise loop until killed). */
+Test(scripted, repeat_last_ends_after_1000_repeats) {
+  ag_provider *p = load("[{'user':'a','repeat_last':true,"
+                        "  'model':[{'text':'again'}]}]");
+  expect_text(p, 1, "again");
+  for (int i = 0; i < 1000; i++)
+    expect_text(p, 1, "again");
+  ag_provider_error pe = expect_perr(p, 1);
+  cr_expect(pe.exhausted);
+  cr_expect(strstr(pe.message, "repeated 1000 times (repeat_last) and "
+                               "nothing stopped the turn") != NULL,
+            "%s", pe.message);
+  ag_provider_free(p);
+}
+
 Test(scripted, repeat_last_with_no_replies_is_exhausted) {
   ag_provider *p = load("[{'user':'a','repeat_last':true,'model':[]}]");
   ag_provider_error pe = expect_perr(p, 1);
