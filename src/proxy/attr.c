@@ -18,6 +18,15 @@
 #include "agentguard/providers.h"
 #include "otlp.h"
 
+/* `in` cut to cap - 1 bytes, anything but printable ASCII as '_': one word
+ * in a text line, valid UTF-8 for JSON (a client's path, header). */
+static void ascii_word(const char *in, char *out, size_t cap) {
+  size_t k = 0;
+  for (const char *c = in != NULL ? in : ""; *c != '\0' && k + 1 < cap; c++)
+    out[k++] = (*c > 0x20 && *c < 0x7f) ? *c : '_';
+  out[k] = '\0';
+}
+
 void ag__px_attr_begin(ag__px_attr *a, unsigned long long id,
                        const struct sockaddr *client, const char *api,
                        const char *session_header) {
@@ -34,13 +43,8 @@ void ag__px_attr_begin(ag__px_attr *a, unsigned long long id,
     const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)client;
     inet_ntop(AF_INET6, &s6->sin6_addr, a->client, sizeof a->client);
   }
-  if (session_header != NULL) {
-    /* the client's own id, cut to 64 bytes, printable ASCII only */
-    size_t k = 0;
-    for (const char *s = session_header; *s != '\0' && k < 64; s++)
-      a->conv[k++] = (*s > 0x20 && *s < 0x7f) ? *s : '_';
-    a->conv[k] = '\0';
-  }
+  if (session_header != NULL) /* the client's own id, 64 bytes at most */
+    ascii_word(session_header, a->conv, 65);
 }
 
 ag__px_attr_box *ag__px_attr_share(const ag__px_attr *a) {
@@ -147,7 +151,9 @@ char *ag__px_attr_span(const ag__px_attr *a, const char *path, unsigned status,
   if (a->out_tokens >= 0)
     attr_int(at, "gen_ai.usage.output_tokens", a->out_tokens);
   attr_str(at, "http.request.method", a->method);
-  attr_str(at, "url.path", path);
+  char shown[151];
+  ascii_word(path, shown, sizeof shown);
+  attr_str(at, "url.path", shown);
   attr_int(at, "http.response.status_code", (long long)status);
   attr_str(at, "client.address", a->client);
   attr_str(at, "agentguard.api", a->api);
@@ -231,12 +237,16 @@ void ag__px_attr_log(const ag__px_attr *a, FILE *out, bool json,
   const char *decision = a->decision != NULL ? a->decision
                          : a->api != NULL    ? "passed"
                                              : "relayed";
+  /* a path is the client's: cut, printable ASCII only (one word in a text
+   * line, valid UTF-8 for JSON) */
+  char shown[151];
+  ascii_word(path, shown, sizeof shown);
   if (json) {
     json_t *o = json_pack(
         "{s:s, s:I, s:s, s:s, s:s, s:s*, s:s*, s:s*, s:s, s:s*, s:i, s:I}",
         "ts", ts, "id", (json_int_t)a->id, "client", a->client, "method",
-        method != NULL ? method : "", "path", path != NULL ? path : "", "api",
-        a->api, "model", a->model[0] ? a->model : NULL, "conversation",
+        method != NULL ? method : "", "path", shown, "api", a->api, "model",
+        a->model[0] ? a->model : NULL, "conversation",
         a->conv[0] ? a->conv : NULL, "decision", decision, "reason",
         a->reason[0] ? a->reason : NULL, "status", (int)status, "ms",
         (json_int_t)ms);
@@ -269,12 +279,6 @@ void ag__px_attr_log(const ag__px_attr *a, FILE *out, bool json,
     snprintf(tokens, sizeof tokens, "%lld+%lld",
              a->in_tokens >= 0 ? a->in_tokens : 0,
              a->out_tokens >= 0 ? a->out_tokens : 0);
-  /* a path is the client's: cut, and nothing that would start a new line */
-  char shown[160];
-  size_t k = 0;
-  for (const char *s = path != NULL ? path : ""; *s != '\0' && k < 150; s++)
-    shown[k++] = (*s > 0x20 && *s < 0x7f) ? *s : '_';
-  shown[k] = '\0';
   char line[1024];
   int n = snprintf(
       line, sizeof line,
