@@ -427,6 +427,9 @@ ag_action ag__px_check_reply(ag_guard *g, const ag_reply *rep,
 void ag__px_chunk_tape_free(chunk_tape *ct);
 chunk_tape *ag__px_chunk_tape_new(void);
 bool ag__px_client_headers(struct MHD_Connection *c, struct curl_slist **out);
+/* Replaces the client's traceparent headers in *list with one of `value`
+ * (W3C: "00-TRACE-SPAN-01"); false when out of memory (*list unchanged). */
+bool ag__px_set_traceparent(struct curl_slist **list, const char *value);
 void ag__px_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe);
 char *ag__px_dupz(const char *s);

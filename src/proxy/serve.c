@@ -646,6 +646,16 @@ bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   return true;
 }
 
+/* With traces on, the upstream's request carries the proxy's span as its
+ * parent (W3C Trace Context), in the client's trace when it sent one. */
+static bool traceparent_up(req_ctx *q) {
+  if (q->attr.trace_id[0] == '\0' || q->attr.span_id[0] == '\0')
+    return true;
+  char tp[64];
+  snprintf(tp, sizeof tp, "00-%s-%s-01", q->attr.trace_id, q->attr.span_id);
+  return ag__px_set_traceparent(&q->client_hdrs, tp);
+}
+
 enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
                                const char *url, const char *method,
                                const char *version, const char *upload,
@@ -705,7 +715,7 @@ enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
         "(--max-body)",
         p->max_body);
   } else if ((q->method = ag__px_dupz(method)) == NULL ||
-             !ag__px_client_headers(c, &q->client_hdrs)) {
+             !ag__px_client_headers(c, &q->client_hdrs) || !traceparent_up(q)) {
     ag__px_set_error(&q->r, 500, "server_error", "out_of_memory",
                      "out of memory");
   } else {

@@ -148,6 +148,30 @@ bool ag__px_client_headers(struct MHD_Connection *c, struct curl_slist **out) {
   return true;
 }
 
+bool ag__px_set_traceparent(struct curl_slist **list, const char *value) {
+  struct curl_slist *out = NULL;
+  for (const struct curl_slist *s = *list; s != NULL; s = s->next) {
+    if (strncasecmp(s->data, "traceparent:", 12) == 0)
+      continue; /* the client's: the proxy's span is the parent now */
+    struct curl_slist *g = curl_slist_append(out, s->data);
+    if (g == NULL) {
+      curl_slist_free_all(out);
+      return false;
+    }
+    out = g;
+  }
+  char line[96];
+  snprintf(line, sizeof line, "traceparent: %s", value);
+  struct curl_slist *g = curl_slist_append(out, line);
+  if (g == NULL) {
+    curl_slist_free_all(out);
+    return false;
+  }
+  curl_slist_free_all(*list);
+  *list = g;
+  return true;
+}
+
 /* Whether the peer of socket `fd` has gone: closed (or shut its side
  * down), reset, or the socket failed. A client does not half-close an
  * HTTP/1.1 connection while it waits for the answer, so a hang-up means

@@ -47,6 +47,7 @@ typedef struct seen {
   char *url, *body, *auth, *agkey, *query, *alt;
   char *sess; /* x-agentguard-session, which must not come */
   char *team; /* x-team: an OTLP header */
+  char *tp;   /* traceparent */
 } seen;
 
 static struct {
@@ -103,6 +104,8 @@ static enum MHD_Result up_handler(void *cls, struct MHD_Connection *c,
     s->sess = dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                "x-agentguard-session"));
     s->team = dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-team"));
+    s->tp =
+        dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "traceparent"));
   }
   canned r = {500, "{\"error\":{\"message\":\"no canned reply left\"}}"};
   if (U.next < U.n_replies)
@@ -165,6 +168,7 @@ static void canned_reset(void) {
     free(U.reqs[i].alt);
     free(U.reqs[i].sess);
     free(U.reqs[i].team);
+    free(U.reqs[i].tp);
   }
   U.n_replies = U.next = U.n_reqs = 0;
   pthread_mutex_unlock(&U.mu);
@@ -4116,6 +4120,7 @@ Test(proxy, each_guarded_request_is_a_span_in_the_clients_trace) {
       at = i;
   cr_assert_geq(at, 0, "no export reached the collector");
   cr_expect_str_eq(U.reqs[at].team, "blue");
+  char *up_tp = dupz(U.reqs[0].tp); /* the model request's traceparent */
   json_error_t je;
   json_t *req = json_loads(U.reqs[at].body, 0, &je);
   pthread_mutex_unlock(&U.mu);
@@ -4142,6 +4147,12 @@ Test(proxy, each_guarded_request_is_a_span_in_the_clients_trace) {
                    "00f067aa0ba902b7");
   cr_expect(lower_hex(json_string_value(json_object_get(a, "spanId")), 16));
   cr_expect_str_eq(json_string_value(json_object_get(a, "name")), "chat m");
+  /* and the upstream's request is the proxy span's child */
+  char want_tp[80];
+  snprintf(want_tp, sizeof want_tp, "00-4bf92f3577b34da6a3ce929d0e0e4736-%s-01",
+           json_string_value(json_object_get(a, "spanId")));
+  cr_expect_str_eq(up_tp, want_tp);
+  free(up_tp);
   cr_expect_eq(json_integer_value(json_object_get(a, "kind")), 3);
   const char *t0 = json_string_value(json_object_get(a, "startTimeUnixNano"));
   const char *t1 = json_string_value(json_object_get(a, "endTimeUnixNano"));
