@@ -81,6 +81,7 @@ typedef struct builder {
   const char *unit;
   size_t unit_no;
   long line; /* JSON Lines: the line of the current value, else 0 */
+  bool tape; /* the neutral format may be read from the tape first */
 } builder;
 
 /* An error at the current place in the input: "message 7: ...". */
@@ -115,8 +116,18 @@ ag_run_outcome ag__tb_outcome(const json_t *obj);
 const char *ag__tb_source(const json_t *obj);
 bool ag__tb_truthy(const json_t *v);
 
+/* n bytes in the trajectory's arena (lives as long as it), or NULL. */
+char *ag__tb_alloc(builder *b, size_t n);
+
+/* What ag__tb_parse_neutral_tape returns for an input it leaves to the
+ * tree path (jansson): nothing it read counts. */
+#define AG__TB_FALLBACK ((ag_err_t)-1000)
+
 /* The readers, one per format (traj_*.c). */
 ag_err_t ag__tb_parse_neutral(builder *b, const json_t *root);
+/* The neutral format from the JCS tape (traj_tape.c): AG_OK, an allocation
+ * failure, or AG__TB_FALLBACK. */
+ag_err_t ag__tb_parse_neutral_tape(builder *b, const char *buf, size_t len);
 ag_err_t ag__tb_parse_chat(builder *b, const json_t *msgs, const long *lines);
 ag_err_t ag__tb_parse_events(builder *b, const json_t *evs, const long *lines);
 

@@ -12,6 +12,13 @@
 
 #include "agentguard/audit.h"
 
+/* ag_trajectory_parse, with the tape reader of the neutral format on or
+ * off (`tape` false: jansson's tree only; for the tests that hold the two
+ * readings equal). */
+ag_err_t ag__trajectory_parse_with(ag_trajectory **out, const char *buf,
+                                   size_t len, const ag_traj_opts *opts,
+                                   ag_error_t *err, bool tape);
+
 /* A batch's arrays, grown to the largest step replayed. */
 typedef struct ag__replay_scratch {
   size_t cap;

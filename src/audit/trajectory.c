@@ -5,9 +5,13 @@
  * detection and the entry point; one reader per format in traj_*.c.
  *
  *
- * Design. jansson parses the buffer once; the tree is kept alive inside the
- * trajectory and every text the run needs (tool names, arguments sent as
- * strings, results) is borrowed from it, so nothing large is copied. Only
+ * Design. The neutral format ({"steps": ...}, most recordings) is read
+ * first from the JCS tokenizer's tape (traj_tape.c: several times faster
+ * than a tree, its texts copied once into the arena); whatever that reader
+ * is not sure of goes to the path below, which is the reference.
+ * Otherwise jansson parses the buffer once; the tree is kept alive inside
+ * the trajectory and every text the run needs (tool names, arguments sent
+ * as strings, results) is borrowed from it, so nothing large is copied. Only
  * what has no string in the tree is written to a small arena: arguments
  * given as JSON objects (dumped compact; the guard canonicalizes them, so
  * key order and number spelling do not matter), chat contents given as
@@ -52,6 +56,7 @@
 #include <jansson.h>
 
 #include "builder.h"
+#include "internal.h"
 
 /* ------------------------------------------------------------------------ */
 /* Names and options                                                        */
@@ -116,6 +121,10 @@ static char *arena_alloc(traj_full *f, size_t n) {
   char *p = c->data + c->used;
   c->used += n;
   return p;
+}
+
+char *ag__tb_alloc(builder *b, size_t n) {
+  return arena_alloc(b->f, n);
 }
 
 static void traj_full_free(traj_full *f) {
@@ -648,6 +657,30 @@ static ag_err_t detect_and_parse(builder *b, const char *buf, size_t len) {
 
   if (len == 0)
     return ag__set_error(err, AG_EINVAL, -1, "empty input: %s", shape_help);
+  /* The neutral format from the tape first (traj_tape.c): most of an
+   * audit's time was jansson building a tree of it. What the tape reader
+   * leaves alone is read from the tree as before, from a clean builder. */
+  if (b->tape && buf[0] == '{' &&
+      (want == AG_TRAJ_AUTO || want == AG_TRAJ_NEUTRAL)) {
+    rc = ag__tb_parse_neutral_tape(b, buf, len);
+    if (rc != AG__TB_FALLBACK && rc != AG_OK && rc != AG_ENOMEM)
+      rc = AG__TB_FALLBACK; /* an error: the tree path words it */
+    if (rc != AG__TB_FALLBACK)
+      return rc;
+    builder_free(b);
+    builder fresh;
+    memset(&fresh, 0, sizeof fresh);
+    fresh.o = b->o;
+    fresh.err = b->err;
+    fresh.f = b->f;
+    fresh.new_turn_t = -1;
+    fresh.last_t = -1;
+    *b = fresh;
+    f->pub.outcome = AG_RUN_UNKNOWN;
+    f->pub.source = NULL;
+    f->pub.format = AG_TRAJ_AUTO;
+    ag_error_clear(err);
+  }
   const bool want_lines = want == AG_TRAJ_CHAT_JSONL || want == AG_TRAJ_EVENTS;
   bool lines_mode = false;
   f->root = json_loadb(buf, len, JFLAGS | JSON_DECODE_ANY, &je);
@@ -839,6 +872,12 @@ static ag_err_t finish(builder *b) {
 AG_EXTERN ag_err_t ag_trajectory_parse(ag_trajectory **out, const char *buf,
                                        size_t len, const ag_traj_opts *opts,
                                        ag_error_t *err) {
+  return ag__trajectory_parse_with(out, buf, len, opts, err, true);
+}
+
+ag_err_t ag__trajectory_parse_with(ag_trajectory **out, const char *buf,
+                                   size_t len, const ag_traj_opts *opts,
+                                   ag_error_t *err, bool tape) {
   if (out == NULL)
     return ag__set_error(err, AG_EINVAL, -1,
                          "ag_trajectory_parse: out is NULL");
@@ -881,6 +920,7 @@ AG_EXTERN ag_err_t ag_trajectory_parse(ag_trajectory **out, const char *buf,
   b.f = f;
   b.new_turn_t = -1;
   b.last_t = -1;
+  b.tape = tape;
   ag_err_t rc = detect_and_parse(&b, buf, len);
   if (rc == AG_OK && o.format != AG_TRAJ_AUTO && f->pub.format != o.format)
     rc = ag__set_error(err, AG_EINVAL, -1, "not a %s input: it reads as %s",

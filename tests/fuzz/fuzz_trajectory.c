@@ -17,13 +17,17 @@
  *    (and leaves out the same cut last line, only ever one that does not
  *    end with a newline);
  *  - the replay through the default preset succeeds and reports the run's
- *    size, and a stop lies inside the run.
+ *    size, and a stop lies inside the run;
+ *  - the reading from jansson's tree alone (ag__trajectory_parse_with,
+ *    tape off) gives the same code and message, or the same run: the
+ *    neutral format's tape reader (traj_tape.c) is the tree's equal.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "agentguard.h"
+#include "audit/internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -76,6 +80,47 @@ static void check_shape(const ag_trajectory *t) {
   check(calls == t->n_calls, "n_calls is the total");
 }
 
+static int same_bytes(const char *a, size_t al, const char *b, size_t bl) {
+  return al == bl && (al == 0 || memcmp(a, b, al) == 0);
+}
+
+/* The tape's reading (t, rc, msg) against the tree's. */
+static void check_tree(const uint8_t *data, size_t size, ag_err_t rc,
+                       const char *msg, const ag_trajectory *t) {
+  ag_trajectory *r = NULL;
+  ag_error_t err;
+  ag_err_t rr = ag__trajectory_parse_with(&r, (const char *)data, size, NULL,
+                                          &err, false);
+  check(rr == rc, "the tree path gives the same code");
+  if (rc != AG_OK) {
+    check(strcmp(err.msg, msg) == 0, "the tree path gives the same message");
+    return;
+  }
+  check(r->format == t->format && r->outcome == t->outcome &&
+            r->n_turns == t->n_turns && r->n_steps == t->n_steps &&
+            r->n_calls == t->n_calls && r->timed == t->timed,
+        "the tree path reads the same run");
+  for (size_t i = 0; i < t->n_turns; i++)
+    for (size_t j = 0; j < t->turns[i].n_steps; j++) {
+      const ag_traj_step *a = &t->turns[i].steps[j], *b = &r->turns[i].steps[j];
+      check(a->n_calls == b->n_calls && a->n_results == b->n_results &&
+                a->tokens == b->tokens && a->t_request_ms == b->t_request_ms &&
+                a->t_done_ms == b->t_done_ms && a->rejected == b->rejected,
+            "the tree path reads the same steps");
+      for (size_t k = 0; k < a->n_calls; k++)
+        check(strcmp(a->calls[k].name, b->calls[k].name) == 0 &&
+                  same_bytes(a->calls[k].args, a->calls[k].args_len,
+                             b->calls[k].args, b->calls[k].args_len),
+              "the tree path reads the same calls");
+      for (size_t k = 0; k < a->n_results; k++)
+        check(a->results[k].outcome == b->results[k].outcome &&
+                  same_bytes(a->results[k].text, a->results[k].text_len,
+                             b->results[k].text, b->results[k].text_len),
+              "the tree path reads the same results");
+    }
+  ag_trajectory_free(r);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (auditor == NULL) {
     ag_config cfg;
@@ -86,6 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ag_trajectory *t = (ag_trajectory *)1;
   ag_error_t err;
   ag_err_t rc = ag_trajectory_parse(&t, (const char *)data, size, NULL, &err);
+  check_tree(data, size, rc, err.msg, rc == AG_OK ? t : NULL);
   if (rc != AG_OK) {
     check(rc == AG_EJSON || rc == AG_EINVAL || rc == AG_ETOOBIG,
           "documented error code");
