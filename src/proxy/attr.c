@@ -73,6 +73,22 @@ void ag__px_attr_upstream(ag__px_attr *a, int64_t us) {
   a->upstream_us = (a->upstream_us > 0 ? a->upstream_us : 0) + us;
 }
 
+void ag__px_attr_usage_json(ag__px_attr *a, const json_t *reply) {
+  const json_t *u = json_object_get(reply, "usage");
+  if (a == NULL || !json_is_object(u))
+    return;
+  const json_t *in = json_object_get(u, "prompt_tokens");
+  const json_t *out = json_object_get(u, "completion_tokens");
+  if (in == NULL && out == NULL) { /* Messages */
+    in = json_object_get(u, "input_tokens");
+    out = json_object_get(u, "output_tokens");
+  }
+  if (json_is_integer(in) && json_integer_value(in) >= 0)
+    a->in_tokens = (long long)json_integer_value(in);
+  if (json_is_integer(out) && json_integer_value(out) >= 0)
+    a->out_tokens = (long long)json_integer_value(out);
+}
+
 void ag__px_attr_usage(ag__px_attr *a, const struct ag_reply *rep) {
   if (a == NULL || rep == NULL || !rep->has_usage)
     return;

@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <sys/socket.h>
 
+#include <jansson.h>
+
 #include "agentguard/core.h"
 
 #define AG__PX_MODEL_MAX 128
@@ -90,6 +92,10 @@ int64_t ag__px_attr_now_us(void);
 
 /* An upstream transfer made for the request took `us`. */
 void ag__px_attr_upstream(ag__px_attr *a, int64_t us);
+
+/* The tokens of a reply the proxy read as JSON (Chat Completions' or
+ * Messages' "usage"), when it says. */
+void ag__px_attr_usage_json(ag__px_attr *a, const json_t *reply);
 
 /* The tokens of a reply the proxy read (ag_reply), when it says. */
 struct ag_reply;

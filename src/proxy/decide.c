@@ -540,10 +540,10 @@ bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r) {
 }
 
 /* The final request without tools: the reply, tool calls stripped. */
-static void final_without_tools(ag_proxy *p, const struct curl_slist *hdrs,
-                                const char *uri, int client_fd,
-                                const json_t *req, const ag_verdict *v,
-                                reply *r) {
+static void final_without_tools(ag_proxy *p, ag__px_attr *a,
+                                const struct curl_slist *hdrs, const char *uri,
+                                int client_fd, const json_t *req,
+                                const ag_verdict *v, reply *r) {
   json_t *b = without_tools(req);
   const bool stream =
       !r->anthropic && json_is_true(json_object_get(req, "stream"));
@@ -568,6 +568,7 @@ static void final_without_tools(ag_proxy *p, const struct curl_slist *hdrs,
   upstream u;
   ag__px_send_upstream(p, hdrs, "POST", uri, body, len, true, client_fd, &u);
   free(body);
+  ag__px_attr_upstream(a, u.total_us);
   if (ag__px_upstream_failed(p, &u, r)) {
     ag__px_upstream_free(&u);
     return;
@@ -578,6 +579,7 @@ static void final_without_tools(ag_proxy *p, const struct curl_slist *hdrs,
     return;
   }
   json_t *j = json_loadb(u.body != NULL ? u.body : "", u.len, 0, NULL);
+  ag__px_attr_usage_json(a, j);
   if (r->anthropic) {
     json_t *content = json_object_get(j, "content");
     if (!json_is_array(content)) {
@@ -1286,8 +1288,8 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                        : "stopped_before_request",
                  path, &d.v, NULL);
     if (final)
-      final_without_tools(p, q->client_hdrs, q->uri, q->client_fd, d.req, &d.v,
-                          r);
+      final_without_tools(p, &q->attr, q->client_hdrs, q->uri, q->client_fd,
+                          d.req, &d.v, r);
     else
       set_stop_reply(p, d.req, &d.v, r);
   } else if (p->cfg.errors.error_context && !add_error_context(&d)) {

@@ -543,7 +543,13 @@ Test(proxy, replayed_stop_with_final_request_without_tools) {
   ag_config c = test_cfg();
   c.loop.final_request_without_tools = true;
   c.loop.identical_call_limit = 0;
-  P = proxy_with(c, 0, NULL);
+  FILE *log = tmpfile();
+  cr_assert_not_null(log);
+  ag_proxy_opts o = test_opts();
+  o.cfg = c;
+  o.access_log = log;
+  o.access_log_json = true;
+  P = start_with(&o);
   canned_call(NULL, "I could not read x: it does not exist.");
   char *body =
       conversation(3, "read", "{\"path\":\"x\"}", "Error: no such file");
@@ -564,6 +570,21 @@ Test(proxy, replayed_stop_with_final_request_without_tools) {
   json_decref(m);
   free(body);
   free(r);
+  /* the final request's upstream time and tokens are the request's */
+  ag_proxy_stop(P);
+  P = NULL;
+  rewind(log);
+  char line[2048] = "";
+  cr_assert_not_null(fgets(line, sizeof line, log));
+  json_t *l = json_loads(line, 0, NULL);
+  cr_assert_not_null(l, "%s", line);
+  cr_expect_str_eq(json_string_value(json_object_get(l, "decision")),
+                   "final_request_without_tools");
+  cr_expect_eq(json_integer_value(json_object_get(l, "input_tokens")), 10);
+  cr_expect_eq(json_integer_value(json_object_get(l, "output_tokens")), 5);
+  cr_expect(json_is_integer(json_object_get(l, "upstream_ms")), "%s", line);
+  json_decref(l);
+  fclose(log);
 }
 
 Test(proxy, malformed_json_is_400) {
