@@ -166,6 +166,12 @@ void ag__buf_reset(ag__buf *b);
 /* Frees a heap buffer (a fixed one is only emptied). */
 void ag__buf_free(ag__buf *b);
 
+/* ---- curl.c ------------------------------------------------------------- */
+
+/* libcurl's global initialisation, once for the whole library (thread-
+ * safe); its CURLcode (0: CURLE_OK). Call before a first curl handle. */
+int ag__curl_init(void);
+
 /* ---- rand.c ------------------------------------------------------------- */
 
 /* xorshift64* (Vigna 2016) on the caller's state; a zero state is reseeded

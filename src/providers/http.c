@@ -637,9 +637,7 @@ static void fill_kinds(void) {
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc = CURLE_OK;
 static void curl_init(void) {
-  /* Never cleaned up: curl_global_cleanup is not safe while another part
-   * of the program may use curl, and the process exit reclaims it. */
-  curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+  curl_init_rc = (CURLcode)ag__curl_init(); /* src/base/curl.c */
   for (size_t i = 0; i < SHAPES_MAX && ag__wire_all[i] != NULL; i++)
     vtables[i] = (ag_provider_vtable){sizeof(ag_provider_vtable),
                                       ag__wire_all[i]->name, http_complete,

@@ -221,6 +221,10 @@ ag_err_t ag__otlp_start(ag__otlp **out, const char *url, const char *headers,
                          "OTLP endpoint %s: expected an http:// or https:// "
                          "URL",
                          url != NULL ? url : "(none)");
+  CURLcode cc = (CURLcode)ag__curl_init(); /* before a first handle */
+  if (cc != CURLE_OK)
+    return ag__set_error(err, AG_ENOMEM, -1, "libcurl: %s",
+                         curl_easy_strerror(cc));
   ag__otlp *o = calloc(1, sizeof *o);
   if (o == NULL)
     return ag__set_error(err, AG_ENOMEM, -1, "out of memory");

@@ -250,12 +250,6 @@ void ag_proxy_opts_init(ag_proxy_opts *o) {
   ag_config_preset(&o->cfg, "default", NULL);
 }
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_rc = CURLE_OK;
-static void curl_init(void) {
-  curl_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
 /* The listening socket, shared by every loop (each daemon takes a
  * duplicate): bound once, so a port in use is refused as it should be. */
 static int listen_on(const struct sockaddr_storage *sa, socklen_t len, int *e) {
@@ -706,7 +700,7 @@ ag_err_t ag_proxy_start(ag_proxy **out, const ag_proxy_opts *o,
   ag_err_t rc = check_opts(o, &sa, &sa_len, &limit, err);
   if (rc != AG_OK)
     return rc;
-  pthread_once(&curl_once, curl_init);
+  CURLcode curl_rc = (CURLcode)ag__curl_init(); /* src/base/curl.c */
   if (curl_rc != CURLE_OK)
     return ag__px_fail(err, AG_ENOMEM, "libcurl: %s",
                        curl_easy_strerror(curl_rc));
