@@ -8,7 +8,9 @@
  *                ag_exec_status_name, ag_exec_result_clear
  *   scheduler.c  ag_scheduler_* (approvals, thread pool, batches)
  *   registry.c   ag_registry_*, ag_tool_def_init, ag__registry_find
- *   schema.c     ag__schema_* (JSON Schema subset: compile, validate)
+ *   schema*.c    ag__schema_* (JSON Schema subset: schema_compile.c
+ *                compiles, schema.c validates, schema_util.c shares;
+ *                schema_node.h is their node)
  *   subprocess.c ag__subprocess_run, ag__subprocess_run_in (fork/exec,
  *                pipes, process groups)
  *   workdir.c    ag__wd_* (paths confined beneath a directory)
