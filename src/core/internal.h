@@ -149,6 +149,9 @@ bool ag__jcs_str_escaped(const ag__jcs *j, size_t i);
  * decoded text is never longer) and NUL-terminates it; returns the decoded
  * length (a \u0000 escape decodes to a NUL byte inside it). */
 size_t ag__jcs_str_decode(const ag__jcs *j, size_t i, char *out);
+/* The value token of member `key` of object token `obj`, or 0 (not an
+ * object, no such member; the root is nobody's member). */
+size_t ag__jcs_get(const ag__jcs *j, size_t obj, const char *key);
 /* The source text of the value of the member whose key is token `key`:
  * *start and the length. */
 size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start);

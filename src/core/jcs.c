@@ -1994,6 +1994,16 @@ size_t ag__jcs_str_decode(const ag__jcs *j, size_t i, char *out) {
   return n;
 }
 
+size_t ag__jcs_get(const ag__jcs *j, size_t obj, const char *key) {
+  if (ag__jcs_tok_type(j, obj) != AG__JT_OBJ)
+    return 0;
+  size_t n = strlen(key), end = ag__jcs_tok_next(j, obj);
+  for (size_t i = obj + 1; i < end; i = ag__jcs_tok_next(j, i + 1))
+    if (ag__jcs_key_is(j, i, key, n))
+      return i + 1;
+  return 0;
+}
+
 size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start) {
   const tok *k = &j->tape[key];
   const uint8_t *s = j->src;

@@ -31,13 +31,7 @@
 /* The value of member `key` of object token `obj`, or 0 (the root is
  * nobody's member). */
 static size_t t_get(const tape *t, size_t obj, const char *key) {
-  if (ag__jcs_tok_type(t->j, obj) != AG__JT_OBJ)
-    return 0;
-  size_t n = strlen(key), end = ag__jcs_tok_next(t->j, obj);
-  for (size_t i = obj + 1; i < end; i = ag__jcs_tok_next(t->j, i + 1))
-    if (ag__jcs_key_is(t->j, i, key, n))
-      return i + 1;
-  return 0;
+  return ag__jcs_get(t->j, obj, key);
 }
 
 static bool t_is(const tape *t, size_t i, int type) {
