@@ -152,6 +152,11 @@ size_t ag__jcs_str_decode(const ag__jcs *j, size_t i, char *out);
 /* The value token of member `key` of object token `obj`, or 0 (not an
  * object, no such member; the root is nobody's member). */
 size_t ag__jcs_get(const ag__jcs *j, size_t obj, const char *key);
+/* Whether jansson (json_loadb, flags 0) takes every value of the tape of
+ * n tokens: it refuses "\u0000" in strings and integers outside
+ * json_int_t, which the tokenizer allows. Conservative: any "\u0000" and
+ * any integer literal of more than 18 digits say no. */
+bool ag__jcs_jansson_safe(const ag__jcs *j, size_t n);
 /* The source text of the value of the member whose key is token `key`:
  * *start and the length. */
 size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start);

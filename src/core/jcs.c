@@ -2004,6 +2004,25 @@ size_t ag__jcs_get(const ag__jcs *j, size_t obj, const char *key) {
   return 0;
 }
 
+bool ag__jcs_jansson_safe(const ag__jcs *j, size_t n) {
+  const char *s = (const char *)j->src;
+  size_t len = j->len;
+  if (memmem(s, len, "\\u0000", 6) != NULL)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    if (ag__jcs_tok_type(j, i) != AG__JT_NUM)
+      continue;
+    size_t p = ag__jcs_tok_off(j, i), d;
+    p += s[p] == '-';
+    for (d = 0; p + d < len && s[p + d] >= '0' && s[p + d] <= '9';)
+      d++;
+    if (d > 18 &&
+        (p + d >= len || (s[p + d] != '.' && (s[p + d] | 0x20) != 'e')))
+      return false;
+  }
+  return true;
+}
+
 size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start) {
   const tok *k = &j->tape[key];
   const uint8_t *s = j->src;

@@ -269,154 +269,69 @@ void ag__px_stop_text(const ag_verdict *v, char *buf, size_t cap) {
              ag_reason_name(v->reason), v->message, dot, sp, sg);
 }
 
-/* ---- Server-Sent Events for stream: true ------------------------------ */
+/* ---- Replies the proxy makes -------------------------------------------- */
 
-void ag__px_sb_add(sbuf *b, const char *s, size_t n) {
-  if (b->failed)
-    return;
-  if (b->len + n + 1 > SSE_OUT_MAX) {
-    b->failed = true;
-    return;
-  }
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + n + 1)
-      cap *= 2;
-    char *g = realloc(b->p, cap);
-    if (g == NULL) {
-      b->failed = true;
-      return;
-    }
-    b->p = g;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->len, s, n);
-  b->len += n;
-  b->p[b->len] = '\0';
-}
-
-/* One SSE event of `data`: a "data:" line per line of it (the upstream's
- * event may have come in several, which its reader joined with "\n"; one
- * line holding a "\n" would end the event early). */
-void ag__px_sb_event(sbuf *b, const char *data, size_t n) {
-  for (;;) {
-    const char *nl = memchr(data, '\n', n);
-    size_t k = nl != NULL ? (size_t)(nl - data) : n;
-    ag__px_sb_add(b, "data: ", 6);
-    ag__px_sb_add(b, data, k);
-    ag__px_sb_add(b, "\n", 1);
-    if (nl == NULL)
-      break;
-    data += k + 1;
-    n -= k + 1;
-  }
-  ag__px_sb_add(b, "\n", 1);
-}
-
-void ag__px_sb_json(sbuf *b, json_t *o) {
-  char *t = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
-  if (t == NULL) {
-    b->failed = true;
-    return;
-  }
-  ag__px_sb_event(b, t, strlen(t));
-  free(t);
-}
-
-/* One chat.completion.chunk with `delta` (stolen) and a finish reason. */
-void ag__px_sb_chunk(sbuf *b, const char *id, const char *model, json_t *delta,
-                     const char *finish) {
-  ag__px_sb_json(b, json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s?}]}",
-                              "id", id, "object", "chat.completion.chunk",
-                              "created", (json_int_t)time(NULL), "model", model,
-                              "choices", "index", 0, "delta", delta,
-                              "finish_reason", finish));
-}
-
-/* A reply as chunks: its text, its calls (whole), its end, [DONE]. */
-void ag__px_sb_reply(sbuf *b, const char *id, const char *model,
-                     const char *text, const ag_reply *rep,
-                     const char *finish) {
-  ag__px_sb_chunk(b, id, model,
-                  json_pack("{s:s, s:s}", "role", "assistant", "content",
-                            text != NULL ? text : ""),
-                  NULL);
-  if (rep != NULL && rep->n_calls > 0) {
-    json_t *tcs = json_array();
-    for (size_t i = 0; tcs != NULL && i < rep->n_calls; i++) {
-      const ag_tool_call *tc = &rep->calls[i];
-      json_t *one =
-          json_pack("{s:i, s:s, s:s, s:{s:s, s:s%}}", "index", (int)i, "id",
-                    tc->id, "type", "function", "function", "name", tc->name,
-                    "arguments", tc->arguments, tc->arguments_len);
-      if (one == NULL || json_array_append_new(tcs, one) != 0)
-        b->failed = true;
-    }
-    ag__px_sb_chunk(b, id, model,
-                    tcs != NULL ? json_pack("{s:o}", "tool_calls", tcs) : NULL,
-                    NULL);
-  }
-  ag__px_sb_chunk(b, id, model, json_object(), finish);
-  ag__px_sb_add(b, "data: [DONE]\n\n", 14);
-}
-
-/* `b` as the reply's body (an event stream). */
-void ag__px_set_sse(reply *r, sbuf *b) {
-  if (b->failed) {
-    free(b->p);
+void ag__px_set_sse(reply *r, ag__buf *b) {
+  if (b->cut) {
+    ag__buf_free(b);
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return;
   }
   r->status = 200;
   r->ctype = "text/event-stream";
-  r->body = b->p;
+  r->body = b->p != NULL ? b->p : ag__px_dupz("");
   r->len = b->len;
+  b->p = NULL; /* r's now */
+  ag__buf_free(b);
 }
 
-/* A chat.completion with one assistant message saying why the turn ended. */
-static void set_stop_reply(ag_proxy *p, const json_t *req, const ag_verdict *v,
-                           reply *r) {
+/* The model a request names: its "model", else the path's
+ * ("/v1beta/models/<model>:..."), else "agentguard". */
+static const char *model_of(const json_t *req, const char *path, char *buf,
+                            size_t cap) {
+  const char *m = json_string_value(json_object_get(req, "model"));
+  if (m != NULL)
+    return m;
+  const char *s = path != NULL ? strstr(path, "/models/") : NULL;
+  if (s != NULL) {
+    s += 8;
+    size_t n = strcspn(s, ":/");
+    if (n > 0 && n < cap) {
+      memcpy(buf, s, n);
+      buf[n] = '\0';
+      return buf;
+    }
+  }
+  return "agentguard";
+}
+
+void ag__px_stop_reply(ag_proxy *p, const req_ctx *q, const json_t *req,
+                       const char *path, const ag_verdict *v, reply *r) {
+  const ag__wire *w = r->shape;
   char text[AG_VERDICT_MSG_MAX * 2 + 128];
   ag__px_stop_text(v, text, sizeof text);
-  char id[64];
-  snprintf(id, sizeof id, "chatcmpl-agentguard-%lu",
+  char id[64], mbuf[256];
+  snprintf(id, sizeof id, "%s%lu", w->id_prefix,
            (unsigned long)atomic_fetch_add(&p->ids, 1));
-  const char *model = json_string_value(json_object_get(req, "model"));
-  if (r->anthropic) {
-    snprintf(id, sizeof id, "msg_agentguard_%lu",
-             (unsigned long)atomic_fetch_add(&p->ids, 1));
-    ag__px_set_json(r, 200,
-                    json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s}], s:s, s:n, "
-                              "s:{s:i, s:i}}",
-                              "id", id, "type", "message", "role", "assistant",
-                              "model", model != NULL ? model : "agentguard",
-                              "content", "type", "text", "text", text,
-                              "stop_reason", "end_turn", "stop_sequence",
-                              "usage", "input_tokens", 0, "output_tokens", 0));
-    if (r->status == 200)
-      r->stop = ag_reason_name(v->reason);
+  const char *query = strchr(q->uri, '?');
+  ag__reply_form form =
+      w->reply_form(path, query != NULL ? query + 1 : "", req);
+  size_t len = 0;
+  char *body = w->stop_body(form, id, model_of(req, path, mbuf, sizeof mbuf),
+                            text, (long long)time(NULL), &len);
+  if (body == NULL) {
+    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return;
   }
-  if (json_is_true(json_object_get(req, "stream"))) {
-    sbuf b = {NULL, 0, 0, false};
-    ag__px_sb_reply(&b, id, model != NULL ? model : "agentguard", text, NULL,
-                    "stop");
-    ag__px_set_sse(r, &b);
-    if (r->status == 200)
-      r->stop = ag_reason_name(v->reason);
-    return;
+  if (form == AG__REPLY_SSE) {
+    r->status = 200;
+    r->ctype = "text/event-stream";
+    r->body = body;
+    r->len = len;
+  } else {
+    ag__px_set_json(r, 200, json_loadb(body, len, 0, NULL));
+    free(body);
   }
-  ag__px_set_json(
-      r, 200,
-      json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:s}], "
-                "s:{s:i, s:i, s:i}}",
-                "id", id, "object", "chat.completion", "created",
-                (json_int_t)time(NULL), "model",
-                model != NULL ? model : "agentguard", "choices", "index", 0,
-                "message", "role", "assistant", "content", text,
-                "finish_reason", "stop", "usage", "prompt_tokens", 0,
-                "completion_tokens", 0, "total_tokens", 0));
   if (r->status == 200)
     r->stop = ag_reason_name(v->reason);
 }
@@ -530,13 +445,37 @@ bool ag__px_read_reply_as(upstream *u, const ag__wire *w, ag__reply_form form,
   return false;
 }
 
-/* The upstream's reply read by the parser of the request's API (Chat
- * Completions or Messages, whole). false with a 502 in `r` when it is not
+/* The upstream's reply read by the parser of the request's API (r->shape),
+ * whole. false with a 502 in `r` when it is not
  * one. */
 bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r) {
-  return ag__px_read_reply_as(
-      u, r->anthropic ? &ag__wire_messages : &ag__wire_chat, AG__REPLY_WHOLE,
-      out, r);
+  return ag__px_read_reply_as(u, r->shape, AG__REPLY_WHOLE, out, r);
+}
+
+/* The final request's reply (j, taken), its calls taken out, as r: whole,
+ * or as the events of a stream when the client asked for one. */
+static void final_reply(reply *r, json_t *j, bool stream) {
+  const ag__wire *w = r->shape;
+  char emsg[256];
+  ag__buf sb;
+  ag__buf_init(&sb, SSE_OUT_MAX);
+  if (!w->strip_calls(j, emsg, sizeof emsg) ||
+      (stream && !w->whole_to_sse(j, &sb, emsg, sizeof emsg))) {
+    json_decref(j);
+    ag__buf_free(&sb);
+    ag__px_set_error(r, 502, "upstream_error", "upstream_bad_reply",
+                     "agentguard proxy: the upstream's reply is not a %s "
+                     "response: %s",
+                     w->api, emsg);
+    return;
+  }
+  if (stream) {
+    json_decref(j);
+    ag__px_set_sse(r, &sb);
+  } else {
+    ag__buf_free(&sb);
+    ag__px_set_json(r, 200, j);
+  }
 }
 
 /* The final request without tools: the reply, tool calls stripped. */
@@ -545,9 +484,8 @@ static void final_without_tools(ag_proxy *p, ag__px_attr *a,
                                 int client_fd, const json_t *req,
                                 const ag_verdict *v, reply *r) {
   json_t *b = without_tools(req);
-  const bool stream =
-      !r->anthropic && json_is_true(json_object_get(req, "stream"));
-  if (b != NULL && (stream || r->anthropic)) {
+  const bool stream = json_is_true(json_object_get(req, "stream"));
+  if (b != NULL && stream) {
     /* asked whole; the client still gets a stream */
     json_object_set_new(b, "stream", json_false());
     json_object_del(b, "stream_options");
@@ -580,58 +518,8 @@ static void final_without_tools(ag_proxy *p, ag__px_attr *a,
   }
   json_t *j = json_loadb(u.body != NULL ? u.body : "", u.len, 0, NULL);
   ag__px_attr_usage_json(a, j);
-  if (r->anthropic) {
-    json_t *content = json_object_get(j, "content");
-    if (!json_is_array(content)) {
-      json_decref(j);
-      ag__px_set_error(
-          r, 502, "upstream_error", "upstream_bad_reply",
-          "agentguard proxy: the upstream's reply is not a Messages "
-          "response: no content array");
-      ag__px_upstream_free(&u);
-      return;
-    }
-    for (size_t k = json_array_size(content); k-- > 0;) {
-      const char *bt = json_string_value(
-          json_object_get(json_array_get(content, k), "type"));
-      if (bt != NULL && strcmp(bt, "tool_use") == 0)
-        json_array_remove(content, k);
-    }
-    json_object_set_new(j, "stop_reason", json_string("end_turn"));
-    ag__px_set_json(r, 200, j);
-    ag__px_upstream_free(&u);
-    if (r->status == 200)
-      r->stop = ag_reason_name(v->reason);
-    return;
-  }
-  json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
-  json_t *m = json_object_get(ch, "message");
-  if (!json_is_object(m)) {
-    json_decref(j);
-    ag__px_set_error(r, 502, "upstream_error", "upstream_bad_reply",
-                     "agentguard proxy: the upstream's reply is not a Chat "
-                     "Completions response: choices[0].message is missing");
-    ag__px_upstream_free(&u);
-    return;
-  }
-  /* A server that ignores the missing tools still gets no call through. */
-  json_object_del(m, "tool_calls");
-  json_object_del(m, "function_call");
-  json_object_set_new(ch, "finish_reason", json_string("stop"));
-  if (stream) {
-    sbuf sb = {NULL, 0, 0, false};
-    const char *id = json_string_value(json_object_get(j, "id"));
-    const char *model = json_string_value(json_object_get(j, "model"));
-    ag__px_sb_reply(&sb, id != NULL ? id : "chatcmpl-agentguard",
-                    model != NULL ? model : "agentguard",
-                    json_string_value(json_object_get(m, "content")), NULL,
-                    "stop");
-    json_decref(j);
-    ag__px_set_sse(r, &sb);
-  } else {
-    ag__px_set_json(r, 200, j);
-  }
   ag__px_upstream_free(&u);
+  final_reply(r, j, stream);
   if (r->status == 200)
     r->stop = ag_reason_name(v->reason);
 }
@@ -670,73 +558,6 @@ ag_action ag__px_check_reply(ag_guard *g, const ag_reply *rep,
   return AG_ALLOW;
 }
 
-/* The messages that answer the held-back calls with their nudge text. */
-json_t *ag__px_nudge_messages_anthropic(const ag_reply *rep,
-                                        const ag_call_check *checks) {
-  json_t *uses = json_array(), *results = json_array();
-  json_t *out = NULL;
-  for (size_t i = 0; uses != NULL && results != NULL && i < rep->n_calls; i++) {
-    if (checks[i].action != AG_NUDGE)
-      continue;
-    const ag_tool_call *tc = &rep->calls[i];
-    json_t *input = json_loadb(tc->arguments, tc->arguments_len, 0, NULL);
-    if (!json_is_object(input)) {
-      json_decref(input);
-      input = json_object();
-    }
-    if (json_array_append_new(uses, json_pack("{s:s, s:s, s:s, s:o}", "type",
-                                              "tool_use", "id", tc->id, "name",
-                                              tc->name, "input", input)) != 0 ||
-        json_array_append_new(results,
-                              json_pack("{s:s, s:s, s:s}", "type",
-                                        "tool_result", "tool_use_id", tc->id,
-                                        "content", checks[i].message)) != 0)
-      goto done;
-  }
-  if (uses != NULL && results != NULL)
-    out = json_pack("[{s:s, s:O}, {s:s, s:O}]", "role", "assistant", "content",
-                    uses, "role", "user", "content", results);
-done:
-  json_decref(uses);
-  json_decref(results);
-  return out;
-}
-
-json_t *ag__px_nudge_messages(const ag_reply *rep,
-                              const ag_call_check *checks) {
-  json_t *tcs = json_array(), *out = json_array();
-  if (tcs == NULL || out == NULL)
-    goto ag__px_fail;
-  for (size_t i = 0; i < rep->n_calls; i++) {
-    if (checks[i].action != AG_NUDGE)
-      continue;
-    const ag_tool_call *tc = &rep->calls[i];
-    json_t *call = json_pack("{s:s, s:s, s:{s:s, s:s%}}", "id", tc->id, "type",
-                             "function", "function", "name", tc->name,
-                             "arguments", tc->arguments, tc->arguments_len);
-    if (call == NULL || json_array_append_new(tcs, call) != 0)
-      goto ag__px_fail;
-  }
-  json_t *am = json_pack("{s:s, s:O, s:O}", "role", "assistant", "content",
-                         json_null(), "tool_calls", tcs);
-  if (am == NULL || json_array_append_new(out, am) != 0)
-    goto ag__px_fail;
-  for (size_t i = 0; i < rep->n_calls; i++) {
-    if (checks[i].action != AG_NUDGE)
-      continue;
-    json_t *tm = json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
-                           rep->calls[i].id, "content", checks[i].message);
-    if (tm == NULL || json_array_append_new(out, tm) != 0)
-      goto ag__px_fail;
-  }
-  json_decref(tcs);
-  return out;
-ag__px_fail:
-  json_decref(tcs);
-  json_decref(out);
-  return NULL;
-}
-
 /* Records the nudged batch (nothing ran: every call skipped) so that the
  * re-asked reply is checked with the nudge already spent. */
 ag_action ag__px_record_nudged(ag_guard *g, const ag_reply *rep,
@@ -756,281 +577,20 @@ ag_action ag__px_record_nudged(ag_guard *g, const ag_reply *rep,
   return act;
 }
 
-/* ---- Anthropic Messages (/v1/messages) -------------------------------- */
-
-/* The text of a content value: a string, or the text blocks of an array. */
-/* Whether an Anthropic message has text (a string, or a text block): a
- * user message with text starts a turn. */
-bool ag__px_anth_has_text(const json_t *m) {
-  const json_t *content = json_object_get(m, "content");
-  if (json_is_string(content))
-    return true;
-  size_t k;
-  const json_t *b;
-  json_array_foreach(content, k, b) {
-    const char *bt = json_string_value(json_object_get(b, "type"));
-    if (bt != NULL && strcmp(bt, "text") == 0)
-      return true;
-  }
-  return false;
-}
-
-/* The text ag__blocks_text makes of `content`, without a copy when it is a
- * string or a single text block; a joined one is owned by f. NULL when out
- * of memory. */
-const char *ag__px_anth_text(const json_t *content, fast_traj *f, size_t *len) {
-  if (json_is_string(content)) {
-    *len = json_string_length(content);
-    return json_string_value(content);
-  }
-  const char *one = "";
-  size_t n = 0, i;
-  const json_t *b;
-  *len = 0;
-  json_array_foreach(content, i, b) {
-    size_t l = 0;
-    const char *t = ag__jstr(b, "text", &l);
-    if (t == NULL)
-      continue;
-    if (n++ == 0) {
-      one = t;
-      *len = l;
-    }
-  }
-  if (n <= 1)
-    return one;
-  json_t *joined = ag__blocks_text(content);
-  char *copy = joined != NULL ? malloc(json_string_length(joined) + 1) : NULL;
-  if (copy != NULL) {
-    *len = json_string_length(joined);
-    memcpy(copy, json_string_value(joined), *len + 1);
-    f->owned[f->n_owned++] = copy;
-  }
-  json_decref(joined);
-  return copy;
-}
-
-/*
- * ag__px_fast_turn for Anthropic messages (already checked by
- * ag__wire_messages.to_chat): the turn that starts at msgs[from] (a user
- * message with text) read straight from the parsed request into the steps that
- * ag__wire_messages.to_chat then ag__px_fast_turn would give, without building
- * the chat messages. Anything ag__px_fast_turn would leave to the slow path (a
- * result before any call, an unknown or repeated id, an unanswered call, a
- * tool_result in an assistant message) returns 0 here too. 1, 0 or -1 (out of
- * memory) as ag__px_fast_turn.
- */
-int ag__px_fast_turn_anth(const json_t *msgs, size_t from, fast_traj *f) {
-  memset(f, 0, sizeof(*f));
-  size_t n = json_array_size(msgs), n_calls = 0, n_steps = 0, n_blocks = 0;
-  for (size_t i = from + 1; i < n; i++) {
-    const json_t *m = json_array_get(msgs, i);
-    const json_t *content = json_object_get(m, "content");
-    n_blocks += json_array_size(content);
-    if (strcmp(role_of(m), "assistant") != 0)
-      continue;
-    n_steps++;
-    size_t k;
-    const json_t *b;
-    json_array_foreach(content, k, b) {
-      const char *bt = json_string_value(json_object_get(b, "type"));
-      n_calls += bt != NULL && strcmp(bt, "tool_use") == 0;
-    }
-  }
-  if (ag__px_t_alloc(f, n_steps, n_calls) < 0)
-    return -1;
-  f->owned = calloc(n_steps + n_calls + n_blocks + 1, sizeof(*f->owned));
-  if (f->owned == NULL)
-    goto oom;
-  size_t si = 0, ci = 0, step0 = 0;
-  bool in_step = false;
-  for (size_t i = from + 1; i < n; i++) {
-    const json_t *m = json_array_get(msgs, i);
-    const json_t *content = json_object_get(m, "content");
-    size_t k;
-    const json_t *b;
-    if (strcmp(role_of(m), "assistant") == 0) {
-      for (size_t q = step0; in_step && q < ci; q++)
-        if (!f->answered[q])
-          goto slow;
-      ag_traj_step *st = &f->steps[si++];
-      in_step = true;
-      step0 = ci;
-      st->text = ag__px_anth_text(content, f, &st->text_len);
-      if (st->text == NULL)
-        goto oom;
-      ag__px_t_step(st, f, ci);
-      json_array_foreach(content, k, b) {
-        const char *bt = json_string_value(json_object_get(b, "type"));
-        if (strcmp(bt, "tool_result") == 0)
-          goto slow;
-        if (strcmp(bt, "tool_use") != 0)
-          continue;
-        const char *id = json_string_value(json_object_get(b, "id"));
-        for (size_t q = step0; q < ci; q++)
-          if (strcmp(f->ids[q], id) == 0)
-            goto slow; /* a repeated id */
-        const json_t *input = json_object_get(b, "input");
-        char *args = input != NULL
-                         ? json_dumps(input, JSON_COMPACT | JSON_ENCODE_ANY)
-                         : ag__px_dupz("{}");
-        if (args == NULL)
-          goto oom;
-        f->owned[f->n_owned++] = args;
-        f->ids[ci] = id;
-        f->calls[ci].name = json_string_value(json_object_get(b, "name"));
-        f->calls[ci].args = args;
-        f->calls[ci].args_len = strlen(args);
-        f->results[ci].text = "";
-        ci++;
-      }
-      st->n_calls = st->n_results = ci - step0;
-      continue;
-    }
-    /* a user message after the turn's first: tool results only (one with
-     * text would start a later turn) */
-    json_array_foreach(content, k, b) {
-      const char *bt = json_string_value(json_object_get(b, "type"));
-      if (strcmp(bt, "tool_result") != 0)
-        continue;
-      if (!in_step)
-        goto slow;
-      const char *id = json_string_value(json_object_get(b, "tool_use_id"));
-      ag_traj_result *res = ag__px_t_answer(f, step0, ci, id);
-      if (res == NULL)
-        goto slow;
-      res->outcome = json_is_true(json_object_get(b, "is_error"))
-                         ? AG_OUTCOME_ERROR
-                         : AG_OUTCOME_OK;
-      res->category = AG_CAT_AUTO;
-      res->text =
-          ag__px_anth_text(json_object_get(b, "content"), f, &res->text_len);
-      if (res->text == NULL)
-        goto oom;
-    }
-  }
-  for (size_t q = step0; in_step && q < ci; q++)
-    if (!f->answered[q])
-      goto slow;
-  ag__px_t_done(f, si, ci);
-  return 1;
-slow:
-  ag__px_fast_free(f);
-  return 0;
-oom:
-  ag__px_fast_free(f);
-  return -1;
-}
-
-/*
- * replay_turn for Anthropic messages: every message checked (a 400 names
- * the first bad one), then the turn (from the last user message with text)
- * read by ag__px_fast_turn_anth, or, when it leaves it to the slow path,
- * converted by ag__wire_messages.to_chat from there and replayed as chat. Only
- * the turn is converted: the history before it costs the check alone. Returns
- * as replay_turn.
- */
-static int replay_turn_anth(ag_guard *g, const json_t *msgs, ag_verdict *v,
-                            char *emsg, size_t cap) {
-  json_t *checked = ag__wire_messages.to_chat(msgs, SIZE_MAX, emsg, cap);
-  if (checked == NULL)
-    return emsg[0] != '\0' ? -1 : -2;
-  json_decref(checked);
-  size_t from = SIZE_MAX;
-  for (size_t i = json_array_size(msgs); i-- > 0;) {
-    const json_t *m = json_array_get(msgs, i);
-    if (strcmp(role_of(m), "user") == 0 && ag__px_anth_has_text(m)) {
-      from = i;
-      break;
-    }
-  }
-  if (from != SIZE_MAX) {
-    memset(v, 0, sizeof(*v));
-    v->call_index = -1;
-    ag_guard_begin_turn(g, 0);
-    fast_traj f;
-    int fr = ag__px_fast_turn_anth(msgs, from, &f);
-    if (fr < 0)
-      return -2;
-    if (fr > 0)
-      return ag__px_replay_fast(g, &f, v);
-  }
-  json_t *chat =
-      ag__wire_messages.to_chat(msgs, from == SIZE_MAX ? 0 : from, emsg, cap);
+/* The turn of a conversation in the request's shape replayed through g, as
+ * ag__px_replay_turn returns: a shape with messages of its own is read as
+ * the audit reads it (to_chat: every message checked, a 400 naming the
+ * first bad one), then replayed as chat. */
+static int replay_tree(ag_guard *g, const ag__wire *w, const json_t *msgs,
+                       ag_verdict *v, char *emsg, size_t cap) {
+  if (w->to_chat == NULL)
+    return ag__px_replay_turn(g, msgs, SIZE_MAX, v, emsg, cap);
+  json_t *chat = w->to_chat(msgs, 0, emsg, cap);
   if (chat == NULL)
     return emsg[0] != '\0' ? -1 : -2;
-  int act = ag__px_replay_turn(g, chat, from, v, emsg, cap);
+  int act = ag__px_replay_turn(g, chat, SIZE_MAX, v, emsg, cap);
   json_decref(chat);
   return act;
-}
-
-/* An Anthropic message object as the events of a stream. */
-static void anthropic_sse(reply *r) {
-  json_t *msg = json_loadb(r->body != NULL ? r->body : "", r->len, 0, NULL);
-  sbuf b = {NULL, 0, 0, false};
-  json_t *content = json_object_get(msg, "content");
-  if (!json_is_array(content)) {
-    json_decref(msg);
-    ag__px_set_error(r, 502, "upstream_error", "upstream_bad_reply",
-                     "agentguard proxy: the upstream's reply is not a Messages "
-                     "response: no content array");
-    return;
-  }
-  json_t *usage = json_object_get(msg, "usage");
-  json_t *start = json_deep_copy(msg);
-  json_object_set_new(start, "content", json_array());
-  json_object_set_new(start, "stop_reason", json_null());
-#define EV(name, obj)                                                          \
-  do {                                                                         \
-    ag__px_sb_add(&b, "event: " name "\n", sizeof("event: " name "\n") - 1);   \
-    ag__px_sb_json(&b, obj);                                                   \
-  } while (0)
-  EV("message_start",
-     json_pack("{s:s, s:o}", "type", "message_start", "message", start));
-  size_t i;
-  json_t *blk;
-  json_array_foreach(content, i, blk) {
-    const char *bt = json_string_value(json_object_get(blk, "type"));
-    json_t *head = json_deep_copy(blk);
-    json_t *delta = NULL;
-    if (bt != NULL && strcmp(bt, "text") == 0) {
-      json_object_set_new(head, "text", json_string(""));
-      delta = json_pack("{s:s, s:O}", "type", "text_delta", "text",
-                        json_object_get(blk, "text"));
-    } else if (bt != NULL && strcmp(bt, "tool_use") == 0) {
-      char *in = json_dumps(json_object_get(blk, "input"),
-                            JSON_COMPACT | JSON_ENCODE_ANY);
-      json_object_set_new(head, "input", json_object());
-      delta = json_pack("{s:s, s:s}", "type", "input_json_delta",
-                        "partial_json", in != NULL ? in : "{}");
-      free(in);
-    }
-    EV("content_block_start",
-       json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index",
-                 (int)i, "content_block", head));
-    if (delta != NULL)
-      EV("content_block_delta",
-         json_pack("{s:s, s:i, s:o}", "type", "content_block_delta", "index",
-                   (int)i, "delta", delta));
-    EV("content_block_stop",
-       json_pack("{s:s, s:i}", "type", "content_block_stop", "index", (int)i));
-  }
-  json_t *out_tokens = json_object_get(usage, "output_tokens");
-  EV("message_delta",
-     json_pack("{s:s, s:{s:O, s:n}, s:{s:I}}", "type", "message_delta", "delta",
-               "stop_reason", json_object_get(msg, "stop_reason"),
-               "stop_sequence", "usage", "output_tokens",
-               (json_int_t)(json_is_integer(out_tokens)
-                                ? json_integer_value(out_tokens)
-                                : 0)));
-  EV("message_stop", json_pack("{s:s}", "type", "message_stop"));
-#undef EV
-  json_decref(msg);
-  free(r->body);
-  r->body = NULL;
-  curl_slist_free_all(r->headers);
-  r->headers = NULL;
-  ag__px_set_sse(r, &b);
 }
 
 /* The request as a jansson tree (*req), parsed now if the decision came
@@ -1106,10 +666,7 @@ static int decide_tree(decision *d) {
                      err.msg);
     return -1;
   }
-  int act =
-      r->anthropic
-          ? replay_turn_anth(d->g, msgs, &d->v, emsg, sizeof emsg)
-          : ag__px_replay_turn(d->g, msgs, SIZE_MAX, &d->v, emsg, sizeof emsg);
+  int act = replay_tree(d->g, r->shape, msgs, &d->v, emsg, sizeof emsg);
   if (act == -1)
     ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
                      "agentguard proxy: %s", emsg);
@@ -1171,7 +728,7 @@ static bool ask_upstream(decision *d, const char *body, size_t len, bool ours,
 /* The stop reply for a reply the check replaced (d->v says why). */
 static void replace_reply(decision *d) {
   ag__px_event(d->p, &d->q->attr, "reply_replaced", d->path, &d->v, NULL);
-  set_stop_reply(d->p, d->req, &d->v, d->r);
+  ag__px_stop_reply(d->p, d->q, d->req, d->path, &d->v, d->r);
 }
 
 /* A request that is not streamed, forwarded: its reply checked and passed
@@ -1200,9 +757,7 @@ static void answer_whole(decision *d) {
     goto out;
   }
   ag__px_event(d->p, &d->q->attr, "nudge", d->path, &d->v, NULL);
-  json_t *extra = d->r->anthropic
-                      ? ag__px_nudge_messages_anthropic(&rep, checks)
-                      : ag__px_nudge_messages(&rep, checks);
+  json_t *extra = d->r->shape->nudge_messages(&rep, checks);
   size_t nlen = 0;
   char *nbody =
       extra != NULL ? ag__px_with_messages(d->req, extra, &nlen) : NULL;
@@ -1252,7 +807,7 @@ void ag__px_bad_request(ag_proxy *p, ag__px_attr *a, const char *path,
  * without tools) is left untouched for a worker, with *later set. */
 void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                  const char *path, reply *r, bool *started, bool *later) {
-  if (r->shape != NULL && r->shape->stop_body != NULL) {
+  if (r->shape->relay_event == NULL) {
     ag__px_request_only(p, c, q, path, r, started, later);
     return;
   }
@@ -1263,8 +818,8 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   d.path = path;
   d.r = r;
   /* the decision from the tape; the tree is parsed only when needed */
-  int act = ag__px_tape_decide(&p->cfg, q->body, q->len, r->anthropic, &d.g,
-                               &d.v, &d.stream);
+  int act = ag__px_tape_decide(&p->cfg, q->body, q->len, r->shape, &d.g, &d.v,
+                               &d.stream);
   if (act == -2) {
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return;
@@ -1273,9 +828,6 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     act = decide_tree(&d);
   else if (ag__stops((ag_action)act) && !load_req(q, &d.req, r))
     act = -1;
-  /* an Anthropic stream is relayed (ag__px_stream_start); a reply the proxy
-   * makes itself is told as a stream at the end (anthropic_sse) */
-  bool anth_stream = r->anthropic && d.stream;
   bool final = ag__stops((ag_action)act) &&
                p->cfg.loop.final_request_without_tools && d.v.action == AG_STOP;
   if (act < 0) {
@@ -1291,21 +843,17 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
       final_without_tools(p, &q->attr, q->client_hdrs, q->uri, q->client_fd,
                           d.req, &d.v, r);
     else
-      set_stop_reply(p, d.req, &d.v, r);
+      ag__px_stop_reply(p, q, d.req, path, &d.v, r);
   } else if (p->cfg.errors.error_context && !add_error_context(&d)) {
     /* r holds the answer */
   } else if (d.stream) {
-    *started = ag__px_stream_start(p, c, q, &d.fwd, d.fwd_len, r->anthropic,
-                                   path, &d.g, r);
-    if (*started)
-      anth_stream = false; /* q and r are the loop's now: not touched */
+    *started = ag__px_stream_start(p, c, q, &d.fwd, d.fwd_len, r->shape, path,
+                                   &d.g, r);
   } else {
     answer_whole(&d);
   }
   if (!*started && r->status == 400) /* started: r is the loop's */
     ag__px_bad_request(p, &q->attr, path, r);
-  if (anth_stream && r->status == 200)
-    anthropic_sse(r);
   ag_guard_free(d.g);
   json_decref(d.req);
   free(d.fwd);
@@ -1320,10 +868,11 @@ int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
 int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
                          bool anthropic, ag_proxy_read how, ag_verdict *v,
                          ag_error_t *err) {
+  const ag__wire *w = anthropic ? &ag__wire_messages : &ag__wire_chat;
   if (how != AG_PROXY_READ_TREE) {
     ag_guard *tg = NULL;
     bool stream = false;
-    int tact = ag__px_tape_decide(cfg, body, len, anthropic, &tg, v, &stream);
+    int tact = ag__px_tape_decide(cfg, body, len, w, &tg, v, &stream);
     ag_guard_free(tg);
     if (tact == -2) {
       ag__px_fail(err, AG_ENOMEM, "out of memory");
@@ -1360,8 +909,7 @@ int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
   }
   if (ag_guard_new(&g, cfg, NULL, err) != AG_OK)
     goto out;
-  act = anthropic ? replay_turn_anth(g, msgs, v, emsg, sizeof emsg)
-                  : ag__px_replay_turn(g, msgs, SIZE_MAX, v, emsg, sizeof emsg);
+  act = replay_tree(g, w, msgs, v, emsg, sizeof emsg);
   if (act == -1)
     ag__px_fail(err, AG_EINVAL, "%s", emsg);
   else if (act == -2)

@@ -79,13 +79,11 @@
 
 /* One event loop: a libmicrohttpd daemon and the relay whose thread runs
  * it (and the transfers of its connections' streams). */
-typedef struct chunk_tape chunk_tape;
-
 typedef struct shard {
   struct ag_proxy *p;
   struct MHD_Daemon *d;
   ag__relay *relay;
-  chunk_tape *ct; /* the loop's scratch for text chunks, or NULL */
+  ag__chunk_tape *ct; /* the loop's scratch for text chunks, or NULL */
 } shard;
 
 /* Event loops: two per core (start_shards), at most SHARDS_MAX, so that
@@ -179,8 +177,8 @@ typedef struct reply {
   const char *ctype;          /* static */
   struct curl_slist *headers; /* "Name: value" from the upstream, or NULL */
   const char *stop;           /* x-agentguard-stop, or NULL */
-  bool anthropic;             /* errors in Anthropic's shape (/v1/messages) */
-  const ag__wire *shape;      /* the API of a guarded path, else NULL */
+  const ag__wire *shape;      /* the API of a guarded path (its error
+                               * shape), else NULL */
   bool close;                 /* the connection is closed after it */
 } reply;
 
@@ -277,12 +275,6 @@ typedef struct fast_traj {
 
 #define SSE_OUT_MAX (8u << 20) /* bytes queued for the client at once */
 
-typedef struct sbuf {
-  char *p;
-  size_t len, cap;
-  bool failed;
-} sbuf;
-
 /*
  * The upstream's stream relayed as it comes: text deltas go to the client
  * at once (after the content-loop detector has seen them); chunks with
@@ -308,10 +300,9 @@ typedef struct sbuf {
  * to the relay is queued (`ops`).
  */
 typedef struct stream_st {
-  chunk_tape
-      *ct; /* its loop's (ag__px_fast_chunk), or NULL: every chunk a tree */
   ag_proxy *p;
-  shard *sh; /* the connection's loop: it runs the transfer too */
+  const ag__wire *w; /* the API: its relay reads and writes the events */
+  shard *sh;         /* the connection's loop: it runs the transfer too */
   struct MHD_Connection *c;
   char *uri, *path;
   struct curl_slist *ch; /* the client's headers, for a nudge's request */
@@ -329,25 +320,17 @@ typedef struct stream_st {
   /* a passed-through response (ag__px_relay_start): the upstream's bytes go to
    * the client as they come, whatever its status, with its headers */
   bool raw;
-  ag__conn *conn; /* the connection's entry (conns.h), or NULL */
-  bool looped;    /* the content-loop detector stopped the reply */
-  bool any_text;  /* text was relayed */
-  ag_verdict loop_v;
+  ag__conn *conn;    /* the connection's entry (conns.h), or NULL */
+  ag_verdict loop_v; /* why the content-loop detector stopped it (rl.looped) */
   /* its request's attribution (req_ctx.attr), shared with the request,
    * which reads what the stream added when it ends; NULL: none */
   ag__px_attr_box *ab;
-  sbuf out, held;
-  char id[96], model[96];
-  /* Anthropic: blocks are renumbered for the client (held tool_use blocks
-   * take their numbers when released); map[upstream index] is the client's
-   * index, -1 while held or unseen */
-  bool anth;
-  int next_index;
-  int map[256];
-  json_t *held_ev; /* [[event name, data object], ...] held back */
+  /* the shape's relay (wire.h): rl.out is what the client gets next, and
+   * rl.ct its loop's scratch (or NULL: every chunk a tree) */
+  ag__wire_relay rl;
   /* under mu */
   pthread_mutex_t mu;
-  sbuf q; /* for the client, from q_pos on */
+  ag__buf q; /* for the client, from q_pos on; cut: it overflowed */
   size_t q_pos;
   long status;       /* the upstream's, once its headers are in */
   int answer;        /* 0 not yet, ANSWER_STREAM or ANSWER_REPLY */
@@ -399,8 +382,6 @@ extern _Thread_local ag__relay *ag__px_tl_relay;
 
 void ag__px_answer_reply(stream_st *st, req_ctx *q, long status);
 void ag__px_answer_stream(stream_st *st, req_ctx *q);
-bool ag__px_anth_has_text(const json_t *m);
-const char *ag__px_anth_text(const json_t *content, fast_traj *f, size_t *len);
 void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                  const char *path, reply *r, bool *started, bool *later);
 /* A request of a shape decided on the request (r->shape's stop_body:
@@ -416,16 +397,19 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
  * memory. `shown`: the turn's first index for that message, or SIZE_MAX. */
 int ag__px_replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
                        ag_verdict *v, char *emsg, size_t cap);
-/* b's events as r's body (text/event-stream), or a 500 when b failed. */
-void ag__px_set_sse(reply *r, sbuf *b);
+/* b's events as r's body (text/event-stream; b is taken), or a 500 when b
+ * was cut. */
+void ag__px_set_sse(reply *r, ag__buf *b);
+/* The stop reply (v says why) in the request's API (r->shape) and in the
+ * form the client asked for. */
+void ag__px_stop_reply(ag_proxy *p, const req_ctx *q, const json_t *req,
+                       const char *path, const ag_verdict *v, reply *r);
 /* The event of a 400 the proxy answers itself (r's error message). */
 void ag__px_bad_request(ag_proxy *p, ag__px_attr *a, const char *path,
                         const reply *r);
 ag_action ag__px_check_reply(ag_guard *g, const ag_reply *rep,
                              bool text_checked, ag_call_check *checks,
                              ag_verdict *v);
-void ag__px_chunk_tape_free(chunk_tape *ct);
-chunk_tape *ag__px_chunk_tape_new(void);
 bool ag__px_client_headers(struct MHD_Connection *c, struct curl_slist **out);
 /* Replaces the client's traceparent headers in *list with one of `value`
  * (W3C: "00-TRACE-SPAN-01"); false when out of memory (*list unchanged). */
@@ -439,10 +423,8 @@ void ag__px_event(ag_proxy *p, ag__px_attr *a, const char *decision,
                   const char *path, const ag_verdict *v, const char *detail);
 ag_err_t ag__px_fail(ag_error_t *err, ag_err_t code, const char *fmt, ...)
     AG__PRINTF(3, 4);
-int ag__px_fast_chunk(stream_st *st, const char *data, size_t len);
 void ag__px_fast_free(fast_traj *f);
 int ag__px_fast_turn(const json_t *msgs, size_t start, fast_traj *f);
-int ag__px_fast_turn_anth(const json_t *msgs, size_t from, fast_traj *f);
 void ag__px_flush(stream_st *st, bool last);
 enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
                                const char *url, const char *method,
@@ -452,16 +434,11 @@ void *ag__px_job_main(void *arg);
 int64_t ag__px_mono_ms(void);
 void ag__px_nudge_fail(nudge_job *nj, const char *msg);
 void *ag__px_nudge_main(void *arg);
-json_t *ag__px_nudge_messages(const ag_reply *rep, const ag_call_check *checks);
-json_t *ag__px_nudge_messages_anthropic(const ag_reply *rep,
-                                        const ag_call_check *checks);
 size_t ag__px_on_body(char *ptr, size_t size, size_t nmemb, void *user);
 void ag__px_on_connection(void *cls, struct MHD_Connection *c,
                           void **socket_ctx,
                           enum MHD_ConnectionNotificationCode code);
 size_t ag__px_on_header(char *ptr, size_t size, size_t nmemb, void *user);
-int ag__px_on_sse_event(void *user, const char *event_name, const char *data,
-                        size_t len, size_t pos);
 void ag__px_on_stream_done(ag__relay_xfer *x, CURLcode cc);
 void *ag__px_on_uri(void *cls, const char *uri, struct MHD_Connection *c);
 void ag__px_pass_back(upstream *u, reply *r);
@@ -485,13 +462,6 @@ bool ag__px_relay_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
 int ag__px_replay_fast(ag_guard *g, fast_traj *f, ag_verdict *v);
 void ag__px_reply_free(reply *r);
 void ag__px_resume(shard *sh, struct MHD_Connection *c);
-void ag__px_sb_add(sbuf *b, const char *s, size_t n);
-void ag__px_sb_chunk(sbuf *b, const char *id, const char *model, json_t *delta,
-                     const char *finish);
-void ag__px_sb_event(sbuf *b, const char *data, size_t n);
-void ag__px_sb_json(sbuf *b, json_t *o);
-void ag__px_sb_reply(sbuf *b, const char *id, const char *model,
-                     const char *text, const ag_reply *rep, const char *finish);
 const char *ag__px_scrub(const ag_proxy *p, const char *in, char *out,
                          size_t cap);
 enum MHD_Result ag__px_send_answer(struct MHD_Connection *c, req_ctx *q);
@@ -507,11 +477,10 @@ void ag__px_stream_end(stream_st *st);
 void ag__px_stream_finish(stream_st *st, nudge_job **nj);
 void ag__px_stream_free(void *cls);
 void ag__px_stream_nudge(stream_st *st, nudge_job *nj);
-void ag__px_stream_nudge_anth(stream_st *st, nudge_job *nj);
 ssize_t ag__px_stream_read(void *cls, uint64_t pos, char *buf, size_t max);
 void ag__px_stream_release(stream_st *st, bool ref);
 bool ag__px_stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                         char **fwd, size_t fwd_len, bool anth,
+                         char **fwd, size_t fwd_len, const ag__wire *w,
                          const char *path, ag_guard **g, reply *r);
 int ag__px_t_alloc(fast_traj *f, size_t n_steps, size_t n_calls);
 ag_traj_result *ag__px_t_answer(fast_traj *f, size_t step0, size_t ci,
@@ -519,7 +488,8 @@ ag_traj_result *ag__px_t_answer(fast_traj *f, size_t step0, size_t ci,
 void ag__px_t_done(fast_traj *f, size_t si, size_t ci);
 void ag__px_t_step(ag_traj_step *st, fast_traj *f, size_t ci);
 int ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
-                       bool anth, ag_guard **g, ag_verdict *v, bool *stream);
+                       const ag__wire *w, ag_guard **g, ag_verdict *v,
+                       bool *stream);
 bool ag__px_upstream_failed(ag_proxy *p, const upstream *u, reply *r);
 void ag__px_upstream_free(upstream *u);
 bool ag__px_upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,

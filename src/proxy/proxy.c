@@ -337,7 +337,7 @@ static bool start_shards(ag_proxy *p, int lfd, unsigned limit) {
       ag__relay_hook hook = {ep->epoll_fd, mhd_run, mhd_timeout, sh};
       sh->relay = ag__relay_start(UP_POOL_MAX, &hook);
       /* NULL when out of memory: every chunk is then read as a tree */
-      sh->ct = sh->relay != NULL ? ag__px_chunk_tape_new() : NULL;
+      sh->ct = sh->relay != NULL ? ag__chunk_tape_new() : NULL;
     }
     if (sh->relay == NULL) {
       MHD_stop_daemon(sh->d);
@@ -357,7 +357,7 @@ static void stop_shards(ag_proxy *p) {
     MHD_run(sh->d);
     MHD_run(sh->d);
     MHD_stop_daemon(sh->d);
-    ag__px_chunk_tape_free(sh->ct);
+    ag__chunk_tape_free(sh->ct);
   }
   p->n_sh = 0;
 }

@@ -35,57 +35,6 @@
  */
 #include "internal.h"
 
-/* The model a request names: its "model", else the path's
- * ("/v1beta/models/<model>:..."), else "agentguard". */
-static const char *model_of(const json_t *req, const char *path, char *buf,
-                            size_t cap) {
-  const char *m = json_string_value(json_object_get(req, "model"));
-  if (m != NULL)
-    return m;
-  const char *s = strstr(path, "/models/");
-  if (s != NULL) {
-    s += 8;
-    size_t n = strcspn(s, ":/");
-    if (n > 0 && n < cap) {
-      memcpy(buf, s, n);
-      buf[n] = '\0';
-      return buf;
-    }
-  }
-  return "agentguard";
-}
-
-/* The stop reply in the request's API and form. */
-static void stop_reply(ag_proxy *p, const req_ctx *q, const json_t *req,
-                       const char *path, const ag_verdict *v, reply *r) {
-  const ag__wire *w = r->shape;
-  char text[AG_VERDICT_MSG_MAX * 2 + 128];
-  ag__px_stop_text(v, text, sizeof text);
-  char id[64], mbuf[256];
-  snprintf(id, sizeof id, "%s_agentguard_%lu",
-           w == &ag__wire_responses ? "resp" : "gen",
-           (unsigned long)atomic_fetch_add(&p->ids, 1));
-  const char *query = strchr(q->uri, '?');
-  ag__reply_form form =
-      w->reply_form(path, query != NULL ? query + 1 : "", req);
-  size_t len = 0;
-  char *body = w->stop_body(form, id, model_of(req, path, mbuf, sizeof mbuf),
-                            text, (long long)time(NULL), &len);
-  if (body == NULL) {
-    ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
-    return;
-  }
-  if (form == AG__REPLY_SSE) {
-    sbuf b = {body, len, len + 1, false};
-    ag__px_set_sse(r, &b);
-  } else {
-    ag__px_set_json(r, 200, json_loadb(body, len, 0, NULL));
-    free(body);
-  }
-  if (r->status == 200)
-    r->stop = ag_reason_name(v->reason);
-}
-
 /* Why a request cannot be replayed from itself, or NULL. */
 static const char *held_upstream(const json_t *req) {
   const json_t *prev = json_object_get(req, "previous_response_id");
@@ -191,7 +140,7 @@ static void answer_held(ag_proxy *p, req_ctx *q, const json_t *req,
     ag_action act = ag__px_check_reply(g, &rep, false, checks, v);
     if (ag__stops(act)) {
       ag__px_event(p, &q->attr, "reply_replaced", path, v, NULL);
-      stop_reply(p, q, req, path, v, r);
+      ag__px_stop_reply(p, q, req, path, v, r);
     } else {
       ag__px_pass_back(&u, r); /* a nudge: the next request decides */
     }
@@ -260,7 +209,7 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     /* r holds the answer */
   } else if (ag__stops((ag_action)act)) {
     ag__px_event(p, &q->attr, "stopped_before_request", path, &v, NULL);
-    stop_reply(p, q, req, path, &v, r);
+    ag__px_stop_reply(p, q, req, path, &v, r);
   } else if (g == NULL) {
     *started = ag__px_relay_start(p, c, q, path, r);
   } else if (later != NULL) {

@@ -296,10 +296,7 @@ void *ag__px_nudge_main(void *arg) {
   stream_st *st = nj->st;
   ag_proxy *p = st->p;
   ag__px_tl_relay = st->sh->relay;
-  if (st->anth)
-    ag__px_stream_nudge_anth(st, nj);
-  else
-    ag__px_stream_nudge(st, nj);
+  ag__px_stream_nudge(st, nj);
   ag__px_flush(st, true);
   ag_reply_clear(&nj->rep);
   free(nj);
@@ -593,7 +590,6 @@ bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   char path[2048];
   uri_path(ok ? q->uri : "/", path, sizeof path);
   q->r.shape = ag__wire_serving(path);
-  q->r.anthropic = q->r.shape == &ag__wire_messages;
   if (!own_path(method, path)) { /* the proxy's own are not counted */
     q->t0_ms = ag__px_mono_ms();
     ag__px_metrics_request(&p->metrics, q->r.shape);

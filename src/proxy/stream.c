@@ -19,10 +19,8 @@ static void stream_destroy(stream_st *st) {
   ag__px_upstream_free(&st->u);
   ag__sse_free(&st->sse);
   ag__asm_free(&st->asmb);
-  free(st->out.p);
-  free(st->q.p);
-  free(st->held.p);
-  json_decref(st->held_ev);
+  ag__wire_relay_free(&st->rl);
+  ag__buf_free(&st->q);
   ag_guard_free(st->g);
   free(st->body);
   free(st->orig);
@@ -97,21 +95,22 @@ void ag__px_resume(shard *sh, struct MHD_Connection *c) {
 void ag__px_flush(stream_st *st, bool last) {
   bool wake = false;
   pthread_mutex_lock(&st->mu);
-  if (st->out.len > 0) {
+  ag__buf *out = &st->rl.out;
+  if (out->len > 0) {
     /* what was read goes: q holds only what waits (its cap is on that) */
     if (st->q_pos > 0) {
       memmove(st->q.p, st->q.p + st->q_pos, st->q.len - st->q_pos);
       st->q.len -= st->q_pos;
       st->q_pos = 0;
     }
-    if (!last && st->q.len - st->q_pos + st->out.len > STREAM_Q_MAX)
-      st->q.failed = true; /* the pause did not hold it back */
+    if (!last && st->q.len - st->q_pos + out->len > STREAM_Q_MAX)
+      st->q.cut = true; /* the pause did not hold it back */
     if (last)
-      st->q.failed = false; /* the end (an error event, if it failed) */
-    ag__px_sb_add(&st->q, st->out.p, st->out.len);
-    if (st->q.failed)
-      st->out.failed = true;
-    st->out.len = 0;
+      st->q.cut = false; /* the end (an error event, if it failed) */
+    ag__sse_add(&st->q, out->p, out->len);
+    if (st->q.cut)
+      out->cut = true;
+    out->len = 0;
   }
   if (last)
     st->finished = true;
@@ -124,72 +123,6 @@ void ag__px_flush(stream_st *st, bool last) {
    * it), so it and the stream are still there. */
   if (wake)
     ag__px_resume(st->sh, st->c);
-}
-
-int ag__px_on_sse_event(void *user, const char *event_name, const char *data,
-                        size_t len, size_t pos) {
-  stream_st *st = user;
-  if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
-    st->asmb.done = true;
-    return 0;
-  }
-  int fast = ag__px_fast_chunk(st, data, len);
-  if (fast >= 0)
-    return fast;
-  /* parsed once, for the assembler and for the relay */
-  json_t *j = json_loadb(data, len, 0, NULL);
-  if (j == NULL) {
-    /* not JSON: the assembler's reader says where and why */
-    ag__openai_event(&st->asmb, event_name, data, len, pos);
-    return 1;
-  }
-  if (ag__openai_chunk(&st->asmb, j, pos + 6) != 0) {
-    json_decref(j);
-    return 1;
-  }
-  if (st->id[0] == '\0') {
-    const char *id = json_string_value(json_object_get(j, "id"));
-    const char *model = json_string_value(json_object_get(j, "model"));
-    snprintf(st->id, sizeof st->id, "%s", id != NULL ? id : "chatcmpl");
-    snprintf(st->model, sizeof st->model, "%s",
-             model != NULL ? model : "unknown");
-  }
-  json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
-  json_t *d = json_object_get(ch, "delta");
-  size_t cl = 0;
-  const char *content = ag__jstr(d, "content", &cl);
-  json_t *fr = json_object_get(ch, "finish_reason");
-  bool hold = ch == NULL ||
-              json_array_size(json_object_get(d, "tool_calls")) > 0 ||
-              (fr != NULL && !json_is_null(fr));
-  if (content != NULL && cl > 0) {
-    ag_verdict v;
-    if (ag_guard_check_text(st->g, content, cl, true, &v) != AG_ALLOW) {
-      st->looped = true;
-      st->loop_v = v;
-      json_decref(j);
-      return 1;
-    }
-    st->any_text = true;
-  }
-  if (!hold) {
-    ag__px_sb_event(&st->out, data, len);
-  } else {
-    if (content != NULL && cl > 0) {
-      /* the text now, the rest of the chunk later */
-      json_t *now = json_deep_copy(j);
-      json_t *nd = json_object_get(
-          json_array_get(json_object_get(now, "choices"), 0), "delta");
-      json_object_del(nd, "tool_calls");
-      json_object_set_new(json_array_get(json_object_get(now, "choices"), 0),
-                          "finish_reason", json_null());
-      ag__px_sb_json(&st->out, now);
-      json_object_del(d, "content");
-    }
-    ag__px_sb_json(&st->held, json_incref(j));
-  }
-  json_decref(j);
-  return st->out.failed || st->held.failed ? 1 : 0;
 }
 
 /* The stream's request is answered, on its loop (the transfer's callbacks
@@ -219,16 +152,16 @@ void ag__px_answer_reply(stream_st *st, req_ctx *q, long status) {
  * when the stream cannot go on (the transfer is then ended). */
 static bool stream_feed(stream_st *st, const char *b, size_t n) {
   if (st->raw) {
-    ag__px_sb_add(&st->out, b, n);
+    ag__sse_add(&st->rl.out, b, n);
     ag__px_flush(st, false);
-    return !st->out.failed;
+    return !st->rl.out.cut;
   }
   ag_err_t why = AG_OK;
   int r = ag__sse_feed(&st->sse, b, n, &why);
   if (r < 0 && st->asmb.failed == AG_OK)
     st->asmb.failed = why;
   ag__px_flush(st, false);
-  return r == 0 && !st->out.failed;
+  return r == 0 && !st->rl.out.cut;
 }
 
 static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
@@ -328,18 +261,12 @@ void ag__px_on_stream_done(ag__relay_xfer *x, CURLcode cc) {
   ag__px_stream_release(st, true);
 }
 
-/* The end of a relayed stream that was stopped: the stop message as text,
- * a final chunk, [DONE]. */
+/* The end of a relayed stream that was stopped (v says why): the stop's
+ * text, then the end, in the stream's shape. */
 static void stream_stop(stream_st *st, const ag_verdict *v) {
   char text[AG_VERDICT_MSG_MAX * 2 + 128];
-  ag__px_stop_text(v, text + 2, sizeof text - 2);
-  text[0] = text[1] = '\n';
-  const char *t = st->any_text ? text : text + 2;
-  ag__px_sb_chunk(&st->out, st->id, st->model,
-                  json_pack("{s:s, s:s}", "role", "assistant", "content", t),
-                  NULL);
-  ag__px_sb_chunk(&st->out, st->id, st->model, json_object(), "stop");
-  ag__px_sb_add(&st->out, "data: [DONE]\n\n", 14);
+  ag__px_stop_text(v, text, sizeof text);
+  st->w->relay_stop(&st->rl, text);
 }
 
 /* s as valid UTF-8 in buf[0..cap): a byte that starts no valid sequence
@@ -362,6 +289,8 @@ static const char *as_utf8(const char *s, char *buf, size_t cap) {
   return buf;
 }
 
+/* The stream ends with an error event in its shape, saying what fmt says
+ * (credentials scrubbed). */
 static void stream_error(stream_st *st, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
@@ -374,156 +303,26 @@ static void stream_error(stream_st *st, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16], txt[sizeof red];
-  st->out.failed = false;
-  st->out.len = 0;
-  ag__px_sb_json(&st->out,
-                 json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
-                           as_utf8(ag__px_scrub(st->p, msg, red, sizeof red),
-                                   txt, sizeof txt),
-                           "type", "upstream_error", "param", "code",
-                           "upstream_stream"));
+  st->w->relay_error(&st->rl, as_utf8(ag__px_scrub(st->p, msg, red, sizeof red),
+                                      txt, sizeof txt));
 }
 
-/* ---- Anthropic streams ------------------------------------------------- */
-
-static void sb_named(sbuf *b, const char *name, json_t *o) {
-  ag__px_sb_add(b, "event: ", 7);
-  ag__px_sb_add(b, name, strlen(name));
-  ag__px_sb_add(b, "\n", 1);
-  ag__px_sb_json(b, o);
-}
-
-/* The client's index for upstream block `idx` (assigned on first use). */
-static int client_index(stream_st *st, json_int_t idx) {
-  if (idx < 0 || idx >= (json_int_t)(sizeof(st->map) / sizeof(st->map[0])))
-    return -1;
-  if (st->map[idx] < 0)
-    st->map[idx] = st->next_index++;
-  return st->map[idx];
-}
-
-static bool is_held_index(const stream_st *st, json_int_t idx) {
-  return idx >= 0 && idx < (json_int_t)(sizeof(st->map) / sizeof(st->map[0])) &&
-         st->map[idx] == -2;
-}
-
-/* Whether s can be an SSE event's name: no control character (a line
- * break in it would end the "event:" line and start another field). */
-static bool name_ok(const char *s) {
-  for (; *s != '\0'; s++)
-    if ((unsigned char)*s < 0x20 || *s == 0x7f)
-      return false;
-  return true;
-}
-
-static int on_anth_event(void *user, const char *event_name, const char *data,
-                         size_t len, size_t pos) {
+/* The text check of a relayed stream's text (ag__wire_relay.on_text): the
+ * content-loop detector; false when it stops the reply (loop_v says why). */
+static bool stream_text(void *user, const char *text, size_t len) {
   stream_st *st = user;
-  if (ag__anthropic_event(&st->asmb, event_name, data, len, pos) != 0)
-    return 1;
-  json_t *j = json_loadb(data, len, 0, NULL);
-  if (j == NULL)
-    return 1;
-  const char *type = json_string_value(json_object_get(j, "type"));
-  /* an event without a name line is named by its type, unless the type
-   * would break the event's line (a control character in it) */
-  const char *name = event_name[0] != '\0'           ? event_name
-                     : type != NULL && name_ok(type) ? type
-                                                     : "message";
-  json_t *ix = json_object_get(j, "index");
-  json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : -1;
-  bool hold = false;
-  if (type == NULL) {
-    /* forwarded as it came */
-  } else if (strcmp(type, "message_start") == 0) {
-    json_t *m = json_object_get(j, "message");
-    const char *id = json_string_value(json_object_get(m, "id"));
-    const char *model = json_string_value(json_object_get(m, "model"));
-    snprintf(st->id, sizeof st->id, "%s", id != NULL ? id : "msg");
-    snprintf(st->model, sizeof st->model, "%s",
-             model != NULL ? model : "unknown");
-  } else if (strcmp(type, "content_block_start") == 0) {
-    const char *bt = json_string_value(
-        json_object_get(json_object_get(j, "content_block"), "type"));
-    if (idx < 0 || idx >= (json_int_t)(sizeof(st->map) / sizeof(st->map[0]))) {
-      json_decref(j);
-      ag__asm_bad(&st->asmb, (long)pos, "a content block index out of range");
-      return 1;
-    }
-    if (bt != NULL && strstr(bt, "tool_use") != NULL) {
-      st->map[idx] = -2; /* held until the calls are checked */
-      hold = true;
-    }
-  } else if (strcmp(type, "content_block_delta") == 0 ||
-             strcmp(type, "content_block_stop") == 0) {
-    hold = is_held_index(st, idx);
-    json_t *d = json_object_get(j, "delta");
-    size_t tl = 0;
-    const char *text = ag__jstr(d, "text", &tl);
-    if (!hold && text != NULL && tl > 0) {
-      ag_verdict v;
-      if (ag_guard_check_text(st->g, text, tl, true, &v) != AG_ALLOW) {
-        st->looped = true;
-        st->loop_v = v;
-        json_decref(j);
-        return 1;
-      }
-      st->any_text = true;
-    }
-  } else if (strcmp(type, "message_delta") == 0 ||
-             strcmp(type, "message_stop") == 0) {
-    hold = true;
-  }
-  if (hold) {
-    json_t *pair = json_pack("[s, O]", name, j);
-    if (pair == NULL || json_array_append_new(st->held_ev, pair) != 0)
-      st->held.failed = true;
-  } else {
-    if (idx >= 0 && type != NULL && strncmp(type, "content_block", 13) == 0)
-      json_object_set_new(j, "index", json_integer(client_index(st, idx)));
-    sb_named(&st->out, name, json_incref(j));
-  }
-  json_decref(j);
-  return st->out.failed || st->held.failed ? 1 : 0;
+  ag_verdict v;
+  if (ag_guard_check_text(st->g, text, len, true, &v) == AG_ALLOW)
+    return true;
+  st->loop_v = v;
+  return false;
 }
 
-/* A text block with `text` at the client's next index. */
-static void anth_text_block(stream_st *st, const char *text) {
-  int ci = st->next_index++;
-  sb_named(&st->out, "content_block_start",
-           json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start",
-                     "index", ci, "content_block", "type", "text", "text", ""));
-  sb_named(&st->out, "content_block_delta",
-           json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta",
-                     "index", ci, "delta", "type", "text_delta", "text", text));
-  sb_named(&st->out, "content_block_stop",
-           json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
-}
-
-static void anth_end(stream_st *st, const char *stop_reason) {
-  sb_named(&st->out, "message_delta",
-           json_pack("{s:s, s:{s:s, s:n}, s:{s:i}}", "type", "message_delta",
-                     "delta", "stop_reason", stop_reason, "stop_sequence",
-                     "usage", "output_tokens", 0));
-  sb_named(&st->out, "message_stop",
-           json_pack("{s:s}", "type", "message_stop"));
-}
-
-static void anth_stop(stream_st *st, const ag_verdict *v) {
-  char text[AG_VERDICT_MSG_MAX * 2 + 128];
-  ag__px_stop_text(v, text, sizeof text);
-  anth_text_block(st, text);
-  anth_end(st, "end_turn");
-}
-
-static void anth_error(stream_st *st, const char *msg) {
-  char red[ERR_MSG_MAX + ERR_MSG_MAX / 4 + 16], txt[sizeof red];
-  st->out.failed = false;
-  sb_named(&st->out, "error",
-           json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
-                     "api_error", "message",
-                     as_utf8(ag__px_scrub(st->p, msg, red, sizeof red), txt,
-                             sizeof txt)));
+/* One upstream event, through the shape's relay. */
+static int on_stream_event(void *user, const char *event, const char *data,
+                           size_t len, size_t pos) {
+  stream_st *st = user;
+  return st->w->relay_event(&st->rl, event, data, len, pos);
 }
 
 /* ---- The end of a relayed stream ------------------------------------- */
@@ -546,10 +345,7 @@ static nudge_job *nudge_new(stream_st *st, ag_reply *rep,
 /* A nudge that cannot be asked: the stream ends with an error event that
  * says why; nj is freed. */
 void ag__px_nudge_fail(nudge_job *nj, const char *msg) {
-  if (nj->st->anth)
-    anth_error(nj->st, msg);
-  else
-    stream_error(nj->st, "%s", msg);
+  stream_error(nj->st, "%s", msg);
   ag_reply_clear(&nj->rep);
   free(nj);
 }
@@ -572,198 +368,42 @@ static bool stream_complete(const stream_st *st) {
   return st->asmb.done || st->asmb.finish_reason[0] != '\0';
 }
 
-/* The end of a relayed Anthropic stream (ag__px_stream_finish's counterpart).
- */
-static void stream_finish_anth(stream_st *st, nudge_job **nj) {
-  char msg[ERR_MSG_MAX];
-  if (st->looped) {
-    ag__px_event(st->p, ST_ATTR(st), "stream_stopped", st->path, &st->loop_v,
-                 NULL);
-    anth_stop(st, &st->loop_v);
-    return;
-  }
-  if (st->u.too_big || st->out.failed || st->held.failed ||
-      st->u.cc != CURLE_OK || st->asmb.failed != AG_OK) {
-    snprintf(msg, sizeof msg,
-             "agentguard proxy: the upstream's stream broke: %s",
-             st->u.too_big || st->out.failed || st->held.failed ? "too large"
-             : st->u.cc != CURLE_OK
+/* Why a relayed stream cannot be checked, into msg (cap bytes); false
+ * when it can. */
+static bool stream_broke(stream_st *st, char *msg, size_t cap) {
+  if (st->u.too_big || st->rl.out.cut || st->rl.held.cut) {
+    snprintf(msg, cap, "agentguard proxy: the upstream's stream is too large");
+  } else if (st->u.cc != CURLE_OK || st->asmb.failed != AG_OK) {
+    snprintf(msg, cap, "agentguard proxy: the upstream's stream broke: %s",
+             st->u.cc != CURLE_OK
                  ? (st->u.errbuf[0] != '\0' ? st->u.errbuf
                                             : curl_easy_strerror(st->u.cc))
              : st->asmb.failed == AG_EPROVIDER ? st->perr.message
                                                : ag_strerror(st->asmb.failed));
-    anth_error(st, msg);
-    return;
-  }
-  if (!stream_complete(st)) {
-    anth_error(st, "agentguard proxy: the upstream's stream ended before "
-                   "the reply was complete (no message_stop): the reply "
-                   "is cut off");
-    return;
-  }
-  ag_reply rep;
-  memset(&rep, 0, sizeof rep);
-  ag_err_t fin = ag__asm_finish(&st->asmb, &rep);
-  ag__px_attr_usage(ST_ATTR(st), &rep);
-  if (fin != AG_OK) { /* rep may hold the calls before the bad one */
-    ag_reply_clear(&rep);
-    snprintf(msg, sizeof msg,
-             "agentguard proxy: the upstream's stream broke: %s",
-             fin == AG_EPROVIDER ? st->perr.message : ag_strerror(fin));
-    anth_error(st, msg);
-    return;
-  }
-  ag_call_check checks[AG__CALLS_MAX];
-  ag_verdict v;
-  ag_action act = ag__px_check_reply(st->g, &rep, true, checks, &v);
-  if (act == AG_ALLOW) {
-    size_t i;
-    json_t *pair;
-    json_array_foreach(st->held_ev, i, pair) {
-      json_t *o = json_array_get(pair, 1);
-      json_t *ix = json_object_get(o, "index");
-      /* a held block takes the client's next number; a block the client
-       * has seen keeps its own; an index the stream never opened (on a
-       * message_delta, or out of range) is left as the upstream sent it */
-      json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : -1;
-      if (is_held_index(st, idx))
-        st->map[idx] = st->next_index++;
-      if (idx >= 0 &&
-          idx < (json_int_t)(sizeof(st->map) / sizeof(st->map[0])) &&
-          st->map[idx] >= 0)
-        json_object_set_new(o, "index", json_integer(st->map[idx]));
-      sb_named(&st->out, json_string_value(json_array_get(pair, 0)),
-               json_incref(o));
-    }
-    goto out;
-  }
-  if (act != AG_NUDGE) {
-    ag__px_event(st->p, ST_ATTR(st), "reply_replaced", st->path, &v, NULL);
-    anth_stop(st, &v);
-    goto out;
-  }
-  *nj = nudge_new(st, &rep, checks, &v);
-  if (*nj == NULL)
-    anth_error(st, "agentguard proxy: out of memory");
-out:
-  ag_reply_clear(&rep);
-}
-
-/* ag__px_stream_nudge's counterpart for a relayed Anthropic stream. */
-void ag__px_stream_nudge_anth(stream_st *st, nudge_job *nj) {
-  char msg[ERR_MSG_MAX];
-  ag_reply rep2;
-  memset(&rep2, 0, sizeof rep2);
-  ag_call_check *checks = nj->checks;
-  ag_verdict v = nj->v;
-  ag__px_event(st->p, ST_ATTR(st), "nudge", st->path, &v, NULL);
-  json_t *b = stream_request(st);
-  json_t *extra = ag__px_nudge_messages_anthropic(&nj->rep, checks);
-  size_t len = 0;
-  char *body = NULL;
-  if (b != NULL && extra != NULL) {
-    json_object_set_new(b, "stream", json_false());
-    body = ag__px_with_messages(b, extra, &len);
-  }
-  json_decref(b);
-  json_decref(extra);
-  if (body == NULL) {
-    anth_error(st, "agentguard proxy: out of memory");
-    goto out;
-  }
-  ag_action act = ag__px_record_nudged(st->g, &nj->rep, checks, &v);
-  upstream u;
-  memset(&u, 0, sizeof u);
-  reply r;
-  memset(&r, 0, sizeof r);
-  r.anthropic = true;
-  r.shape = &ag__wire_messages;
-  if (!ag__stops(act))
-    ag__px_send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, -1,
-                         &u);
-  free(body);
-  if (ag__stops(act)) {
-    /* v says why */
-  } else if (ag__px_upstream_failed(st->p, &u, &r) || u.status < 200 ||
-             u.status >= 300 || !ag__px_read_reply(&u, &rep2, &r)) {
-    snprintf(msg, sizeof msg,
-             "agentguard proxy: asking the upstream again failed: %s",
-             r.body != NULL ? r.body : (u.body != NULL ? u.body : ""));
-    anth_error(st, msg);
-    ag__px_reply_free(&r);
-    ag__px_upstream_free(&u);
-    goto out;
+  } else if (!stream_complete(st)) {
+    snprintf(msg, cap,
+             "agentguard proxy: the upstream's stream ended before the reply "
+             "was complete (%s): the reply is cut off",
+             st->w->end_missing);
   } else {
-    act = ag__px_check_reply(st->g, &rep2, false, checks, &v);
+    return false;
   }
-  ag__px_upstream_free(&u);
-  if (act == AG_ALLOW) {
-    if (rep2.text != NULL && rep2.text[0] != '\0')
-      anth_text_block(st, rep2.text);
-    for (size_t k = 0; k < rep2.n_calls; k++) {
-      const ag_tool_call *tc = &rep2.calls[k];
-      int ci = st->next_index++;
-      sb_named(&st->out, "content_block_start",
-               json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type",
-                         "content_block_start", "index", ci, "content_block",
-                         "type", "tool_use", "id", tc->id, "name", tc->name,
-                         "input"));
-      sb_named(&st->out, "content_block_delta",
-               json_pack("{s:s, s:i, s:{s:s, s:s%}}", "type",
-                         "content_block_delta", "index", ci, "delta", "type",
-                         "input_json_delta", "partial_json", tc->arguments,
-                         tc->arguments_len));
-      sb_named(
-          &st->out, "content_block_stop",
-          json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
-    }
-    anth_end(st, rep2.n_calls > 0 ? "tool_use" : "end_turn");
-    goto out;
-  }
-  if (act == AG_NUDGE)
-    v.action = AG_STOP; /* one nudge per request */
-  ag__px_event(st->p, ST_ATTR(st), "reply_replaced", st->path, &v, NULL);
-  anth_stop(st, &v);
-out:
-  ag_reply_clear(&rep2);
+  return true;
 }
 
-/* The end of a relayed Chat Completions stream, on its loop: the calls
- * checked, then released or replaced; a nudge is left in *nj for its own
- * thread (ag__px_nudge_main), which asks again. */
+/* The end of a relayed stream, on its loop: the calls checked, then
+ * released or replaced; a nudge is left in *nj for its own thread
+ * (ag__px_nudge_main), which asks again. */
 void ag__px_stream_finish(stream_st *st, nudge_job **nj) {
-  if (st->anth) {
-    stream_finish_anth(st, nj);
-    return;
-  }
-  if (st->id[0] == '\0') {
-    snprintf(st->id, sizeof st->id, "chatcmpl-agentguard");
-    snprintf(st->model, sizeof st->model, "agentguard");
-  }
-  if (st->looped) {
+  char msg[ERR_MSG_MAX];
+  if (st->rl.looped) {
     ag__px_event(st->p, ST_ATTR(st), "stream_stopped", st->path, &st->loop_v,
                  NULL);
     stream_stop(st, &st->loop_v);
     return;
   }
-  if (st->u.too_big || st->out.failed || st->held.failed) {
-    stream_error(st, "agentguard proxy: the upstream's stream is too large");
-    return;
-  }
-  if (st->u.cc != CURLE_OK || st->asmb.failed != AG_OK) {
-    stream_error(st, "agentguard proxy: the upstream's stream broke: %s",
-                 st->u.cc != CURLE_OK
-                     ? (st->u.errbuf[0] != '\0' ? st->u.errbuf
-                                                : curl_easy_strerror(st->u.cc))
-                 : st->asmb.failed == AG_EPROVIDER
-                     ? st->perr.message
-                     : ag_strerror(st->asmb.failed));
-    return;
-  }
-  if (!stream_complete(st)) {
-    stream_error(st, "agentguard proxy: the upstream's stream ended before "
-                     "the reply was complete (no finish_reason, no [DONE]): "
-                     "the reply is cut off");
+  if (stream_broke(st, msg, sizeof msg)) {
+    stream_error(st, "%s", msg);
     return;
   }
   ag_reply rep;
@@ -780,55 +420,58 @@ void ag__px_stream_finish(stream_st *st, nudge_job **nj) {
   ag_verdict v;
   ag_action act = ag__px_check_reply(st->g, &rep, true, checks, &v);
   if (act == AG_ALLOW) {
-    ag__px_sb_add(&st->out, st->held.p != NULL ? st->held.p : "", st->held.len);
-    ag__px_sb_add(&st->out, "data: [DONE]\n\n", 14);
-    goto out;
-  }
-  if (act != AG_NUDGE) {
+    st->w->relay_release(&st->rl);
+  } else if (act != AG_NUDGE) {
     ag__px_event(st->p, ST_ATTR(st), "reply_replaced", st->path, &v, NULL);
     stream_stop(st, &v);
-    goto out;
-  }
-  *nj = nudge_new(st, &rep, checks, &v);
-  if (*nj == NULL)
+  } else if ((*nj = nudge_new(st, &rep, checks, &v)) == NULL) {
     stream_error(st, "agentguard proxy: out of memory");
-out:
+  }
   ag_reply_clear(&rep);
 }
 
-/* A relayed Chat Completions stream's nudge, on its own thread: the
- * held-back calls answered by the nudge, asked once more (not streamed),
- * and the new reply, checked, written as the stream's end. */
+/* The nudge's request: the client's, not streamed, with the held-back
+ * calls answered by their nudges (the shape's messages). NULL when out
+ * of memory. */
+static char *nudge_body(stream_st *st, nudge_job *nj, size_t *len) {
+  json_t *b = stream_request(st);
+  json_t *extra = st->w->nudge_messages(&nj->rep, nj->checks);
+  char *body = NULL;
+  if (b != NULL && extra != NULL) {
+    json_object_set_new(b, "stream", json_false());
+    json_object_del(b, "stream_options");
+    body = ag__px_with_messages(b, extra, len);
+  }
+  json_decref(b);
+  json_decref(extra);
+  return body;
+}
+
+/* A relayed stream's nudge, on its own thread: the held-back calls
+ * answered by the nudge, asked once more (not streamed), and the new
+ * reply, checked, written as the stream's end. */
 void ag__px_stream_nudge(stream_st *st, nudge_job *nj) {
   ag_reply rep2;
   memset(&rep2, 0, sizeof rep2);
   ag_call_check *checks = nj->checks;
   ag_verdict v = nj->v;
   ag__px_event(st->p, ST_ATTR(st), "nudge", st->path, &v, NULL);
-  json_t *b = stream_request(st);
-  json_t *extra = ag__px_nudge_messages(&nj->rep, checks);
   size_t len = 0;
-  char *body = NULL;
-  if (b != NULL && extra != NULL) {
-    json_object_set_new(b, "stream", json_false());
-    json_object_del(b, "stream_options");
-    body = ag__px_with_messages(b, extra, &len);
-  }
-  json_decref(b);
-  json_decref(extra);
+  char *body = nudge_body(st, nj, &len);
   if (body == NULL) {
     stream_error(st, "agentguard proxy: out of memory");
-    goto out;
+    return;
   }
   ag_action act = ag__px_record_nudged(st->g, &nj->rep, checks, &v);
   upstream u;
   memset(&u, 0, sizeof u);
+  reply r;
+  memset(&r, 0, sizeof r);
+  r.shape = st->w;
   if (!ag__stops(act))
     ag__px_send_upstream(st->p, st->ch, "POST", st->uri, body, len, true, -1,
                          &u);
   free(body);
-  reply r;
-  memset(&r, 0, sizeof r);
   if (ag__stops(act)) {
     /* v says why */
   } else if (ag__px_upstream_failed(st->p, &u, &r) || u.status < 200 ||
@@ -843,8 +486,7 @@ void ag__px_stream_nudge(stream_st *st, nudge_job *nj) {
   }
   ag__px_upstream_free(&u);
   if (act == AG_ALLOW) {
-    ag__px_sb_reply(&st->out, st->id, st->model, rep2.text, &rep2,
-                    rep2.n_calls > 0 ? "tool_calls" : "stop");
+    st->w->relay_tail(&st->rl, &rep2);
     goto out;
   }
   if (act == AG_NUDGE)
@@ -899,7 +541,7 @@ ssize_t ag__px_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 /* A stream's state with its readers set up for the API shape; the end's
  * reference (ag__px_stream_end) is its only one. NULL when out of memory. */
-static stream_st *stream_new(ag_proxy *p, bool anth, const char *path) {
+static stream_st *stream_new(ag_proxy *p, const ag__wire *w, const char *path) {
   stream_st *st = calloc(1, sizeof(*st));
   if (st == NULL)
     return NULL;
@@ -907,14 +549,15 @@ static stream_st *stream_new(ag_proxy *p, bool anth, const char *path) {
   st->refs = 1;
   st->p = p;
   atomic_fetch_add(&p->streams, 1);
-  st->anth = anth;
-  for (size_t k = 0; k < sizeof(st->map) / sizeof(st->map[0]); k++)
-    st->map[k] = -1;
-  ag__sse_init(&st->sse, anth ? on_anth_event : ag__px_on_sse_event, st);
+  st->w = w;
+  ag__sse_init(&st->sse, on_stream_event, st);
   ag__asm_init(&st->asmb, NULL, NULL, &st->perr, "upstream");
+  ag__buf_init(&st->q, SSE_OUT_MAX);
+  bool rl = ag__wire_relay_init(&st->rl, &st->asmb, SSE_OUT_MAX);
+  st->rl.on_text = stream_text;
+  st->rl.user = st;
   st->path = ag__px_dupz(path);
-  st->held_ev = json_array();
-  if (st->path == NULL || st->held_ev == NULL) {
+  if (st->path == NULL || !rl) {
     stream_destroy(st);
     return NULL;
   }
@@ -946,16 +589,16 @@ static void stream_launch(stream_st *st, req_ctx *q) {
  * are the loop's now, and q is not this thread's any more. Returns false
  * with `r` filled (500) when it could not start. */
 bool ag__px_stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                         char **fwd, size_t fwd_len, bool anth,
+                         char **fwd, size_t fwd_len, const ag__wire *w,
                          const char *path, ag_guard **g, reply *r) {
-  stream_st *st = stream_new(p, anth, path);
+  stream_st *st = stream_new(p, w, path);
   if (st == NULL) {
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return false;
   }
   share_attr(st, q);
   st->sh = q->sh;
-  st->ct = q->sh->ct;
+  st->rl.ct = q->sh->ct;
   st->c = c;
   st->uri = ag__px_dupz(q->uri);
   /* the client's body, kept for a nudge (and sent, unless *fwd is) */
@@ -1007,7 +650,7 @@ bool ag__px_stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
  * with `r` filled (500) when it could not start; else q is the loop's. */
 bool ag__px_relay_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                         const char *path, reply *r) {
-  stream_st *st = stream_new(p, false, path);
+  stream_st *st = stream_new(p, &ag__wire_chat, path); /* not parsed */
   if (st == NULL) {
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return false;
@@ -1042,20 +685,20 @@ int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
   if (p == NULL)
     return -1;
   p->cfg = *cfg;
-  stream_st *st = stream_new(
-      p, anthropic, anthropic ? "/v1/messages" : "/v1/chat/completions");
-  chunk_tape *ct =
-      (flags & AG_PROXY_REPLAY_TREE) ? NULL : ag__px_chunk_tape_new();
+  const ag__wire *w = anthropic ? &ag__wire_messages : &ag__wire_chat;
+  stream_st *st = stream_new(p, w, w->path);
+  ag__chunk_tape *ct =
+      (flags & AG_PROXY_REPLAY_TREE) ? NULL : ag__chunk_tape_new();
   ag_error_t err;
   if (st == NULL || ag_guard_new(&st->g, cfg, NULL, &err) != AG_OK ||
       (ct == NULL && !(flags & AG_PROXY_REPLAY_TREE))) {
     if (st != NULL)
       stream_destroy(st);
-    ag__px_chunk_tape_free(ct);
+    ag__chunk_tape_free(ct);
     free(p);
     return -1;
   }
-  st->ct = ct;
+  st->rl.ct = ct;
   ag_verdict v0; /* a turn with no history: its first request goes */
   (void)ag_guard_begin_iteration(st->g, 0, &v0);
   st->answer = ANSWER_STREAM;
@@ -1092,7 +735,7 @@ int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
     *out_len = n;
   }
   ag__px_stream_release(st, true);
-  ag__px_chunk_tape_free(ct);
+  ag__chunk_tape_free(ct);
   free(p);
   return rc;
 }

@@ -92,25 +92,9 @@ static size_t t_count(const tape *t, size_t arr) {
                                                : 0;                            \
        e < e##_end; e = ag__jcs_tok_next((t)->j, e))
 
-/* Whether jansson (json_loadb, flags 0) takes every value of the tape:
- * it refuses "\u0000" in strings and integers outside json_int_t, which
- * the tokenizer allows. Conservative: any "\u0000" and any integer literal
- * of more than 18 digits send the body to jansson. */
+/* Whether jansson takes every value of the tape (ag__jcs_jansson_safe). */
 static bool t_jansson_safe(const tape *t) {
-  if (memmem(t->s, t->len, "\\u0000", 6) != NULL)
-    return false;
-  for (size_t i = 0; i < t->n; i++) {
-    if (ag__jcs_tok_type(t->j, i) != AG__JT_NUM)
-      continue;
-    size_t p = ag__jcs_tok_off(t->j, i), d;
-    p += t->s[p] == '-';
-    for (d = 0; p + d < t->len && t->s[p + d] >= '0' && t->s[p + d] <= '9';)
-      d++;
-    if (d > 18 && (p + d >= t->len ||
-                   (t->s[p + d] != '.' && (t->s[p + d] | 0x20) != 'e')))
-      return false;
-  }
-  return true;
+  return ag__jcs_jansson_safe(t->j, t->n);
 }
 
 /* The text ag__blocks_text / ag__px_anth_text make of Anthropic content token
@@ -393,107 +377,6 @@ slow:
   return 0;
 }
 
-/* ---- A relayed text chunk read from the tape ---------------------------
- *
- * Nearly every chunk of a Chat Completions stream carries only text:
- * {"id":..., "choices":[{"index":0, "delta":{"content":"..."},
- * "finish_reason":null}]}. Read as a jansson tree, each one cost about a
- * tenth of a loop's CPU at 20,000 chunks a second (perf: json_loadb with
- * what it calls 4.2% of every sample, jansson's own code 2.2%, the loops
- * 40%). ag__px_fast_chunk reads such a chunk from the
- * tokenizer's tape, on a scratch kept by the loop (chunk_tape), and does
- * what ag__px_on_sse_event's tree path does with it: the text to the assembler
- * and the content-loop detector, the chunk on to the client as it came.
- * It takes only that shape - after the stream's first chunk (whose id and
- * model are kept), "error" and "usage" absent or null, one choice with
- * "index" 0 (or none), "finish_reason" absent or null, a delta of
- * "content" (a string or null), "role" and a null "refusal" - and only a
- * chunk the tape takes and jansson would (no duplicate key, no "\u0000",
- * no integer jansson cannot hold). Anything else returns -1 and takes the
- * tree path, whose effects are the reference: tests/fuzz/fuzz_relay.c
- * replays every input both ways (AG_PROXY_REPLAY_TREE) and compares. */
-#define CHUNK_TAPE_MAX 16384u
-
-struct chunk_tape {
-  ag__jcs *j;
-  char buf[CHUNK_TAPE_MAX + 1]; /* the decoded text */
-};
-
-chunk_tape *ag__px_chunk_tape_new(void) {
-  chunk_tape *ct = malloc(sizeof(*ct));
-  if (ct != NULL &&
-      ag__jcs_tape_new(&ct->j, CHUNK_TAPE_MAX, TAPE_DEPTH, NULL) != AG_OK) {
-    free(ct);
-    ct = NULL;
-  }
-  return ct;
-}
-
-void ag__px_chunk_tape_free(chunk_tape *ct) {
-  if (ct != NULL) {
-    ag__jcs_free(ct->j);
-    free(ct);
-  }
-}
-
-/* Whether member i's value (i + 1) is absent (i == 0) or null. */
-static bool t_none(const tape *t, size_t i) {
-  return i == 0 || t_is(t, i, AG__JT_NULL);
-}
-
-/* 0 or 1 as ag__px_on_sse_event returns them; -1: not a text chunk (or the tape
- * refuses it), for the tree path. */
-int ag__px_fast_chunk(stream_st *st, const char *data, size_t len) {
-  chunk_tape *ct = st->ct;
-  if (ct == NULL || st->id[0] == '\0' || len > CHUNK_TAPE_MAX)
-    return -1;
-  tape t = {ct->j, data, len, 0, ct->buf, 0, sizeof ct->buf};
-  if (ag__jcs_tape(t.j, data, len, &t.n, NULL) != AG_OK ||
-      ag__jcs_tok_type(t.j, 0) != AG__JT_OBJ || !t_jansson_safe(&t))
-    return -1;
-  if (!t_none(&t, t_get(&t, 0, "error")) || !t_none(&t, t_get(&t, 0, "usage")))
-    return -1;
-  size_t chs = t_get(&t, 0, "choices");
-  if (t_count(&t, chs) != 1 || !t_is(&t, chs + 1, AG__JT_OBJ))
-    return -1;
-  size_t ch = chs + 1, ix = t_get(&t, ch, "index");
-  if (ix != 0) { /* the integer 0, written "0" */
-    size_t off = ag__jcs_tok_off(t.j, ix);
-    if (!t_is(&t, ix, AG__JT_NUM) || data[off] != '0' ||
-        (off + 1 < len && memchr(".eE", data[off + 1], 3) != NULL))
-      return -1;
-  }
-  size_t d = t_get(&t, ch, "delta");
-  if (!t_none(&t, t_get(&t, ch, "finish_reason")) || !t_is(&t, d, AG__JT_OBJ))
-    return -1;
-  size_t content = 0;
-  size_t end = ag__jcs_tok_next(t.j, d);
-  for (size_t k = d + 1; k < end; k = ag__jcs_tok_next(t.j, k + 1)) {
-    if (ag__jcs_key_is(t.j, k, "content", 7) &&
-        (t_is(&t, k + 1, AG__JT_STR) || t_is(&t, k + 1, AG__JT_NULL)))
-      content = k + 1;
-    else if (!ag__jcs_key_is(t.j, k, "role", 4) &&
-             !(ag__jcs_key_is(t.j, k, "refusal", 7) &&
-               t_is(&t, k + 1, AG__JT_NULL)))
-      return -1;
-  }
-  size_t cl = 0;
-  const char *text = t_str(&t, content, &cl); /* NULL: none, or null */
-  if (text != NULL && !ag__asm_text(&st->asmb, text, cl))
-    return 1;
-  if (text != NULL && cl > 0) {
-    ag_verdict v;
-    if (ag_guard_check_text(st->g, text, cl, true, &v) != AG_ALLOW) {
-      st->looped = true;
-      st->loop_v = v;
-      return 1;
-    }
-    st->any_text = true;
-  }
-  ag__px_sb_event(&st->out, data, len);
-  return st->out.failed || st->held.failed ? 1 : 0;
-}
-
 /*
  * The decision before forwarding, from the tape: the turn replayed through
  * a new guard (*g, which the caller frees), then the coming request
@@ -502,7 +385,9 @@ int ag__px_fast_chunk(stream_st *st, const char *data, size_t len) {
  * memory, or TAPE_FALLBACK (*g NULL): take the jansson path.
  */
 int ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
-                       bool anth, ag_guard **g, ag_verdict *v, bool *stream) {
+                       const ag__wire *w, ag_guard **g, ag_verdict *v,
+                       bool *stream) {
+  bool anth = w == &ag__wire_messages;
   *g = NULL;
   tape t = {NULL, body, len, 0, NULL, 0, 0};
   size_t *msg = NULL;

@@ -22,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "../core/internal.h"
 #include "wire.h"
 
 static bool set_new(json_t *o, const char *k, json_t *v) {
@@ -359,6 +361,364 @@ static bool chat_serves(const char *path) {
          ag__wire_path_is(path, "/chat/completions");
 }
 
+/* ---- for the proxy: the replies it writes, the streams it relays ------- */
+
+/* One chat.completion.chunk with `delta` (stolen) and a finish reason. */
+static void sse_chunk(ag__buf *b, const char *id, const char *model,
+                      json_t *delta, const char *finish) {
+  ag__sse_json(b,
+               json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:s?}]}", "id", id,
+                         "object", "chat.completion.chunk", "created",
+                         (json_int_t)time(NULL), "model", model, "choices",
+                         "index", 0, "delta", delta, "finish_reason", finish));
+}
+
+/* A reply as chunks: its text, its calls (whole; rep may be NULL), its
+ * end, [DONE]. */
+static void sse_reply(ag__buf *b, const char *id, const char *model,
+                      const char *text, const ag_reply *rep,
+                      const char *finish) {
+  sse_chunk(b, id, model,
+            json_pack("{s:s, s:s}", "role", "assistant", "content",
+                      text != NULL ? text : ""),
+            NULL);
+  if (rep != NULL && rep->n_calls > 0) {
+    json_t *tcs = json_array();
+    for (size_t i = 0; tcs != NULL && i < rep->n_calls; i++) {
+      const ag_tool_call *tc = &rep->calls[i];
+      json_t *one =
+          json_pack("{s:i, s:s, s:s, s:{s:s, s:s%}}", "index", (int)i, "id",
+                    tc->id, "type", "function", "function", "name", tc->name,
+                    "arguments", tc->arguments, tc->arguments_len);
+      if (one == NULL || json_array_append_new(tcs, one) != 0)
+        b->cut = true;
+    }
+    sse_chunk(b, id, model,
+              tcs != NULL ? json_pack("{s:o}", "tool_calls", tcs) : NULL, NULL);
+  }
+  sse_chunk(b, id, model, json_object(), finish);
+  ag__sse_add(b, "data: [DONE]\n\n", 14);
+}
+
+/* The ids a stream's own chunks carry when the upstream sent none. */
+static void relay_ids(ag__wire_relay *r) {
+  if (r->id[0] == '\0') {
+    snprintf(r->id, sizeof r->id, "chatcmpl-agentguard");
+    snprintf(r->model, sizeof r->model, "agentguard");
+  }
+}
+
+static void chat_relay_stop(ag__wire_relay *r, const char *text) {
+  relay_ids(r);
+  /* the stop goes on the text already relayed, after a blank line */
+  size_t n = strlen(text);
+  char *t = malloc(n + 3);
+  if (t == NULL) {
+    r->out.cut = true;
+    return;
+  }
+  snprintf(t, n + 3, "%s%s", r->any_text ? "\n\n" : "", text);
+  sse_reply(&r->out, r->id, r->model, t, NULL, "stop");
+  free(t);
+}
+
+static void chat_relay_tail(ag__wire_relay *r, const ag_reply *rep) {
+  relay_ids(r);
+  sse_reply(&r->out, r->id, r->model, rep->text, rep,
+            rep->n_calls > 0 ? "tool_calls" : "stop");
+}
+
+static void chat_relay_release(ag__wire_relay *r) {
+  ag__sse_add(&r->out, r->held.p != NULL ? r->held.p : "", r->held.len);
+  ag__sse_add(&r->out, "data: [DONE]\n\n", 14);
+}
+
+static void chat_relay_error(ag__wire_relay *r, const char *msg) {
+  ag__buf_reset(&r->out); /* what was not flushed yet goes: the error ends */
+  ag__sse_json(&r->out, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error",
+                                  "message", msg, "type", "upstream_error",
+                                  "param", "code", "upstream_stream"));
+}
+
+/* A text chunk read from the tape instead of a tree: the chunks most
+ * streams are made of, at the cost of a tape (the JCS tokenizer's, in the
+ * relay's scratch), not a jansson tree. It does with a chunk exactly what
+ * chat_relay_event's tree path does: the text to the assembler and the
+ * text check, the chunk on to the client as it came. It takes only that
+ * shape - after the stream's first chunk (whose id and model are kept),
+ * "error" and "usage" absent or null, one choice with "index" 0 (or none),
+ * "finish_reason" absent or null, a delta of "content" (a string or null),
+ * "role" and a null "refusal" - and only a chunk the tape takes and jansson
+ * would (no duplicate key, no "\u0000", no integer jansson cannot hold).
+ * Anything else returns -1 and takes the tree path, whose effects are the
+ * reference: tests/fuzz/fuzz_relay.c replays every input both ways
+ * (AG_PROXY_REPLAY_TREE) and compares. */
+#define CHUNK_TAPE_MAX 16384u
+#define CHUNK_TAPE_DEPTH 64
+
+struct ag__chunk_tape {
+  ag__jcs *j;
+  char buf[CHUNK_TAPE_MAX + 1]; /* the decoded text */
+};
+
+ag__chunk_tape *ag__chunk_tape_new(void) {
+  ag__chunk_tape *ct = malloc(sizeof(*ct));
+  if (ct != NULL && ag__jcs_tape_new(&ct->j, CHUNK_TAPE_MAX, CHUNK_TAPE_DEPTH,
+                                     NULL) != AG_OK) {
+    free(ct);
+    ct = NULL;
+  }
+  return ct;
+}
+
+void ag__chunk_tape_free(ag__chunk_tape *ct) {
+  if (ct != NULL) {
+    ag__jcs_free(ct->j);
+    free(ct);
+  }
+}
+
+static bool tok_is(const ag__jcs *j, size_t i, int type) {
+  return i != 0 && ag__jcs_tok_type(j, i) == type;
+}
+
+/* Whether member value token i is absent (0) or null. */
+static bool tok_none(const ag__jcs *j, size_t i) {
+  return i == 0 || tok_is(j, i, AG__JT_NULL);
+}
+
+/* Whether array token arr holds exactly one element. */
+static bool tok_one(const ag__jcs *j, size_t arr) {
+  return tok_is(j, arr, AG__JT_ARR) && ag__jcs_tok_next(j, arr) > arr + 1 &&
+         ag__jcs_tok_next(j, arr + 1) == ag__jcs_tok_next(j, arr);
+}
+
+/* The delta's content token of a text chunk's one choice (0: none or
+ * null), or SIZE_MAX when the chunk is not such a chunk. */
+static size_t fast_content(const ag__jcs *j, const char *data, size_t len) {
+  if (!tok_none(j, ag__jcs_get(j, 0, "error")) ||
+      !tok_none(j, ag__jcs_get(j, 0, "usage")))
+    return SIZE_MAX;
+  size_t chs = ag__jcs_get(j, 0, "choices");
+  if (!tok_one(j, chs) || !tok_is(j, chs + 1, AG__JT_OBJ))
+    return SIZE_MAX;
+  size_t ch = chs + 1, ix = ag__jcs_get(j, ch, "index");
+  if (ix != 0) { /* the integer 0, written "0" */
+    size_t off = ag__jcs_tok_off(j, ix);
+    if (!tok_is(j, ix, AG__JT_NUM) || data[off] != '0' ||
+        (off + 1 < len && memchr(".eE", data[off + 1], 3) != NULL))
+      return SIZE_MAX;
+  }
+  size_t d = ag__jcs_get(j, ch, "delta");
+  if (!tok_none(j, ag__jcs_get(j, ch, "finish_reason")) ||
+      !tok_is(j, d, AG__JT_OBJ))
+    return SIZE_MAX;
+  size_t content = 0, end = ag__jcs_tok_next(j, d);
+  for (size_t k = d + 1; k < end; k = ag__jcs_tok_next(j, k + 1)) {
+    if (ag__jcs_key_is(j, k, "content", 7) &&
+        (tok_is(j, k + 1, AG__JT_STR) || tok_is(j, k + 1, AG__JT_NULL)))
+      content = tok_is(j, k + 1, AG__JT_STR) ? k + 1 : 0;
+    else if (!ag__jcs_key_is(j, k, "role", 4) &&
+             !(ag__jcs_key_is(j, k, "refusal", 7) &&
+               tok_is(j, k + 1, AG__JT_NULL)))
+      return SIZE_MAX;
+  }
+  return content;
+}
+
+/* 0 or 1 as chat_relay_event returns them; -1: for the tree path. */
+static int fast_chunk(ag__wire_relay *r, const char *data, size_t len) {
+  ag__chunk_tape *ct = r->ct;
+  size_t n;
+  if (ct == NULL || r->id[0] == '\0' || len > CHUNK_TAPE_MAX ||
+      ag__jcs_tape(ct->j, data, len, &n, NULL) != AG_OK ||
+      ag__jcs_tok_type(ct->j, 0) != AG__JT_OBJ ||
+      !ag__jcs_jansson_safe(ct->j, n))
+    return -1;
+  size_t content = fast_content(ct->j, data, len);
+  if (content == SIZE_MAX)
+    return -1;
+  if (content != 0) {
+    size_t cl = ag__jcs_str_decode(ct->j, content, ct->buf);
+    if (!ag__asm_text(r->a, ct->buf, cl))
+      return 1;
+    if (cl > 0 && !ag__wire_relay_text(r, ct->buf, cl))
+      return 1;
+  }
+  ag__sse_data(&r->out, data, len);
+  return r->out.cut || r->held.cut ? 1 : 0;
+}
+
+/* A chunk that holds text and more (calls, the end): its text goes now, in
+ * a copy without the rest, and the rest (d without "content") is held. */
+static void split_chunk(ag__wire_relay *r, json_t *j, json_t *d) {
+  json_t *now = json_deep_copy(j);
+  json_t *c0 = json_array_get(json_object_get(now, "choices"), 0);
+  json_object_del(json_object_get(c0, "delta"), "tool_calls");
+  json_object_set_new(c0, "finish_reason", json_null());
+  ag__sse_json(&r->out, now);
+  json_object_del(d, "content");
+}
+
+/* One Chat Completions chunk through the relay: text chunks go on at once
+ * (after the text check), chunks with tool-call fragments, the finish
+ * reason or only usage are held until the calls are checked. */
+static int chat_relay_event(ag__wire_relay *r, const char *event,
+                            const char *data, size_t len, size_t pos) {
+  if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
+    r->a->done = true;
+    return 0;
+  }
+  int fast = fast_chunk(r, data, len);
+  if (fast >= 0)
+    return fast;
+  /* parsed once, for the assembler and for the relay */
+  json_t *j = json_loadb(data, len, 0, NULL);
+  if (j == NULL) {
+    /* not JSON: the assembler's reader says where and why */
+    ag__openai_event(r->a, event, data, len, pos);
+    return 1;
+  }
+  if (ag__openai_chunk(r->a, j, pos + 6) != 0) {
+    json_decref(j);
+    return 1;
+  }
+  if (r->id[0] == '\0') {
+    const char *id = json_string_value(json_object_get(j, "id"));
+    const char *model = json_string_value(json_object_get(j, "model"));
+    snprintf(r->id, sizeof r->id, "%s", id != NULL ? id : "chatcmpl");
+    snprintf(r->model, sizeof r->model, "%s",
+             model != NULL ? model : "unknown");
+  }
+  json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+  json_t *d = json_object_get(ch, "delta");
+  size_t cl = 0;
+  const char *content = ag__jstr(d, "content", &cl);
+  json_t *fr = json_object_get(ch, "finish_reason");
+  bool hold = ch == NULL ||
+              json_array_size(json_object_get(d, "tool_calls")) > 0 ||
+              (fr != NULL && !json_is_null(fr));
+  if (content != NULL && cl > 0 && !ag__wire_relay_text(r, content, cl)) {
+    json_decref(j);
+    return 1;
+  }
+  if (!hold) {
+    ag__sse_data(&r->out, data, len);
+  } else {
+    if (content != NULL && cl > 0)
+      split_chunk(r, j, d);
+    ag__sse_json(&r->held, json_incref(j));
+  }
+  json_decref(j);
+  return r->out.cut || r->held.cut ? 1 : 0;
+}
+
+/* The messages that answer the held-back calls: the assistant's message
+ * with them, then a tool message each with its nudge. */
+static json_t *chat_nudge_messages(const ag_reply *rep,
+                                   const ag_call_check *checks) {
+  json_t *tcs = json_array(), *out = json_array();
+  if (tcs == NULL || out == NULL)
+    goto fail;
+  for (size_t i = 0; i < rep->n_calls; i++) {
+    if (checks[i].action != AG_NUDGE)
+      continue;
+    const ag_tool_call *tc = &rep->calls[i];
+    json_t *call = json_pack("{s:s, s:s, s:{s:s, s:s%}}", "id", tc->id, "type",
+                             "function", "function", "name", tc->name,
+                             "arguments", tc->arguments, tc->arguments_len);
+    if (call == NULL || json_array_append_new(tcs, call) != 0)
+      goto fail;
+  }
+  json_t *am = json_pack("{s:s, s:O, s:O}", "role", "assistant", "content",
+                         json_null(), "tool_calls", tcs);
+  if (am == NULL || json_array_append_new(out, am) != 0)
+    goto fail;
+  for (size_t i = 0; i < rep->n_calls; i++) {
+    if (checks[i].action != AG_NUDGE)
+      continue;
+    json_t *tm = json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id",
+                           rep->calls[i].id, "content", checks[i].message);
+    if (tm == NULL || json_array_append_new(out, tm) != 0)
+      goto fail;
+  }
+  json_decref(tcs);
+  return out;
+fail:
+  json_decref(tcs);
+  json_decref(out);
+  return NULL;
+}
+
+static bool chat_strip_calls(json_t *reply, char *emsg, size_t cap) {
+  json_t *ch = json_array_get(json_object_get(reply, "choices"), 0);
+  json_t *m = json_object_get(ch, "message");
+  if (!json_is_object(m)) {
+    snprintf(emsg, cap, "choices[0].message is missing");
+    return false;
+  }
+  json_object_del(m, "tool_calls");
+  json_object_del(m, "function_call");
+  json_object_set_new(ch, "finish_reason", json_string("stop"));
+  return true;
+}
+
+static bool chat_whole_to_sse(const json_t *reply, ag__buf *out, char *emsg,
+                              size_t cap) {
+  const json_t *ch = json_array_get(json_object_get(reply, "choices"), 0);
+  const json_t *m = json_object_get(ch, "message");
+  if (!json_is_object(m)) {
+    snprintf(emsg, cap, "choices[0].message is missing");
+    return false;
+  }
+  const char *id = json_string_value(json_object_get(reply, "id"));
+  const char *model = json_string_value(json_object_get(reply, "model"));
+  const char *finish = json_string_value(json_object_get(ch, "finish_reason"));
+  sse_reply(out, id != NULL ? id : "chatcmpl-agentguard",
+            model != NULL ? model : "agentguard",
+            json_string_value(json_object_get(m, "content")), NULL,
+            finish != NULL ? finish : "stop");
+  return true;
+}
+
+/* The form of the reply: as the request's "stream" says. */
+static ag__reply_form chat_reply_form(const char *path, const char *query,
+                                      const json_t *req) {
+  (void)path;
+  (void)query;
+  return json_is_true(json_object_get(req, "stream")) ? AG__REPLY_SSE
+                                                      : AG__REPLY_WHOLE;
+}
+
+/* A chat.completion with one assistant message saying `text`, whole or as
+ * chunks. */
+static char *chat_stop_body(ag__reply_form form, const char *id,
+                            const char *model, const char *text,
+                            long long created, size_t *len) {
+  if (form == AG__REPLY_SSE) {
+    ag__buf b;
+    ag__buf_init(&b, AG__HTTP_BODY_MAX);
+    sse_reply(&b, id, model, text, NULL, "stop");
+    if (b.cut) {
+      ag__buf_free(&b);
+      return NULL;
+    }
+    *len = b.len;
+    return b.p;
+  }
+  json_t *o = json_pack(
+      "{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s}, s:s}], s:{s:i, s:i, s:i}}",
+      "id", id, "object", "chat.completion", "created", (json_int_t)created,
+      "model", model, "choices", "index", 0, "message", "role", "assistant",
+      "content", text, "finish_reason", "stop", "usage", "prompt_tokens", 0,
+      "completion_tokens", 0, "total_tokens", 0);
+  char *t = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (t != NULL)
+    *len = strlen(t);
+  return t;
+}
+
 const ag__wire ag__wire_chat = {
     .name = "openai",
     .api = "Chat Completions",
@@ -377,6 +737,18 @@ const ag__wire ag__wire_chat = {
     .conv_key = "messages",
     .serves = chat_serves,
     .error_body = ag__openai_error_body,
+    .reply_form = chat_reply_form,
+    .stop_body = chat_stop_body,
+    .id_prefix = "chatcmpl-agentguard-",
+    .relay_event = chat_relay_event,
+    .relay_release = chat_relay_release,
+    .relay_stop = chat_relay_stop,
+    .relay_tail = chat_relay_tail,
+    .relay_error = chat_relay_error,
+    .end_missing = "no finish_reason, no [DONE]",
+    .nudge_messages = chat_nudge_messages,
+    .strip_calls = chat_strip_calls,
+    .whole_to_sse = chat_whole_to_sse,
 };
 
 const ag__wire *const ag__wire_all[] = {&ag__wire_chat, &ag__wire_messages,

@@ -690,4 +690,5 @@ const ag__wire ag__wire_gemini = {
     .reply_form = gemini_reply_form,
     .stop_body = gemini_stop_body,
     .add_user_text = gemini_add_user_text,
+    .id_prefix = "gen_agentguard_",
 };

@@ -650,6 +650,337 @@ static json_t *messages_error_body(unsigned status, const char *type,
                    "message", full);
 }
 
+/* ---- for the proxy: the replies it writes, the streams it relays ------- */
+
+/* The client's number for upstream block `idx` (given on first use). */
+static int client_index(ag__wire_relay *r, json_int_t idx) {
+  if (idx < 0 || idx >= AG__RELAY_BLOCKS)
+    return -1;
+  if (r->map[idx] < 0)
+    r->map[idx] = r->next_index++;
+  return r->map[idx];
+}
+
+static bool is_held_index(const ag__wire_relay *r, json_int_t idx) {
+  return idx >= 0 && idx < AG__RELAY_BLOCKS && r->map[idx] == -2;
+}
+
+/* Whether s can be an SSE event's name: no control character (a line
+ * break in it would end the "event:" line and start another field). */
+static bool name_ok(const char *s) {
+  for (; *s != '\0'; s++)
+    if ((unsigned char)*s < 0x20 || *s == 0x7f)
+      return false;
+  return true;
+}
+
+/* Whether a Messages event is held back (a tool_use block, the reply's
+ * end) - a block's start marks its index held - or its text checked; 1 on
+ * a bad event or a stop (the relay ends), else 0 with *hold set. */
+static int relay_classify(ag__wire_relay *r, json_t *j, const char *type,
+                          json_int_t idx, size_t pos, bool *hold) {
+  *hold = false;
+  if (type == NULL)
+    return 0; /* forwarded as it came */
+  if (strcmp(type, "message_start") == 0) {
+    json_t *m = json_object_get(j, "message");
+    const char *id = json_string_value(json_object_get(m, "id"));
+    const char *model = json_string_value(json_object_get(m, "model"));
+    snprintf(r->id, sizeof r->id, "%s", id != NULL ? id : "msg");
+    snprintf(r->model, sizeof r->model, "%s",
+             model != NULL ? model : "unknown");
+  } else if (strcmp(type, "content_block_start") == 0) {
+    const char *bt = json_string_value(
+        json_object_get(json_object_get(j, "content_block"), "type"));
+    if (idx < 0 || idx >= AG__RELAY_BLOCKS) {
+      ag__asm_bad(r->a, (long)pos, "a content block index out of range");
+      return 1;
+    }
+    if (bt != NULL && strstr(bt, "tool_use") != NULL) {
+      r->map[idx] = -2; /* held until the calls are checked */
+      *hold = true;
+    }
+  } else if (strcmp(type, "content_block_delta") == 0 ||
+             strcmp(type, "content_block_stop") == 0) {
+    *hold = is_held_index(r, idx);
+    size_t tl = 0;
+    const char *text = ag__jstr(json_object_get(j, "delta"), "text", &tl);
+    if (!*hold && text != NULL && tl > 0 && !ag__wire_relay_text(r, text, tl))
+      return 1;
+  } else if (strcmp(type, "message_delta") == 0 ||
+             strcmp(type, "message_stop") == 0) {
+    *hold = true;
+  }
+  return 0;
+}
+
+/* One Messages event through the relay: text blocks go on at once (after
+ * the text check), renumbered for the client; tool_use blocks and the
+ * reply's end are held until the calls are checked. */
+static int messages_relay_event(ag__wire_relay *r, const char *event,
+                                const char *data, size_t len, size_t pos) {
+  if (ag__anthropic_event(r->a, event, data, len, pos) != 0)
+    return 1;
+  json_t *j = json_loadb(data, len, 0, NULL);
+  if (j == NULL)
+    return 1;
+  const char *type = json_string_value(json_object_get(j, "type"));
+  /* an event without a name line is named by its type, unless the type
+   * would break the event's line (a control character in it) */
+  const char *name = event[0] != '\0'                ? event
+                     : type != NULL && name_ok(type) ? type
+                                                     : "message";
+  json_t *ix = json_object_get(j, "index");
+  json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : -1;
+  bool hold;
+  if (relay_classify(r, j, type, idx, pos, &hold) != 0) {
+    json_decref(j);
+    return 1;
+  }
+  if (hold) {
+    json_t *pair = json_pack("[s, O]", name, j);
+    if (pair == NULL || json_array_append_new(r->held_ev, pair) != 0)
+      r->held.cut = true;
+  } else {
+    if (idx >= 0 && type != NULL && strncmp(type, "content_block", 13) == 0)
+      json_object_set_new(j, "index", json_integer(client_index(r, idx)));
+    ag__sse_named(&r->out, name, json_incref(j));
+  }
+  json_decref(j);
+  return r->out.cut || r->held.cut ? 1 : 0;
+}
+
+static void messages_relay_release(ag__wire_relay *r) {
+  size_t i;
+  json_t *pair;
+  json_array_foreach(r->held_ev, i, pair) {
+    json_t *o = json_array_get(pair, 1);
+    json_t *ix = json_object_get(o, "index");
+    /* a held block takes the client's next number; a block the client
+     * has seen keeps its own; an index the stream never opened (on a
+     * message_delta, or out of range) is left as the upstream sent it */
+    json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : -1;
+    if (is_held_index(r, idx))
+      r->map[idx] = r->next_index++;
+    if (idx >= 0 && idx < AG__RELAY_BLOCKS && r->map[idx] >= 0)
+      json_object_set_new(o, "index", json_integer(r->map[idx]));
+    ag__sse_named(&r->out, json_string_value(json_array_get(pair, 0)),
+                  json_incref(o));
+  }
+}
+
+/* A text block with `text` at the client's next number. */
+static void sse_text_block(ag__wire_relay *r, const char *text) {
+  int ci = r->next_index++;
+  ag__sse_named(&r->out, "content_block_start",
+                json_pack("{s:s, s:i, s:{s:s, s:s}}", "type",
+                          "content_block_start", "index", ci, "content_block",
+                          "type", "text", "text", ""));
+  ag__sse_named(&r->out, "content_block_delta",
+                json_pack("{s:s, s:i, s:{s:s, s:s}}", "type",
+                          "content_block_delta", "index", ci, "delta", "type",
+                          "text_delta", "text", text));
+  ag__sse_named(
+      &r->out, "content_block_stop",
+      json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
+}
+
+/* A tool_use block with call tc at the client's next number. */
+static void call_block(ag__wire_relay *r, const ag_tool_call *tc) {
+  int ci = r->next_index++;
+  ag__sse_named(&r->out, "content_block_start",
+                json_pack("{s:s, s:i, s:{s:s, s:s, s:s, s:{}}}", "type",
+                          "content_block_start", "index", ci, "content_block",
+                          "type", "tool_use", "id", tc->id, "name", tc->name,
+                          "input"));
+  ag__sse_named(&r->out, "content_block_delta",
+                json_pack("{s:s, s:i, s:{s:s, s:s%}}", "type",
+                          "content_block_delta", "index", ci, "delta", "type",
+                          "input_json_delta", "partial_json", tc->arguments,
+                          tc->arguments_len));
+  ag__sse_named(
+      &r->out, "content_block_stop",
+      json_pack("{s:s, s:i}", "type", "content_block_stop", "index", ci));
+}
+
+static void message_end(ag__wire_relay *r, const char *stop_reason) {
+  ag__sse_named(&r->out, "message_delta",
+                json_pack("{s:s, s:{s:s, s:n}, s:{s:i}}", "type",
+                          "message_delta", "delta", "stop_reason", stop_reason,
+                          "stop_sequence", "usage", "output_tokens", 0));
+  ag__sse_named(&r->out, "message_stop",
+                json_pack("{s:s}", "type", "message_stop"));
+}
+
+static void messages_relay_stop(ag__wire_relay *r, const char *text) {
+  sse_text_block(r, text);
+  message_end(r, "end_turn");
+}
+
+static void messages_relay_tail(ag__wire_relay *r, const ag_reply *rep) {
+  if (rep->text != NULL && rep->text[0] != '\0')
+    sse_text_block(r, rep->text);
+  for (size_t k = 0; k < rep->n_calls; k++)
+    call_block(r, &rep->calls[k]);
+  message_end(r, rep->n_calls > 0 ? "tool_use" : "end_turn");
+}
+
+static void messages_relay_error(ag__wire_relay *r, const char *msg) {
+  r->out.cut = false; /* the error ends the stream, after what is queued */
+  ag__sse_named(&r->out, "error",
+                json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error",
+                          "type", "api_error", "message", msg));
+}
+
+/* The messages that answer the held-back calls: the assistant's tool_use
+ * blocks, then the user's tool_result blocks with the nudges. */
+static json_t *messages_nudge_messages(const ag_reply *rep,
+                                       const ag_call_check *checks) {
+  json_t *uses = json_array(), *results = json_array();
+  json_t *out = NULL;
+  for (size_t i = 0; uses != NULL && results != NULL && i < rep->n_calls; i++) {
+    if (checks[i].action != AG_NUDGE)
+      continue;
+    const ag_tool_call *tc = &rep->calls[i];
+    json_t *input = json_loadb(tc->arguments, tc->arguments_len, 0, NULL);
+    if (!json_is_object(input)) {
+      json_decref(input);
+      input = json_object();
+    }
+    if (json_array_append_new(uses, json_pack("{s:s, s:s, s:s, s:o}", "type",
+                                              "tool_use", "id", tc->id, "name",
+                                              tc->name, "input", input)) != 0 ||
+        json_array_append_new(results,
+                              json_pack("{s:s, s:s, s:s}", "type",
+                                        "tool_result", "tool_use_id", tc->id,
+                                        "content", checks[i].message)) != 0)
+      goto done;
+  }
+  if (uses != NULL && results != NULL)
+    out = json_pack("[{s:s, s:O}, {s:s, s:O}]", "role", "assistant", "content",
+                    uses, "role", "user", "content", results);
+done:
+  json_decref(uses);
+  json_decref(results);
+  return out;
+}
+
+static bool messages_strip_calls(json_t *reply, char *emsg, size_t cap) {
+  json_t *content = json_object_get(reply, "content");
+  if (!json_is_array(content)) {
+    snprintf(emsg, cap, "no content array");
+    return false;
+  }
+  for (size_t k = json_array_size(content); k-- > 0;) {
+    const char *bt =
+        json_string_value(json_object_get(json_array_get(content, k), "type"));
+    if (bt != NULL && strcmp(bt, "tool_use") == 0)
+      json_array_remove(content, k);
+  }
+  json_object_set_new(reply, "stop_reason", json_string("end_turn"));
+  return true;
+}
+
+/* One content block of a whole message as a stream's events. */
+static void block_events(ag__buf *b, const json_t *blk, int i) {
+  const char *bt = json_string_value(json_object_get(blk, "type"));
+  json_t *head = json_deep_copy(blk);
+  json_t *delta = NULL;
+  if (bt != NULL && strcmp(bt, "text") == 0) {
+    json_object_set_new(head, "text", json_string(""));
+    delta = json_pack("{s:s, s:O}", "type", "text_delta", "text",
+                      json_object_get(blk, "text"));
+  } else if (bt != NULL && strcmp(bt, "tool_use") == 0) {
+    char *in = json_dumps(json_object_get(blk, "input"),
+                          JSON_COMPACT | JSON_ENCODE_ANY);
+    json_object_set_new(head, "input", json_object());
+    delta = json_pack("{s:s, s:s}", "type", "input_json_delta", "partial_json",
+                      in != NULL ? in : "{}");
+    free(in);
+  }
+  ag__sse_named(b, "content_block_start",
+                json_pack("{s:s, s:i, s:o}", "type", "content_block_start",
+                          "index", i, "content_block", head));
+  if (delta != NULL)
+    ag__sse_named(b, "content_block_delta",
+                  json_pack("{s:s, s:i, s:o}", "type", "content_block_delta",
+                            "index", i, "delta", delta));
+  ag__sse_named(
+      b, "content_block_stop",
+      json_pack("{s:s, s:i}", "type", "content_block_stop", "index", i));
+}
+
+/* A Messages reply as the events of a stream, as Anthropic sends them. */
+static bool messages_whole_to_sse(const json_t *msg, ag__buf *out, char *emsg,
+                                  size_t cap) {
+  const json_t *content = json_object_get(msg, "content");
+  if (!json_is_array(content)) {
+    snprintf(emsg, cap, "no content array");
+    return false;
+  }
+  json_t *start = json_deep_copy(msg);
+  json_object_set_new(start, "content", json_array());
+  json_object_set_new(start, "stop_reason", json_null());
+  ag__sse_named(
+      out, "message_start",
+      json_pack("{s:s, s:o}", "type", "message_start", "message", start));
+  size_t i;
+  const json_t *blk;
+  json_array_foreach(content, i, blk) block_events(out, blk, (int)i);
+  json_t *out_tokens =
+      json_object_get(json_object_get(msg, "usage"), "output_tokens");
+  ag__sse_named(out, "message_delta",
+                json_pack("{s:s, s:{s:O, s:n}, s:{s:I}}", "type",
+                          "message_delta", "delta", "stop_reason",
+                          json_object_get(msg, "stop_reason"), "stop_sequence",
+                          "usage", "output_tokens",
+                          (json_int_t)(json_is_integer(out_tokens)
+                                           ? json_integer_value(out_tokens)
+                                           : 0)));
+  ag__sse_named(out, "message_stop",
+                json_pack("{s:s}", "type", "message_stop"));
+  return true;
+}
+
+static ag__reply_form messages_reply_form(const char *path, const char *query,
+                                          const json_t *req) {
+  (void)path;
+  (void)query;
+  return json_is_true(json_object_get(req, "stream")) ? AG__REPLY_SSE
+                                                      : AG__REPLY_WHOLE;
+}
+
+/* A message with one text block saying `text`, whole or as events. */
+static char *messages_stop_body(ag__reply_form form, const char *id,
+                                const char *model, const char *text,
+                                long long created, size_t *len) {
+  (void)created;
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s}], s:s, s:n, "
+                        "s:{s:i, s:i}}",
+                        "id", id, "type", "message", "role", "assistant",
+                        "model", model, "content", "type", "text", "text", text,
+                        "stop_reason", "end_turn", "stop_sequence", "usage",
+                        "input_tokens", 0, "output_tokens", 0);
+  char *t = NULL;
+  if (o != NULL && form == AG__REPLY_SSE) {
+    ag__buf b;
+    char emsg[64];
+    ag__buf_init(&b, AG__HTTP_BODY_MAX);
+    if (messages_whole_to_sse(o, &b, emsg, sizeof emsg) && !b.cut) {
+      t = b.p;
+      *len = b.len;
+    } else {
+      ag__buf_free(&b);
+    }
+  } else if (o != NULL) {
+    t = json_dumps(o, JSON_COMPACT);
+    if (t != NULL)
+      *len = strlen(t);
+  }
+  json_decref(o);
+  return t;
+}
+
 const ag__wire ag__wire_messages = {
     .name = "anthropic",
     .api = "Messages",
@@ -668,4 +999,16 @@ const ag__wire ag__wire_messages = {
     .conv_key = "messages",
     .serves = messages_serves,
     .error_body = messages_error_body,
+    .reply_form = messages_reply_form,
+    .stop_body = messages_stop_body,
+    .id_prefix = "msg_agentguard_",
+    .relay_event = messages_relay_event,
+    .relay_release = messages_relay_release,
+    .relay_stop = messages_relay_stop,
+    .relay_tail = messages_relay_tail,
+    .relay_error = messages_relay_error,
+    .end_missing = "no message_stop",
+    .nudge_messages = messages_nudge_messages,
+    .strip_calls = messages_strip_calls,
+    .whole_to_sse = messages_whole_to_sse,
 };

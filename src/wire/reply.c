@@ -268,3 +268,32 @@ ag_err_t ag__asm_finish(ag__asm *a, ag_reply *out) {
   ag__scopy(out->finish_reason, sizeof(out->finish_reason), a->finish_reason);
   return AG_OK;
 }
+
+/* ---- a stream relayed (wire.h) ------------------------------------------ */
+
+bool ag__wire_relay_init(ag__wire_relay *r, ag__asm *a, size_t cap) {
+  memset(r, 0, sizeof(*r));
+  r->a = a;
+  ag__buf_init(&r->out, cap);
+  ag__buf_init(&r->held, cap);
+  for (size_t k = 0; k < AG__RELAY_BLOCKS; k++)
+    r->map[k] = -1;
+  r->held_ev = json_array();
+  return r->held_ev != NULL;
+}
+
+void ag__wire_relay_free(ag__wire_relay *r) {
+  ag__buf_free(&r->out);
+  ag__buf_free(&r->held);
+  json_decref(r->held_ev);
+  r->held_ev = NULL;
+}
+
+bool ag__wire_relay_text(ag__wire_relay *r, const char *text, size_t len) {
+  if (r->on_text != NULL && !r->on_text(r->user, text, len)) {
+    r->looped = true;
+    return false;
+  }
+  r->any_text = true;
+  return true;
+}

@@ -730,4 +730,5 @@ const ag__wire ag__wire_responses = {
     .reply_form = responses_reply_form,
     .stop_body = responses_stop_body,
     .add_user_text = responses_add_user_text,
+    .id_prefix = "resp_agentguard_",
 };

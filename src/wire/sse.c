@@ -10,6 +10,7 @@
  * (AG__SSE_LINE_MAX, AG__SSE_EVENT_MAX): a longer one is an error, never
  * growth.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "wire.h"
@@ -129,4 +130,46 @@ int ag__sse_finish(ag__sse *s, ag_err_t *why) {
   if (r == 0 && s->has_data)
     r = sse_dispatch(s);
   return r;
+}
+
+/* ---- SSE written -------------------------------------------------------- */
+
+void ag__sse_add(ag__buf *b, const char *s, size_t n) {
+  if (b->cut)
+    return;
+  if (ag__buf_add(b, s, n) != AG_OK)
+    b->cut = true;
+}
+
+void ag__sse_data(ag__buf *b, const char *data, size_t n) {
+  for (;;) {
+    const char *nl = memchr(data, '\n', n);
+    size_t k = nl != NULL ? (size_t)(nl - data) : n;
+    ag__sse_add(b, "data: ", 6);
+    ag__sse_add(b, data, k);
+    ag__sse_add(b, "\n", 1);
+    if (nl == NULL)
+      break;
+    data += k + 1;
+    n -= k + 1;
+  }
+  ag__sse_add(b, "\n", 1);
+}
+
+void ag__sse_json(ag__buf *b, json_t *o) {
+  char *t = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (t == NULL) {
+    b->cut = true;
+    return;
+  }
+  ag__sse_data(b, t, strlen(t));
+  free(t);
+}
+
+void ag__sse_named(ag__buf *b, const char *name, json_t *o) {
+  ag__sse_add(b, "event: ", 7);
+  ag__sse_add(b, name, strlen(name));
+  ag__sse_add(b, "\n", 1);
+  ag__sse_json(b, o);
 }

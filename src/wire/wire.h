@@ -74,6 +74,23 @@ int ag__sse_feed(ag__sse *s, const char *buf, size_t len, ag_err_t *why);
 /* Dispatches an event left without its blank line at the end of input. */
 int ag__sse_finish(ag__sse *s, ag_err_t *why);
 
+/* ---- SSE written (sse.c) ------------------------------------------------ */
+
+/* An event stream being written into an ag__buf: an append that fails (the
+ * buffer's cap, or memory) sets `cut`, and from then on nothing is added,
+ * so a writer checks `cut` once at the end and ends the stream with an
+ * error instead. */
+void ag__sse_add(ag__buf *b, const char *s, size_t n);
+/* One event of `data`: a "data:" line per line of it (an event read from
+ * an upstream may have come in several lines, which its reader joined with
+ * '\n'; one line holding a '\n' would end the event early). */
+void ag__sse_data(ag__buf *b, const char *data, size_t n);
+/* One event of JSON object o (stolen; NULL, as from a failed json_pack,
+ * cuts b). */
+void ag__sse_json(ag__buf *b, json_t *o);
+/* The same with an "event:" line naming it first. */
+void ag__sse_named(ag__buf *b, const char *name, json_t *o);
+
 /* ---- the reply being assembled (reply.c) ------------------------------- */
 
 typedef struct ag__part_call {
@@ -182,6 +199,55 @@ int ag__responses_event(ag__asm *a, const char *event, const char *data,
 json_t *ag__responses_stop(const char *id, const char *model, const char *text,
                            long long created, bool stream);
 
+/* ---- a stream relayed event by event (chat.c, messages.c) -------------- */
+
+/* The scratch of Chat Completions' fast path over text chunks (the JCS
+ * tokenizer's tape: no jansson tree for the chunks most streams are made
+ * of). One per thread that relays; NULL where there is none. */
+typedef struct ag__chunk_tape ag__chunk_tape;
+ag__chunk_tape *ag__chunk_tape_new(void);
+void ag__chunk_tape_free(ag__chunk_tape *ct);
+
+#define AG__RELAY_BLOCKS 256 /* Messages: content blocks one reply may open */
+
+/*
+ * A stream relayed to a client while it comes (the proxy's): each event is
+ * read into the assembler `a`, its text shown to `on_text` (the
+ * content-loop detector) and written on to `out` - unless it carries a tool
+ * call or the reply's end, which is held back until the calls are checked.
+ * Then the shape releases what it held (relay_release), or writes an end of
+ * its own: a stop's text (relay_stop), a reply asked again (relay_tail), an
+ * error event (relay_error). The shape keeps its own state here: the
+ * client's block numbers for Messages, the chunks held for Chat
+ * Completions.
+ */
+typedef struct ag__wire_relay {
+  ag__asm *a;      /* every event assembled: the reply checked */
+  ag__buf out;     /* for the client now */
+  ag__buf held;    /* Chat Completions: the chunks held back */
+  json_t *held_ev; /* Messages: [[event name, event], ...] held back */
+  char id[96];     /* the reply's, from its first event */
+  char model[96];  /* the same */
+  bool any_text;   /* text went to the client */
+  bool looped;     /* on_text said stop: the relay ended there */
+  int next_index;  /* Messages: the client's next block number */
+  int map[AG__RELAY_BLOCKS]; /* Messages: upstream block -> client's (-1
+                              * unseen, -2 held) */
+  ag__chunk_tape *ct;        /* the fast path's scratch, or NULL */
+  /* The text of an event, before it goes on: false stops the relay (the
+   * event is not written; `looped` is set). */
+  bool (*on_text)(void *user, const char *text, size_t len);
+  void *user;
+} ag__wire_relay;
+
+/* An empty relay into the assembler a; out and held capped at `cap` bytes
+ * each. false when out of memory. */
+bool ag__wire_relay_init(ag__wire_relay *r, ag__asm *a, size_t cap);
+void ag__wire_relay_free(ag__wire_relay *r);
+/* Shows text to on_text: true to go on (any_text set), false when it said
+ * stop (looped set). For the shapes' relay_event. */
+bool ag__wire_relay_text(ag__wire_relay *r, const char *text, size_t len);
+
 /* ---- the table ---------------------------------------------------------- */
 
 /* How a client asked for a reply: whole (JSON), as server-sent events, or
@@ -248,6 +314,44 @@ typedef struct ag__wire {
   char *(*stop_body)(ag__reply_form form, const char *id, const char *model,
                      const char *text, long long created, size_t *len);
   bool (*add_user_text)(json_t *req, const char *text);
+  /* The start of the ids of the replies the proxy makes ("chatcmpl-",
+   * "msg_", ...). */
+  const char *id_prefix;
+
+  /* ---- for the proxy: shapes relayed event by event (NULL: the shape
+   * is decided on the request alone, its reply passed back whole) ---- */
+  /* One upstream event through the relay (ag__wire_relay): 0 to go on,
+   * non-zero to end the transfer (a bad event: r->a says why; the text
+   * check said stop: r->looped). */
+  int (*relay_event)(ag__wire_relay *r, const char *event, const char *data,
+                     size_t len, size_t pos);
+  /* The calls passed: what was held back, to `out`, renumbered where the
+   * shape numbers its parts. */
+  void (*relay_release)(ag__wire_relay *r);
+  /* The stream's end written by the proxy: `text` as the reply's last
+   * text (after what was relayed), then the end. */
+  void (*relay_stop)(ag__wire_relay *r, const char *text);
+  /* The stream's end from a whole reply asked again: its text, its calls,
+   * the end. */
+  void (*relay_tail)(ag__wire_relay *r, const ag_reply *rep);
+  /* An error event saying `msg` (valid UTF-8): the stream ends with it. */
+  void (*relay_error)(ag__wire_relay *r, const char *msg);
+  /* What the shape's streams end with, for "the reply is cut off". */
+  const char *end_missing;
+  /* The messages that answer the held-back calls (checks[i].action ==
+   * AG_NUDGE) with their nudge text: an array to append to the
+   * conversation, or NULL when out of memory. */
+  json_t *(*nudge_messages)(const ag_reply *rep, const ag_call_check *checks);
+  /* A whole reply of the shape with its tool calls taken out, as the
+   * answer to the final request without tools (a server that ignored the
+   * missing tools still gets no call through): false with emsg when it is
+   * not such a reply. */
+  bool (*strip_calls)(json_t *reply, char *emsg, size_t cap);
+  /* A whole reply of the shape as the events of a stream, to out (for a
+   * client that asked for a stream and gets a reply the proxy holds whole):
+   * false with emsg when it is not such a reply. */
+  bool (*whole_to_sse)(const json_t *reply, ag__buf *out, char *emsg,
+                       size_t cap);
 } ag__wire;
 
 extern const ag__wire ag__wire_chat;      /* chat.c */
