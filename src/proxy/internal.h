@@ -370,14 +370,6 @@ typedef struct nudge_job {
 #define TAPE_FALLBACK (-3)
 #define TAPE_DEPTH 64
 
-typedef struct tape {
-  ag__jcs *j;
-  const char *s;
-  size_t len, n;
-  char *buf; /* decoded strings, NUL-terminated, back to back */
-  size_t used, cap;
-} tape;
-
 extern _Thread_local ag__relay *ag__px_tl_relay;
 
 void ag__px_answer_reply(stream_st *st, req_ctx *q, long status);

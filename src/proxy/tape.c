@@ -28,353 +28,97 @@
  * (the parity tests in tests/runtime/test_proxy.c replay both).
  */
 
-/* The value of member `key` of object token `obj`, or 0 (the root is
- * nobody's member). */
-static size_t t_get(const tape *t, size_t obj, const char *key) {
-  return ag__jcs_get(t->j, obj, key);
-}
+/* The turn as ag__px_fast_turn builds it from the tree: the sink a shape's
+ * tape_turn tells the turn to (wire.h). The checks every shape shares are
+ * here: a call answered once, by its own reply's results; ids unique in a
+ * reply; every call of a reply answered before the next reply. */
+typedef struct turn_build {
+  fast_traj f;
+  bool alloc;    /* f's arrays are made */
+  size_t si, ci; /* steps and calls so far */
+  size_t step0;  /* the current step's first call */
+  bool in_step;
+} turn_build;
 
-static bool t_is(const tape *t, size_t i, int type) {
-  return i != 0 && ag__jcs_tok_type(t->j, i) == type;
-}
-
-/* String token i decoded into the buffer (NUL-terminated), or NULL when it
- * is no string or the buffer is full. */
-static const char *t_str(tape *t, size_t i, size_t *len) {
-  if (!t_is(t, i, AG__JT_STR))
-    return NULL;
-  const char *raw;
-  size_t n = ag__jcs_str_raw(t->j, i, &raw);
-  if (t->cap - t->used < n + 1)
-    return NULL;
-  char *o = t->buf + t->used;
-  if (ag__jcs_str_escaped(t->j, i)) {
-    n = ag__jcs_str_decode(t->j, i, o);
-  } else {
-    memcpy(o, raw, n);
-    o[n] = '\0';
-  }
-  t->used += n + 1;
-  if (len != NULL)
-    *len = n;
-  return o;
-}
-
-/* Whether token i is a string equal to `lit` (decoded; at most 20 bytes).
- * A decoded byte takes at most 6 bytes of source ("\u0061"), so a string
- * whose source is longer than 6 x 20 cannot be equal to one. */
-static bool t_eq(const tape *t, size_t i, const char *lit) {
-  if (!t_is(t, i, AG__JT_STR))
-    return false;
-  const char *raw;
-  size_t n = ag__jcs_str_raw(t->j, i, &raw), l = strlen(lit);
-  if (!ag__jcs_str_escaped(t->j, i))
-    return n == l && memcmp(raw, lit, l) == 0;
-  char tmp[6 * 20 + 1];
-  return n < sizeof tmp && ag__jcs_str_decode(t->j, i, tmp) == l &&
-         memcmp(tmp, lit, l) == 0;
-}
-
-/* The elements of array token `arr` (0: not an array). */
-static size_t t_count(const tape *t, size_t arr) {
-  if (!t_is(t, arr, AG__JT_ARR))
-    return 0;
-  size_t n = 0, end = ag__jcs_tok_next(t->j, arr);
-  for (size_t i = arr + 1; i < end; i = ag__jcs_tok_next(t->j, i))
-    n++;
-  return n;
-}
-
-/* Iterates the elements e of array token a. */
-#define T_EACH(t, a, e)                                                        \
-  for (size_t e = t_is(t, a, AG__JT_ARR) ? (a) + 1 : 0,                        \
-              e##_end = t_is(t, a, AG__JT_ARR) ? ag__jcs_tok_next((t)->j, a)   \
-                                               : 0;                            \
-       e < e##_end; e = ag__jcs_tok_next((t)->j, e))
-
-/* Whether jansson takes every value of the tape (ag__jcs_jansson_safe). */
-static bool t_jansson_safe(const tape *t) {
-  return ag__jcs_jansson_safe(t->j, t->n);
-}
-
-/* The text ag__blocks_text / ag__px_anth_text make of Anthropic content token
- * c: a string, or the "text" strings of an array's blocks joined by "\n"; ""
- * for anything else. NULL when the buffer is full. */
-static const char *t_anth_text(tape *t, size_t c, size_t *len) {
-  *len = 0;
-  if (t_is(t, c, AG__JT_STR))
-    return t_str(t, c, len);
-  char *out = t->buf + t->used;
-  size_t n = 0;
-  T_EACH(t, c, b) {
-    size_t tx = t_get(t, b, "text"), l;
-    if (!t_is(t, tx, AG__JT_STR))
-      continue;
-    if (n++ > 0) /* the separator takes the previous string's NUL */
-      t->buf[t->used - 1] = '\n';
-    if (t_str(t, tx, &l) == NULL)
-      return NULL;
-  }
-  if (n == 0) {
-    if (t->used >= t->cap)
-      return NULL;
-    t->buf[t->used++] = '\0';
-  }
-  *len = (size_t)(t->buf + t->used - 1 - out);
-  return out;
-}
-
-/* A tool message's content as ag_trajectory_parse reads it (b_text in
- * src/audit/trajectory.c): a string; null or absent: ""; an array of parts
- * (strings, or objects with a "text" string; others skipped) or a single
- * part object, joined by "\n". NULL for any other value (the audit's
- * parser refuses it) or when the buffer is full. */
-static const char *t_chat_text(tape *t, size_t c, size_t *len) {
-  *len = 0;
-  if (c == 0 || t_is(t, c, AG__JT_NULL))
-    return "";
-  if (t_is(t, c, AG__JT_STR))
-    return t_str(t, c, len);
-  if (!t_is(t, c, AG__JT_ARR) && !t_is(t, c, AG__JT_OBJ))
-    return NULL;
-  char *out = t->buf + t->used;
-  size_t n = 0, one_end = ag__jcs_tok_next(t->j, c);
-  bool arr = t_is(t, c, AG__JT_ARR);
-  for (size_t p = arr ? c + 1 : c; p < (arr ? one_end : c + 1);
-       p = ag__jcs_tok_next(t->j, p)) {
-    size_t tx = t_is(t, p, AG__JT_STR) ? p : t_get(t, p, "text"), l;
-    if (!t_is(t, tx, AG__JT_STR))
-      continue; /* images, audio: no text to judge */
-    if (n++ > 0)
-      t->buf[t->used - 1] = '\n';
-    if (t_str(t, tx, &l) == NULL)
-      return NULL;
-  }
-  if (n == 0) {
-    if (t->used >= t->cap)
-      return NULL;
-    t->buf[t->used++] = '\0';
-  }
-  *len = (size_t)(t->buf + t->used - 1 - out);
-  return out;
-}
-
-/* ag__px_fast_turn over the tape: the messages' tokens msg[start..n). 1 (f
- * filled), 0 (fall back), -1 (out of memory). */
-static int t_turn_chat(tape *t, const size_t *msg, size_t n, size_t start,
-                       fast_traj *f) {
-  size_t n_calls = 0, n_steps = 0;
-  for (size_t i = start; i < n; i++)
-    if (t_eq(t, t_get(t, msg[i], "role"), "assistant")) {
-      n_steps++;
-      n_calls += t_count(t, t_get(t, msg[i], "tool_calls"));
-    }
-  if (ag__px_t_alloc(f, n_steps, n_calls) < 0)
-    return -1;
-  size_t si = 0, ci = 0, step0 = 0;
-  bool in_step = false;
-  for (size_t i = start; i < n; i++) {
-    const size_t m = msg[i], role = t_get(t, m, "role");
-    if (t_get(t, m, "usage") != 0)
-      goto slow;
-    if (t_eq(t, role, "assistant")) {
-      for (size_t k = step0; in_step && k < ci; k++)
-        if (!f->answered[k])
-          goto slow;
-      size_t content = t_get(t, m, "content"), tcs = t_get(t, m, "tool_calls");
-      /* content: a string or null (an array of parts: no text, as the
-       * audit's parser reads it) */
-      if ((!t_is(t, content, AG__JT_STR) && !t_is(t, content, AG__JT_NULL) &&
-           !t_is(t, content, AG__JT_ARR)) ||
-          t_get(t, m, "function_call") != 0 ||
-          (tcs != 0 && !t_is(t, tcs, AG__JT_NULL) && !t_is(t, tcs, AG__JT_ARR)))
-        goto slow;
-      ag_traj_step *st = &f->steps[si++];
-      in_step = true;
-      step0 = ci;
-      st->text = t_is(t, content, AG__JT_ARR) ? NULL : "";
-      if (t_is(t, content, AG__JT_STR) &&
-          (st->text = t_str(t, content, &st->text_len)) == NULL)
-        goto slow;
-      ag__px_t_step(st, f, ci);
-      T_EACH(t, tcs, tc) {
-        size_t fn = t_get(t, tc, "function");
-        const char *id = t_str(t, t_get(t, tc, "id"), NULL);
-        const char *name = t_str(t, t_get(t, fn, "name"), NULL);
-        size_t args_len;
-        const char *args = t_str(t, t_get(t, fn, "arguments"), &args_len);
-        if (id == NULL || name == NULL || args == NULL)
-          goto slow;
-        for (size_t q = step0; q < ci; q++)
-          if (strcmp(f->ids[q], id) == 0)
-            goto slow; /* a repeated id */
-        f->ids[ci] = id;
-        f->calls[ci].name = name;
-        f->calls[ci].args = args;
-        f->calls[ci].args_len = args_len;
-        f->results[ci].text = "";
-        ci++;
-      }
-      st->n_calls = st->n_results = ci - step0;
-    } else if (t_eq(t, role, "tool")) {
-      size_t ie = t_get(t, m, "is_error"), len;
-      if (!in_step ||
-          (ie != 0 && !t_is(t, ie, AG__JT_TRUE) && !t_is(t, ie, AG__JT_FALSE)))
-        goto slow;
-      const char *id = t_str(t, t_get(t, m, "tool_call_id"), NULL);
-      const char *content = t_chat_text(t, t_get(t, m, "content"), &len);
-      if (id == NULL || content == NULL)
-        goto slow;
-      ag_traj_result *res = ag__px_t_answer(f, step0, ci, id);
-      if (res == NULL)
-        goto slow;
-      res->outcome =
-          t_is(t, ie, AG__JT_TRUE) ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
-      res->category = AG_CAT_AUTO;
-      res->text = content;
-      res->text_len = len;
-    } else if (t_eq(t, role, "user")) {
-      if (i != start)
-        goto slow;
-    } else if (!t_eq(t, role, "system") && !t_eq(t, role, "developer")) {
-      goto slow;
-    }
-  }
-  for (size_t k = step0; in_step && k < ci; k++)
-    if (!f->answered[k])
-      goto slow;
-  ag__px_t_done(f, si, ci);
-  return 1;
-slow:
-  ag__px_fast_free(f);
-  return 0;
-}
-
-/* Whether ag__wire_messages.to_chat passes message token m (its 400s are the
- * jansson path's to give). */
-static bool t_anth_ok(const tape *t, size_t m) {
-  size_t role = t_get(t, m, "role"), content = t_get(t, m, "content");
-  if (!t_eq(t, role, "user") && !t_eq(t, role, "assistant"))
-    return false;
-  if (!t_is(t, content, AG__JT_STR) && !t_is(t, content, AG__JT_ARR))
-    return false;
-  T_EACH(t, content, b) {
-    size_t bt = t_get(t, b, "type");
-    if (!t_is(t, bt, AG__JT_STR))
+static bool all_answered(const turn_build *b) {
+  for (size_t k = b->step0; b->in_step && k < b->ci; k++)
+    if (!b->f.answered[k])
       return false;
-    if (t_eq(t, bt, "tool_use") && (!t_is(t, t_get(t, b, "id"), AG__JT_STR) ||
-                                    !t_is(t, t_get(t, b, "name"), AG__JT_STR)))
-      return false;
-    if (t_eq(t, bt, "tool_result") &&
-        !t_is(t, t_get(t, b, "tool_use_id"), AG__JT_STR))
-      return false;
-  }
   return true;
 }
 
-/* ag__px_anth_has_text over the tape. */
-static bool t_anth_has_text(const tape *t, size_t m) {
-  size_t content = t_get(t, m, "content");
-  if (t_is(t, content, AG__JT_STR))
-    return true;
-  T_EACH(t, content, b) {
-    if (t_eq(t, t_get(t, b, "type"), "text"))
-      return true;
-  }
-  return false;
+static int tb_begin(void *user, size_t n_steps, size_t n_calls) {
+  turn_build *b = user;
+  if (ag__px_t_alloc(&b->f, n_steps, n_calls) < 0)
+    return -1;
+  b->alloc = true;
+  return 0;
 }
 
-/* ag__px_fast_turn_anth over the tape: the turn from msg[from] (a user message
- * with text). Returns as t_turn_chat. */
-static int t_turn_anth(tape *t, const size_t *msg, size_t n, size_t from,
-                       fast_traj *f) {
-  size_t n_calls = 0, n_steps = 0;
-  for (size_t i = from + 1; i < n; i++) {
-    if (!t_eq(t, t_get(t, msg[i], "role"), "assistant"))
-      continue;
-    n_steps++;
-    T_EACH(t, t_get(t, msg[i], "content"), b) {
-      n_calls += t_eq(t, t_get(t, b, "type"), "tool_use");
-    }
+static bool tb_step(void *user, const char *text, size_t len) {
+  turn_build *b = user;
+  if (!all_answered(b))
+    return false;
+  ag_traj_step *st = &b->f.steps[b->si++];
+  b->in_step = true;
+  b->step0 = b->ci;
+  st->text = text;
+  st->text_len = len;
+  ag__px_t_step(st, &b->f, b->ci);
+  return true;
+}
+
+static bool tb_call(void *user, const char *id, const char *name,
+                    const char *args, size_t args_len) {
+  turn_build *b = user;
+  for (size_t q = b->step0; q < b->ci; q++)
+    if (strcmp(b->f.ids[q], id) == 0)
+      return false; /* a repeated id */
+  size_t ci = b->ci++;
+  b->f.ids[ci] = id;
+  b->f.calls[ci].name = name;
+  b->f.calls[ci].args = args;
+  b->f.calls[ci].args_len = args_len;
+  b->f.results[ci].text = "";
+  ag_traj_step *st = &b->f.steps[b->si - 1];
+  st->n_calls = st->n_results = b->ci - b->step0;
+  return true;
+}
+
+static bool tb_result(void *user, const char *id, const char *text, size_t len,
+                      bool is_error) {
+  turn_build *b = user;
+  if (!b->in_step)
+    return false;
+  ag_traj_result *res = ag__px_t_answer(&b->f, b->step0, b->ci, id);
+  if (res == NULL)
+    return false;
+  res->outcome = is_error ? AG_OUTCOME_ERROR : AG_OUTCOME_OK;
+  res->category = AG_CAT_AUTO;
+  res->text = text;
+  res->text_len = len;
+  return true;
+}
+
+/* The turn of the request on tape t, read by shape w into *f: 1 (f
+ * filled, perhaps with no step), 0 (the tree reads it), -1 (out of
+ * memory). */
+static int tape_turn(const ag__wire *w, ag__wtape *t, size_t conv,
+                     fast_traj *f) {
+  turn_build b;
+  memset(&b, 0, sizeof b);
+  const ag__turn_sink sink = {tb_begin, tb_step, tb_call, tb_result, &b};
+  int fr = w->tape_turn(t, conv, &sink);
+  if (fr > 0 && !all_answered(&b))
+    fr = 0;
+  if (fr <= 0) {
+    if (b.alloc)
+      ag__px_fast_free(&b.f);
+    return fr;
   }
-  if (ag__px_t_alloc(f, n_steps, n_calls) < 0)
-    return -1;
-  size_t si = 0, ci = 0, step0 = 0;
-  bool in_step = false;
-  for (size_t i = from + 1; i < n; i++) {
-    const size_t m = msg[i], content = t_get(t, m, "content");
-    if (t_eq(t, t_get(t, m, "role"), "assistant")) {
-      for (size_t q = step0; in_step && q < ci; q++)
-        if (!f->answered[q])
-          goto slow;
-      ag_traj_step *st = &f->steps[si++];
-      in_step = true;
-      step0 = ci;
-      if ((st->text = t_anth_text(t, content, &st->text_len)) == NULL)
-        goto slow;
-      ag__px_t_step(st, f, ci);
-      T_EACH(t, content, b) {
-        size_t bt = t_get(t, b, "type");
-        if (t_eq(t, bt, "tool_result"))
-          goto slow;
-        if (!t_eq(t, bt, "tool_use"))
-          continue;
-        const char *id = t_str(t, t_get(t, b, "id"), NULL);
-        const char *name = t_str(t, t_get(t, b, "name"), NULL);
-        if (id == NULL || name == NULL)
-          goto slow;
-        for (size_t q = step0; q < ci; q++)
-          if (strcmp(f->ids[q], id) == 0)
-            goto slow; /* a repeated id */
-        /* The arguments: the input's own text. ag__px_fast_turn_anth gives
-         * jansson's compact dump of it; the guard reads arguments only
-         * through their JCS form (the call signature), the same for both
-         * (duplicate keys and numbers jansson reads differently fall back
-         * above). */
-        size_t input = t_get(t, b, "input"), at = 0, al = 2;
-        const char *args = "{}";
-        if (input != 0) {
-          al = ag__jcs_member_span(t->j, input - 1, &at);
-          args = t->s + at;
-        }
-        f->ids[ci] = id;
-        f->calls[ci].name = name;
-        f->calls[ci].args = args;
-        f->calls[ci].args_len = al;
-        f->results[ci].text = "";
-        ci++;
-      }
-      st->n_calls = st->n_results = ci - step0;
-      continue;
-    }
-    T_EACH(t, content, b) {
-      if (!t_eq(t, t_get(t, b, "type"), "tool_result"))
-        continue;
-      if (!in_step)
-        goto slow;
-      const char *id = t_str(t, t_get(t, b, "tool_use_id"), NULL);
-      if (id == NULL)
-        goto slow;
-      ag_traj_result *res = ag__px_t_answer(f, step0, ci, id);
-      if (res == NULL)
-        goto slow;
-      res->outcome = t_is(t, t_get(t, b, "is_error"), AG__JT_TRUE)
-                         ? AG_OUTCOME_ERROR
-                         : AG_OUTCOME_OK;
-      res->category = AG_CAT_AUTO;
-      res->text = t_anth_text(t, t_get(t, b, "content"), &res->text_len);
-      if (res->text == NULL)
-        goto slow;
-    }
-  }
-  for (size_t q = step0; in_step && q < ci; q++)
-    if (!f->answered[q])
-      goto slow;
-  ag__px_t_done(f, si, ci);
+  ag__px_t_done(&b.f, b.si, b.ci);
+  *f = b.f;
   return 1;
-slow:
-  ag__px_fast_free(f);
-  return 0;
 }
 
 /*
@@ -387,13 +131,11 @@ slow:
 int ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
                        const ag__wire *w, ag_guard **g, ag_verdict *v,
                        bool *stream) {
-  bool anth = w == &ag__wire_messages;
   *g = NULL;
-  tape t = {NULL, body, len, 0, NULL, 0, 0};
-  size_t *msg = NULL;
+  ag__wtape t = {NULL, body, len, 0, NULL, 0, 0};
   int act = TAPE_FALLBACK;
   ag_error_t err;
-  if (body == NULL || len == 0)
+  if (body == NULL || len == 0 || w->tape_turn == NULL)
     return TAPE_FALLBACK;
   ag_err_t rc = ag__jcs_tape_new(&t.j, len, TAPE_DEPTH, &err);
   if (rc == AG_OK)
@@ -402,62 +144,37 @@ int ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
     act = -2;
     goto out;
   }
-  /* the root is token 0 (which t_is refuses: it is nobody's member) */
-  if (rc != AG_OK || !t_jansson_safe(&t) ||
+  /* the root is token 0 (which ag__wt_is refuses: it is nobody's member) */
+  if (rc != AG_OK || !ag__jcs_jansson_safe(t.j, t.n) ||
       ag__jcs_tok_type(t.j, 0) != AG__JT_OBJ)
     goto out;
-  size_t msgs = t_get(&t, 0, "messages"), n = t_count(&t, msgs);
-  if (n == 0)
-    goto out;
-  *stream = t_is(&t, t_get(&t, 0, "stream"), AG__JT_TRUE);
-  msg = malloc(n * sizeof(*msg));
+  *stream = ag__wt_is(&t, ag__wt_get(&t, 0, "stream"), AG__JT_TRUE);
   t.cap = 2 * len + 16; /* decoded strings fit in 2x their source */
   t.buf = malloc(t.cap);
-  if (msg == NULL || t.buf == NULL) {
+  if (t.buf == NULL) {
     act = -2;
     goto out;
   }
-  size_t k = 0;
-  T_EACH(&t, msgs, e) {
-    if (!t_is(&t, t_get(&t, e, "role"), AG__JT_STR) ||
-        (anth && !t_anth_ok(&t, e)))
-      goto out;
-    msg[k++] = e;
-  }
-  size_t start = SIZE_MAX;
-  for (size_t i = n; i-- > 0 && start == SIZE_MAX;)
-    if (t_eq(&t, t_get(&t, msg[i], "role"), "user") &&
-        (!anth || t_anth_has_text(&t, msg[i])))
-      start = i;
-  bool has_steps = false;
-  if (start == SIZE_MAX) {
-    if (anth)
-      goto out; /* the jansson path converts every message then */
-    start = 0;
-  }
-  for (size_t i = start; i < n && !has_steps; i++)
-    has_steps = t_eq(&t, t_get(&t, msg[i], "role"), "assistant");
   fast_traj f;
-  int fr = 0;
-  if (has_steps || anth)
-    fr = anth ? t_turn_anth(&t, msg, n, start, &f)
-              : t_turn_chat(&t, msg, n, start, &f);
-  if (fr < 0) {
-    act = -2;
+  int fr = tape_turn(w, &t, ag__wt_get(&t, 0, w->conv_key), &f);
+  if (fr <= 0) {
+    act = fr < 0 ? -2 : TAPE_FALLBACK;
     goto out;
   }
-  if (fr == 0 && (has_steps || anth))
-    goto out;
   if (ag_guard_new(g, cfg, NULL, &err) != AG_OK) {
-    if (fr > 0)
-      ag__px_fast_free(&f);
+    ag__px_fast_free(&f);
     act = err.code == AG_ENOMEM ? -2 : TAPE_FALLBACK;
     goto out;
   }
   memset(v, 0, sizeof(*v));
   v->call_index = -1;
   ag_guard_begin_turn(*g, 0);
-  act = fr > 0 ? ag__px_replay_fast(*g, &f, v) : AG_ALLOW;
+  if (f.t.n_steps > 0) {
+    act = ag__px_replay_fast(*g, &f, v);
+  } else {
+    ag__px_fast_free(&f);
+    act = AG_ALLOW;
+  }
   if (act >= 0 && !ag__stops((ag_action)act))
     act = ag_guard_begin_iteration(*g, 0, v);
 out:
@@ -465,7 +182,6 @@ out:
     ag_guard_free(*g);
     *g = NULL;
   }
-  free(msg);
   free(t.buf);
   ag__jcs_free(t.j);
   return act;
@@ -477,11 +193,12 @@ out:
 
 /* Hashes the raw text of every string that is the value of a "text" or
  * "content" member inside token i (or i itself, a string). */
-static void t_hash_texts(const tape *t, size_t i, ag__sha256 *h, bool *any) {
+static void t_hash_texts(const ag__wtape *t, size_t i, ag__sha256 *h,
+                         bool *any) {
   if (i == 0)
     return;
   const char *raw;
-  if (t_is(t, i, AG__JT_STR)) {
+  if (ag__wt_is(t, i, AG__JT_STR)) {
     size_t n = ag__jcs_str_raw(t->j, i, &raw);
     ag__sha256_update(h, raw, n);
     ag__sha256_update(h, "", 1);
@@ -493,7 +210,7 @@ static void t_hash_texts(const tape *t, size_t i, ag__sha256 *h, bool *any) {
     if (ag__jcs_tok_type(t->j, k) != AG__JT_KEY ||
         !(ag__jcs_key_is(t->j, k, "text", 4) ||
           ag__jcs_key_is(t->j, k, "content", 7)) ||
-        !t_is(t, k + 1, AG__JT_STR))
+        !ag__wt_is(t, k + 1, AG__JT_STR))
       continue;
     size_t n = ag__jcs_str_raw(t->j, k + 1, &raw);
     ag__sha256_update(h, raw, n);
@@ -504,7 +221,7 @@ static void t_hash_texts(const tape *t, size_t i, ag__sha256 *h, bool *any) {
 
 void ag__px_attr_body(ag__px_attr *a, const char *path, const char *conv_key,
                       const char *body, size_t len) {
-  tape t = {NULL, body, len, 0, NULL, 0, 0};
+  ag__wtape t = {NULL, body, len, 0, NULL, 0, 0};
   ag_error_t err;
   ag__sha256 *h = NULL;
   if (body == NULL || len == 0 ||
@@ -512,8 +229,8 @@ void ag__px_attr_body(ag__px_attr *a, const char *path, const char *conv_key,
       ag__jcs_tape(t.j, body, len, &t.n, &err) != AG_OK ||
       ag__jcs_tok_type(t.j, 0) != AG__JT_OBJ)
     goto model_from_path;
-  size_t m = t_get(&t, 0, "model");
-  if (t_is(&t, m, AG__JT_STR) && !ag__jcs_str_escaped(t.j, m)) {
+  size_t m = ag__wt_get(&t, 0, "model");
+  if (ag__wt_is(&t, m, AG__JT_STR) && !ag__jcs_str_escaped(t.j, m)) {
     const char *raw;
     size_t n = ag__jcs_str_raw(t.j, m, &raw);
     if (n < sizeof a->model) {
@@ -528,14 +245,14 @@ void ag__px_attr_body(ag__px_attr *a, const char *path, const char *conv_key,
     static const char *const sys[] = {"system", "instructions",
                                       "systemInstruction"};
     for (size_t k = 0; k < sizeof sys / sizeof sys[0]; k++)
-      t_hash_texts(&t, t_get(&t, 0, sys[k]), h, &any);
-    size_t conv = t_get(&t, 0, conv_key);
-    if (t_is(&t, conv, AG__JT_STR)) {
+      t_hash_texts(&t, ag__wt_get(&t, 0, sys[k]), h, &any);
+    size_t conv = ag__wt_get(&t, 0, conv_key);
+    if (ag__wt_is(&t, conv, AG__JT_STR)) {
       t_hash_texts(&t, conv, h, &any); /* Responses: input as one string */
     } else {
-      T_EACH(&t, conv, e) {
+      AG__WT_EACH(&t, conv, e) {
         t_hash_texts(&t, e, h, &any);
-        if (t_eq(&t, t_get(&t, e, "role"), "user"))
+        if (ag__wt_eq(&t, ag__wt_get(&t, e, "role"), "user"))
           break; /* up to the first user message: the conversation's start */
       }
     }

@@ -719,6 +719,98 @@ static char *chat_stop_body(ag__reply_form form, const char *id,
   return t;
 }
 
+/* ---- the turn read from the tape (for the proxy) ----------------------- */
+
+/* One assistant message of the turn to the sink: its text, its calls. */
+static bool tape_reply(ag__wtape *t, size_t m, const ag__turn_sink *k) {
+  size_t content = ag__wt_get(t, m, "content");
+  size_t tcs = ag__wt_get(t, m, "tool_calls");
+  /* content: a string or null (an array of parts: no text, as the audit's
+   * chat reader reads it) */
+  if ((!ag__wt_is(t, content, AG__JT_STR) &&
+       !ag__wt_is(t, content, AG__JT_NULL) &&
+       !ag__wt_is(t, content, AG__JT_ARR)) ||
+      ag__wt_get(t, m, "function_call") != 0 ||
+      (tcs != 0 && !ag__wt_is(t, tcs, AG__JT_NULL) &&
+       !ag__wt_is(t, tcs, AG__JT_ARR)))
+    return false;
+  size_t len = 0;
+  const char *text = ag__wt_is(t, content, AG__JT_ARR) ? NULL : "";
+  if (ag__wt_is(t, content, AG__JT_STR) &&
+      (text = ag__wt_str(t, content, &len)) == NULL)
+    return false;
+  if (!k->step(k->user, text, len))
+    return false;
+  AG__WT_EACH(t, tcs, tc) {
+    size_t fn = ag__wt_get(t, tc, "function"), args_len;
+    const char *id = ag__wt_str(t, ag__wt_get(t, tc, "id"), NULL);
+    const char *name = ag__wt_str(t, ag__wt_get(t, fn, "name"), NULL);
+    const char *args = ag__wt_str(t, ag__wt_get(t, fn, "arguments"), &args_len);
+    if (id == NULL || name == NULL || args == NULL ||
+        !k->call(k->user, id, name, args, args_len))
+      return false;
+  }
+  return true;
+}
+
+/* One tool message to the sink: its call's result. */
+static bool tape_result(ag__wtape *t, size_t m, const ag__turn_sink *k) {
+  size_t ie = ag__wt_get(t, m, "is_error"), len;
+  if (ie != 0 && !ag__wt_is(t, ie, AG__JT_TRUE) &&
+      !ag__wt_is(t, ie, AG__JT_FALSE))
+    return false;
+  const char *id = ag__wt_str(t, ag__wt_get(t, m, "tool_call_id"), NULL);
+  const char *content = ag__wt_parts_text(t, ag__wt_get(t, m, "content"), &len);
+  return id != NULL && content != NULL &&
+         k->result(k->user, id, content, len, ag__wt_is(t, ie, AG__JT_TRUE));
+}
+
+/* The turn from the last user message (or the first message) on, in the
+ * plain shape every client sends: assistant content a string, null or
+ * parts, tool calls with string ids, names and arguments; tool messages
+ * with a string tool_call_id, is_error absent or boolean; system and
+ * developer messages; no "usage", no second user message. Anything else
+ * is the tree's to read (the audit's chat reader, whose messages a broken
+ * turn gets). */
+static int chat_tape_turn(ag__wtape *t, size_t conv, const ag__turn_sink *k) {
+  size_t start = 0, n_steps = 0, n_calls = 0;
+  if (ag__wt_count(t, conv) == 0)
+    return 0;
+  AG__WT_EACH(t, conv, e) {
+    size_t role = ag__wt_get(t, e, "role");
+    if (!ag__wt_is(t, role, AG__JT_STR))
+      return 0;
+    if (ag__wt_eq(t, role, "user") || start == 0)
+      start = e, n_steps = n_calls = 0;
+    if (ag__wt_eq(t, role, "assistant")) {
+      n_steps++;
+      n_calls += ag__wt_count(t, ag__wt_get(t, e, "tool_calls"));
+    }
+  }
+  if (k->begin(k->user, n_steps, n_calls) < 0)
+    return -1;
+  if (n_steps == 0)
+    return 1; /* nothing replied yet: nothing to replay */
+  size_t end = ag__jcs_tok_next(t->j, conv);
+  for (size_t m = start; m < end; m = ag__jcs_tok_next(t->j, m)) {
+    const size_t role = ag__wt_get(t, m, "role");
+    bool ok;
+    if (ag__wt_get(t, m, "usage") != 0)
+      ok = false;
+    else if (ag__wt_eq(t, role, "assistant"))
+      ok = tape_reply(t, m, k);
+    else if (ag__wt_eq(t, role, "tool"))
+      ok = tape_result(t, m, k);
+    else if (ag__wt_eq(t, role, "user"))
+      ok = m == start;
+    else
+      ok = ag__wt_eq(t, role, "system") || ag__wt_eq(t, role, "developer");
+    if (!ok)
+      return 0;
+  }
+  return 1;
+}
+
 const ag__wire ag__wire_chat = {
     .name = "openai",
     .api = "Chat Completions",
@@ -740,6 +832,7 @@ const ag__wire ag__wire_chat = {
     .reply_form = chat_reply_form,
     .stop_body = chat_stop_body,
     .id_prefix = "chatcmpl-agentguard-",
+    .tape_turn = chat_tape_turn,
     .relay_event = chat_relay_event,
     .relay_release = chat_relay_release,
     .relay_stop = chat_relay_stop,

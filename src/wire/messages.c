@@ -981,6 +981,127 @@ static char *messages_stop_body(ag__reply_form form, const char *id,
   return t;
 }
 
+/* ---- the turn read from the tape (for the proxy) ----------------------- */
+
+/* Whether messages_to_chat passes message token m (its 400s are the tree
+ * reading's to give). */
+static bool tape_message_ok(const ag__wtape *t, size_t m) {
+  size_t role = ag__wt_get(t, m, "role"), content = ag__wt_get(t, m, "content");
+  if (!ag__wt_eq(t, role, "user") && !ag__wt_eq(t, role, "assistant"))
+    return false;
+  if (!ag__wt_is(t, content, AG__JT_STR) && !ag__wt_is(t, content, AG__JT_ARR))
+    return false;
+  AG__WT_EACH(t, content, b) {
+    size_t bt = ag__wt_get(t, b, "type");
+    if (!ag__wt_is(t, bt, AG__JT_STR))
+      return false;
+    if (ag__wt_eq(t, bt, "tool_use") &&
+        (!ag__wt_is(t, ag__wt_get(t, b, "id"), AG__JT_STR) ||
+         !ag__wt_is(t, ag__wt_get(t, b, "name"), AG__JT_STR)))
+      return false;
+    if (ag__wt_eq(t, bt, "tool_result") &&
+        !ag__wt_is(t, ag__wt_get(t, b, "tool_use_id"), AG__JT_STR))
+      return false;
+  }
+  return true;
+}
+
+/* Whether message token m has text: a string, or a text block. */
+static bool tape_has_text(const ag__wtape *t, size_t m) {
+  size_t content = ag__wt_get(t, m, "content");
+  if (ag__wt_is(t, content, AG__JT_STR))
+    return true;
+  AG__WT_EACH(t, content, b) {
+    if (ag__wt_eq(t, ag__wt_get(t, b, "type"), "text"))
+      return true;
+  }
+  return false;
+}
+
+/* An assistant message of the turn to the sink: its text, its tool_use
+ * blocks as calls. The arguments are the input's own text: the guard
+ * reads arguments only through their JCS form (the call signature), the
+ * same as the tree's compact dump of it (duplicate keys and numbers
+ * jansson reads differently never reach here). */
+static bool tape_reply(ag__wtape *t, size_t content, const ag__turn_sink *k) {
+  size_t len;
+  const char *text = ag__wt_blocks_text(t, content, &len);
+  if (text == NULL || !k->step(k->user, text, len))
+    return false;
+  AG__WT_EACH(t, content, b) {
+    size_t bt = ag__wt_get(t, b, "type");
+    if (ag__wt_eq(t, bt, "tool_result"))
+      return false;
+    if (!ag__wt_eq(t, bt, "tool_use"))
+      continue;
+    const char *id = ag__wt_str(t, ag__wt_get(t, b, "id"), NULL);
+    const char *name = ag__wt_str(t, ag__wt_get(t, b, "name"), NULL);
+    size_t input = ag__wt_get(t, b, "input"), at = 0, al = 2;
+    const char *args = "{}";
+    if (input != 0) {
+      al = ag__jcs_member_span(t->j, input - 1, &at);
+      args = t->s + at;
+    }
+    if (id == NULL || name == NULL || !k->call(k->user, id, name, args, al))
+      return false;
+  }
+  return true;
+}
+
+/* A user message's tool_result blocks to the sink. */
+static bool tape_results(ag__wtape *t, size_t content, const ag__turn_sink *k) {
+  AG__WT_EACH(t, content, b) {
+    if (!ag__wt_eq(t, ag__wt_get(t, b, "type"), "tool_result"))
+      continue;
+    size_t len;
+    const char *id = ag__wt_str(t, ag__wt_get(t, b, "tool_use_id"), NULL);
+    const char *text = ag__wt_blocks_text(t, ag__wt_get(t, b, "content"), &len);
+    if (id == NULL || text == NULL ||
+        !k->result(k->user, id, text, len,
+                   ag__wt_is(t, ag__wt_get(t, b, "is_error"), AG__JT_TRUE)))
+      return false;
+  }
+  return true;
+}
+
+/* The turn from the last user message with text on: what messages_to_chat
+ * and the chat replay would read, without building the chat messages. */
+static int messages_tape_turn(ag__wtape *t, size_t conv,
+                              const ag__turn_sink *k) {
+  size_t from = 0, n_steps = 0, n_calls = 0;
+  if (ag__wt_count(t, conv) == 0)
+    return 0;
+  AG__WT_EACH(t, conv, e) {
+    if (!tape_message_ok(t, e))
+      return 0;
+    bool user = ag__wt_eq(t, ag__wt_get(t, e, "role"), "user");
+    if (user && tape_has_text(t, e)) {
+      from = e;
+      n_steps = n_calls = 0;
+    } else if (!user) {
+      n_steps++;
+      AG__WT_EACH(t, ag__wt_get(t, e, "content"), b) {
+        n_calls += ag__wt_eq(t, ag__wt_get(t, b, "type"), "tool_use");
+      }
+    }
+  }
+  if (from == 0)
+    return 0; /* no user text: the tree converts every message */
+  if (k->begin(k->user, n_steps, n_calls) < 0)
+    return -1;
+  size_t end = ag__jcs_tok_next(t->j, conv);
+  for (size_t m = ag__jcs_tok_next(t->j, from); m < end;
+       m = ag__jcs_tok_next(t->j, m)) {
+    size_t content = ag__wt_get(t, m, "content");
+    bool ok = ag__wt_eq(t, ag__wt_get(t, m, "role"), "assistant")
+                  ? tape_reply(t, content, k)
+                  : tape_results(t, content, k);
+    if (!ok)
+      return 0;
+  }
+  return 1;
+}
+
 const ag__wire ag__wire_messages = {
     .name = "anthropic",
     .api = "Messages",
@@ -1002,6 +1123,7 @@ const ag__wire ag__wire_messages = {
     .reply_form = messages_reply_form,
     .stop_body = messages_stop_body,
     .id_prefix = "msg_agentguard_",
+    .tape_turn = messages_tape_turn,
     .relay_event = messages_relay_event,
     .relay_release = messages_relay_release,
     .relay_stop = messages_relay_stop,

@@ -33,6 +33,7 @@
 #include "agentguard/providers.h"
 
 #include "../base/internal.h"
+#include "../core/internal.h"
 
 /* Caps: going over is an error, never growth. */
 #define AG__HTTP_BODY_MAX (8u << 20)     /* a non-streamed response body */
@@ -248,6 +249,68 @@ void ag__wire_relay_free(ag__wire_relay *r);
  * stop (looped set). For the shapes' relay_event. */
 bool ag__wire_relay_text(ag__wire_relay *r, const char *text, size_t len);
 
+/* ---- a request read from the tape (tape.c) ------------------------------ */
+
+/* The JCS tokenizer's tape of a JSON text (src/core/jcs.c: validated, no
+ * tree), with the buffer the strings read from it are decoded into
+ * (NUL-terminated, back to back; 2 x the text's length always fits). */
+typedef struct ag__wtape {
+  ag__jcs *j;
+  const char *s; /* the text */
+  size_t len, n; /* its length; the tape's tokens */
+  char *buf;     /* decoded strings */
+  size_t used, cap;
+} ag__wtape;
+
+/* The value token of member `key` of object token obj, or 0. */
+size_t ag__wt_get(const ag__wtape *t, size_t obj, const char *key);
+/* Whether token i (0: absent) is of AG__JT_* `type`. */
+bool ag__wt_is(const ag__wtape *t, size_t i, int type);
+/* String token i decoded into the buffer, or NULL (no string, or the
+ * buffer is full); *len its length when len is not NULL. */
+const char *ag__wt_str(ag__wtape *t, size_t i, size_t *len);
+/* Whether token i is a string equal to lit (decoded; lit at most 20
+ * bytes). */
+bool ag__wt_eq(const ag__wtape *t, size_t i, const char *lit);
+/* The elements of array token arr (0: not an array). */
+size_t ag__wt_count(const ag__wtape *t, size_t arr);
+/* Iterates the elements e of array token a. */
+#define AG__WT_EACH(t, a, e)                                                   \
+  for (size_t e = ag__wt_is(t, a, AG__JT_ARR) ? (a) + 1 : 0,                   \
+              e##_end = ag__wt_is(t, a, AG__JT_ARR)                            \
+                            ? ag__jcs_tok_next((t)->j, a)                      \
+                            : 0;                                               \
+       e < e##_end; e = ag__jcs_tok_next((t)->j, e))
+/* The text ag__blocks_text makes of Messages content token c: a string,
+ * or the "text" strings of an array's blocks joined by '\n'; "" for
+ * anything else. NULL when the buffer is full. */
+const char *ag__wt_blocks_text(ag__wtape *t, size_t c, size_t *len);
+/* A Chat Completions content as the audit's chat reader takes it: a
+ * string; null or absent: ""; an array of parts (strings, or objects with
+ * a "text" string; others skipped) or one part object, joined by '\n'.
+ * NULL for any other value or when the buffer is full. */
+const char *ag__wt_parts_text(ag__wtape *t, size_t c, size_t *len);
+
+/*
+ * The turn a request's conversation ends with (from its last user message
+ * on: the replies, their calls and the calls' results), told to a sink as
+ * a shape's tape_turn reads it: begin once with the counts, then each
+ * reply (step) followed by its calls, and the results where they come.
+ * The strings live in the tape's buffer or its text. A callback returns
+ * false when the turn is not one the sink takes (the caller then reads the
+ * request as a tree); begin returns -1 when out of memory.
+ */
+typedef struct ag__turn_sink {
+  int (*begin)(void *user, size_t n_steps, size_t n_calls);
+  /* a reply; text NULL: it has content the audit does not read as text */
+  bool (*step)(void *user, const char *text, size_t len);
+  bool (*call)(void *user, const char *id, const char *name, const char *args,
+               size_t args_len);
+  bool (*result)(void *user, const char *id, const char *text, size_t len,
+                 bool is_error);
+  void *user;
+} ag__turn_sink;
+
 /* ---- the table ---------------------------------------------------------- */
 
 /* How a client asked for a reply: whole (JSON), as server-sent events, or
@@ -317,6 +380,13 @@ typedef struct ag__wire {
   /* The start of the ids of the replies the proxy makes ("chatcmpl-",
    * "msg_", ...). */
   const char *id_prefix;
+
+  /* The turn of conversation token `conv` of a request's tape, told to
+   * the sink: 1 read (perhaps no reply at all), 0 not a turn this reader
+   * takes - anything the tree reading would answer with a 400 or read
+   * another way - and -1 when out of memory. NULL: every request of the
+   * shape is read as a tree. */
+  int (*tape_turn)(ag__wtape *t, size_t conv, const ag__turn_sink *sink);
 
   /* ---- for the proxy: shapes relayed event by event (NULL: the shape
    * is decided on the request alone, its reply passed back whole) ---- */

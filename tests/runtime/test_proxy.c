@@ -3946,8 +3946,20 @@ Test(proxy, every_request_is_logged_with_who_it_is_for) {
   r = call(P, "POST", "/v1/chat/completions", three, NULL);
   free(r);
   /* the same in /metrics: the tokens read, the stop's estimated saving
-   * (its body / 4), the upstream's time and the proxy's own */
-  r = call(P, "GET", "/metrics", NULL, NULL);
+   * (its body / 4), the upstream's time and the proxy's own. A request is
+   * counted when its answer has gone (libmicrohttpd's completion), which
+   * may come after the client has read it: /metrics is read until the last
+   * one is in (2 s at most). */
+  for (int tries = 0;; tries++) {
+    r = call(P, "GET", "/metrics", NULL, NULL);
+    if (tries == 200 ||
+        strstr(r->body, "agentguard_proxy_added_latency_seconds_count "
+                        "4\n") != NULL)
+      break;
+    free(r);
+    struct timespec ts = {0, 10 * 1000000};
+    nanosleep(&ts, NULL);
+  }
   cr_expect(strstr(r->body, "agentguard_proxy_tokens_total{kind=\"input\"} "
                             "30\n") != NULL,
             "%s", r->body);
