@@ -479,10 +479,9 @@ static void final_reply(reply *r, json_t *j, bool stream) {
 }
 
 /* The final request without tools: the reply, tool calls stripped. */
-static void final_without_tools(ag_proxy *p, ag__px_attr *a,
-                                const struct curl_slist *hdrs, const char *uri,
-                                int client_fd, const json_t *req,
+static void final_without_tools(ag_proxy *p, req_ctx *q, const json_t *req,
                                 const ag_verdict *v, reply *r) {
+  ag__px_attr *a = &q->attr;
   json_t *b = without_tools(req);
   const bool stream = json_is_true(json_object_get(req, "stream"));
   if (b != NULL && stream) {
@@ -504,7 +503,8 @@ static void final_without_tools(ag_proxy *p, ag__px_attr *a,
     return;
   }
   upstream u;
-  ag__px_send_upstream(p, hdrs, "POST", uri, body, len, true, client_fd, &u);
+  ag__px_send_upstream(q->sh->relay, p, q->client_hdrs, "POST", q->uri, body,
+                       len, true, q->client_fd, &u);
   free(body);
   ag__px_attr_upstream(a, u.total_us);
   if (ag__px_upstream_failed(p, &u, r)) {
@@ -710,7 +710,7 @@ static bool add_error_context(decision *d) {
 static bool ask_upstream(decision *d, const char *body, size_t len, bool ours,
                          upstream *u, ag_reply *rep) {
   ag__px_upstream_free(u);
-  ag__px_send_upstream(d->p, d->q->client_hdrs, "POST", d->q->uri, body, len,
+  ag__px_send_upstream(d->q->sh->relay, d->p, d->q->client_hdrs, "POST", d->q->uri, body, len,
                        ours, d->q->client_fd, u);
   ag__px_attr_upstream(&d->q->attr, u->total_us);
   if (ag__px_upstream_failed(d->p, u, d->r))
@@ -840,8 +840,7 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                        : "stopped_before_request",
                  path, &d.v, NULL);
     if (final)
-      final_without_tools(p, &q->attr, q->client_hdrs, q->uri, q->client_fd,
-                          d.req, &d.v, r);
+      final_without_tools(p, q, d.req, &d.v, r);
     else
       ag__px_stop_reply(p, q, d.req, path, &d.v, r);
   } else if (p->cfg.errors.error_context && !add_error_context(&d)) {

@@ -370,8 +370,6 @@ typedef struct nudge_job {
 #define TAPE_FALLBACK (-3)
 #define TAPE_DEPTH 64
 
-extern _Thread_local ag__relay *ag__px_tl_relay;
-
 void ag__px_answer_reply(stream_st *st, req_ctx *q, long status);
 void ag__px_answer_stream(stream_st *st, req_ctx *q);
 void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
@@ -457,7 +455,8 @@ void ag__px_resume(shard *sh, struct MHD_Connection *c);
 const char *ag__px_scrub(const ag_proxy *p, const char *in, char *out,
                          size_t cap);
 enum MHD_Result ag__px_send_answer(struct MHD_Connection *c, req_ctx *q);
-void ag__px_send_upstream(ag_proxy *p, const struct curl_slist *ch,
+void ag__px_send_upstream(ag__relay *relay, ag_proxy *p,
+                          const struct curl_slist *ch,
                           const char *method, const char *uri, const char *body,
                           size_t len, bool json_body, int client_fd,
                           upstream *u);

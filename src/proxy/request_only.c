@@ -124,7 +124,7 @@ static void answer_held(ag_proxy *p, req_ctx *q, const json_t *req,
   memset(&u, 0, sizeof u);
   ag_reply rep;
   memset(&rep, 0, sizeof rep);
-  ag__px_send_upstream(p, q->client_hdrs, "POST", q->uri, q->body, q->len, ours,
+  ag__px_send_upstream(q->sh->relay, p, q->client_hdrs, "POST", q->uri, q->body, q->len, ours,
                        q->client_fd, &u);
   ag__px_attr_upstream(&q->attr, u.total_us);
   const char *query = strchr(q->uri, '?');

@@ -258,7 +258,6 @@ void *ag__px_job_main(void *arg) {
   shard *sh = q->sh;
   ag_proxy *p = sh->p;
   struct MHD_Connection *c = q->c;
-  ag__px_tl_relay = sh->relay;
   char path[2048];
   uri_path(q->uri, path, sizeof path);
   bool started = false;
@@ -295,7 +294,6 @@ void *ag__px_nudge_main(void *arg) {
   pthread_setname_np(pthread_self(), "ag-nudge");
   stream_st *st = nj->st;
   ag_proxy *p = st->p;
-  ag__px_tl_relay = st->sh->relay;
   ag__px_stream_nudge(st, nj);
   ag__px_flush(st, true);
   ag_reply_clear(&nj->rep);

@@ -330,11 +330,6 @@ bool ag__px_upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
   return true;
 }
 
-/* The relay of the request this thread serves (job_main): its transfers
- * run in its loop, whose connection cache its client's earlier requests
- * filled. */
-_Thread_local ag__relay *ag__px_tl_relay;
-
 static void sync_done(ag__relay_xfer *x, CURLcode cc) {
   sync_run *sr = x->user;
   pthread_mutex_lock(&sr->mu);
@@ -392,9 +387,11 @@ static CURLcode sync_run_xfer(ag__relay *r, CURL *h, upstream *u) {
   return sr.cc;
 }
 
-/* One whole request upstream (see ag__px_upstream_handle), run on the relay
- * while this thread waits. */
-void ag__px_send_upstream(ag_proxy *p, const struct curl_slist *ch,
+/* One whole request upstream (see ag__px_upstream_handle), run on `relay`
+ * - the loop of the client's connection, whose connection cache its earlier
+ * requests filled - while this thread waits. */
+void ag__px_send_upstream(ag__relay *relay, ag_proxy *p,
+                          const struct curl_slist *ch,
                           const char *method, const char *uri, const char *body,
                           size_t len, bool json_body, int client_fd,
                           upstream *u) {
@@ -408,8 +405,7 @@ void ag__px_send_upstream(ag_proxy *p, const struct curl_slist *ch,
   }
   if (ag__px_upstream_handle(p, ch, h, method, uri, body, len, json_body,
                              client_fd, u, &hdrs, &url)) {
-    u->cc = sync_run_xfer(
-        ag__px_tl_relay != NULL ? ag__px_tl_relay : p->sh[0].relay, h, u);
+    u->cc = sync_run_xfer(relay, h, u);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &u->status);
     curl_off_t us = 0;
     if (curl_easy_getinfo(h, CURLINFO_TOTAL_TIME_T, &us) == CURLE_OK)
