@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "agentguard/providers.h"
+#include "../wire/wire.h"
 #include "otlp.h"
 
 /* `in` cut to cap - 1 bytes, anything but printable ASCII as '_': one word
@@ -149,11 +150,9 @@ char *ag__px_attr_span(const ag__px_attr *a, const char *path, unsigned status,
   if (a->trace_id[0] == '\0')
     return NULL;
   /* the GenAI conventions: the operation and the provider by API */
-  const char *api = a->api != NULL ? a->api : "";
-  const char *op = strcmp(api, "gemini") == 0 ? "generate_content" : "chat";
-  const char *provider = strcmp(api, "anthropic") == 0 ? "anthropic"
-                         : strcmp(api, "gemini") == 0  ? "gcp.gemini"
-                                                       : "openai";
+  const ag__wire *w = ag__wire_named(a->api != NULL ? a->api : "");
+  const char *op = w != NULL ? w->otel_operation : "chat";
+  const char *provider = w != NULL ? w->otel_provider : "openai";
   json_t *at = json_array();
   if (at == NULL)
     return NULL;

@@ -21,9 +21,6 @@ void ag__px_fast_free(fast_traj *f) {
   free(f->results);
   free(f->ids);
   free(f->answered);
-  for (size_t i = 0; i < f->n_owned; i++)
-    free(f->owned[i]);
-  free(f->owned);
 }
 
 /* Zeroes `f` and sizes its arrays for a turn of n_steps replies and n_calls
@@ -165,25 +162,23 @@ slow:
   return 0;
 }
 
-/* The trajectory `f` replayed (then freed): the action, or -2. */
-int ag__px_replay_fast(ag_guard *g, fast_traj *f, ag_verdict *v) {
-  int act = ag__replay_untimed(g, &f->t, v);
+ag_err_t ag__px_replay_fast(ag_guard *g, fast_traj *f, ag_verdict *v,
+                            ag_action *act) {
+  int a = ag__replay_untimed(g, &f->t, v);
   ag__px_fast_free(f);
-  return act < 0 ? -2 : act;
+  if (a < 0)
+    return AG_ENOMEM;
+  *act = (ag_action)a;
+  return AG_OK;
 }
 
-static int replay_slow(ag_guard *g, const json_t *msgs, size_t start,
-                       size_t shown, ag_verdict *v, char *emsg, size_t cap);
+static ag_err_t replay_slow(ag_guard *g, const json_t *msgs, size_t start,
+                            size_t shown, ag_verdict *v, char *emsg, size_t cap,
+                            ag_action *act);
 
-/*
- * Replays the turn of `msgs` (the last user message and what follows)
- * through `g`. Returns the action (v filled), or -1 with a 400 message in
- * `emsg` when the turn cannot be read, or -2 when out of memory. `shown`:
- * the index the turn's first message has in the client's own messages, for
- * that message, or SIZE_MAX: its index in `msgs`.
- */
-int ag__px_replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
-                       ag_verdict *v, char *emsg, size_t cap) {
+ag_err_t ag__px_replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
+                            ag_verdict *v, char *emsg, size_t cap,
+                            ag_action *act) {
   size_t n = json_array_size(msgs), start = 0;
   for (size_t i = n; i-- > 0;)
     if (strcmp(role_of(json_array_get(msgs, i)), "user") == 0) {
@@ -196,25 +191,27 @@ int ag__px_replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
   memset(v, 0, sizeof(*v));
   v->call_index = -1;
   ag_guard_begin_turn(g, 0);
+  *act = AG_ALLOW;
   if (!has_steps)
-    return AG_ALLOW;
+    return AG_OK;
   fast_traj f;
   int fr = ag__px_fast_turn(msgs, start, &f);
   if (fr < 0)
-    return -2;
+    return AG_ENOMEM;
   if (fr > 0)
-    return ag__px_replay_fast(g, &f, v);
+    return ag__px_replay_fast(g, &f, v, act);
   return replay_slow(g, msgs, start, shown == SIZE_MAX ? start : shown, v, emsg,
-                     cap);
+                     cap, act);
 }
 
 /* The turn msgs[start..] written out and read by ag_trajectory_parse, the
  * audit's parser (whose error message a broken turn gets), then replayed. */
-static int replay_slow(ag_guard *g, const json_t *msgs, size_t start,
-                       size_t shown, ag_verdict *v, char *emsg, size_t cap) {
+static ag_err_t replay_slow(ag_guard *g, const json_t *msgs, size_t start,
+                            size_t shown, ag_verdict *v, char *emsg, size_t cap,
+                            ag_action *act) {
   size_t n = json_array_size(msgs);
   json_t *turn = json_array();
-  int rc = -2;
+  ag_err_t rc = AG_ENOMEM;
   if (turn == NULL)
     return rc;
   for (size_t i = start; i < n; i++)
@@ -237,12 +234,14 @@ static int replay_slow(ag_guard *g, const json_t *msgs, size_t start,
              "messages: the turn (messages[%zu..], numbered from there) is not "
              "a tool conversation agentguard can read: %s",
              shown, err.msg);
-    rc = -1;
+    rc = AG_EINVAL;
     goto out;
   }
-  rc = ag__replay_untimed(g, t, v);
-  if (rc < 0)
-    rc = -2;
+  int a = ag__replay_untimed(g, t, v);
+  if (a >= 0) {
+    *act = (ag_action)a;
+    rc = AG_OK;
+  }
   ag_trajectory_free(t);
 out:
   json_decref(turn);
@@ -581,16 +580,17 @@ ag_action ag__px_record_nudged(ag_guard *g, const ag_reply *rep,
  * ag__px_replay_turn returns: a shape with messages of its own is read as
  * the audit reads it (to_chat: every message checked, a 400 naming the
  * first bad one), then replayed as chat. */
-static int replay_tree(ag_guard *g, const ag__wire *w, const json_t *msgs,
-                       ag_verdict *v, char *emsg, size_t cap) {
+static ag_err_t replay_tree(ag_guard *g, const ag__wire *w, const json_t *msgs,
+                            ag_verdict *v, char *emsg, size_t cap,
+                            ag_action *act) {
   if (w->to_chat == NULL)
-    return ag__px_replay_turn(g, msgs, SIZE_MAX, v, emsg, cap);
+    return ag__px_replay_turn(g, msgs, SIZE_MAX, v, emsg, cap, act);
   json_t *chat = w->to_chat(msgs, 0, emsg, cap);
   if (chat == NULL)
-    return emsg[0] != '\0' ? -1 : -2;
-  int act = ag__px_replay_turn(g, chat, SIZE_MAX, v, emsg, cap);
+    return emsg[0] != '\0' ? AG_EINVAL : AG_ENOMEM;
+  ag_err_t rc = ag__px_replay_turn(g, chat, SIZE_MAX, v, emsg, cap, act);
   json_decref(chat);
-  return act;
+  return rc;
 }
 
 /* The request as a jansson tree (*req), parsed now if the decision came
@@ -625,8 +625,8 @@ typedef struct decision {
 
 /* The jansson path: the body parsed and its shape checked (a 400 names
  * what is wrong), the turn replayed through a fresh guard, the coming
- * request counted. The action, or -1 when d->r holds the answer. */
-static int decide_tree(decision *d) {
+ * request counted: *act, or false when d->r holds the answer. */
+static bool decide_tree(decision *d, ag_action *act) {
   reply *r = d->r;
   json_error_t je;
   d->req = json_loadb(d->q->body != NULL ? d->q->body : "", d->q->len, 0, &je);
@@ -636,7 +636,7 @@ static int decide_tree(decision *d) {
         "agentguard proxy: the request body is not JSON: %s (line %d, "
         "column %d)",
         je.text, je.line, je.column);
-    return -1;
+    return false;
   }
   json_t *msgs = json_object_get(d->req, "messages");
   if (!json_is_object(d->req) || !json_is_array(msgs) ||
@@ -646,7 +646,7 @@ static int decide_tree(decision *d) {
                      !json_is_object(d->req)
                          ? "the request body must be a JSON object"
                          : "messages: expected a non-empty array");
-    return -1;
+    return false;
   }
   size_t i;
   json_t *m;
@@ -655,7 +655,7 @@ static int decide_tree(decision *d) {
       ag__px_set_error(
           r, 400, "invalid_request_error", "invalid_request",
           "agentguard proxy: messages[%zu].role: expected a string", i);
-      return -1;
+      return false;
     }
   }
   char emsg[ERR_MSG_MAX];
@@ -664,19 +664,20 @@ static int decide_tree(decision *d) {
   if (ag_guard_new(&d->g, &d->p->cfg, NULL, &err) != AG_OK) {
     ag__px_set_error(r, 500, "server_error", "guard", "agentguard proxy: %s",
                      err.msg);
-    return -1;
+    return false;
   }
-  int act = replay_tree(d->g, r->shape, msgs, &d->v, emsg, sizeof emsg);
-  if (act == -1)
+  ag_err_t rc =
+      replay_tree(d->g, r->shape, msgs, &d->v, emsg, sizeof emsg, act);
+  if (rc == AG_EINVAL)
     ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
                      "agentguard proxy: %s", emsg);
-  else if (act == -2)
+  else if (rc != AG_OK)
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
-  if (act < 0)
-    return -1;
-  if (!ag__stops((ag_action)act))
-    act = ag_guard_begin_iteration(d->g, 0, &d->v);
-  return act;
+  if (rc != AG_OK)
+    return false;
+  if (!ag__stops(*act))
+    *act = ag_guard_begin_iteration(d->g, 0, &d->v);
+  return true;
 }
 
 /* The error context of the replayed errors, for this request only (the
@@ -710,8 +711,8 @@ static bool add_error_context(decision *d) {
 static bool ask_upstream(decision *d, const char *body, size_t len, bool ours,
                          upstream *u, ag_reply *rep) {
   ag__px_upstream_free(u);
-  ag__px_send_upstream(d->q->sh->relay, d->p, d->q->client_hdrs, "POST", d->q->uri, body, len,
-                       ours, d->q->client_fd, u);
+  ag__px_send_upstream(d->q->sh->relay, d->p, d->q->client_hdrs, "POST",
+                       d->q->uri, body, len, ours, d->q->client_fd, u);
   ag__px_attr_upstream(&d->q->attr, u->total_us);
   if (ag__px_upstream_failed(d->p, u, d->r))
     return false;
@@ -818,23 +819,22 @@ void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   d.path = path;
   d.r = r;
   /* the decision from the tape; the tree is parsed only when needed */
-  int act = ag__px_tape_decide(&p->cfg, q->body, q->len, r->shape, &d.g, &d.v,
-                               &d.stream);
-  if (act == -2) {
+  ag_action act = AG_ALLOW;
+  ag_err_t rc = ag__px_tape_decide(&p->cfg, q->body, q->len, r->shape, &d.g,
+                                   &d.v, &d.stream, &act);
+  if (rc == AG_ENOMEM) {
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return;
   }
-  if (act == TAPE_FALLBACK)
-    act = decide_tree(&d);
-  else if (ag__stops((ag_action)act) && !load_req(q, &d.req, r))
-    act = -1;
-  bool final = ag__stops((ag_action)act) &&
+  bool decided = rc == AG_OK ? !ag__stops(act) || load_req(q, &d.req, r)
+                             : decide_tree(&d, &act);
+  bool final = decided && ag__stops(act) &&
                p->cfg.loop.final_request_without_tools && d.v.action == AG_STOP;
-  if (act < 0) {
+  if (!decided) {
     /* r holds the answer */
-  } else if (later != NULL && (ag__stops((ag_action)act) ? final : !d.stream)) {
+  } else if (later != NULL && (ag__stops(act) ? final : !d.stream)) {
     *later = true; /* nothing said or sent yet: the worker decides again */
-  } else if (ag__stops((ag_action)act)) {
+  } else if (ag__stops(act)) {
     ag__px_event(p, &q->attr,
                  final ? "final_request_without_tools"
                        : "stopped_before_request",
@@ -871,14 +871,15 @@ int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
   if (how != AG_PROXY_READ_TREE) {
     ag_guard *tg = NULL;
     bool stream = false;
-    int tact = ag__px_tape_decide(cfg, body, len, w, &tg, v, &stream);
+    ag_action tact = AG_ALLOW;
+    ag_err_t rc = ag__px_tape_decide(cfg, body, len, w, &tg, v, &stream, &tact);
     ag_guard_free(tg);
-    if (tact == -2) {
+    if (rc == AG_ENOMEM) {
       ag__px_fail(err, AG_ENOMEM, "out of memory");
       return -1;
     }
-    if (tact != TAPE_FALLBACK)
-      return tact;
+    if (rc == AG_OK)
+      return (int)tact;
     if (how == AG_PROXY_READ_TAPE)
       return -2;
   }
@@ -908,15 +909,16 @@ int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
   }
   if (ag_guard_new(&g, cfg, NULL, err) != AG_OK)
     goto out;
-  act = replay_tree(g, w, msgs, v, emsg, sizeof emsg);
-  if (act == -1)
+  ag_action a = AG_ALLOW;
+  ag_err_t rc = replay_tree(g, w, msgs, v, emsg, sizeof emsg, &a);
+  if (rc == AG_EINVAL)
     ag__px_fail(err, AG_EINVAL, "%s", emsg);
-  else if (act == -2)
+  else if (rc != AG_OK)
     ag__px_fail(err, AG_ENOMEM, "out of memory");
-  else if (!ag__stops((ag_action)act))
-    act = ag_guard_begin_iteration(g, 0, v);
-  if (act < 0)
-    act = -1;
+  else if (!ag__stops(a))
+    a = ag_guard_begin_iteration(g, 0, v);
+  if (rc == AG_OK)
+    act = (int)a;
 out:
   ag_guard_free(g);
   json_decref(req);

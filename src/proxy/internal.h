@@ -105,12 +105,14 @@ typedef struct shard {
 
 /* One upstream, read once at start (parse_upstream). */
 typedef struct px_up {
-  CURLU *up;          /* its URL, credentials included; NULL: not given */
-  char *path;         /* its path, without a trailing slash ("" for none) */
-  size_t version_len; /* path ends in a version ("/v1", "/v1beta"): its
-                       * length with the '/', else 0 */
-  char *shown;        /* scheme://host:port: what messages name, never
-                         credentials */
+  CURLU *up;           /* its URL, credentials included; NULL: not given */
+  char *path;          /* its path, without a trailing slash ("" for none) */
+  size_t version_len;  /* path ends in a version ("/v1", "/v1beta"): its
+                        * length with the '/', else 0 */
+  char *shown;         /* scheme://host:port: what messages name, never
+                          credentials */
+  const ag__wire *api; /* the API whose paths go here (its route_prefix
+                        * and the paths it serves); NULL: every other */
 } px_up;
 
 enum { PX_UP_DEFAULT, PX_UP_ANTHROPIC, PX_UP_GEMINI, PX_UPS };
@@ -269,8 +271,6 @@ typedef struct fast_traj {
   ag_traj_result *results;
   const char **ids;
   bool *answered;
-  char **owned; /* strings made for the turn (Anthropic's), n_owned */
-  size_t n_owned;
 } fast_traj;
 
 #define SSE_OUT_MAX (8u << 20) /* bytes queued for the client at once */
@@ -367,7 +367,6 @@ typedef struct nudge_job {
   ag_call_check checks[AG__CALLS_MAX];
 } nudge_job;
 
-#define TAPE_FALLBACK (-3)
 #define TAPE_DEPTH 64
 
 void ag__px_answer_reply(stream_st *st, req_ctx *q, long status);
@@ -383,10 +382,13 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                          const char *path, reply *r, bool *started,
                          bool *later);
 /* The turn of chat `msgs` (from its last user message) replayed through a
- * fresh turn of g: the action, -1 with a 400 message in emsg, -2 out of
- * memory. `shown`: the turn's first index for that message, or SIZE_MAX. */
-int ag__px_replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
-                       ag_verdict *v, char *emsg, size_t cap);
+ * fresh turn of g: AG_OK with *act (v filled), AG_EINVAL with a 400's
+ * message in emsg (the turn cannot be read), AG_ENOMEM. `shown`: the index
+ * the turn's first message has in the client's own messages, for that
+ * message, or SIZE_MAX: its index in msgs. */
+ag_err_t ag__px_replay_turn(ag_guard *g, const json_t *msgs, size_t shown,
+                            ag_verdict *v, char *emsg, size_t cap,
+                            ag_action *act);
 /* b's events as r's body (text/event-stream; b is taken), or a 500 when b
  * was cut. */
 void ag__px_set_sse(reply *r, ag__buf *b);
@@ -449,17 +451,19 @@ bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                     const char *method);
 bool ag__px_relay_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                         const char *path, reply *r);
-int ag__px_replay_fast(ag_guard *g, fast_traj *f, ag_verdict *v);
+/* The trajectory `f` replayed (then freed): AG_OK with *act, or
+ * AG_ENOMEM. */
+ag_err_t ag__px_replay_fast(ag_guard *g, fast_traj *f, ag_verdict *v,
+                            ag_action *act);
 void ag__px_reply_free(reply *r);
 void ag__px_resume(shard *sh, struct MHD_Connection *c);
 const char *ag__px_scrub(const ag_proxy *p, const char *in, char *out,
                          size_t cap);
 enum MHD_Result ag__px_send_answer(struct MHD_Connection *c, req_ctx *q);
 void ag__px_send_upstream(ag__relay *relay, ag_proxy *p,
-                          const struct curl_slist *ch,
-                          const char *method, const char *uri, const char *body,
-                          size_t len, bool json_body, int client_fd,
-                          upstream *u);
+                          const struct curl_slist *ch, const char *method,
+                          const char *uri, const char *body, size_t len,
+                          bool json_body, int client_fd, upstream *u);
 void ag__px_set_error(reply *r, unsigned status, const char *type,
                       const char *code, const char *fmt, ...);
 void ag__px_set_json(reply *r, unsigned status, json_t *o);
@@ -478,9 +482,19 @@ ag_traj_result *ag__px_t_answer(fast_traj *f, size_t step0, size_t ci,
                                 const char *id);
 void ag__px_t_done(fast_traj *f, size_t si, size_t ci);
 void ag__px_t_step(ag_traj_step *st, fast_traj *f, size_t ci);
-int ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
-                       const ag__wire *w, ag_guard **g, ag_verdict *v,
-                       bool *stream);
+/* The decision before forwarding, from the request's tape (no jansson
+ * tree): the turn read by shape w's tape_turn and replayed through a new
+ * guard (*g, which the caller frees), then the coming request counted -
+ * what the tree path decides for the same body. AG_OK with *act (v filled;
+ * *stream: the body's "stream" is true), AG_ENOMEM, or AG_ENOTFOUND (*g
+ * NULL): no turn the tape reader takes - a body the tape refuses (a
+ * duplicate key, nesting past TAPE_DEPTH, a number outside a double,
+ * "\u0000", an integer jansson cannot hold) or a shape the reader leaves
+ * to the tree: take the tree path, whose decisions and messages are the
+ * reference (the parity tests in tests/runtime/test_proxy.c replay both). */
+ag_err_t ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
+                            const ag__wire *w, ag_guard **g, ag_verdict *v,
+                            bool *stream, ag_action *act);
 bool ag__px_upstream_failed(ag_proxy *p, const upstream *u, reply *r);
 void ag__px_upstream_free(upstream *u);
 bool ag__px_upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,

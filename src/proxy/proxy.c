@@ -662,6 +662,8 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
                     ? ag__px_fail(err, AG_ENOMEM, "out of memory")
                     : parse_upstream(&p->ups[PX_UP_DEFAULT], "--upstream",
                                      o->upstream, err);
+  p->ups[PX_UP_ANTHROPIC].api = ag__wire_named("anthropic");
+  p->ups[PX_UP_GEMINI].api = ag__wire_named("gemini");
   if (rc == AG_OK && o->anthropic_upstream != NULL)
     rc = parse_upstream(&p->ups[PX_UP_ANTHROPIC], "--anthropic-upstream",
                         o->anthropic_upstream, err);

@@ -35,23 +35,10 @@
  */
 #include "internal.h"
 
-/* Why a request cannot be replayed from itself, or NULL. */
-static const char *held_upstream(const json_t *req) {
-  const json_t *prev = json_object_get(req, "previous_response_id");
-  if (json_is_string(prev))
-    return "previous_response_id: the conversation is kept by the upstream; "
-           "the request holds only its newest items";
-  const json_t *conv = json_object_get(req, "conversation");
-  if (conv != NULL && !json_is_null(conv))
-    return "conversation: the conversation is kept by the upstream; the "
-           "request holds only its newest items";
-  return NULL;
-}
-
-/* The turn in `req` replayed through *g: the action (v filled), or -1 with
- * r the answer (a 400, a 500). */
-static int decide(ag_proxy *p, const json_t *req, ag_guard **g, ag_verdict *v,
-                  reply *r) {
+/* The turn in `req` replayed through *g: true with *act (v filled), or
+ * false with r the answer (a 400, a 500). */
+static bool decide(ag_proxy *p, const json_t *req, ag_guard **g, ag_verdict *v,
+                   reply *r, ag_action *act) {
   const ag__wire *w = r->shape;
   const json_t *conv = json_object_get(req, w->conv_key);
   char emsg[ERR_MSG_MAX];
@@ -63,26 +50,26 @@ static int decide(ag_proxy *p, const json_t *req, ag_guard **g, ag_verdict *v,
     else
       ag__px_set_error(r, 500, "server_error", "out_of_memory",
                        "out of memory");
-    return -1;
+    return false;
   }
   ag_error_t err;
-  int act = -1;
+  ag_err_t rc = AG_ECONFIG;
   if (ag_guard_new(g, &p->cfg, NULL, &err) != AG_OK) {
     ag__px_set_error(r, 500, "server_error", "guard", "agentguard proxy: %s",
                      err.msg);
   } else {
-    act = ag__px_replay_turn(*g, chat, SIZE_MAX, v, emsg, sizeof emsg);
-    if (act == -1)
+    rc = ag__px_replay_turn(*g, chat, SIZE_MAX, v, emsg, sizeof emsg, act);
+    if (rc == AG_EINVAL)
       ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
                        "agentguard proxy: %s: %s", w->conv_key, emsg);
-    else if (act == -2)
+    else if (rc != AG_OK)
       ag__px_set_error(r, 500, "server_error", "out_of_memory",
                        "out of memory");
-    if (act >= 0 && !ag__stops((ag_action)act))
-      act = ag_guard_begin_iteration(*g, 0, v);
+    else if (!ag__stops(*act))
+      *act = ag_guard_begin_iteration(*g, 0, v);
   }
   json_decref(chat);
-  return act < 0 ? -1 : act;
+  return rc == AG_OK;
 }
 
 /* The body the upstream gets: the client's, or with the error context
@@ -124,8 +111,8 @@ static void answer_held(ag_proxy *p, req_ctx *q, const json_t *req,
   memset(&u, 0, sizeof u);
   ag_reply rep;
   memset(&rep, 0, sizeof rep);
-  ag__px_send_upstream(q->sh->relay, p, q->client_hdrs, "POST", q->uri, q->body, q->len, ours,
-                       q->client_fd, &u);
+  ag__px_send_upstream(q->sh->relay, p, q->client_hdrs, "POST", q->uri, q->body,
+                       q->len, ours, q->client_fd, &u);
   ag__px_attr_upstream(&q->attr, u.total_us);
   const char *query = strchr(q->uri, '?');
   ag__reply_form form =
@@ -156,27 +143,31 @@ static bool no_tools(const json_t *req) {
          (json_is_array(tools) && json_array_size(tools) == 0);
 }
 
-/* What to do with a parsed request before its turn: AG_ALLOW to decide it,
- * 1 to relay it untouched, -1 with r the answer (a 400). */
-static int triage(ag_proxy *p, req_ctx *q, const json_t *req, const char *path,
-                  reply *r) {
+/* What to do with a parsed request before its turn. */
+typedef enum {
+  TRIAGE_ANSWERED, /* r is the answer (a 400) */
+  TRIAGE_RELAY,    /* relayed untouched: nothing to guard */
+  TRIAGE_DECIDE    /* its turn is decided */
+} triage_t;
+
+static triage_t triage(ag_proxy *p, req_ctx *q, const json_t *req,
+                       const char *path, reply *r) {
   const ag__wire *w = r->shape;
   const json_t *conv = json_object_get(req, w->conv_key);
-  const char *unguarded = held_upstream(req);
-  if (unguarded != NULL && w == &ag__wire_responses) {
+  const char *unguarded = w->unguarded != NULL ? w->unguarded(req) : NULL;
+  if (unguarded != NULL) {
     ag__px_event(p, &q->attr, "unguarded", path, NULL, unguarded);
-    return 1;
+    return TRIAGE_RELAY;
   }
   if (conv == NULL || json_is_string(conv) || no_tools(req))
-    return 1; /* a new turn, or no call possible: nothing to guard */
+    return TRIAGE_RELAY; /* a new turn, or no call possible */
   if (!json_is_array(conv)) {
     ag__px_set_error(r, 400, "invalid_request_error", "invalid_request",
                      "agentguard proxy: %s: expected %s", w->conv_key,
-                     w == &ag__wire_responses ? "a string or an array of items"
-                                              : "an array");
-    return -1;
+                     w->conv_expect);
+    return TRIAGE_ANSWERED;
   }
-  return AG_ALLOW;
+  return TRIAGE_DECIDE;
 }
 
 void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
@@ -187,7 +178,8 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   ag_guard *g = NULL;
   ag_verdict v;
   memset(&v, 0, sizeof v);
-  int act = -1;
+  ag_action act = AG_ALLOW;
+  bool decided = false;
   if (req == NULL) {
     ag__px_set_error(
         r, 400, "invalid_request_error", "invalid_json",
@@ -199,15 +191,13 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                      "agentguard proxy: the request body must be a JSON "
                      "object");
   } else {
-    act = triage(p, q, req, path, r);
-    if (act == AG_ALLOW)
-      act = decide(p, req, &g, &v, r);
-    else if (act == 1)
-      act = AG_ALLOW; /* relayed untouched, g NULL */
+    triage_t tr = triage(p, q, req, path, r);
+    decided = tr == TRIAGE_RELAY || /* relayed untouched, g NULL */
+              (tr == TRIAGE_DECIDE && decide(p, req, &g, &v, r, &act));
   }
-  if (act < 0) {
+  if (!decided) {
     /* r holds the answer */
-  } else if (ag__stops((ag_action)act)) {
+  } else if (ag__stops(act)) {
     ag__px_event(p, &q->attr, "stopped_before_request", path, &v, NULL);
     ag__px_stop_reply(p, q, req, path, &v, r);
   } else if (g == NULL) {

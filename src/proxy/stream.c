@@ -469,8 +469,8 @@ void ag__px_stream_nudge(stream_st *st, nudge_job *nj) {
   memset(&r, 0, sizeof r);
   r.shape = st->w;
   if (!ag__stops(act))
-    ag__px_send_upstream(st->sh->relay, st->p, st->ch, "POST", st->uri, body, len, true, -1,
-                         &u);
+    ag__px_send_upstream(st->sh->relay, st->p, st->ch, "POST", st->uri, body,
+                         len, true, -1, &u);
   free(body);
   if (ag__stops(act)) {
     /* v says why */

@@ -121,27 +121,20 @@ static int tape_turn(const ag__wire *w, ag__wtape *t, size_t conv,
   return 1;
 }
 
-/*
- * The decision before forwarding, from the tape: the turn replayed through
- * a new guard (*g, which the caller frees), then the coming request
- * counted - what the jansson path decides for the same body. Returns the
- * action (v filled; *stream: the body's "stream" is true), -2 when out of
- * memory, or TAPE_FALLBACK (*g NULL): take the jansson path.
- */
-int ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
-                       const ag__wire *w, ag_guard **g, ag_verdict *v,
-                       bool *stream) {
+ag_err_t ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
+                            const ag__wire *w, ag_guard **g, ag_verdict *v,
+                            bool *stream, ag_action *act) {
   *g = NULL;
   ag__wtape t = {NULL, body, len, 0, NULL, 0, 0};
-  int act = TAPE_FALLBACK;
+  ag_err_t out = AG_ENOTFOUND;
   ag_error_t err;
   if (body == NULL || len == 0 || w->tape_turn == NULL)
-    return TAPE_FALLBACK;
+    return AG_ENOTFOUND;
   ag_err_t rc = ag__jcs_tape_new(&t.j, len, TAPE_DEPTH, &err);
   if (rc == AG_OK)
     rc = ag__jcs_tape(t.j, body, len, &t.n, &err);
   if (rc == AG_ENOMEM) {
-    act = -2;
+    out = AG_ENOMEM;
     goto out;
   }
   /* the root is token 0 (which ag__wt_is refuses: it is nobody's member) */
@@ -152,39 +145,38 @@ int ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
   t.cap = 2 * len + 16; /* decoded strings fit in 2x their source */
   t.buf = malloc(t.cap);
   if (t.buf == NULL) {
-    act = -2;
+    out = AG_ENOMEM;
     goto out;
   }
   fast_traj f;
   int fr = tape_turn(w, &t, ag__wt_get(&t, 0, w->conv_key), &f);
   if (fr <= 0) {
-    act = fr < 0 ? -2 : TAPE_FALLBACK;
+    out = fr < 0 ? AG_ENOMEM : AG_ENOTFOUND;
     goto out;
   }
   if (ag_guard_new(g, cfg, NULL, &err) != AG_OK) {
     ag__px_fast_free(&f);
-    act = err.code == AG_ENOMEM ? -2 : TAPE_FALLBACK;
+    out = err.code == AG_ENOMEM ? AG_ENOMEM : AG_ENOTFOUND;
     goto out;
   }
   memset(v, 0, sizeof(*v));
   v->call_index = -1;
   ag_guard_begin_turn(*g, 0);
-  if (f.t.n_steps > 0) {
-    act = ag__px_replay_fast(*g, &f, v);
-  } else {
-    ag__px_fast_free(&f);
-    act = AG_ALLOW;
-  }
-  if (act >= 0 && !ag__stops((ag_action)act))
-    act = ag_guard_begin_iteration(*g, 0, v);
+  *act = AG_ALLOW;
+  if (f.t.n_steps > 0)
+    out = ag__px_replay_fast(*g, &f, v, act);
+  else
+    ag__px_fast_free(&f), out = AG_OK;
+  if (out == AG_OK && !ag__stops(*act))
+    *act = ag_guard_begin_iteration(*g, 0, v);
 out:
-  if (act == TAPE_FALLBACK || act == -2) {
+  if (out != AG_OK) {
     ag_guard_free(*g);
     *g = NULL;
   }
   free(t.buf);
   ag__jcs_free(t.j);
-  return act;
+  return out;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -210,14 +210,20 @@ const px_up *ag__px_route(const ag_proxy *p, const char *target) {
   char path[2048];
   size_t pl = strcspn(target, "?");
   snprintf(path, sizeof path, "%.*s", (int)(pl < sizeof path ? pl : 0), target);
-  if (p->ups[PX_UP_ANTHROPIC].up != NULL &&
-      strncmp(path, "/v1/messages", 12) == 0 &&
-      (path[12] == '\0' || path[12] == '/'))
-    return &p->ups[PX_UP_ANTHROPIC];
-  if (p->ups[PX_UP_GEMINI].up != NULL &&
-      (strncmp(path, "/v1beta/", 8) == 0 ||
-       ag__wire_serving(path) == &ag__wire_gemini))
-    return &p->ups[PX_UP_GEMINI];
+  const ag__wire *serving = ag__wire_serving(path);
+  for (int k = 0; k < PX_UPS; k++) {
+    const px_up *u = &p->ups[k];
+    if (u->up == NULL || u->api == NULL)
+      continue;
+    /* under the prefix: "/v1/messages" and "/v1/messages/count_tokens",
+     * not "/v1/messagesx"; a prefix ending in '/' takes all below it */
+    const char *pre = u->api->route_prefix;
+    size_t n = pre != NULL ? strlen(pre) : 0;
+    if (serving == u->api ||
+        (n > 0 && strncmp(path, pre, n) == 0 &&
+         (pre[n - 1] == '/' || path[n] == '\0' || path[n] == '/')))
+      return u;
+  }
   return &p->ups[PX_UP_DEFAULT];
 }
 
@@ -391,10 +397,9 @@ static CURLcode sync_run_xfer(ag__relay *r, CURL *h, upstream *u) {
  * - the loop of the client's connection, whose connection cache its earlier
  * requests filled - while this thread waits. */
 void ag__px_send_upstream(ag__relay *relay, ag_proxy *p,
-                          const struct curl_slist *ch,
-                          const char *method, const char *uri, const char *body,
-                          size_t len, bool json_body, int client_fd,
-                          upstream *u) {
+                          const struct curl_slist *ch, const char *method,
+                          const char *uri, const char *body, size_t len,
+                          bool json_body, int client_fd, upstream *u) {
   struct curl_slist *hdrs = NULL;
   char *url = NULL;
   CURL *h = curl_easy_init();

@@ -691,4 +691,8 @@ const ag__wire ag__wire_gemini = {
     .stop_body = gemini_stop_body,
     .add_user_text = gemini_add_user_text,
     .id_prefix = "gen_agentguard_",
+    .conv_expect = "an array",
+    .otel_provider = "gcp.gemini",
+    .otel_operation = "generate_content",
+    .route_prefix = "/v1beta/",
 };

@@ -709,6 +709,20 @@ static bool responses_add_user_text(json_t *req, const char *text) {
   return ok;
 }
 
+/* A request whose conversation the upstream keeps holds only its newest
+ * items: its turn cannot be replayed from it. */
+static const char *responses_unguarded(const json_t *req) {
+  const json_t *prev = json_object_get(req, "previous_response_id");
+  if (json_is_string(prev))
+    return "previous_response_id: the conversation is kept by the upstream; "
+           "the request holds only its newest items";
+  const json_t *conv = json_object_get(req, "conversation");
+  if (conv != NULL && !json_is_null(conv))
+    return "conversation: the conversation is kept by the upstream; the "
+           "request holds only its newest items";
+  return NULL;
+}
+
 const ag__wire ag__wire_responses = {
     .name = "openai-responses",
     .api = "Responses",
@@ -731,4 +745,8 @@ const ag__wire ag__wire_responses = {
     .stop_body = responses_stop_body,
     .add_user_text = responses_add_user_text,
     .id_prefix = "resp_agentguard_",
+    .unguarded = responses_unguarded,
+    .conv_expect = "a string or an array of items",
+    .otel_provider = "openai",
+    .otel_operation = "chat",
 };

@@ -377,6 +377,21 @@ typedef struct ag__wire {
   char *(*stop_body)(ag__reply_form form, const char *id, const char *model,
                      const char *text, long long created, size_t *len);
   bool (*add_user_text)(json_t *req, const char *text);
+  /* Why a request cannot be replayed from itself (its conversation is
+   * kept by the upstream: Responses' previous_response_id), or NULL; the
+   * hook NULL: never. Such a request is relayed unguarded. */
+  const char *(*unguarded)(const json_t *req);
+  /* What the conversation's key must hold, for a 400: "an array". */
+  const char *conv_expect;
+  /* The paths under this prefix go to the API's own upstream when one is
+   * given (the proxy's --anthropic-upstream, --gemini-upstream), guarded
+   * or not; NULL: only the paths it serves. */
+  const char *route_prefix;
+  /* OpenTelemetry's GenAI names: gen_ai.provider.name ("openai",
+   * "anthropic", "gcp.gemini") and gen_ai.operation.name ("chat",
+   * "generate_content"). */
+  const char *otel_provider;
+  const char *otel_operation;
   /* The start of the ids of the replies the proxy makes ("chatcmpl-",
    * "msg_", ...). */
   const char *id_prefix;
