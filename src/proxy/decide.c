@@ -609,7 +609,7 @@ static bool load_req(const req_ctx *q, json_t **req, reply *r) {
   return *req != NULL;
 }
 
-/* One guarded request being decided (ag__px_chat and its steps). */
+/* One guarded request being decided (ag__px_guarded and its steps). */
 typedef struct decision {
   ag_proxy *p;
   req_ctx *q;
@@ -806,8 +806,8 @@ void ag__px_bad_request(ag_proxy *p, ag__px_attr *a, const char *path,
  * `later` (on the loop's thread, which may not wait), a request whose
  * answer needs a whole upstream reply (not a stream, or the final request
  * without tools) is left untouched for a worker, with *later set. */
-void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                 const char *path, reply *r, bool *started, bool *later) {
+void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                    const char *path, reply *r, bool *started, bool *later) {
   if (r->shape->relay_event == NULL) {
     ag__px_request_only(p, c, q, path, r, started, later);
     return;

@@ -8,10 +8,10 @@
  *   upstream.c  the upstream: libcurl transfers, run on a loop's relay
  *   decide.c    the decision on a request: the turn replayed (tree), the
  *               stop reply, the final request, a whole reply checked
- *   tape.c      the decision read from the JCS tokenizer's tape, and text
- *               chunks of a stream read the same way
- *   stream.c    a streamed reply relayed: events parsed, calls held and
- *               checked at the end, nudges
+ *   tape.c      the decision read from the JCS tokenizer's tape (the
+ *               shape's tape_turn), and the attribution read the same way
+ *   stream.c    a streamed reply relayed (the shape's relay_* hooks):
+ *               events parsed, calls held and checked at the end, nudges
  *   request_only.c  OpenAI Responses and Gemini: decided on the request,
  *               a stop answered in the API's shape, the reply relayed as it
  *               comes
@@ -371,8 +371,8 @@ typedef struct nudge_job {
 
 void ag__px_answer_reply(stream_st *st, req_ctx *q, long status);
 void ag__px_answer_stream(stream_st *st, req_ctx *q);
-void ag__px_chat(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                 const char *path, reply *r, bool *started, bool *later);
+void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                    const char *path, reply *r, bool *started, bool *later);
 /* A request of a shape decided on the request (r->shape's stop_body:
  * Responses, Gemini) decided and answered (request_only.c): r is the
  * answer, or *started says its relay was handed to the loop. With `later`

@@ -3,33 +3,37 @@
  * and stop, and what the other parts share (internal.h lists the parts:
  * serve.c, upstream.c, decide.c, tape.c, stream.c).
  *
- * One request, guarded (POST /v1/chat/completions; POST /v1/messages the
- * same way in Anthropic's shapes, its turn read by fast_turn_anth or, on
- * the slow path, converted to chat form by ag__wire_messages.to_chat, its
- * streams relayed by on_anth_event):
+ * Every API shape is the wire layer's (src/wire/wire.h: one file and one
+ * row of ag__wire_all each); the proxy asks the request's shape
+ * (reply.shape, from the path) and never which one it holds. One request,
+ * guarded - Chat Completions or Messages, whose replies are relayed event
+ * by event (the shapes with relay_event; Responses and Gemini are decided
+ * on the request and their replies held whole: request_only.c):
  *   1. the body is read (capped) and tokenized once by the core's JCS
- *      tokenizer (tape_decide: a flat tape, no jansson tree); for the plain
- *      shape the turn is read from the tape (t_turn_chat, t_turn_anth) and
- *      decided as in step 2, and the body is parsed with jansson only when
- *      the decision needs it (a stop reply, the error context, a stream, a
- *      reply to replace or nudge). Any other body - one the tape refuses,
- *      an unusual shape, one that gets a 400 - takes the jansson path:
- *      parsed, its shape checked (400 in the API's error shape otherwise);
+ *      tokenizer (ag__px_tape_decide: a flat tape, no jansson tree); the
+ *      shape's tape_turn reads the turn from the tape and decides it as in
+ *      step 2, and the body is parsed with jansson only when the decision
+ *      needs it (a stop reply, the error context, a stream, a reply to
+ *      replace or nudge). Any other body - one the tape refuses, an unusual
+ *      shape, one that gets a 400 - takes the jansson path: parsed, its
+ *      shape checked (a 400 in the API's error shape otherwise), its
+ *      messages converted to chat form by the shape's to_chat (the audit's
+ *      reading);
  *   2. the turn (the last user message and everything after it) becomes
- *      an ag_trajectory - built straight from the parsed request for the
- *      plain shape (fast_turn), else written out and read by
- *      ag_trajectory_parse, the audit's parser - and is replayed through a
- *      fresh guard with the audit's sequence of calls (replay_turn), then
- *      the coming model request is counted (ag_guard_begin_iteration);
- *   3. a stop there is answered without tool calls: directly (a synthetic
- *      chat.completion whose message says why), or, with
- *      loop.final_request_without_tools, by the upstream asked without
- *      tools and told to answer with what it has;
- *   4. otherwise the body goes upstream unchanged; the reply is read with
- *      the OpenAI provider's own parser (ag__openai_response) and its tool
- *      calls checked (ag_guard_check_calls): a stop replaces it, a nudge
- *      asks the upstream once more with the held-back calls answered by
- *      the nudge text.
+ *      an ag_trajectory and is replayed through a fresh guard with the
+ *      audit's replay (ag__replay_untimed), then the coming model request
+ *      is counted (ag_guard_begin_iteration);
+ *   3. a stop there is answered without tool calls: directly (the shape's
+ *      stop_body: one assistant message saying why, whole or as events),
+ *      or, with loop.final_request_without_tools, by the upstream asked
+ *      without tools and told to answer with what it has (strip_calls,
+ *      whole_to_sse);
+ *   4. otherwise the body goes upstream unchanged; the reply is read by
+ *      the shape's own reader (the providers' parser) and its tool calls
+ *      checked (ag_guard_check_calls): a stop replaces it, a nudge asks the
+ *      upstream once more with the held-back calls answered by the nudge
+ *      text (nudge_messages). A stream is relayed as it comes (stream.c,
+ *      the shape's relay_* hooks): text at once, calls held to the end.
  * Every stop sets `x-agentguard-stop: REASON` and writes an event.
  *
  * Serving: event loops, two per core (shard: a libmicrohttpd daemon run

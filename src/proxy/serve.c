@@ -264,9 +264,9 @@ void *ag__px_job_main(void *arg) {
   if (q->readyz)
     readyz_probe(p, &q->r);
   else
-    ag__px_chat(p, c, q, path, &q->r, &started,
-                NULL); /* only guarded ones come */
-  if (!started) {      /* else the stream's loop answers the request */
+    ag__px_guarded(p, c, q, path, &q->r, &started,
+                   NULL); /* only guarded ones come */
+  if (!started) {         /* else the stream's loop answers the request */
     atomic_store(&q->answered, true);
     ag__px_resume(sh, c);
   }
@@ -563,7 +563,7 @@ static int decide_here(shard *sh, struct MHD_Connection *c, req_ctx *q,
   if (stopping)
     return -1; /* start_job answers it */
   bool started = false, later = false;
-  ag__px_chat(p, c, q, path, &q->r, &started, &later);
+  ag__px_guarded(p, c, q, path, &q->r, &started, &later);
   if (later)
     return -1;
   if (!started)

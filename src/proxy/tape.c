@@ -1,32 +1,20 @@
 /*
  * src/proxy/tape.c - the decision read from the JCS tokenizer's tape
- * (internal.h): no jansson tree for the usual request, and a stream's text
- * chunks read the same way.
+ * (internal.h: ag__px_tape_decide), and the request's attribution read the
+ * same way (attr.h).
+ *
+ * jansson builds a tree at about 60 MB/s here: 1.2 ms for a 500-message
+ * (76 KB) request, more than the whole decision may take. The tokenizer
+ * (src/core/jcs.c) validates the same text and writes a flat tape several
+ * times faster, so the decision reads the request from the tape: the
+ * shape's tape_turn (wire.h) tells the turn to a sink here, which builds
+ * the fast_traj the tree path would build, with the strings decoded into
+ * one buffer. Anything the reader does not take goes to the jansson path,
+ * whose decisions and messages are the reference (the parity tests in
+ * tests/runtime/test_proxy.c replay both).
  */
 #define _GNU_SOURCE /* memmem */
 #include "internal.h"
-
-/* ------------------------------------------------------------------------ */
-/* The decision from the tape: no jansson tree                              */
-/* ------------------------------------------------------------------------ */
-
-/*
- * jansson builds a tree at about 60 MB/s here: 1.2 ms for a 500-message
- * (76 KB) request, more than the whole decision may take. The JCS
- * tokenizer (src/core/jcs.c) validates the same text and writes a flat
- * tape several times faster, so the decision reads the request from the
- * tape: the turn is found and turned into the fast_traj that ag__px_fast_turn /
- * ag__px_fast_turn_anth would build from the tree, with the strings decoded
- * into one buffer. The shape those two take is read here, and one more: chat
- * contents given as arrays of parts, read as the audit's parser reads them
- * (ag__px_fast_turn leaves those to it; AG_CAT_AUTO and the parser's unjudged
- * category replay alike). Anything else - a body the tape refuses (a duplicate
- * key, nesting past TAPE_DEPTH, a number outside a double, "\u0000", an integer
- * jansson cannot hold), a shape ag__px_fast_turn leaves to the slow path, a
- * message the tree path answers with 400 - returns TAPE_FALLBACK, and the
- * caller takes the jansson path, whose decisions and messages are the reference
- * (the parity tests in tests/runtime/test_proxy.c replay both).
- */
 
 /* The turn as ag__px_fast_turn builds it from the tree: the sink a shape's
  * tape_turn tells the turn to (wire.h). The checks every shape shares are

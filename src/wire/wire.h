@@ -10,16 +10,24 @@
  * turns bytes into replies and requests into bytes, the transports are the
  * providers' and the proxy's.
  *
- *   sse.c       the SSE parser (WHATWG server-sent events)
- *   reply.c     the reply assembler (ag__asm), JSON and message helpers
+ *   sse.c       the SSE parser (WHATWG server-sent events) and writers
+ *   reply.c     the reply assembler (ag__asm), JSON and message helpers,
+ *               the relay's state (ag__wire_relay)
+ *   tape.c      a request read from the JCS tokenizer's tape (ag__wtape)
  *   chat.c      OpenAI Chat Completions (ag__wire_chat)
  *   messages.c  Anthropic Messages (ag__wire_messages)
  *   responses.c OpenAI Responses (ag__wire_responses)
  *   gemini.c    the Gemini API (ag__wire_gemini)
  *
- * Adding a shape: a file here that fills an ag__wire (its name, the path
- * it serves, its request encoder, whole-reply and stream-event readers),
- * and one row in ag__wire_all (chat.c); docs/layers.md says the rest.
+ * Adding a shape: a file here that fills an ag__wire - for the providers
+ * its name, request encoder, whole-reply and stream-event readers; for the
+ * audit to_chat; for the proxy its path (serves), conv_key, error_body,
+ * reply_form, stop_body and add_user_text, which make it guarded on the
+ * request with its reply held whole, and, to relay its streams event by
+ * event and read its requests from the tape, the relay_* hooks,
+ * nudge_messages, strip_calls, whole_to_sse and tape_turn - and one row
+ * in ag__wire_all (chat.c). docs/layers.md ("Adding an API shape") walks
+ * through it.
  */
 #ifndef AG_WIRE_H
 #define AG_WIRE_H
@@ -367,11 +375,12 @@ typedef struct ag__wire {
    * code into the message). */
   json_t *(*error_body)(unsigned status, const char *type, const char *code,
                         const char *msg);
-  /* For the shapes decided on the request alone (their replies relayed as
-   * they come; NULL for the others): how the client wants the reply
-   * (path, query and the request say), a reply of one assistant message
-   * saying `text` in that form (malloc'd, *len; NULL on ENOMEM), and the
-   * request (a copy the caller owns) with `text` added as the user's. */
+  /* How the client wants the reply (path, query and the request say), and
+   * a reply of one assistant message saying `text` in that form (malloc'd,
+   * *len; NULL on ENOMEM): the proxy's stop, in every shape. For the shapes
+   * decided on the request alone (no relay_event), also the request (a
+   * copy the caller owns) with `text` added as the user's: the error
+   * context (the relayed shapes append a user message to "messages"). */
   ag__reply_form (*reply_form)(const char *path, const char *query,
                                const json_t *req);
   char *(*stop_body)(ag__reply_form form, const char *id, const char *model,
