@@ -480,8 +480,15 @@ static int run_proxy(proxy_args *pa) {
    * with each large free and the freed replies stay in the heaps of the
    * proxy's threads (bench_proxy_memory, 40 replies of 3.5 MB under
    * --max-buffered 32 MiB: a peak of 223 MiB without this, 90 MiB with
-   * it). */
-  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+   * it). 1 MiB, not less: the guard each request replays its turn through
+   * holds a 434 KB block (its content-loop detector), which must come from
+   * the heap - mapped and unmapped per request, it and its page faults
+   * were a third of the proxy's CPU (bench/throughput.sh, perf). The top
+   * of a thread's heap is given back past 1 MiB free, not 128 KiB: the
+   * same block freed at the top was otherwise trimmed and faulted in
+   * again by the next request. */
+  mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 1024 * 1024);
   ag_proxy *p = NULL;
   ag_error_t err;
   if (ag_proxy_start(&p, &o, &err) != AG_OK) {

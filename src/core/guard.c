@@ -549,6 +549,12 @@ AG_EXTERN ag_action ag_guard_check_text(ag_guard *g, const char *text,
   if (g->content == NULL) {
     ag_content_loop_opts o;
     ag_content_loop_opts_init(&o);
+    /* A whole text shorter than one chunk holds no chunk to repeat, and the
+     * check of a whole text starts afresh: the detector (a 434 KB block)
+     * is made only for a text that may trip it - a guard made per request
+     * (the proxy's) seldom needs one. */
+    if (!piece && len < o.chunk_size)
+      return AG_ALLOW;
     o.threshold = (size_t)repeats;
     if (ag_content_loop_new(&g->content, &o, NULL) != AG_OK)
       return AG_ALLOW; /* out of memory: unchecked, tried again next time */
