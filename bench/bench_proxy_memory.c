@@ -235,8 +235,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   /* as `agentguard proxy` does; --no-mallopt shows what it is for */
-  if (use_mallopt)
-    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  if (use_mallopt) {
+    mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 1024 * 1024);
+  }
   curl_global_init(CURL_GLOBAL_DEFAULT);
   struct MHD_Daemon *d = MHD_start_daemon(
       MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL,
