@@ -426,7 +426,7 @@ bool ag__px_read_reply_as(upstream *u, const ag__wire *w, ag__reply_form form,
   /* the parse holds about twice the body again (jansson's tree, the text
    * copied out of it into `out`): taken from the budget with the body and
    * given back with it (this is a request's thread: it may wait) */
-  size_t parse = u->bud != NULL ? 2 * u->len : 0;
+  size_t parse = u->bud != NULL && !u->parse_taken ? 2 * u->len : 0;
   if (parse > 0) {
     ag__budget_wait(u->bud, parse, u->held);
     u->held += parse;
@@ -711,8 +711,14 @@ static bool add_error_context(decision *d) {
 static bool ask_upstream(decision *d, const char *body, size_t len, bool ours,
                          upstream *u, ag_reply *rep) {
   ag__px_upstream_free(u);
-  ag__px_send_upstream(d->q->sh->relay, d->p, d->q->client_hdrs, "POST",
-                       d->q->uri, body, len, ours, d->q->client_fd, u);
+  if (d->q->prefetched != NULL) { /* asked on the loop already */
+    *u = *d->q->prefetched;
+    free(d->q->prefetched);
+    d->q->prefetched = NULL;
+  } else {
+    ag__px_send_upstream(d->q->sh->relay, d->p, d->q->client_hdrs, "POST",
+                         d->q->uri, body, len, ours, d->q->client_fd, u);
+  }
   ag__px_attr_upstream(&d->q->attr, u->total_us);
   if (ag__px_upstream_failed(d->p, u, d->r))
     return false;
@@ -832,7 +838,7 @@ void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                p->cfg.loop.final_request_without_tools && d.v.action == AG_STOP;
   if (!decided) {
     /* r holds the answer */
-  } else if (later != NULL && (ag__stops(act) ? final : !d.stream)) {
+  } else if (later != NULL && final) {
     *later = true; /* nothing said or sent yet: the worker decides again */
   } else if (ag__stops(act)) {
     ag__px_event(p, &q->attr,
@@ -848,6 +854,9 @@ void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   } else if (d.stream) {
     *started = ag__px_stream_start(p, c, q, &d.fwd, d.fwd_len, r->shape, path,
                                    &d.g, r);
+  } else if (later != NULL) { /* on the loop: its reply held on the loop */
+    *started = ag__px_whole_start(p, c, q, &d.fwd, d.fwd_len, r->shape, path,
+                                  &d.g, r);
   } else {
     answer_whole(&d);
   }

@@ -204,6 +204,10 @@ typedef struct req_ctx {
   int client_fd; /* its socket, watched while it is suspended (on_progress) */
   char *method;
   reply r;                /* the answer, unless `st` */
+  /* the upstream's whole reply, asked on the loop (ag__px_whole_start) and
+   * handed to a worker with it, which decides again and does not ask the
+   * upstream a second time; NULL: none */
+  struct upstream *prefetched;
   struct stream_st *st;   /* a relayed stream, or NULL */
   int64_t t0_ms;          /* when its headers were in (mono), for /metrics */
   unsigned sent_status;   /* the status answered, once it is */
@@ -235,6 +239,12 @@ typedef struct upstream {
   size_t held, want;
   struct sync_run *sync;
   bool no_budget;
+  /* a transfer no thread waits for whose body is held whole (a stream_st
+   * in `whole` mode): when the budget is spent it pauses with `want` set
+   * and this is called (on the loop) to wait for the bytes elsewhere */
+  bool (*budget_short)(struct upstream *u); /* false: cannot wait */
+  void *budget_user;
+  bool parse_taken; /* the parse's bytes (2 x len) are in `held` already */
 } upstream;
 
 /* A transfer run to its end for a thread that waits (ag__px_send_upstream): its
@@ -320,6 +330,9 @@ typedef struct stream_st {
   /* a passed-through response (ag__px_relay_start): the upstream's bytes go to
    * the client as they come, whatever its status, with its headers */
   bool raw;
+  /* a guarded request whose reply is held whole (ag__px_whole_start): the
+   * body goes into `u` under the budget, and the end checks it */
+  bool whole;
   ag__conn *conn;    /* the connection's entry (conns.h), or NULL */
   ag_verdict loop_v; /* why the content-loop detector stopped it (rl.looped) */
   /* its request's attribution (req_ctx.attr), shared with the request,
@@ -474,6 +487,24 @@ void ag__px_stream_free(void *cls);
 void ag__px_stream_nudge(stream_st *st, nudge_job *nj);
 ssize_t ag__px_stream_read(void *cls, uint64_t pos, char *buf, size_t max);
 void ag__px_stream_release(stream_st *st, bool ref);
+/* A guarded request that is not streamed, sent upstream from the loop
+ * that decided it (no worker): its reply is held whole under the budget
+ * and checked at the end, on the loop; a reply that passes is answered
+ * there, any other (a stop, a nudge, no budget for the parse) goes to a
+ * worker with the reply in hand (req_ctx.prefetched), which decides again
+ * and answers. Takes *fwd and *g as ag__px_stream_start does; false with
+ * `r` filled (500) when it could not start. */
+bool ag__px_whole_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                        char **fwd, size_t fwd_len, const ag__wire *w,
+                        const char *path, ag_guard **g, reply *r);
+/* Hands a suspended request to a worker (serve.c): false when it cannot
+ * (q->r then holds a 503). */
+bool ag__px_requeue(req_ctx *q);
+/* Runs fn(arg) on a thread of its own, counted as a job (ag_proxy_stop
+ * waits for it; fn ends with ag__px_job_end): false when the proxy is
+ * stopping or no thread can be made. */
+bool ag__px_spawn_job(ag_proxy *p, void *(*fn)(void *), void *arg);
+void ag__px_job_end(ag_proxy *p);
 bool ag__px_stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                          char **fwd, size_t fwd_len, const ag__wire *w,
                          const char *path, ag_guard **g, reply *r);

@@ -274,6 +274,26 @@ void *ag__px_job_main(void *arg) {
   return NULL;
 }
 
+static bool spawn_detached(void *(*fn)(void *), void *arg);
+
+void ag__px_job_end(ag_proxy *p) {
+  job_end(p);
+}
+
+bool ag__px_spawn_job(ag_proxy *p, void *(*fn)(void *), void *arg) {
+  pthread_mutex_lock(&p->jobs_mu);
+  bool stopping = p->stopping;
+  if (!stopping)
+    p->jobs++; /* ag_proxy_stop waits for it */
+  pthread_mutex_unlock(&p->jobs_mu);
+  if (stopping)
+    return false;
+  if (spawn_detached(fn, arg))
+    return true;
+  job_end(p);
+  return false;
+}
+
 /* Starts fn(arg) on a detached thread with a request's stack. */
 static bool spawn_detached(void *(*fn)(void *), void *arg) {
   pthread_attr_t at;
@@ -457,22 +477,9 @@ enum MHD_Result ag__px_send_answer(struct MHD_Connection *c, req_ctx *q) {
   return ret;
 }
 
-/* Hands the request to its own thread (job_main) and suspends the
- * connection; false with q->r filled when that cannot be done. */
-static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q) {
-  ag_proxy *p = sh->p;
-  pthread_mutex_lock(&p->jobs_mu);
-  bool stopping = p->stopping;
-  if (!stopping)
-    p->jobs++;
-  pthread_mutex_unlock(&p->jobs_mu);
-  if (stopping) {
-    ag__px_set_error(&q->r, 503, "server_error", "shutting_down",
-                     "agentguard proxy: shutting down");
-    return false;
-  }
-  q->job = true;
-  MHD_suspend_connection(c);
+/* Puts a suspended request in the workers' queue (its job counted): false
+ * with a 503 in q->r when no worker can take it. */
+static bool enqueue(ag_proxy *p, req_ctx *q) {
   pthread_mutex_lock(&p->jobs_mu);
   q->next_job = NULL;
   if (p->queue_tail != NULL)
@@ -505,10 +512,46 @@ static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q) {
     job_end(p);
     ag__px_set_error(&q->r, 503, "server_error", "no_thread",
                      "agentguard proxy: cannot start a thread for the request");
+  }
+  return ok;
+}
+
+/* Hands the request to its own thread (job_main) and suspends the
+ * connection; false with q->r filled when that cannot be done. */
+static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q) {
+  ag_proxy *p = sh->p;
+  pthread_mutex_lock(&p->jobs_mu);
+  bool stopping = p->stopping;
+  if (!stopping)
+    p->jobs++;
+  pthread_mutex_unlock(&p->jobs_mu);
+  if (stopping) {
+    ag__px_set_error(&q->r, 503, "server_error", "shutting_down",
+                     "agentguard proxy: shutting down");
+    return false;
+  }
+  q->job = true;
+  MHD_suspend_connection(c);
+  if (!enqueue(p, q)) {
     atomic_store(&q->answered, true);
     ag__px_resume(sh, c); /* the handler is called again: ag__px_send_answer */
   }
   return true;
+}
+
+bool ag__px_requeue(req_ctx *q) {
+  ag_proxy *p = q->sh->p;
+  pthread_mutex_lock(&p->jobs_mu);
+  bool stopping = p->stopping;
+  if (!stopping)
+    p->jobs++;
+  pthread_mutex_unlock(&p->jobs_mu);
+  if (stopping) {
+    ag__px_set_error(&q->r, 503, "server_error", "shutting_down",
+                     "agentguard proxy: shutting down");
+    return false;
+  }
+  return enqueue(p, q);
 }
 
 /* Bodies the loop decides itself at most (decide_here): the decision of
@@ -524,9 +567,10 @@ static const char *skip_ws(const char *v, const char *end) {
 }
 
 /* Whether the body has a "stream" key whose value starts with `t` (true):
- * a cheap look, so that a request that is not streamed goes straight to a
- * worker instead of being decided twice; the decision reads the body
- * properly. */
+ * a cheap look, so that a request of a shape decided on the request alone
+ * (request_only.c: its held reply waits on a worker) that is not streamed
+ * goes straight to a worker instead of being decided twice; the decision
+ * reads the body properly. */
 static bool says_stream(const char *b, size_t len) {
   const char *end = b + len;
   const char *k = memmem(b, len, "\"stream\"", 8);
@@ -543,19 +587,21 @@ static bool says_stream(const char *b, size_t len) {
   return false;
 }
 
-/* A streamed guarded request decided on the loop's own thread, without
- * the two thread hand-offs of a worker (there and back) before its first
- * byte: 1 when its stream started (the connection is suspended until the
- * loop answers), 0 when q->r is the answer (a stop, a bad request), -1
- * when it is a worker's: not a stream (its answer waits for the upstream's
- * whole reply), a body over HERE_BODY_MAX, or the final request without
- * tools. */
+/* A guarded request decided on the loop's own thread, without the two
+ * thread hand-offs of a worker (there and back): 1 when its transfer
+ * started - a stream relayed, or (Chat Completions, Messages) a reply held
+ * whole and checked on the loop (ag__px_whole_start) - and the connection
+ * is suspended until the loop answers; 0 when q->r is the answer (a stop,
+ * a bad request); -1 when it is a worker's: a body over HERE_BODY_MAX, the
+ * final request without tools, a shape decided on the request alone whose
+ * reply is held (request_only.c), or a reply the loop's check hands on (a
+ * stop, a nudge: ag__px_requeue). */
 static int decide_here(shard *sh, struct MHD_Connection *c, req_ctx *q,
                        const char *path) {
   ag_proxy *p = sh->p;
   if (strcmp(q->method, "POST") != 0 || !guarded_path(path) ||
       q->len > HERE_BODY_MAX || q->body == NULL ||
-      !says_stream(q->body, q->len))
+      (q->r.shape->relay_event == NULL && !says_stream(q->body, q->len)))
     return -1;
   pthread_mutex_lock(&p->jobs_mu);
   bool stopping = p->stopping;
@@ -787,6 +833,9 @@ void ag__px_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (q->st != NULL)
       ag__px_stream_free(q->st);
     curl_slist_free_all(q->client_hdrs);
+    if (q->prefetched != NULL) /* not taken: the worker answered otherwise */
+      ag__px_upstream_free(q->prefetched);
+    free(q->prefetched);
     free(q->method);
     free(q->uri);
     free(q->body);

@@ -166,6 +166,8 @@ static bool stream_feed(stream_st *st, const char *b, size_t n) {
 
 static size_t on_stream_body(char *ptr, size_t size, size_t nmemb, void *user) {
   stream_st *st = user;
+  if (st->whole)
+    return ag__px_on_body(ptr, size, nmemb, &st->u);
   long status = 0;
   curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
   if (!st->raw && (status < 200 || status >= 300))
@@ -186,7 +188,7 @@ static size_t on_stream_header(char *ptr, size_t size, size_t nmemb,
                                void *user) {
   stream_st *st = user;
   size_t n = ag__px_on_header(ptr, size, nmemb, &st->u);
-  if (st->u.hdr_end) {
+  if (st->u.hdr_end && !st->whole) { /* a whole reply is answered at its end */
     long status = 0;
     curl_easy_getinfo(st->x.h, CURLINFO_RESPONSE_CODE, &status);
     if (status >= 200) {
@@ -213,6 +215,125 @@ static size_t on_stream_header(char *ptr, size_t size, size_t nmemb,
   return n;
 }
 
+/* ---- A whole reply, asked on the loop ---------------------------------- */
+
+/* The budget's bytes a whole reply's transfer paused for, waited for on a
+ * thread of its own (the loop may not wait), then the transfer resumed. */
+static void *whole_budget_main(void *arg) {
+  stream_st *st = arg;
+  ag_proxy *p = st->p;
+  ag__budget_wait(st->u.bud, st->u.want, st->u.held);
+  /* the transfer is paused: its callbacks do not touch u until resumed */
+  st->u.held += st->u.want;
+  st->u.want = 0;
+  pthread_mutex_lock(&st->mu);
+  bool go = !st->up; /* it may have ended (the client left) */
+  if (go)
+    st->ops++;
+  pthread_mutex_unlock(&st->mu);
+  if (go)
+    ag__relay_unpause(st->sh->relay, &st->x, &st->op_unpause);
+  ag__px_stream_release(st, true); /* whole_budget_short's reference */
+  ag__px_job_end(p);
+  return NULL;
+}
+
+/* upstream.budget_short: the budget is spent; a thread waits for it. */
+static bool whole_budget_short(upstream *u) {
+  stream_st *st = u->budget_user;
+  pthread_mutex_lock(&st->mu);
+  st->refs++;
+  pthread_mutex_unlock(&st->mu);
+  if (ag__px_spawn_job(st->p, whole_budget_main, st))
+    return true;
+  ag__px_stream_release(st, true);
+  return false;
+}
+
+/* A request's answer is in q->r: the connection is resumed to send it. */
+static void answered(stream_st *st, req_ctx *q) {
+  atomic_store(&q->answered, true);
+  ag__px_resume(st->sh, st->c);
+}
+
+/* A whole reply's end, on the loop: a reply that fails or is not 2xx is
+ * answered as the worker's path answers it; a 2xx reply is read and
+ * checked when the budget has the parse's bytes now, and passed back when
+ * the check lets it through. Anything else goes to a worker with the reply
+ * in hand (req_ctx.prefetched): it decides again, checks the same reply
+ * and stops or nudges as answer_whole (decide.c) does. */
+static void whole_answer(stream_st *st, req_ctx *q) {
+  upstream *u = &st->u;
+  if (u->cc != CURLE_OK || u->too_big || u->no_budget || u->status < 200 ||
+      u->status >= 300) {
+    ag__px_attr_upstream(&q->attr, u->total_us);
+    if (!ag__px_upstream_failed(st->p, u, &q->r))
+      ag__px_pass_back(u, &q->r);
+    answered(st, q);
+    return;
+  }
+  size_t parse = 2 * u->len;
+  if (ag__budget_try(u->bud, parse, u->held)) {
+    u->held += parse;
+    u->parse_taken = true;
+    ag_reply rep;
+    memset(&rep, 0, sizeof rep);
+    reply bad;
+    memset(&bad, 0, sizeof bad);
+    bad.shape = st->w;
+    bool read = ag__px_read_reply_as(u, st->w, AG__REPLY_WHOLE, &rep, &bad);
+    ag_call_check checks[AG__CALLS_MAX];
+    ag_verdict v;
+    ag_action act =
+        read ? ag__px_check_reply(st->g, &rep, false, checks, &v) : AG_STOP;
+    if (read && act == AG_ALLOW) {
+      ag__px_attr_upstream(&q->attr, u->total_us);
+      ag__px_attr_usage(&q->attr, &rep);
+      ag__px_pass_back(u, &q->r);
+    } else if (!read) {
+      ag__px_attr_upstream(&q->attr, u->total_us);
+      q->r = bad; /* a 502: not a reply of the API */
+      bad.body = NULL;
+    }
+    ag_reply_clear(&rep);
+    ag__px_reply_free(&bad);
+    if (read && act != AG_ALLOW)
+      goto worker;
+    answered(st, q);
+    return;
+  }
+worker:
+  q->prefetched = malloc(sizeof(*q->prefetched));
+  if (q->prefetched == NULL) {
+    ag__px_set_error(&q->r, 500, "server_error", "out_of_memory",
+                     "out of memory");
+    answered(st, q);
+    return;
+  }
+  *q->prefetched = *u; /* the body, its headers and its budget go along */
+  memset(u, 0, sizeof(*u));
+  if (!ag__px_requeue(q)) {
+    ag__px_upstream_free(q->prefetched);
+    free(q->prefetched);
+    q->prefetched = NULL;
+    answered(st, q); /* q->r holds the 503 */
+  }
+}
+
+/* The end of a whole reply's transfer (ag__px_on_stream_done). */
+static void whole_done(stream_st *st) {
+  pthread_mutex_lock(&st->mu);
+  req_ctx *q = st->req_q;
+  st->req_q = NULL;
+  st->answer = ANSWER_REPLY;
+  st->up = true;
+  st->paused = false;
+  pthread_mutex_unlock(&st->mu);
+  if (q != NULL)
+    whole_answer(st, q);
+  ag__px_stream_release(st, true);
+}
+
 /* The transfer has ended (on the relay's thread): the last events parsed;
  * then the request answered if it was not yet, or the stream's end
  * written (ag__px_stream_end). */
@@ -225,6 +346,11 @@ void ag__px_on_stream_done(ag__relay_xfer *x, CURLcode cc) {
   curl_off_t us = 0;
   if (curl_easy_getinfo(st->x.h, CURLINFO_TOTAL_TIME_T, &us) == CURLE_OK)
     ag__px_attr_upstream(ST_ATTR(st), (int64_t)us);
+  st->u.total_us = (int64_t)us;
+  if (st->whole) {
+    whole_done(st);
+    return;
+  }
   if (cc == CURLE_OK && status >= 200 && status < 300 && !st->raw) {
     ag_err_t why = AG_OK;
     if (ag__sse_finish(&st->sse, &why) < 0 && st->asmb.failed == AG_OK)
@@ -588,15 +714,18 @@ static void stream_launch(stream_st *st, req_ctx *q) {
  * of the client's (with the error context); it, the guard and the stream
  * are the loop's now, and q is not this thread's any more. Returns false
  * with `r` filled (500) when it could not start. */
-bool ag__px_stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
-                         char **fwd, size_t fwd_len, const ag__wire *w,
-                         const char *path, ag_guard **g, reply *r) {
+static bool start_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                          char **fwd, size_t fwd_len, const ag__wire *w,
+                          const char *path, ag_guard **g, reply *r,
+                          bool whole) {
   stream_st *st = stream_new(p, w, path);
   if (st == NULL) {
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return false;
   }
-  share_attr(st, q);
+  st->whole = whole;
+  if (!whole)
+    share_attr(st, q); /* a whole reply's answer writes q->attr itself */
   st->sh = q->sh;
   st->rl.ct = q->sh->ct;
   st->c = c;
@@ -634,12 +763,28 @@ bool ag__px_stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return false;
   }
+  if (whole) {
+    st->u.budget_short = whole_budget_short;
+    st->u.budget_user = st;
+  }
   st->g = *g;
   *g = NULL;
   /* from here on q is the loop's: it answers the request (ag__px_answer_stream,
    * ag__px_answer_reply) once the upstream's status is known */
   stream_launch(st, q);
   return true;
+}
+
+bool ag__px_stream_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                         char **fwd, size_t fwd_len, const ag__wire *w,
+                         const char *path, ag_guard **g, reply *r) {
+  return start_guarded(p, c, q, fwd, fwd_len, w, path, g, r, false);
+}
+
+bool ag__px_whole_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
+                        char **fwd, size_t fwd_len, const ag__wire *w,
+                        const char *path, ag_guard **g, reply *r) {
+  return start_guarded(p, c, q, fwd, fwd_len, w, path, g, r, true);
 }
 
 /* A request the guard does not decide, passed through on the connection's

@@ -45,6 +45,13 @@ size_t ag__px_on_body(char *ptr, size_t size, size_t nmemb, void *user) {
     size_t want =
         (need + BUDGET_STEP - 1) / BUDGET_STEP * BUDGET_STEP - u->held;
     if (!ag__budget_try(u->bud, want, u->held)) {
+      if (u->sync == NULL && u->budget_short != NULL) {
+        u->want = want; /* paused until budget_short's thread has them */
+        if (u->budget_short(u))
+          return CURL_WRITEFUNC_PAUSE;
+        u->no_budget = true;
+        return 0;
+      }
       if (u->sync == NULL) {
         u->no_budget = true;
         return 0;
