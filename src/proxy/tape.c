@@ -104,8 +104,8 @@ static int tape_turn(const ag__wire *w, ag__wtape *t, size_t conv,
       ag__px_fast_free(&b.f);
     return fr;
   }
-  ag__px_t_done(&b.f, b.si, b.ci);
   *f = b.f;
+  ag__px_t_done(f, b.si, b.ci); /* f->t points into f: made in place */
   return 1;
 }
 
