@@ -585,10 +585,23 @@ static ag_err_t replay_tree(ag_guard *g, const ag__wire *w, const json_t *msgs,
                             ag_action *act) {
   if (w->to_chat == NULL)
     return ag__px_replay_turn(g, msgs, SIZE_MAX, v, emsg, cap, act);
-  json_t *chat = w->to_chat(msgs, 0, emsg, cap);
+  /* every message checked; only the turn converted, when the shape says
+   * where it starts (the history before it costs the check alone) */
+  size_t from = 0;
+  if (w->turn_start != NULL) {
+    json_t *checked = w->to_chat(msgs, SIZE_MAX, emsg, cap);
+    if (checked == NULL)
+      return emsg[0] != '\0' ? AG_EINVAL : AG_ENOMEM;
+    json_decref(checked);
+    from = w->turn_start(msgs);
+    if (from == SIZE_MAX)
+      from = 0;
+  }
+  json_t *chat = w->to_chat(msgs, from, emsg, cap);
   if (chat == NULL)
     return emsg[0] != '\0' ? AG_EINVAL : AG_ENOMEM;
-  ag_err_t rc = ag__px_replay_turn(g, chat, SIZE_MAX, v, emsg, cap, act);
+  ag_err_t rc = ag__px_replay_turn(g, chat, from > 0 ? from : SIZE_MAX, v, emsg,
+                                   cap, act);
   json_decref(chat);
   return rc;
 }
@@ -855,8 +868,8 @@ void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
     *started = ag__px_stream_start(p, c, q, &d.fwd, d.fwd_len, r->shape, path,
                                    &d.g, r);
   } else if (later != NULL) { /* on the loop: its reply held on the loop */
-    *started = ag__px_whole_start(p, c, q, &d.fwd, d.fwd_len, r->shape, path,
-                                  &d.g, r);
+    *started =
+        ag__px_whole_start(p, c, q, &d.fwd, d.fwd_len, r->shape, path, &d.g, r);
   } else {
     answer_whole(&d);
   }

@@ -203,7 +203,7 @@ typedef struct req_ctx {
   struct curl_slist *client_hdrs; /* the client's headers, hop-by-hop out */
   int client_fd; /* its socket, watched while it is suspended (on_progress) */
   char *method;
-  reply r;                /* the answer, unless `st` */
+  reply r; /* the answer, unless `st` */
   /* the upstream's whole reply, asked on the loop (ag__px_whole_start) and
    * handed to a worker with it, which decides again and does not ask the
    * upstream a second time; NULL: none */

@@ -495,6 +495,28 @@ json_t *ag__blocks_text(const json_t *content) {
   return out;
 }
 
+/* The last user message with text (a string, or a text block): where the
+ * turn starts; a user message of tool results only does not start one. */
+static size_t messages_turn_start(const json_t *msgs) {
+  for (size_t i = json_array_size(msgs); i-- > 0;) {
+    const json_t *m = json_array_get(msgs, i);
+    const char *role = json_string_value(json_object_get(m, "role"));
+    if (role == NULL || strcmp(role, "user") != 0)
+      continue;
+    const json_t *content = json_object_get(m, "content");
+    if (json_is_string(content))
+      return i;
+    size_t k;
+    const json_t *b;
+    json_array_foreach(content, k, b) {
+      const char *bt = json_string_value(json_object_get(b, "type"));
+      if (bt != NULL && strcmp(bt, "text") == 0)
+        return i;
+    }
+  }
+  return SIZE_MAX;
+}
+
 /*
  * Messages as Chat Completions messages (ag__wire.to_chat): a tool_use
  * block is a tool call (its input the arguments), a tool_result block a
@@ -1116,6 +1138,7 @@ const ag__wire ag__wire_messages = {
     .response = ag__anthropic_response,
     .event = ag__anthropic_event,
     .to_chat = messages_to_chat,
+    .turn_start = messages_turn_start,
     .looks_like = messages_looks_like,
     .conv_key = "messages",
     .serves = messages_serves,

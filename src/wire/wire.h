@@ -359,6 +359,10 @@ typedef struct ag__wire {
    * with emsg naming the first bad message (a 400), or with emsg "" when
    * out of memory. NULL for Chat Completions itself. */
   json_t *(*to_chat)(const json_t *msgs, size_t from, char *emsg, size_t cap);
+  /* Where the last turn of messages checked by to_chat starts (the index
+   * of its user message), or SIZE_MAX when there is none: the proxy then
+   * converts only msgs[start..]. NULL: convert them all. */
+  size_t (*turn_start)(const json_t *msgs);
   /* Whether messages that may be in either shape are in this one (NULL:
    * never claimed; a transcript is read as chat unless a shape claims it). */
   bool (*looks_like)(const json_t *msgs);
