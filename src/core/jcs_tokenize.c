@@ -1,0 +1,939 @@
+/*
+ * src/core/jcs_tokenize.c - pass 1 of the JCS canonicalizer (jcs.c's note
+ * says the design): the argument text validated and written as a tape,
+ * keys sorted in UTF-16 code unit order, numbers classified.
+ */
+#define _GNU_SOURCE /* strtod_l */
+#include "jcs_impl.h"
+
+/* ------------------------------------------------------------------------ */
+/* Key order: UTF-16 code units                                             */
+/* ------------------------------------------------------------------------ */
+
+static inline const uint8_t *key_bytes(const ag__jcs *j, const tok *t,
+                                       size_t *n) {
+  *n = t->w[0];
+  if (t->flags & F_ESC)
+    return j->arena + t->w[1];
+  return j->src + t->off;
+}
+
+/* Rank of a byte: UTF-8 byte order with the lead bytes EE/EF moved past
+ * F0..F4 (to F5/F6, which never occur in UTF-8). */
+static inline uint8_t key_rank(uint8_t c) {
+  return (c == 0xEE || c == 0xEF) ? (uint8_t)(c + 7) : c;
+}
+
+/* The first 8 bytes of a key, ranked, as a big-endian number (zero padded):
+ * different prefixes order the keys; equal ones need key_cmp. `limit` is the
+ * end of the buffer holding the key: reading up to it is allowed. */
+static uint64_t key_prefix(const uint8_t *b, size_t n, const uint8_t *limit) {
+  uint64_t x = 0;
+  if (limit - b >= 8) {
+    /* One load, then drop the bytes past the key (no byte loop, and no
+     * store-to-load stall through a stack buffer). */
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) &&                            \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(&x, b, 8);
+    x = __builtin_bswap64(x);
+#else
+    for (int i = 0; i < 8; i++)
+      x = x << 8 | b[i];
+#endif
+    if (n < 8)
+      x = n == 0 ? 0 : x & ~(~0ULL >> (8 * n));
+  } else {
+    for (size_t i = 0; i < 8; i++)
+      x = x << 8 | (i < n ? b[i] : 0);
+  }
+  if (x & 0x8080808080808080ULL) {
+    uint64_t y = 0;
+    for (int i = 7; i >= 0; i--)
+      y = y << 8 | key_rank((uint8_t)(x >> (8 * i)));
+    x = y;
+  }
+  return x;
+}
+
+static int key_cmp(const ag__jcs *j, uint32_t ia, uint32_t ib) {
+  size_t na, nb;
+  const uint8_t *a = key_bytes(j, &j->tape[ia], &na);
+  const uint8_t *b = key_bytes(j, &j->tape[ib], &nb);
+  size_t n = na < nb ? na : nb;
+  size_t i = 0;
+  while (i + 8 <= n) {
+    uint64_t x, y;
+    memcpy(&x, a + i, 8);
+    memcpy(&y, b + i, 8);
+    if (x != y)
+      break;
+    i += 8;
+  }
+  for (; i < n; i++) {
+    if (a[i] != b[i])
+      return key_rank(a[i]) < key_rank(b[i]) ? -1 : 1;
+  }
+  return na < nb ? -1 : (na > nb ? 1 : 0);
+}
+
+static inline int kent_cmp(const ag__jcs *j, const kent *a, const kent *b) {
+  if (a->prefix != b->prefix)
+    return a->prefix < b->prefix ? -1 : 1;
+  return key_cmp(j, a->tok, b->tok);
+}
+
+static void insertion_sort(const ag__jcs *j, kent *v, size_t n) {
+  for (size_t i = 1; i < n; i++) {
+    kent x = v[i];
+    size_t k = i;
+    while (k > 0 && kent_cmp(j, &v[k - 1], &x) > 0) {
+      v[k] = v[k - 1];
+      k--;
+    }
+    v[k] = x;
+  }
+}
+
+#define RUN 16
+
+/* Stable: equal keys stay in source order, so the later one is the dup. */
+static void sort_keys(const ag__jcs *j, kent *v, size_t n) {
+  if (n <= RUN) {
+    insertion_sort(j, v, n);
+    return;
+  }
+  for (size_t i = 0; i < n; i += RUN)
+    insertion_sort(j, v + i, n - i < RUN ? n - i : RUN);
+  kent *from = v, *to = j->aux;
+  for (size_t width = RUN; width < n; width *= 2) {
+    for (size_t lo = 0; lo < n; lo += 2 * width) {
+      size_t mid = lo + width < n ? lo + width : n;
+      size_t hi = lo + 2 * width < n ? lo + 2 * width : n;
+      size_t a = lo, b = mid, o = lo;
+      while (a < mid && b < hi)
+        to[o++] = kent_cmp(j, &from[b], &from[a]) < 0 ? from[b++] : from[a++];
+      while (a < mid)
+        to[o++] = from[a++];
+      while (b < hi)
+        to[o++] = from[b++];
+    }
+    kent *t = from;
+    from = to;
+    to = t;
+  }
+  if (from != v)
+    memcpy(v, from, n * sizeof(*v));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pass 1: tokenize and validate                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Errors are reported in source order: a pending duplicate key is earlier
+ * than anything found after it. */
+static ag_err_t dup_error(ag__jcs *j, ag_error_t *err) {
+  const tok *t = &j->tape[j->dup_tok];
+  size_t n;
+  const uint8_t *b = key_bytes(j, t, &n);
+  char shown[64];
+  size_t o = 0, i = 0;
+  /* The key as JSON string content, cut at a character boundary. */
+  while (i < n) {
+    uint8_t c = b[i];
+    size_t step = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (o + 7 > sizeof(shown) - 4)
+      break;
+    if (c < 0x20 || c == '"' || c == '\\' || c == 0x7F)
+      o += (size_t)snprintf(shown + o, sizeof(shown) - o, "\\u%04x", c);
+    else {
+      memcpy(shown + o, b + i, step);
+      o += step;
+    }
+    i += step;
+  }
+  shown[o] = '\0';
+  return ag__set_error(err, AG_EDUPKEY, (long)t->off - 1,
+                       "arguments: duplicate key \"%s%s\" at byte %ld", shown,
+                       i < n ? "..." : "", (long)t->off - 1);
+}
+
+#define FAIL(code, pos, ...)                                                   \
+  return (j->dup_tok != NONE                                                   \
+              ? dup_error(j, err)                                              \
+              : ag__set_error(err, code, (long)(pos), __VA_ARGS__))
+
+/* What scan_string found in a string. */
+enum {
+  S_ESC = 1,    /* some escape: keys must be decoded to be compared */
+  S_REWRITE = 2 /* an escape JCS writes differently (\/ or \u) */
+};
+
+/*
+ * Block scanner for strings with escapes. Per 64-byte block it builds four
+ * bit masks (quotes, backslashes, the letters of canonical escapes, and
+ * "attention" bytes: controls and non-ASCII), finds the escaped bytes with
+ * carries instead of branches (simdjson's odd-backslash-run trick), and so
+ * finds the closing quote without a branch per escape. Only the rarer items
+ * get a look each: an escape JCS rewrites (\/, and \u: hex digits and
+ * surrogate pairs) and a non-ASCII lead byte (UTF-8 validation). Anything
+ * wrong - a control byte, a bad escape or sequence, the end of the input -
+ * hands over to the byte scanner in scan_string, which finds the exact error.
+ */
+#if defined(__SSE2__)
+static inline uint64_t mm_bits(__m128i m, int i) {
+  return (uint64_t)(uint16_t)_mm_movemask_epi8(m) << (16 * i);
+}
+
+static inline void block_masks(const uint8_t *b, uint64_t *q, uint64_t *bs,
+                               uint64_t *att, uint64_t *keep) {
+  uint64_t mq = 0, mb = 0, ma = 0, mk = 0;
+  for (int i = 0; i < 4; i++) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(b + 16 * i));
+    __m128i eq = _mm_cmpeq_epi8(x, _mm_set1_epi8('"'));
+    __m128i eb = _mm_cmpeq_epi8(x, _mm_set1_epi8('\\'));
+    __m128i k = _mm_or_si128(
+        _mm_or_si128(_mm_or_si128(eq, eb),
+                     _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('n')),
+                                  _mm_cmpeq_epi8(x, _mm_set1_epi8('t')))),
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('r')),
+                                  _mm_cmpeq_epi8(x, _mm_set1_epi8('b'))),
+                     _mm_cmpeq_epi8(x, _mm_set1_epi8('f'))));
+    mq |= mm_bits(eq, i);
+    mb |= mm_bits(eb, i);
+    mk |= mm_bits(k, i);
+    /* signed compare: 0x80..0xFF are negative, so this flags both kinds */
+    ma |= mm_bits(_mm_cmplt_epi8(x, _mm_set1_epi8(0x20)), i);
+  }
+  *q = mq;
+  *bs = mb;
+  *att = ma;
+  *keep = mk;
+}
+#else
+/* Portable: exact per-byte flags in the high bits, gathered by a multiply. */
+static inline uint64_t load_le64(const uint8_t *b) {
+  uint64_t x = 0;
+  for (int i = 7; i >= 0; i--)
+    x = (x << 8) | b[i];
+  return x;
+}
+
+static inline uint64_t gather8(uint64_t m) {
+  return ((m >> 7) * 0x0102040810204080ULL) >> 56;
+}
+
+static inline uint64_t eq_bytes(uint64_t x, uint8_t c) {
+  const uint64_t lo7 = 0x7F7F7F7F7F7F7F7FULL;
+  uint64_t t = x ^ (0x0101010101010101ULL * c);
+  return ~(((t & lo7) + lo7) | t | lo7);
+}
+
+static inline void block_masks(const uint8_t *b, uint64_t *q, uint64_t *bs,
+                               uint64_t *att, uint64_t *keep) {
+  const uint64_t lo7 = 0x7F7F7F7F7F7F7F7FULL, high = 0x8080808080808080ULL;
+  uint64_t mq = 0, mb = 0, ma = 0, mk = 0;
+  for (int i = 0; i < 8; i++) {
+    uint64_t x = load_le64(b + 8 * i);
+    uint64_t eq = eq_bytes(x, '"'), eb = eq_bytes(x, '\\');
+    uint64_t k = eq | eb | eq_bytes(x, 'n') | eq_bytes(x, 't') |
+                 eq_bytes(x, 'r') | eq_bytes(x, 'b') | eq_bytes(x, 'f');
+    mq |= gather8(eq) << (8 * i);
+    mb |= gather8(eb) << (8 * i);
+    mk |= gather8(k) << (8 * i);
+    ma |= gather8((~((x & lo7) + 0x6060606060606060ULL) | x) & high) << (8 * i);
+  }
+  *q = mq;
+  *bs = mb;
+  *att = ma;
+  *keep = mk;
+}
+#endif
+
+/*
+ * Scans from s[*pp] (an unescaped position inside a string). Returns true
+ * and sets *endp at the closing quote when the rest of the string is valid;
+ * otherwise returns false with *pp at a position where the byte scanner can
+ * resume: the start of the block it could not handle, or the start of the
+ * escape or UTF-8 sequence that spills into that block.
+ */
+static bool scan_block(const uint8_t *s, size_t len, size_t *pp, size_t *endp,
+                       int *found) {
+  const uint64_t even = 0x5555555555555555ULL;
+  uint64_t carry = 0; /* 1 when the block's first byte is escaped */
+  unsigned cont = 0;  /* continuation bytes spilled into the block */
+  size_t skip_u = 0;  /* the 'u' of a low surrogate already checked */
+  size_t p = *pp, resume = *pp;
+  uint8_t pad[64];
+  for (;;) {
+    const uint8_t *b = s + p;
+    size_t avail = len - p;
+    uint64_t valid = ~0ULL;
+    if (avail < 64) {
+      if (avail > 0)
+        memcpy(pad, b, avail);
+      memset(pad + avail, ' ', 64 - avail);
+      b = pad;
+      valid = (1ULL << avail) - 1;
+    }
+    uint64_t q, bs, att, keep;
+    block_masks(b, &q, &bs, &att, &keep);
+    /* escaped = bytes preceded by an odd run of backslashes */
+    uint64_t carry_in = carry;
+    bs &= ~carry_in;
+    uint64_t follows = (bs << 1) | carry_in;
+    uint64_t odd_starts = bs & ~even & ~follows;
+    uint64_t even_seq = odd_starts + bs;
+    carry = even_seq < bs; /* overflow: the last backslash escapes on */
+    uint64_t escaped = (even ^ (even_seq << 1)) & follows;
+
+    uint64_t qe = q & ~escaped & valid;
+    uint64_t before = qe ? (qe & (0 - qe)) - 1 : valid;
+    if (qe == 0 && avail <= 64)
+      goto fallback; /* the input ends inside the string */
+    uint64_t esc = escaped & before;
+    if (esc)
+      *found |= S_ESC;
+    /* Escapes other than the canonical ones: \u, \/ or invalid. */
+    for (uint64_t m = esc & ~keep; m != 0; m &= m - 1) {
+      size_t u = p + ctz64(m);
+      if (b[u - p] == '/') {
+        *found |= S_REWRITE;
+        continue;
+      }
+      if (b[u - p] != 'u')
+        goto fallback;
+      *found |= S_REWRITE;
+      if (u == skip_u)
+        continue;
+      long cp = hex4_checked(s, len, u + 1);
+      if (cp < 0 || (cp >= 0xDC00 && cp <= 0xDFFF))
+        goto fallback;
+      if (cp >= 0xD800 && cp <= 0xDBFF) {
+        long lo = -1;
+        if (len - u >= 7 && s[u + 5] == '\\' && s[u + 6] == 'u')
+          lo = hex4_checked(s, len, u + 7);
+        if (lo < 0xDC00 || lo > 0xDFFF)
+          goto fallback;
+        skip_u = u + 6;
+      }
+    }
+    /* Controls (errors) and non-ASCII (validated sequence by sequence). */
+    uint64_t h = att & before & ~((1ULL << cont) - 1);
+    size_t lead = 0;
+    cont = 0;
+    while (h != 0) {
+      unsigned i = ctz64(h);
+      size_t n = b[i] >= 0x80 ? ag__utf8_seq(s + p + i, len - p - i) : 0;
+      if (n == 0)
+        goto fallback;
+      if (i + n > 64) {
+        cont = (unsigned)(i + n - 64);
+        lead = p + i;
+        break;
+      }
+      h &= ~(((1ULL << n) - 1) << i);
+    }
+    if (qe) {
+      *endp = p + ctz64(qe);
+      return true;
+    }
+    p += 64;
+    resume = p;
+    if (carry)
+      resume = p - 1;
+    if (cont)
+      resume = lead;
+    if (skip_u >= p && skip_u - 7 < resume)
+      resume = skip_u - 7;
+    continue;
+  fallback:
+    *pp = resume;
+    return false;
+  }
+}
+
+/*
+ * Position of the first byte at or after p that is '"', '\\', a control or
+ * non-ASCII byte, or len. 16 bytes at a time with SSE2, else 8 with SWAR
+ * (borrows only flag bytes above a true hit, so the lowest flag is right).
+ */
+static inline size_t find_special(const uint8_t *s, size_t len, size_t p) {
+#if defined(__SSE2__)
+  const __m128i vq = _mm_set1_epi8('"'), vb = _mm_set1_epi8('\\'),
+                v20 = _mm_set1_epi8(0x20);
+  while (len - p >= 16) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + p));
+    __m128i m =
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, vq), _mm_cmpeq_epi8(x, vb)),
+                     _mm_cmplt_epi8(x, v20));
+    unsigned bits = (unsigned)_mm_movemask_epi8(m);
+    if (bits != 0)
+      return p + ctz64(bits);
+    p += 16;
+  }
+  if (p < len && len >= 16) {
+    /* The tail: one load ending at len, ignoring the bytes before p. */
+    size_t base = len - 16;
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + base));
+    __m128i m =
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, vq), _mm_cmpeq_epi8(x, vb)),
+                     _mm_cmplt_epi8(x, v20));
+    unsigned bits = (unsigned)_mm_movemask_epi8(m) >> (p - base);
+    return bits != 0 ? p + ctz64(bits) : len;
+  }
+#endif
+  const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+  while (len - p >= 8) {
+    uint64_t x;
+    memcpy(&x, s + p, 8);
+    uint64_t xq = x ^ (ones * '"'), xb = x ^ (ones * '\\');
+    uint64_t m =
+        (((xq - ones) & ~xq) | ((xb - ones) & ~xb) | (x - ones * 0x20) | x) &
+        high;
+    if (m != 0) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) &&                            \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+      return p + (ctz64(m) >> 3);
+#else
+      break;
+#endif
+    }
+    p += 8;
+  }
+  while (p < len && s[p] != '"' && s[p] != '\\' && s[p] >= 0x20 && s[p] < 0x80)
+    p++;
+  return p;
+}
+
+/*
+ * Scans the string whose opening quote is at q, from p (an unescaped
+ * position; the caller has skipped plain bytes). On success sets *endp to
+ * the closing quote and *found to S_* bits. \" \\ \b \f \n \r \t are
+ * already in canonical form, so a value that has only those is copied
+ * verbatim.
+ */
+static ag_err_t scan_string(ag__jcs *j, size_t q, size_t p, size_t *endp,
+                            int *found, ag_error_t *err) {
+  const uint8_t *s = j->src;
+  const size_t len = j->len;
+  size_t block_from = 0;
+  int e = 0;
+  char cb[8];
+  for (;;) {
+    p = find_special(s, len, p);
+    if (p >= len)
+      FAIL(AG_EJSON, len,
+           "arguments: unexpected end of input at byte %zu in the string "
+           "starting at byte %zu",
+           len, q);
+    uint8_t c = s[p];
+    if (c == '"') {
+      *endp = p;
+      *found = e;
+      return AG_OK;
+    }
+    if (c == '\\') {
+      if (p >= block_from) {
+        if (scan_block(s, len, &p, endp, &e)) {
+          *found = e;
+          return AG_OK;
+        }
+        block_from = p + 64; /* resume bytewise; retry blocks later */
+        continue;
+      }
+      e |= S_ESC;
+      if (len - p < 2)
+        FAIL(AG_EJSON, len,
+             "arguments: unexpected end of input at byte %zu in the string "
+             "starting at byte %zu",
+             len, q);
+      uint8_t x = s[p + 1];
+      if (x == 'n' || x == '"' || x == '\\' || x == 't' || x == 'r' ||
+          x == 'b' || x == 'f') {
+        p += 2;
+        continue;
+      }
+      e |= S_REWRITE;
+      if (x == 'u') {
+        long cp = hex4_checked(s, len, p + 2);
+        if (cp == -2)
+          FAIL(AG_EJSON, len,
+               "arguments: unexpected end of input at byte %zu in a \\u "
+               "escape",
+               len);
+        if (cp < 0)
+          FAIL(AG_EJSON, p, "arguments: invalid \\u escape at byte %zu", p);
+        if (cp >= 0xDC00 && cp <= 0xDFFF)
+          FAIL(AG_EUTF8, p,
+               "arguments: lone low surrogate \\u%04lx at byte %zu", cp, p);
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+          if (len - p >= 8 && s[p + 6] == '\\' && s[p + 7] == 'u') {
+            long lo = hex4_checked(s, len, p + 8);
+            if (lo == -2)
+              FAIL(AG_EJSON, len,
+                   "arguments: unexpected end of input at byte %zu in a \\u "
+                   "escape",
+                   len);
+            if (lo < 0)
+              FAIL(AG_EJSON, p + 6, "arguments: invalid \\u escape at byte %zu",
+                   p + 6);
+            if (lo >= 0xDC00 && lo <= 0xDFFF) {
+              p += 12;
+              continue;
+            }
+          }
+          FAIL(AG_EUTF8, p,
+               "arguments: lone high surrogate \\u%04lx at byte %zu", cp, p);
+        }
+        p += 6;
+        continue;
+      }
+      if (x == '/') {
+        p += 2;
+        continue;
+      }
+      FAIL(AG_EJSON, p, "arguments: invalid escape \\%s at byte %zu",
+           show_byte(x, cb), p);
+    }
+    if (c < 0x20)
+      FAIL(AG_EJSON, p,
+           "arguments: unescaped control character 0x%02x in a string at "
+           "byte %zu",
+           c, p);
+    if (c >= 0x80) {
+      size_t n = ag__utf8_seq(s + p, len - p);
+      if (n == 0)
+        FAIL(AG_EUTF8, p, "arguments: invalid UTF-8 byte 0x%02x at byte %zu", c,
+             p);
+      p += n;
+      continue;
+    }
+    p++; /* not reached: find_special stops only at the bytes above */
+  }
+}
+
+/* Decodes the (validated) string content s[a..b), escapes and all, into
+ * `o`, which has room for b - a bytes; returns the bytes written. */
+size_t ag__jcs_decode_escaped(const uint8_t *s, size_t a, size_t b,
+                              uint8_t *o) {
+  uint8_t *o0 = o;
+  size_t p = a;
+  while (p < b) {
+    const uint8_t *bs = memchr(s + p, '\\', b - p);
+    size_t run = bs ? (size_t)(bs - (s + p)) : b - p;
+    memcpy(o, s + p, run);
+    o += run;
+    p += run;
+    if (p < b)
+      o += utf8_put(esc_decode(s, &p), o);
+  }
+  return (size_t)(o - o0);
+}
+
+/* Decodes the escaped key content s[a..b) into the arena. */
+static void decode_key(ag__jcs *j, tok *t, size_t a, size_t b) {
+  size_t n = ag__jcs_decode_escaped(j->src, a, b, j->arena + j->arena_len);
+  t->w[1] = (uint32_t)j->arena_len;
+  t->w[0] = (uint32_t)n;
+  j->arena_len += n;
+}
+
+/* Sorts the keys of the object in frame f, checks duplicates, stores the
+ * sorted list in `order`. Returns true when the source order was already
+ * strictly ascending (sorted, no duplicates). */
+static bool close_object(ag__jcs *j, const frame *f, size_t *norder) {
+  kent *v = j->keys + f->base;
+  size_t n = f->count;
+  bool sorted = true;
+  for (size_t i = 1; i < n && sorted; i++)
+    sorted = kent_cmp(j, &v[i - 1], &v[i]) < 0;
+  if (!sorted) {
+    sort_keys(j, v, n);
+    for (size_t i = 1; i < n; i++) {
+      if (v[i - 1].prefix == v[i].prefix &&
+          key_cmp(j, v[i - 1].tok, v[i].tok) == 0 &&
+          (j->dup_tok == NONE ||
+           j->tape[v[i].tok].off < j->tape[j->dup_tok].off))
+        j->dup_tok = v[i].tok;
+    }
+  }
+  tok *t = &j->tape[f->tok];
+  uint32_t *o = j->order + *norder;
+  for (size_t i = 0; i < n; i++)
+    o[i] = v[i].tok;
+  t->off = (uint32_t)*norder;
+  *norder += n;
+  return sorted;
+}
+
+static ag_err_t parse_number(ag__jcs *j, size_t start, size_t *endp, tok *t,
+                             ag_error_t *err) {
+  const uint8_t *s = j->src;
+  const size_t len = j->len;
+  size_t p = start;
+  bool is_int = true;
+  if (s[p] == '-')
+    p++;
+  if (p >= len || !is_digit(s[p]))
+    FAIL(AG_EJSON, p,
+         "arguments: invalid number at byte %zu (expected a digit)", p);
+  if (s[p] == '0') {
+    p++;
+    if (p < len && is_digit(s[p]))
+      FAIL(AG_EJSON, start, "arguments: number with a leading zero at byte %zu",
+           start);
+  } else {
+    while (p < len && is_digit(s[p]))
+      p++;
+  }
+  size_t int_end = p;
+  if (p < len && s[p] == '.') {
+    p++;
+    if (p >= len || !is_digit(s[p]))
+      FAIL(AG_EJSON, p,
+           "arguments: invalid number at byte %zu (expected a digit after "
+           "'.')",
+           p);
+    while (p < len && is_digit(s[p]))
+      p++;
+    is_int = false;
+  }
+  if (p < len && (s[p] | 0x20) == 'e') {
+    p++;
+    if (p < len && (s[p] == '+' || s[p] == '-'))
+      p++;
+    if (p >= len || !is_digit(s[p]))
+      FAIL(AG_EJSON, p,
+           "arguments: invalid number at byte %zu (expected an exponent "
+           "digit)",
+           p);
+    while (p < len && is_digit(s[p]))
+      p++;
+    is_int = false;
+  }
+  t->type = T_NUM;
+  t->off = (uint32_t)start;
+  t->w[0] = (uint32_t)(p - start);
+  *endp = p;
+  size_t ndig = int_end - start - (s[start] == '-');
+  if (is_int && ndig <= 15 &&
+      !(p - start == 2 && s[start] == '-' && s[start + 1] == '0')) {
+    t->flags = F_NUM_INT;
+    return AG_OK;
+  }
+  char d[15];
+  int k;
+  long n;
+  bool neg;
+  if (num_text(s + start, p - start, d, &k, &n, &neg)) {
+    t->flags = F_NUM_TEXT;
+    return AG_OK;
+  }
+  /* strtod_l needs a terminated copy; the arena has room: decoded keys so
+   * far plus this literal are at most the input length. */
+  char *tmp = (char *)j->arena + j->arena_len;
+  memcpy(tmp, s + start, p - start);
+  tmp[p - start] = '\0';
+  double v = strtod_l(tmp, NULL, j->c_locale);
+  if (isinf(v))
+    FAIL(AG_ENUMBER, start,
+         "arguments: number out of the range of a double at byte %zu", start);
+  t->flags = F_NUM_DBL;
+  memcpy(t->w, &v, sizeof(v));
+  return AG_OK;
+}
+
+/* Skips whitespace at p; inside a container, whitespace means its source
+ * text is not canonical. */
+#define SKIP_WS()                                                              \
+  do {                                                                         \
+    if (p < len && s[p] <= ' ' && is_ws(s[p])) {                               \
+      p = skip_ws(s, len, p);                                                  \
+      clean = false;                                                           \
+    }                                                                          \
+  } while (0)
+
+/* Sizes the token arrays for `cap` tokens (allocation: only when a call has
+ * more values than any since the last trim). */
+ag_err_t ag__jcs_size_tokens(ag__jcs *j, size_t cap) {
+  size_t keys = cap / 2 + 1;
+  tok *t = realloc(j->tape, cap * sizeof(tok));
+  if (t != NULL)
+    j->tape = t;
+  kent *k = realloc(j->keys, keys * sizeof(kent));
+  if (k != NULL)
+    j->keys = k;
+  uint32_t *o = realloc(j->order, keys * sizeof(uint32_t));
+  if (o != NULL)
+    j->order = o;
+  kent *a = realloc(j->aux, keys * sizeof(kent));
+  if (a != NULL)
+    j->aux = a;
+  if (t == NULL || k == NULL || o == NULL || a == NULL)
+    return AG_ENOMEM; /* the arrays keep at least their old capacity */
+  j->cap_tokens = cap;
+  j->cap_keys = keys;
+  return AG_OK;
+}
+
+/* The tape is full at token `nt` (< max_tokens): doubles it. */
+static ag_err_t grow_tokens(ag__jcs *j, size_t nt, ag_error_t *err) {
+  size_t cap = j->cap_tokens * 2 > nt + 1 ? j->cap_tokens * 2 : nt + 1;
+  if (cap > j->max_tokens)
+    cap = j->max_tokens;
+  if (ag__jcs_size_tokens(j, cap) != AG_OK)
+    return ag__set_error(err, AG_ENOMEM, -1, "arguments: out of memory");
+  return AG_OK;
+}
+
+/* Sizes the arena for `cap` bytes; its content does not outlive a call. */
+ag_err_t ag__jcs_size_arena(ag__jcs *j, size_t cap) {
+  uint8_t *a = calloc(1, cap); /* key_prefix may read past a key */
+  if (a == NULL)
+    return AG_ENOMEM;
+  free(j->arena);
+  j->arena = a;
+  j->cap_arena = cap;
+  return AG_OK;
+}
+
+void ag__jcs_trim(ag__jcs *j) {
+  if (j->cap_tokens > JCS_RETAIN_TOKENS) {
+    size_t cap =
+        JCS_INITIAL_TOKENS < j->max_tokens ? JCS_INITIAL_TOKENS : j->max_tokens;
+    (void)ag__jcs_size_tokens(j,
+                              cap); /* a shrink that fails keeps the memory */
+  }
+  if (j->cap_arena > JCS_RETAIN_ARENA)
+    (void)ag__jcs_size_arena(j, JCS_INITIAL_ARENA);
+}
+
+ag_err_t ag__jcs_tokenize(ag__jcs *j, size_t *ntok, ag_error_t *err) {
+  const uint8_t *s = j->src;
+  const size_t len = j->len;
+  const size_t max_tokens = j->max_tokens;
+  tok *tape = j->tape;
+  size_t p = 0, nt = 0, nkeys = 0, norder = 0, depth = 0;
+  frame *f = NULL;
+  tok *ct;           /* the container being closed */
+  uint32_t start;    /* its first byte */
+  bool clean = true; /* the innermost open container is canonical so far */
+  ag_err_t rc;
+  char cb[8];
+
+  j->arena_len = 0;
+  j->dup_tok = NONE;
+
+value:
+  SKIP_WS();
+  if (p >= len)
+    FAIL(AG_EJSON, len,
+         "arguments: unexpected end of input at byte %zu (expected a value)",
+         len);
+  if (nt >= j->cap_tokens) {
+    if (nt >= max_tokens)
+      FAIL(AG_ETOOBIG, p, "arguments: more than %zu values at byte %zu",
+           max_tokens, p);
+    if ((rc = grow_tokens(j, nt, err)) != AG_OK)
+      return rc;
+    tape = j->tape;
+  }
+  {
+    tok *t = &tape[nt];
+    uint8_t c = s[p];
+    if (c == '"') {
+      size_t end = find_special(s, len, p + 1);
+      int found = 0;
+      if (end >= len || s[end] != '"')
+        if ((rc = scan_string(j, p, end, &end, &found, err)) != AG_OK)
+          return rc;
+      t->type = T_STR;
+      t->flags = (found & S_REWRITE) ? F_ESC : 0;
+      clean &= !(found & S_REWRITE);
+      t->off = (uint32_t)(p + 1);
+      t->w[0] = (uint32_t)(end - p - 1);
+      p = end + 1;
+      nt++;
+      goto after;
+    }
+    if (is_digit(c) || c == '-') {
+      /* Fast path: a short plain integer is its own canonical form. */
+      size_t d0 = p + (c == '-'), e = d0;
+      while (e < len && is_digit(s[e]))
+        e++;
+      size_t nd = e - d0;
+      if (nd >= 1 && nd <= 15 && (s[d0] != '0' || (nd == 1 && c != '-')) &&
+          (e >= len || (s[e] != '.' && (s[e] | 0x20) != 'e'))) {
+        t->type = T_NUM;
+        t->flags = F_NUM_INT;
+        t->off = (uint32_t)p;
+        t->w[0] = (uint32_t)(e - p);
+        p = e;
+        nt++;
+        goto after;
+      }
+      if ((rc = parse_number(j, p, &p, t, err)) != AG_OK)
+        return rc;
+      clean &= t->flags == F_NUM_INT;
+      nt++;
+      goto after;
+    }
+    t->flags = 0;
+    switch (c) {
+    case '{':
+    case '[':
+      if (depth >= (size_t)j->max_depth)
+        FAIL(AG_EDEPTH, p, "arguments: nesting deeper than %d at byte %zu",
+             j->max_depth, p);
+      t->type = c == '{' ? T_OBJ : T_ARR;
+      t->off = (uint32_t)p;
+      f = &j->stack[depth++];
+      f->tok = (uint32_t)nt++;
+      f->count = 0;
+      f->base = (uint32_t)nkeys;
+      f->obj = c == '{';
+      f->clean = clean;
+      clean = true;
+      p++;
+      SKIP_WS();
+      if (p < len && s[p] == (f->obj ? '}' : ']')) {
+        p++;
+        goto close;
+      }
+      if (f->obj)
+        goto key;
+      goto value;
+    case 't':
+    case 'f':
+    case 'n': {
+      const char *lit = c == 't' ? "true" : c == 'f' ? "false" : "null";
+      size_t n = c == 'f' ? 5 : 4;
+      if (len - p < n || memcmp(s + p, lit, n) != 0)
+        FAIL(AG_EJSON, p,
+             "arguments: invalid literal at byte %zu (expected true, false "
+             "or null)",
+             p);
+      t->type = c == 't' ? T_TRUE : c == 'f' ? T_FALSE : T_NULL;
+      t->off = (uint32_t)p;
+      p += n;
+      nt++;
+      goto after;
+    }
+    default:
+      FAIL(AG_EJSON, p,
+           "arguments: unexpected character %s at byte %zu (expected a "
+           "value)",
+           show_byte(c, cb), p);
+    }
+  }
+
+key: /* p is at the expected '"' of a key (whitespace skipped) */
+  if (p >= len)
+    FAIL(AG_EJSON, len,
+         "arguments: unexpected end of input at byte %zu (expected a string "
+         "key)",
+         len);
+  if (s[p] != '"')
+    FAIL(AG_EJSON, p,
+         "arguments: unexpected character %s at byte %zu (expected a "
+         "string key)",
+         show_byte(s[p], cb), p);
+  if (nt >= j->cap_tokens) {
+    if (nt >= max_tokens)
+      FAIL(AG_ETOOBIG, p, "arguments: more than %zu values at byte %zu",
+           max_tokens, p);
+    if ((rc = grow_tokens(j, nt, err)) != AG_OK)
+      return rc;
+    tape = j->tape;
+  }
+  {
+    tok *t = &tape[nt];
+    size_t end = find_special(s, len, p + 1);
+    int found = 0;
+    if (end >= len || s[end] != '"')
+      if ((rc = scan_string(j, p, end, &end, &found, err)) != AG_OK)
+        return rc;
+    t->type = T_KEY;
+    t->flags = (found & S_ESC) ? F_ESC : 0;
+    clean &= !(found & S_REWRITE);
+    t->off = (uint32_t)(p + 1);
+    t->w[0] = (uint32_t)(end - p - 1);
+    const uint8_t *kb = s + p + 1, *limit = s + len;
+    if (found & S_ESC) {
+      decode_key(j, t, p + 1, end);
+      kb = j->arena + t->w[1];
+      limit = j->arena + j->cap_arena;
+    }
+    j->keys[nkeys].prefix = key_prefix(kb, t->w[0], limit);
+    j->keys[nkeys++].tok = (uint32_t)nt++;
+    p = end + 1;
+    SKIP_WS();
+    if (p >= len)
+      FAIL(AG_EJSON, len,
+           "arguments: unexpected end of input at byte %zu (expected ':')",
+           len);
+    if (s[p] != ':')
+      FAIL(AG_EJSON, p,
+           "arguments: unexpected character %s at byte %zu (expected ':')",
+           show_byte(s[p], cb), p);
+    p++;
+    goto value;
+  }
+
+after: /* a value ended at p */
+  if (depth == 0) {
+    p = skip_ws(s, len, p);
+    if (p != len)
+      FAIL(AG_EJSON, p,
+           "arguments: unexpected character %s at byte %zu after the JSON "
+           "value",
+           show_byte(s[p], cb), p);
+    if (j->dup_tok != NONE)
+      return dup_error(j, err);
+    *ntok = nt;
+    return AG_OK;
+  }
+  f = &j->stack[depth - 1];
+  f->count++;
+  SKIP_WS();
+  if (p >= len)
+    FAIL(AG_EJSON, len,
+         "arguments: unexpected end of input at byte %zu (expected ',' or "
+         "'%c')",
+         len, f->obj ? '}' : ']');
+  if (s[p] == ',') {
+    p++;
+    SKIP_WS();
+    if (f->obj)
+      goto key;
+    goto value;
+  }
+  if (s[p] == (f->obj ? '}' : ']')) {
+    p++;
+    goto close;
+  }
+  FAIL(AG_EJSON, p,
+       "arguments: unexpected character %s at byte %zu (expected ',' or "
+       "'%c')",
+       show_byte(s[p], cb), p, f->obj ? '}' : ']');
+
+close: /* the container of frame f ended just before p */
+  ct = &tape[f->tok];
+  start = ct->off;
+  ct->w[0] = (uint32_t)nt;
+  ct->w[1] = f->count;
+  if (f->obj) {
+    clean &= close_object(j, f, &norder);
+    nkeys = f->base;
+  }
+  if (clean) { /* emit copies s[start..p) */
+    ct->flags = F_CANON;
+    ct->off = start;
+    ct->w[1] = (uint32_t)p;
+  }
+  depth--;
+  clean = clean && f->clean;
+  goto after;
+}
+
+#undef SKIP_WS
