@@ -3908,6 +3908,21 @@ Test(proxy, bad_request_writes_an_event) {
  * start); another conversation gets another; a client's
  * x-agentguard-session wins and is not forwarded; a query (it may hold a
  * key) is not logged. */
+/* GET /metrics until its text holds `want` (2 s at most; the last answer
+ * either way). A request is counted when its answer has gone
+ * (libmicrohttpd's completion), which may come after the client has read
+ * it, and /metrics may be answered by another loop first. */
+static resp *metrics_with(const ag_proxy *p, const char *want) {
+  for (int tries = 0;; tries++) {
+    resp *r = call(p, "GET", "/metrics", NULL, NULL);
+    if (tries == 200 || strstr(r->body, want) != NULL)
+      return r;
+    free(r);
+    struct timespec ts = {0, 10 * 1000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 Test(proxy, every_request_is_logged_with_who_it_is_for) {
   ag_proxy_stop(P);
   FILE *ev = tmpfile(), *log = tmpfile();
@@ -3946,20 +3961,9 @@ Test(proxy, every_request_is_logged_with_who_it_is_for) {
   r = call(P, "POST", "/v1/chat/completions", three, NULL);
   free(r);
   /* the same in /metrics: the tokens read, the stop's estimated saving
-   * (its body / 4), the upstream's time and the proxy's own. A request is
-   * counted when its answer has gone (libmicrohttpd's completion), which
-   * may come after the client has read it: /metrics is read until the last
-   * one is in (2 s at most). */
-  for (int tries = 0;; tries++) {
-    r = call(P, "GET", "/metrics", NULL, NULL);
-    if (tries == 200 ||
-        strstr(r->body, "agentguard_proxy_added_latency_seconds_count "
-                        "4\n") != NULL)
-      break;
-    free(r);
-    struct timespec ts = {0, 10 * 1000000};
-    nanosleep(&ts, NULL);
-  }
+   * (its body / 4), the upstream's time and the proxy's own, once the last
+   * request is counted */
+  r = metrics_with(P, "agentguard_proxy_added_latency_seconds_count 4\n");
   cr_expect(strstr(r->body, "agentguard_proxy_tokens_total{kind=\"input\"} "
                             "30\n") != NULL,
             "%s", r->body);
@@ -4914,7 +4918,7 @@ Test(proxy, readyz_says_when_the_upstream_was_not_reached) {
   r = call(P, "GET", "/readyz", NULL, NULL);
   cr_expect_eq(r->status, 503, "%s", r->body);
   free(r);
-  r = call(P, "GET", "/metrics", NULL, NULL);
+  r = metrics_with(P, "agentguard_proxy_responses_total{code=\"5xx\"} 1\n");
   cr_expect(strstr(r->body, "agentguard_proxy_upstream_failures_total 1\n") !=
                 NULL,
             "%s", r->body);
