@@ -1,17 +1,15 @@
 /*
  * src/core/jcs.c - RFC 8785 JSON Canonicalization Scheme streamed into
- * SHA-256: the call signature of DESIGN.md section 3. In parts: pass 1 in
- * jcs_tokenize.c, pass 2 (emit) and the public functions here, the tape as
- * a reader in jcs_tape.c, what they share in jcs_impl.h.
+ * SHA-256: the call signature of DESIGN.md section 3.
  *
  * Design. A signature is SHA-256(name ":" JCS(args)). It is computed for
  * every call the guard checks, so this file never builds a document tree and
  * never allocates after ag__jcs_new (jansson parses at ~10 ns/byte, several
  * times the budget of a whole check). Two passes over the argument text:
  *
- *  1. ag__jcs_tokenize() validates the text and records a "tape": one 16-byte
- * record per value or key (offset, length, type, flags; containers also hold
- * the index just past their subtree). Nesting is tracked on an explicit stack
+ *  1. tokenize() validates the text and records a "tape": one 16-byte record
+ *     per value or key (offset, length, type, flags; containers also hold the
+ *     index just past their subtree). Nesting is tracked on an explicit stack
  *     of max_depth frames, so hostile input cannot recurse; the tape is
  *     capped at max_tokens. Strings are scanned 16 bytes at a time with SSE2
  *     (8 with portable SWAR elsewhere) for the bytes that need attention:
@@ -58,7 +56,7 @@
  * public functions size their scratch to the input: no token cap, depth 256.
  *
  * The tape is also a read-only JSON reader for the rest of the library
- * (internal.h, ag__jcs_tape and its accessors, jcs_tape.c):
+ * (internal.h, ag__jcs_tape and its accessors, at the end of this file):
  * the proxy reads a request's messages from it instead of a jansson tree.
  * Those functions only read what pass 1 wrote; the signature path does
  * not go through them.
@@ -77,7 +75,1359 @@
  * falls back to EVP only where OpenSSL is built without deprecated APIs).
  */
 #define _GNU_SOURCE /* strtod_l */
-#include "jcs_impl.h"
+#include <float.h>
+#include <locale.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__APPLE__)
+#include <xlocale.h>
+#endif
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* Data structures                                                          */
+/* ------------------------------------------------------------------------ */
+
+enum { T_OBJ = 1, T_ARR, T_STR, T_KEY, T_NUM, T_TRUE, T_FALSE, T_NULL };
+
+enum {
+  F_ESC = 1,      /* key: has escapes (decoded in the arena); value: has
+                     escapes JCS writes differently */
+  F_NUM_INT = 2,  /* integer literal of <= 15 digits: copy it */
+  F_NUM_TEXT = 4, /* <= 15 significant digits: rearrange the digits */
+  F_NUM_DBL = 8,  /* w[] holds the double */
+  F_CANON = 16    /* container whose source text is already canonical */
+};
+
+/*
+ * One tape record. Meaning of the fields by type:
+ *   T_STR, T_KEY  off: first content byte (after the quote)
+ *                 w[0]: length (keys with F_ESC: decoded length)
+ *                 w[1]: keys with F_ESC: offset of the decoded key in arena
+ *   T_NUM         off: first byte; w[0]: length, or w[0..1]: the double
+ *   T_ARR         off: the '['; w[0]: index past the subtree; w[1]: count,
+ *                 or with F_CANON the offset just past the ']'
+ *   T_OBJ         off: the '{' until closed, then (without F_CANON) the
+ *                 first index of its sorted keys in `order`; w[0], w[1]: as
+ *                 T_ARR
+ *   literals      off: first byte
+ */
+typedef struct tok {
+  uint32_t off;
+  uint32_t w[2];
+  uint8_t type;
+  uint8_t flags;
+  uint16_t spare;
+} tok;
+
+/* A key waiting to be sorted: its first bytes in sort order, and its token. */
+typedef struct kent {
+  uint64_t prefix;
+  uint32_t tok;
+} kent;
+
+/* A container being parsed (pass 1) or written (pass 2). */
+typedef struct frame {
+  uint32_t tok;   /* its tape index */
+  uint32_t count; /* pass 1: members so far; pass 2: members left */
+  uint32_t base;  /* pass 1: key stack base; pass 2: next index in order */
+  uint32_t cur;   /* pass 2 arrays: tape index of the next element */
+  bool obj;
+  bool clean; /* pass 1: the parent's "canonical so far" while this is open */
+} frame;
+
+#define OBUF_SIZE 4096
+#define NONE UINT32_MAX
+
+/*
+ * Scratch grows with the arguments it meets, up to the limits, and shrinks
+ * back (ag__jcs_trim): a fresh scratch holds JCS_INITIAL_TOKENS tokens and
+ * JCS_INITIAL_ARENA bytes of arena (about 12 KiB in all); capacity up to the
+ * RETAIN sizes is kept, so ordinary calls allocate nothing once warm, and a
+ * larger call's memory is returned at the next trim.
+ */
+#define JCS_INITIAL_TOKENS 256
+#define JCS_INITIAL_ARENA 2048
+#define JCS_RETAIN_TOKENS 1024
+#define JCS_RETAIN_ARENA 8192
+
+struct ag__jcs {
+  size_t max_bytes;
+  size_t max_tokens;
+  int max_depth;
+  size_t cap_tokens; /* tape entries allocated (<= max_tokens) */
+  size_t cap_keys;   /* keys can be at most half of the tokens, plus one */
+  size_t cap_arena;  /* arena bytes allocated */
+
+  tok *tape;
+  kent *keys;      /* key stack of the open objects */
+  uint32_t *order; /* sorted keys of every closed object, back to back */
+  kent *aux;       /* merge sort buffer */
+  frame *stack;
+  uint8_t *arena; /* decoded keys; number text for strtod_l */
+
+  /* per call */
+  const uint8_t *src;
+  size_t len;
+  size_t arena_len;
+  uint32_t dup_tok; /* pending duplicate key (the second one), or NONE */
+
+  locale_t c_locale;
+  ag__sha256 *sha; /* NULL for scratch made only to canonicalize */
+
+  ag__sink_fn sink; /* NULL: feed ctx */
+  void *user;
+  bool stopped; /* the sink asked to stop */
+  size_t olen;
+  char obuf[OBUF_SIZE + 32]; /* slack for fixed-size copies */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static inline bool is_digit(uint8_t c) {
+  return (uint8_t)(c - '0') < 10;
+}
+
+static inline bool is_ws(uint8_t c) {
+  return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+static inline unsigned ctz64(uint64_t m) {
+#if defined(__GNUC__)
+  return (unsigned)__builtin_ctzll(m);
+#else
+  unsigned n = 0;
+  while (!(m & 1)) {
+    m >>= 1;
+    n++;
+  }
+  return n;
+#endif
+}
+
+static inline size_t skip_ws(const uint8_t *s, size_t len, size_t p) {
+  while (p < len && s[p] <= ' ' && is_ws(s[p]))
+    p++;
+  return p;
+}
+
+static int hexval(uint8_t c) {
+  if (is_digit(c))
+    return c - '0';
+  c |= 0x20;
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  return -1;
+}
+
+/* Four hex digits at s[0..4) (caller checked they exist); -1 if invalid. */
+static long hex4(const uint8_t *s) {
+  long v = 0;
+  for (int i = 0; i < 4; i++) {
+    int h = hexval(s[i]);
+    if (h < 0)
+      return -1;
+    v = v * 16 + h;
+  }
+  return v;
+}
+
+/* As hex4 for s[p..p+4) of a text of `len` bytes: -1 if a digit is not hex,
+ * -2 if the text ends first. */
+static long hex4_checked(const uint8_t *s, size_t len, size_t p) {
+  long v = 0;
+  for (size_t i = 0; i < 4; i++) {
+    if (p + i >= len)
+      return -2;
+    int h = hexval(s[p + i]);
+    if (h < 0)
+      return -1;
+    v = v * 16 + h;
+  }
+  return v;
+}
+
+static size_t utf8_put(uint32_t cp, uint8_t *o) {
+  if (cp < 0x80) {
+    o[0] = (uint8_t)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    o[0] = (uint8_t)(0xC0 | (cp >> 6));
+    o[1] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    o[0] = (uint8_t)(0xE0 | (cp >> 12));
+    o[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+    o[2] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  o[0] = (uint8_t)(0xF0 | (cp >> 18));
+  o[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+  o[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+  o[3] = (uint8_t)(0x80 | (cp & 0x3F));
+  return 4;
+}
+
+/*
+ * Decodes the escape at s[*p] == '\\' of a string validated by pass 1;
+ * advances *p past it and returns the code point.
+ */
+static uint32_t esc_decode(const uint8_t *s, size_t *p) {
+  uint8_t c = s[*p + 1];
+  switch (c) {
+  case 'b':
+    *p += 2;
+    return 0x08;
+  case 'f':
+    *p += 2;
+    return 0x0C;
+  case 'n':
+    *p += 2;
+    return 0x0A;
+  case 'r':
+    *p += 2;
+    return 0x0D;
+  case 't':
+    *p += 2;
+    return 0x09;
+  case 'u': {
+    uint32_t cp = (uint32_t)hex4(s + *p + 2);
+    *p += 6;
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+      uint32_t lo = (uint32_t)hex4(s + *p + 2);
+      *p += 6;
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+    }
+    return cp;
+  }
+  default: /* '"', '\\', '/' */
+    *p += 2;
+    return c;
+  }
+}
+
+/* A byte for an error message: 'c' when printable ASCII, else 0xNN. */
+static const char *show_byte(uint8_t c, char buf[8]) {
+  if (c > 0x20 && c < 0x7F && c != '\'')
+    snprintf(buf, 8, "'%c'", c);
+  else
+    snprintf(buf, 8, "0x%02x", c);
+  return buf;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Key order: UTF-16 code units                                             */
+/* ------------------------------------------------------------------------ */
+
+static inline const uint8_t *key_bytes(const ag__jcs *j, const tok *t,
+                                       size_t *n) {
+  *n = t->w[0];
+  if (t->flags & F_ESC)
+    return j->arena + t->w[1];
+  return j->src + t->off;
+}
+
+/* Rank of a byte: UTF-8 byte order with the lead bytes EE/EF moved past
+ * F0..F4 (to F5/F6, which never occur in UTF-8). */
+static inline uint8_t key_rank(uint8_t c) {
+  return (c == 0xEE || c == 0xEF) ? (uint8_t)(c + 7) : c;
+}
+
+/* The first 8 bytes of a key, ranked, as a big-endian number (zero padded):
+ * different prefixes order the keys; equal ones need key_cmp. `limit` is the
+ * end of the buffer holding the key: reading up to it is allowed. */
+static uint64_t key_prefix(const uint8_t *b, size_t n, const uint8_t *limit) {
+  uint64_t x = 0;
+  if (limit - b >= 8) {
+    /* One load, then drop the bytes past the key (no byte loop, and no
+     * store-to-load stall through a stack buffer). */
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) &&                            \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(&x, b, 8);
+    x = __builtin_bswap64(x);
+#else
+    for (int i = 0; i < 8; i++)
+      x = x << 8 | b[i];
+#endif
+    if (n < 8)
+      x = n == 0 ? 0 : x & ~(~0ULL >> (8 * n));
+  } else {
+    for (size_t i = 0; i < 8; i++)
+      x = x << 8 | (i < n ? b[i] : 0);
+  }
+  if (x & 0x8080808080808080ULL) {
+    uint64_t y = 0;
+    for (int i = 7; i >= 0; i--)
+      y = y << 8 | key_rank((uint8_t)(x >> (8 * i)));
+    x = y;
+  }
+  return x;
+}
+
+static int key_cmp(const ag__jcs *j, uint32_t ia, uint32_t ib) {
+  size_t na, nb;
+  const uint8_t *a = key_bytes(j, &j->tape[ia], &na);
+  const uint8_t *b = key_bytes(j, &j->tape[ib], &nb);
+  size_t n = na < nb ? na : nb;
+  size_t i = 0;
+  while (i + 8 <= n) {
+    uint64_t x, y;
+    memcpy(&x, a + i, 8);
+    memcpy(&y, b + i, 8);
+    if (x != y)
+      break;
+    i += 8;
+  }
+  for (; i < n; i++) {
+    if (a[i] != b[i])
+      return key_rank(a[i]) < key_rank(b[i]) ? -1 : 1;
+  }
+  return na < nb ? -1 : (na > nb ? 1 : 0);
+}
+
+static inline int kent_cmp(const ag__jcs *j, const kent *a, const kent *b) {
+  if (a->prefix != b->prefix)
+    return a->prefix < b->prefix ? -1 : 1;
+  return key_cmp(j, a->tok, b->tok);
+}
+
+static void insertion_sort(const ag__jcs *j, kent *v, size_t n) {
+  for (size_t i = 1; i < n; i++) {
+    kent x = v[i];
+    size_t k = i;
+    while (k > 0 && kent_cmp(j, &v[k - 1], &x) > 0) {
+      v[k] = v[k - 1];
+      k--;
+    }
+    v[k] = x;
+  }
+}
+
+#define RUN 16
+
+/* Stable: equal keys stay in source order, so the later one is the dup. */
+static void sort_keys(const ag__jcs *j, kent *v, size_t n) {
+  if (n <= RUN) {
+    insertion_sort(j, v, n);
+    return;
+  }
+  for (size_t i = 0; i < n; i += RUN)
+    insertion_sort(j, v + i, n - i < RUN ? n - i : RUN);
+  kent *from = v, *to = j->aux;
+  for (size_t width = RUN; width < n; width *= 2) {
+    for (size_t lo = 0; lo < n; lo += 2 * width) {
+      size_t mid = lo + width < n ? lo + width : n;
+      size_t hi = lo + 2 * width < n ? lo + 2 * width : n;
+      size_t a = lo, b = mid, o = lo;
+      while (a < mid && b < hi)
+        to[o++] = kent_cmp(j, &from[b], &from[a]) < 0 ? from[b++] : from[a++];
+      while (a < mid)
+        to[o++] = from[a++];
+      while (b < hi)
+        to[o++] = from[b++];
+    }
+    kent *t = from;
+    from = to;
+    to = t;
+  }
+  if (from != v)
+    memcpy(v, from, n * sizeof(*v));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Numbers                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Decimal exponents for which 15 significant digits always round-trip. */
+#define TEXT_EXP_MIN (-300)
+#define TEXT_EXP_MAX 300
+#define EXP_SATURATE 1000000000000000LL
+
+/*
+ * For a validated number literal s[0..len): when it has at most 15
+ * significant digits and a decimal exponent in the safe range (or is zero),
+ * sets d[0..*k) to its significant digits without trailing zeros, *n so that
+ * the value is 0.d * 10^n, *neg, and returns true (*k == 0 for zero).
+ * Returns false when the double has to be computed.
+ */
+static bool num_text(const uint8_t *s, size_t len, char d[15], int *k, long *n,
+                     bool *neg) {
+  size_t i = 0;
+  int64_t int_digits = 0, lz = 0, sig = 0, last = 0;
+  bool seen = false;
+  *neg = false;
+  if (s[0] == '-') {
+    *neg = true;
+    i = 1;
+  }
+  for (bool frac = false;; i++) {
+    if (i < len && s[i] == '.' && !frac) {
+      frac = true;
+      continue;
+    }
+    if (i >= len || !is_digit(s[i]))
+      break;
+    uint8_t c = s[i];
+    if (!frac)
+      int_digits++;
+    if (!seen) {
+      if (c == '0') {
+        lz++;
+        continue;
+      }
+      seen = true;
+    }
+    if (sig < 15)
+      d[sig] = (char)c;
+    else if (c != '0')
+      return false;
+    sig++;
+    if (c != '0')
+      last = sig;
+  }
+  int64_t e = 0;
+  if (i < len && (s[i] | 0x20) == 'e') {
+    bool eneg = false;
+    i++;
+    if (s[i] == '+' || s[i] == '-') {
+      eneg = s[i] == '-';
+      i++;
+    }
+    for (; i < len && is_digit(s[i]); i++)
+      if (e < EXP_SATURATE)
+        e = e * 10 + (s[i] - '0');
+    if (eneg)
+      e = -e;
+  }
+  if (!seen) {
+    *k = 0;
+    *n = 0;
+    return true;
+  }
+  int64_t nn = int_digits - lz + e;
+  if (nn < TEXT_EXP_MIN || nn > TEXT_EXP_MAX)
+    return false;
+  *k = (int)last;
+  *n = (long)nn;
+  return true;
+}
+
+/*
+ * Lays out k significant digits d with exponent n (value 0.d * 10^n) as
+ * ECMAScript's Number.prototype.toString does. `o` needs 32 bytes.
+ */
+static size_t num_layout(char *o, bool neg, const char *d, int k, long n) {
+  char *p = o;
+  if (k == 0) {
+    o[0] = '0';
+    return 1;
+  }
+  if (neg)
+    *p++ = '-';
+  if (k <= n && n <= 21) {
+    memcpy(p, d, (size_t)k);
+    p += k;
+    memset(p, '0', (size_t)(n - k));
+    p += n - k;
+  } else if (0 < n && n <= 21) {
+    memcpy(p, d, (size_t)n);
+    p += n;
+    *p++ = '.';
+    memcpy(p, d + n, (size_t)(k - n));
+    p += k - n;
+  } else if (-6 < n && n <= 0) {
+    *p++ = '0';
+    *p++ = '.';
+    memset(p, '0', (size_t)-n);
+    p += -n;
+    memcpy(p, d, (size_t)k);
+    p += k;
+  } else {
+    long e = n - 1;
+    *p++ = d[0];
+    if (k > 1) {
+      *p++ = '.';
+      memcpy(p, d + 1, (size_t)(k - 1));
+      p += k - 1;
+    }
+    *p++ = 'e';
+    *p++ = e < 0 ? '-' : '+';
+    if (e < 0)
+      e = -e;
+    char tmp[8];
+    int t = 0;
+    do {
+      tmp[t++] = (char)('0' + e % 10);
+      e /= 10;
+    } while (e > 0);
+    while (t > 0)
+      *p++ = tmp[--t];
+  }
+  return (size_t)(p - o);
+}
+
+/*
+ * The ECMAScript text of a finite double into o[32]: the fewest significant
+ * digits (15 with trailing zeros dropped, else 16, else 17) whose correctly
+ * rounded decimal reads back as v. printf's decimal point depends on the
+ * process locale, so only its digits and exponent are used; the round-trip
+ * check builds its own text and reads it with strtod_l in the "C" locale.
+ */
+static size_t num_double(const ag__jcs *j, double v, char *o) {
+  if (v == 0)
+    return num_layout(o, false, "", 0, 0);
+  char buf[64], d[17], rt[40];
+  int k = 0;
+  long ex = 0;
+  /* A normal double's shortest form has at most 15 digits exactly when its
+   * 15-digit rounding reads back; subnormals carry fewer digits, so for them
+   * every length is tried. */
+  int first = fabs(v) < DBL_MIN ? 0 : 14;
+  for (int prec = first; prec <= 16; prec++) {
+    snprintf(buf, sizeof(buf), "%.*e", prec, v);
+    k = 0;
+    const char *p = buf;
+    while (*p && *p != 'e' && *p != 'E') {
+      if (is_digit((uint8_t)*p) && k < 17)
+        d[k++] = *p;
+      p++;
+    }
+    ex = (*p) ? strtol(p + 1, NULL, 10) : 0;
+    if (prec == 16)
+      break;
+    int r = snprintf(rt, sizeof(rt), "%s%.*se%ld", v < 0 ? "-" : "", k, d,
+                     ex - (k - 1));
+    if (r > 0 && (size_t)r < sizeof(rt) && strtod_l(rt, NULL, j->c_locale) == v)
+      break;
+  }
+  while (k > 1 && d[k - 1] == '0')
+    k--;
+  return num_layout(o, v < 0, d, k, ex + 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pass 1: tokenize and validate                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Errors are reported in source order: a pending duplicate key is earlier
+ * than anything found after it. */
+static ag_err_t dup_error(ag__jcs *j, ag_error_t *err) {
+  const tok *t = &j->tape[j->dup_tok];
+  size_t n;
+  const uint8_t *b = key_bytes(j, t, &n);
+  char shown[64];
+  size_t o = 0, i = 0;
+  /* The key as JSON string content, cut at a character boundary. */
+  while (i < n) {
+    uint8_t c = b[i];
+    size_t step = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (o + 7 > sizeof(shown) - 4)
+      break;
+    if (c < 0x20 || c == '"' || c == '\\' || c == 0x7F)
+      o += (size_t)snprintf(shown + o, sizeof(shown) - o, "\\u%04x", c);
+    else {
+      memcpy(shown + o, b + i, step);
+      o += step;
+    }
+    i += step;
+  }
+  shown[o] = '\0';
+  return ag__set_error(err, AG_EDUPKEY, (long)t->off - 1,
+                       "arguments: duplicate key \"%s%s\" at byte %ld", shown,
+                       i < n ? "..." : "", (long)t->off - 1);
+}
+
+#define FAIL(code, pos, ...)                                                   \
+  return (j->dup_tok != NONE                                                   \
+              ? dup_error(j, err)                                              \
+              : ag__set_error(err, code, (long)(pos), __VA_ARGS__))
+
+/* What scan_string found in a string. */
+enum {
+  S_ESC = 1,    /* some escape: keys must be decoded to be compared */
+  S_REWRITE = 2 /* an escape JCS writes differently (\/ or \u) */
+};
+
+/*
+ * Block scanner for strings with escapes. Per 64-byte block it builds four
+ * bit masks (quotes, backslashes, the letters of canonical escapes, and
+ * "attention" bytes: controls and non-ASCII), finds the escaped bytes with
+ * carries instead of branches (simdjson's odd-backslash-run trick), and so
+ * finds the closing quote without a branch per escape. Only the rarer items
+ * get a look each: an escape JCS rewrites (\/, and \u: hex digits and
+ * surrogate pairs) and a non-ASCII lead byte (UTF-8 validation). Anything
+ * wrong - a control byte, a bad escape or sequence, the end of the input -
+ * hands over to the byte scanner in scan_string, which finds the exact error.
+ */
+#if defined(__SSE2__)
+static inline uint64_t mm_bits(__m128i m, int i) {
+  return (uint64_t)(uint16_t)_mm_movemask_epi8(m) << (16 * i);
+}
+
+static inline void block_masks(const uint8_t *b, uint64_t *q, uint64_t *bs,
+                               uint64_t *att, uint64_t *keep) {
+  uint64_t mq = 0, mb = 0, ma = 0, mk = 0;
+  for (int i = 0; i < 4; i++) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(b + 16 * i));
+    __m128i eq = _mm_cmpeq_epi8(x, _mm_set1_epi8('"'));
+    __m128i eb = _mm_cmpeq_epi8(x, _mm_set1_epi8('\\'));
+    __m128i k = _mm_or_si128(
+        _mm_or_si128(_mm_or_si128(eq, eb),
+                     _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('n')),
+                                  _mm_cmpeq_epi8(x, _mm_set1_epi8('t')))),
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8('r')),
+                                  _mm_cmpeq_epi8(x, _mm_set1_epi8('b'))),
+                     _mm_cmpeq_epi8(x, _mm_set1_epi8('f'))));
+    mq |= mm_bits(eq, i);
+    mb |= mm_bits(eb, i);
+    mk |= mm_bits(k, i);
+    /* signed compare: 0x80..0xFF are negative, so this flags both kinds */
+    ma |= mm_bits(_mm_cmplt_epi8(x, _mm_set1_epi8(0x20)), i);
+  }
+  *q = mq;
+  *bs = mb;
+  *att = ma;
+  *keep = mk;
+}
+#else
+/* Portable: exact per-byte flags in the high bits, gathered by a multiply. */
+static inline uint64_t load_le64(const uint8_t *b) {
+  uint64_t x = 0;
+  for (int i = 7; i >= 0; i--)
+    x = (x << 8) | b[i];
+  return x;
+}
+
+static inline uint64_t gather8(uint64_t m) {
+  return ((m >> 7) * 0x0102040810204080ULL) >> 56;
+}
+
+static inline uint64_t eq_bytes(uint64_t x, uint8_t c) {
+  const uint64_t lo7 = 0x7F7F7F7F7F7F7F7FULL;
+  uint64_t t = x ^ (0x0101010101010101ULL * c);
+  return ~(((t & lo7) + lo7) | t | lo7);
+}
+
+static inline void block_masks(const uint8_t *b, uint64_t *q, uint64_t *bs,
+                               uint64_t *att, uint64_t *keep) {
+  const uint64_t lo7 = 0x7F7F7F7F7F7F7F7FULL, high = 0x8080808080808080ULL;
+  uint64_t mq = 0, mb = 0, ma = 0, mk = 0;
+  for (int i = 0; i < 8; i++) {
+    uint64_t x = load_le64(b + 8 * i);
+    uint64_t eq = eq_bytes(x, '"'), eb = eq_bytes(x, '\\');
+    uint64_t k = eq | eb | eq_bytes(x, 'n') | eq_bytes(x, 't') |
+                 eq_bytes(x, 'r') | eq_bytes(x, 'b') | eq_bytes(x, 'f');
+    mq |= gather8(eq) << (8 * i);
+    mb |= gather8(eb) << (8 * i);
+    mk |= gather8(k) << (8 * i);
+    ma |= gather8((~((x & lo7) + 0x6060606060606060ULL) | x) & high) << (8 * i);
+  }
+  *q = mq;
+  *bs = mb;
+  *att = ma;
+  *keep = mk;
+}
+#endif
+
+/*
+ * Scans from s[*pp] (an unescaped position inside a string). Returns true
+ * and sets *endp at the closing quote when the rest of the string is valid;
+ * otherwise returns false with *pp at a position where the byte scanner can
+ * resume: the start of the block it could not handle, or the start of the
+ * escape or UTF-8 sequence that spills into that block.
+ */
+static bool scan_block(const uint8_t *s, size_t len, size_t *pp, size_t *endp,
+                       int *found) {
+  const uint64_t even = 0x5555555555555555ULL;
+  uint64_t carry = 0; /* 1 when the block's first byte is escaped */
+  unsigned cont = 0;  /* continuation bytes spilled into the block */
+  size_t skip_u = 0;  /* the 'u' of a low surrogate already checked */
+  size_t p = *pp, resume = *pp;
+  uint8_t pad[64];
+  for (;;) {
+    const uint8_t *b = s + p;
+    size_t avail = len - p;
+    uint64_t valid = ~0ULL;
+    if (avail < 64) {
+      if (avail > 0)
+        memcpy(pad, b, avail);
+      memset(pad + avail, ' ', 64 - avail);
+      b = pad;
+      valid = (1ULL << avail) - 1;
+    }
+    uint64_t q, bs, att, keep;
+    block_masks(b, &q, &bs, &att, &keep);
+    /* escaped = bytes preceded by an odd run of backslashes */
+    uint64_t carry_in = carry;
+    bs &= ~carry_in;
+    uint64_t follows = (bs << 1) | carry_in;
+    uint64_t odd_starts = bs & ~even & ~follows;
+    uint64_t even_seq = odd_starts + bs;
+    carry = even_seq < bs; /* overflow: the last backslash escapes on */
+    uint64_t escaped = (even ^ (even_seq << 1)) & follows;
+
+    uint64_t qe = q & ~escaped & valid;
+    uint64_t before = qe ? (qe & (0 - qe)) - 1 : valid;
+    if (qe == 0 && avail <= 64)
+      goto fallback; /* the input ends inside the string */
+    uint64_t esc = escaped & before;
+    if (esc)
+      *found |= S_ESC;
+    /* Escapes other than the canonical ones: \u, \/ or invalid. */
+    for (uint64_t m = esc & ~keep; m != 0; m &= m - 1) {
+      size_t u = p + ctz64(m);
+      if (b[u - p] == '/') {
+        *found |= S_REWRITE;
+        continue;
+      }
+      if (b[u - p] != 'u')
+        goto fallback;
+      *found |= S_REWRITE;
+      if (u == skip_u)
+        continue;
+      long cp = hex4_checked(s, len, u + 1);
+      if (cp < 0 || (cp >= 0xDC00 && cp <= 0xDFFF))
+        goto fallback;
+      if (cp >= 0xD800 && cp <= 0xDBFF) {
+        long lo = -1;
+        if (len - u >= 7 && s[u + 5] == '\\' && s[u + 6] == 'u')
+          lo = hex4_checked(s, len, u + 7);
+        if (lo < 0xDC00 || lo > 0xDFFF)
+          goto fallback;
+        skip_u = u + 6;
+      }
+    }
+    /* Controls (errors) and non-ASCII (validated sequence by sequence). */
+    uint64_t h = att & before & ~((1ULL << cont) - 1);
+    size_t lead = 0;
+    cont = 0;
+    while (h != 0) {
+      unsigned i = ctz64(h);
+      size_t n = b[i] >= 0x80 ? ag__utf8_seq(s + p + i, len - p - i) : 0;
+      if (n == 0)
+        goto fallback;
+      if (i + n > 64) {
+        cont = (unsigned)(i + n - 64);
+        lead = p + i;
+        break;
+      }
+      h &= ~(((1ULL << n) - 1) << i);
+    }
+    if (qe) {
+      *endp = p + ctz64(qe);
+      return true;
+    }
+    p += 64;
+    resume = p;
+    if (carry)
+      resume = p - 1;
+    if (cont)
+      resume = lead;
+    if (skip_u >= p && skip_u - 7 < resume)
+      resume = skip_u - 7;
+    continue;
+  fallback:
+    *pp = resume;
+    return false;
+  }
+}
+
+/*
+ * Position of the first byte at or after p that is '"', '\\', a control or
+ * non-ASCII byte, or len. 16 bytes at a time with SSE2, else 8 with SWAR
+ * (borrows only flag bytes above a true hit, so the lowest flag is right).
+ */
+static inline size_t find_special(const uint8_t *s, size_t len, size_t p) {
+#if defined(__SSE2__)
+  const __m128i vq = _mm_set1_epi8('"'), vb = _mm_set1_epi8('\\'),
+                v20 = _mm_set1_epi8(0x20);
+  while (len - p >= 16) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + p));
+    __m128i m =
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, vq), _mm_cmpeq_epi8(x, vb)),
+                     _mm_cmplt_epi8(x, v20));
+    unsigned bits = (unsigned)_mm_movemask_epi8(m);
+    if (bits != 0)
+      return p + ctz64(bits);
+    p += 16;
+  }
+  if (p < len && len >= 16) {
+    /* The tail: one load ending at len, ignoring the bytes before p. */
+    size_t base = len - 16;
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + base));
+    __m128i m =
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, vq), _mm_cmpeq_epi8(x, vb)),
+                     _mm_cmplt_epi8(x, v20));
+    unsigned bits = (unsigned)_mm_movemask_epi8(m) >> (p - base);
+    return bits != 0 ? p + ctz64(bits) : len;
+  }
+#endif
+  const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+  while (len - p >= 8) {
+    uint64_t x;
+    memcpy(&x, s + p, 8);
+    uint64_t xq = x ^ (ones * '"'), xb = x ^ (ones * '\\');
+    uint64_t m =
+        (((xq - ones) & ~xq) | ((xb - ones) & ~xb) | (x - ones * 0x20) | x) &
+        high;
+    if (m != 0) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) &&                            \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+      return p + (ctz64(m) >> 3);
+#else
+      break;
+#endif
+    }
+    p += 8;
+  }
+  while (p < len && s[p] != '"' && s[p] != '\\' && s[p] >= 0x20 && s[p] < 0x80)
+    p++;
+  return p;
+}
+
+/*
+ * Scans the string whose opening quote is at q, from p (an unescaped
+ * position; the caller has skipped plain bytes). On success sets *endp to
+ * the closing quote and *found to S_* bits. \" \\ \b \f \n \r \t are
+ * already in canonical form, so a value that has only those is copied
+ * verbatim.
+ */
+static ag_err_t scan_string(ag__jcs *j, size_t q, size_t p, size_t *endp,
+                            int *found, ag_error_t *err) {
+  const uint8_t *s = j->src;
+  const size_t len = j->len;
+  size_t block_from = 0;
+  int e = 0;
+  char cb[8];
+  for (;;) {
+    p = find_special(s, len, p);
+    if (p >= len)
+      FAIL(AG_EJSON, len,
+           "arguments: unexpected end of input at byte %zu in the string "
+           "starting at byte %zu",
+           len, q);
+    uint8_t c = s[p];
+    if (c == '"') {
+      *endp = p;
+      *found = e;
+      return AG_OK;
+    }
+    if (c == '\\') {
+      if (p >= block_from) {
+        if (scan_block(s, len, &p, endp, &e)) {
+          *found = e;
+          return AG_OK;
+        }
+        block_from = p + 64; /* resume bytewise; retry blocks later */
+        continue;
+      }
+      e |= S_ESC;
+      if (len - p < 2)
+        FAIL(AG_EJSON, len,
+             "arguments: unexpected end of input at byte %zu in the string "
+             "starting at byte %zu",
+             len, q);
+      uint8_t x = s[p + 1];
+      if (x == 'n' || x == '"' || x == '\\' || x == 't' || x == 'r' ||
+          x == 'b' || x == 'f') {
+        p += 2;
+        continue;
+      }
+      e |= S_REWRITE;
+      if (x == 'u') {
+        long cp = hex4_checked(s, len, p + 2);
+        if (cp == -2)
+          FAIL(AG_EJSON, len,
+               "arguments: unexpected end of input at byte %zu in a \\u "
+               "escape",
+               len);
+        if (cp < 0)
+          FAIL(AG_EJSON, p, "arguments: invalid \\u escape at byte %zu", p);
+        if (cp >= 0xDC00 && cp <= 0xDFFF)
+          FAIL(AG_EUTF8, p,
+               "arguments: lone low surrogate \\u%04lx at byte %zu", cp, p);
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+          if (len - p >= 8 && s[p + 6] == '\\' && s[p + 7] == 'u') {
+            long lo = hex4_checked(s, len, p + 8);
+            if (lo == -2)
+              FAIL(AG_EJSON, len,
+                   "arguments: unexpected end of input at byte %zu in a \\u "
+                   "escape",
+                   len);
+            if (lo < 0)
+              FAIL(AG_EJSON, p + 6, "arguments: invalid \\u escape at byte %zu",
+                   p + 6);
+            if (lo >= 0xDC00 && lo <= 0xDFFF) {
+              p += 12;
+              continue;
+            }
+          }
+          FAIL(AG_EUTF8, p,
+               "arguments: lone high surrogate \\u%04lx at byte %zu", cp, p);
+        }
+        p += 6;
+        continue;
+      }
+      if (x == '/') {
+        p += 2;
+        continue;
+      }
+      FAIL(AG_EJSON, p, "arguments: invalid escape \\%s at byte %zu",
+           show_byte(x, cb), p);
+    }
+    if (c < 0x20)
+      FAIL(AG_EJSON, p,
+           "arguments: unescaped control character 0x%02x in a string at "
+           "byte %zu",
+           c, p);
+    if (c >= 0x80) {
+      size_t n = ag__utf8_seq(s + p, len - p);
+      if (n == 0)
+        FAIL(AG_EUTF8, p, "arguments: invalid UTF-8 byte 0x%02x at byte %zu", c,
+             p);
+      p += n;
+      continue;
+    }
+    p++; /* not reached: find_special stops only at the bytes above */
+  }
+}
+
+/* Decodes the (validated) string content s[a..b), escapes and all, into
+ * `o`, which has room for b - a bytes; returns the bytes written. */
+static size_t decode_escaped(const uint8_t *s, size_t a, size_t b, uint8_t *o) {
+  uint8_t *o0 = o;
+  size_t p = a;
+  while (p < b) {
+    const uint8_t *bs = memchr(s + p, '\\', b - p);
+    size_t run = bs ? (size_t)(bs - (s + p)) : b - p;
+    memcpy(o, s + p, run);
+    o += run;
+    p += run;
+    if (p < b)
+      o += utf8_put(esc_decode(s, &p), o);
+  }
+  return (size_t)(o - o0);
+}
+
+/* Decodes the escaped key content s[a..b) into the arena. */
+static void decode_key(ag__jcs *j, tok *t, size_t a, size_t b) {
+  size_t n = decode_escaped(j->src, a, b, j->arena + j->arena_len);
+  t->w[1] = (uint32_t)j->arena_len;
+  t->w[0] = (uint32_t)n;
+  j->arena_len += n;
+}
+
+/* Sorts the keys of the object in frame f, checks duplicates, stores the
+ * sorted list in `order`. Returns true when the source order was already
+ * strictly ascending (sorted, no duplicates). */
+static bool close_object(ag__jcs *j, const frame *f, size_t *norder) {
+  kent *v = j->keys + f->base;
+  size_t n = f->count;
+  bool sorted = true;
+  for (size_t i = 1; i < n && sorted; i++)
+    sorted = kent_cmp(j, &v[i - 1], &v[i]) < 0;
+  if (!sorted) {
+    sort_keys(j, v, n);
+    for (size_t i = 1; i < n; i++) {
+      if (v[i - 1].prefix == v[i].prefix &&
+          key_cmp(j, v[i - 1].tok, v[i].tok) == 0 &&
+          (j->dup_tok == NONE ||
+           j->tape[v[i].tok].off < j->tape[j->dup_tok].off))
+        j->dup_tok = v[i].tok;
+    }
+  }
+  tok *t = &j->tape[f->tok];
+  uint32_t *o = j->order + *norder;
+  for (size_t i = 0; i < n; i++)
+    o[i] = v[i].tok;
+  t->off = (uint32_t)*norder;
+  *norder += n;
+  return sorted;
+}
+
+static ag_err_t parse_number(ag__jcs *j, size_t start, size_t *endp, tok *t,
+                             ag_error_t *err) {
+  const uint8_t *s = j->src;
+  const size_t len = j->len;
+  size_t p = start;
+  bool is_int = true;
+  if (s[p] == '-')
+    p++;
+  if (p >= len || !is_digit(s[p]))
+    FAIL(AG_EJSON, p,
+         "arguments: invalid number at byte %zu (expected a digit)", p);
+  if (s[p] == '0') {
+    p++;
+    if (p < len && is_digit(s[p]))
+      FAIL(AG_EJSON, start, "arguments: number with a leading zero at byte %zu",
+           start);
+  } else {
+    while (p < len && is_digit(s[p]))
+      p++;
+  }
+  size_t int_end = p;
+  if (p < len && s[p] == '.') {
+    p++;
+    if (p >= len || !is_digit(s[p]))
+      FAIL(AG_EJSON, p,
+           "arguments: invalid number at byte %zu (expected a digit after "
+           "'.')",
+           p);
+    while (p < len && is_digit(s[p]))
+      p++;
+    is_int = false;
+  }
+  if (p < len && (s[p] | 0x20) == 'e') {
+    p++;
+    if (p < len && (s[p] == '+' || s[p] == '-'))
+      p++;
+    if (p >= len || !is_digit(s[p]))
+      FAIL(AG_EJSON, p,
+           "arguments: invalid number at byte %zu (expected an exponent "
+           "digit)",
+           p);
+    while (p < len && is_digit(s[p]))
+      p++;
+    is_int = false;
+  }
+  t->type = T_NUM;
+  t->off = (uint32_t)start;
+  t->w[0] = (uint32_t)(p - start);
+  *endp = p;
+  size_t ndig = int_end - start - (s[start] == '-');
+  if (is_int && ndig <= 15 &&
+      !(p - start == 2 && s[start] == '-' && s[start + 1] == '0')) {
+    t->flags = F_NUM_INT;
+    return AG_OK;
+  }
+  char d[15];
+  int k;
+  long n;
+  bool neg;
+  if (num_text(s + start, p - start, d, &k, &n, &neg)) {
+    t->flags = F_NUM_TEXT;
+    return AG_OK;
+  }
+  /* strtod_l needs a terminated copy; the arena has room: decoded keys so
+   * far plus this literal are at most the input length. */
+  char *tmp = (char *)j->arena + j->arena_len;
+  memcpy(tmp, s + start, p - start);
+  tmp[p - start] = '\0';
+  double v = strtod_l(tmp, NULL, j->c_locale);
+  if (isinf(v))
+    FAIL(AG_ENUMBER, start,
+         "arguments: number out of the range of a double at byte %zu", start);
+  t->flags = F_NUM_DBL;
+  memcpy(t->w, &v, sizeof(v));
+  return AG_OK;
+}
+
+/* Skips whitespace at p; inside a container, whitespace means its source
+ * text is not canonical. */
+#define SKIP_WS()                                                              \
+  do {                                                                         \
+    if (p < len && s[p] <= ' ' && is_ws(s[p])) {                               \
+      p = skip_ws(s, len, p);                                                  \
+      clean = false;                                                           \
+    }                                                                          \
+  } while (0)
+
+/* Sizes the token arrays for `cap` tokens (allocation: only when a call has
+ * more values than any since the last trim). */
+static ag_err_t size_tokens(ag__jcs *j, size_t cap) {
+  size_t keys = cap / 2 + 1;
+  tok *t = realloc(j->tape, cap * sizeof(tok));
+  if (t != NULL)
+    j->tape = t;
+  kent *k = realloc(j->keys, keys * sizeof(kent));
+  if (k != NULL)
+    j->keys = k;
+  uint32_t *o = realloc(j->order, keys * sizeof(uint32_t));
+  if (o != NULL)
+    j->order = o;
+  kent *a = realloc(j->aux, keys * sizeof(kent));
+  if (a != NULL)
+    j->aux = a;
+  if (t == NULL || k == NULL || o == NULL || a == NULL)
+    return AG_ENOMEM; /* the arrays keep at least their old capacity */
+  j->cap_tokens = cap;
+  j->cap_keys = keys;
+  return AG_OK;
+}
+
+/* The tape is full at token `nt` (< max_tokens): doubles it. */
+static ag_err_t grow_tokens(ag__jcs *j, size_t nt, ag_error_t *err) {
+  size_t cap = j->cap_tokens * 2 > nt + 1 ? j->cap_tokens * 2 : nt + 1;
+  if (cap > j->max_tokens)
+    cap = j->max_tokens;
+  if (size_tokens(j, cap) != AG_OK)
+    return ag__set_error(err, AG_ENOMEM, -1, "arguments: out of memory");
+  return AG_OK;
+}
+
+/* Sizes the arena for `cap` bytes; its content does not outlive a call. */
+static ag_err_t size_arena(ag__jcs *j, size_t cap) {
+  uint8_t *a = calloc(1, cap); /* key_prefix may read past a key */
+  if (a == NULL)
+    return AG_ENOMEM;
+  free(j->arena);
+  j->arena = a;
+  j->cap_arena = cap;
+  return AG_OK;
+}
+
+void ag__jcs_trim(ag__jcs *j) {
+  if (j->cap_tokens > JCS_RETAIN_TOKENS) {
+    size_t cap =
+        JCS_INITIAL_TOKENS < j->max_tokens ? JCS_INITIAL_TOKENS : j->max_tokens;
+    (void)size_tokens(j, cap); /* a shrink that fails keeps the memory */
+  }
+  if (j->cap_arena > JCS_RETAIN_ARENA)
+    (void)size_arena(j, JCS_INITIAL_ARENA);
+}
+
+static ag_err_t tokenize(ag__jcs *j, size_t *ntok, ag_error_t *err) {
+  const uint8_t *s = j->src;
+  const size_t len = j->len;
+  const size_t max_tokens = j->max_tokens;
+  tok *tape = j->tape;
+  size_t p = 0, nt = 0, nkeys = 0, norder = 0, depth = 0;
+  frame *f = NULL;
+  tok *ct;           /* the container being closed */
+  uint32_t start;    /* its first byte */
+  bool clean = true; /* the innermost open container is canonical so far */
+  ag_err_t rc;
+  char cb[8];
+
+  j->arena_len = 0;
+  j->dup_tok = NONE;
+
+value:
+  SKIP_WS();
+  if (p >= len)
+    FAIL(AG_EJSON, len,
+         "arguments: unexpected end of input at byte %zu (expected a value)",
+         len);
+  if (nt >= j->cap_tokens) {
+    if (nt >= max_tokens)
+      FAIL(AG_ETOOBIG, p, "arguments: more than %zu values at byte %zu",
+           max_tokens, p);
+    if ((rc = grow_tokens(j, nt, err)) != AG_OK)
+      return rc;
+    tape = j->tape;
+  }
+  {
+    tok *t = &tape[nt];
+    uint8_t c = s[p];
+    if (c == '"') {
+      size_t end = find_special(s, len, p + 1);
+      int found = 0;
+      if (end >= len || s[end] != '"')
+        if ((rc = scan_string(j, p, end, &end, &found, err)) != AG_OK)
+          return rc;
+      t->type = T_STR;
+      t->flags = (found & S_REWRITE) ? F_ESC : 0;
+      clean &= !(found & S_REWRITE);
+      t->off = (uint32_t)(p + 1);
+      t->w[0] = (uint32_t)(end - p - 1);
+      p = end + 1;
+      nt++;
+      goto after;
+    }
+    if (is_digit(c) || c == '-') {
+      /* Fast path: a short plain integer is its own canonical form. */
+      size_t d0 = p + (c == '-'), e = d0;
+      while (e < len && is_digit(s[e]))
+        e++;
+      size_t nd = e - d0;
+      if (nd >= 1 && nd <= 15 && (s[d0] != '0' || (nd == 1 && c != '-')) &&
+          (e >= len || (s[e] != '.' && (s[e] | 0x20) != 'e'))) {
+        t->type = T_NUM;
+        t->flags = F_NUM_INT;
+        t->off = (uint32_t)p;
+        t->w[0] = (uint32_t)(e - p);
+        p = e;
+        nt++;
+        goto after;
+      }
+      if ((rc = parse_number(j, p, &p, t, err)) != AG_OK)
+        return rc;
+      clean &= t->flags == F_NUM_INT;
+      nt++;
+      goto after;
+    }
+    t->flags = 0;
+    switch (c) {
+    case '{':
+    case '[':
+      if (depth >= (size_t)j->max_depth)
+        FAIL(AG_EDEPTH, p, "arguments: nesting deeper than %d at byte %zu",
+             j->max_depth, p);
+      t->type = c == '{' ? T_OBJ : T_ARR;
+      t->off = (uint32_t)p;
+      f = &j->stack[depth++];
+      f->tok = (uint32_t)nt++;
+      f->count = 0;
+      f->base = (uint32_t)nkeys;
+      f->obj = c == '{';
+      f->clean = clean;
+      clean = true;
+      p++;
+      SKIP_WS();
+      if (p < len && s[p] == (f->obj ? '}' : ']')) {
+        p++;
+        goto close;
+      }
+      if (f->obj)
+        goto key;
+      goto value;
+    case 't':
+    case 'f':
+    case 'n': {
+      const char *lit = c == 't' ? "true" : c == 'f' ? "false" : "null";
+      size_t n = c == 'f' ? 5 : 4;
+      if (len - p < n || memcmp(s + p, lit, n) != 0)
+        FAIL(AG_EJSON, p,
+             "arguments: invalid literal at byte %zu (expected true, false "
+             "or null)",
+             p);
+      t->type = c == 't' ? T_TRUE : c == 'f' ? T_FALSE : T_NULL;
+      t->off = (uint32_t)p;
+      p += n;
+      nt++;
+      goto after;
+    }
+    default:
+      FAIL(AG_EJSON, p,
+           "arguments: unexpected character %s at byte %zu (expected a "
+           "value)",
+           show_byte(c, cb), p);
+    }
+  }
+
+key: /* p is at the expected '"' of a key (whitespace skipped) */
+  if (p >= len)
+    FAIL(AG_EJSON, len,
+         "arguments: unexpected end of input at byte %zu (expected a string "
+         "key)",
+         len);
+  if (s[p] != '"')
+    FAIL(AG_EJSON, p,
+         "arguments: unexpected character %s at byte %zu (expected a "
+         "string key)",
+         show_byte(s[p], cb), p);
+  if (nt >= j->cap_tokens) {
+    if (nt >= max_tokens)
+      FAIL(AG_ETOOBIG, p, "arguments: more than %zu values at byte %zu",
+           max_tokens, p);
+    if ((rc = grow_tokens(j, nt, err)) != AG_OK)
+      return rc;
+    tape = j->tape;
+  }
+  {
+    tok *t = &tape[nt];
+    size_t end = find_special(s, len, p + 1);
+    int found = 0;
+    if (end >= len || s[end] != '"')
+      if ((rc = scan_string(j, p, end, &end, &found, err)) != AG_OK)
+        return rc;
+    t->type = T_KEY;
+    t->flags = (found & S_ESC) ? F_ESC : 0;
+    clean &= !(found & S_REWRITE);
+    t->off = (uint32_t)(p + 1);
+    t->w[0] = (uint32_t)(end - p - 1);
+    const uint8_t *kb = s + p + 1, *limit = s + len;
+    if (found & S_ESC) {
+      decode_key(j, t, p + 1, end);
+      kb = j->arena + t->w[1];
+      limit = j->arena + j->cap_arena;
+    }
+    j->keys[nkeys].prefix = key_prefix(kb, t->w[0], limit);
+    j->keys[nkeys++].tok = (uint32_t)nt++;
+    p = end + 1;
+    SKIP_WS();
+    if (p >= len)
+      FAIL(AG_EJSON, len,
+           "arguments: unexpected end of input at byte %zu (expected ':')",
+           len);
+    if (s[p] != ':')
+      FAIL(AG_EJSON, p,
+           "arguments: unexpected character %s at byte %zu (expected ':')",
+           show_byte(s[p], cb), p);
+    p++;
+    goto value;
+  }
+
+after: /* a value ended at p */
+  if (depth == 0) {
+    p = skip_ws(s, len, p);
+    if (p != len)
+      FAIL(AG_EJSON, p,
+           "arguments: unexpected character %s at byte %zu after the JSON "
+           "value",
+           show_byte(s[p], cb), p);
+    if (j->dup_tok != NONE)
+      return dup_error(j, err);
+    *ntok = nt;
+    return AG_OK;
+  }
+  f = &j->stack[depth - 1];
+  f->count++;
+  SKIP_WS();
+  if (p >= len)
+    FAIL(AG_EJSON, len,
+         "arguments: unexpected end of input at byte %zu (expected ',' or "
+         "'%c')",
+         len, f->obj ? '}' : ']');
+  if (s[p] == ',') {
+    p++;
+    SKIP_WS();
+    if (f->obj)
+      goto key;
+    goto value;
+  }
+  if (s[p] == (f->obj ? '}' : ']')) {
+    p++;
+    goto close;
+  }
+  FAIL(AG_EJSON, p,
+       "arguments: unexpected character %s at byte %zu (expected ',' or "
+       "'%c')",
+       show_byte(s[p], cb), p, f->obj ? '}' : ']');
+
+close: /* the container of frame f ended just before p */
+  ct = &tape[f->tok];
+  start = ct->off;
+  ct->w[0] = (uint32_t)nt;
+  ct->w[1] = f->count;
+  if (f->obj) {
+    clean &= close_object(j, f, &norder);
+    nkeys = f->base;
+  }
+  if (clean) { /* emit copies s[start..p) */
+    ct->flags = F_CANON;
+    ct->off = start;
+    ct->w[1] = (uint32_t)p;
+  }
+  depth--;
+  clean = clean && f->clean;
+  goto after;
+}
+
+#undef SKIP_WS
 
 /* ------------------------------------------------------------------------ */
 /* Pass 2: emit                                                             */
@@ -239,10 +1589,10 @@ static void put_number(ag__jcs *j, const tok *t) {
   }
   if (t->flags & F_NUM_TEXT) {
     char d[15];
-    int k = 0;
-    long e = 0;
-    bool neg = false;
-    num_text(s, t->w[0], d, &k, &e, &neg); /* pass 1 found it takes it */
+    int k;
+    long e;
+    bool neg;
+    num_text(s, t->w[0], d, &k, &e, &neg);
     n = num_layout(o, neg, d, k, e);
   } else {
     double v;
@@ -348,8 +1698,8 @@ member:
 /* Construction                                                             */
 /* ------------------------------------------------------------------------ */
 
-ag_err_t ag__jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
-                        int max_depth, bool digest, ag_error_t *err) {
+static ag_err_t jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
+                           int max_depth, bool digest, ag_error_t *err) {
   if (out == NULL)
     return ag__set_error(err, AG_EINVAL, -1, "jcs: out is NULL");
   *out = NULL;
@@ -370,10 +1720,10 @@ ag_err_t ag__jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
       max_bytes + 1 < JCS_INITIAL_ARENA ? max_bytes + 1 : JCS_INITIAL_ARENA;
   j->stack = malloc((size_t)max_depth * sizeof(frame));
   j->c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
-  if (ag__jcs_size_tokens(j, max_tokens < JCS_INITIAL_TOKENS
-                                 ? max_tokens
-                                 : JCS_INITIAL_TOKENS) != AG_OK ||
-      ag__jcs_size_arena(j, arena) != AG_OK || j->stack == NULL ||
+  if (size_tokens(j, max_tokens < JCS_INITIAL_TOKENS
+                         ? max_tokens
+                         : JCS_INITIAL_TOKENS) != AG_OK ||
+      size_arena(j, arena) != AG_OK || j->stack == NULL ||
       j->c_locale == (locale_t)0) {
     ag__jcs_free(j);
     return ag__set_error(err, AG_ENOMEM, -1, "jcs: out of memory");
@@ -394,7 +1744,7 @@ ag_err_t ag__jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
 
 ag_err_t ag__jcs_new(ag__jcs **out, size_t max_bytes, size_t max_tokens,
                      int max_depth, ag_error_t *err) {
-  return ag__jcs_create(out, max_bytes, max_tokens, max_depth, true, err);
+  return jcs_create(out, max_bytes, max_tokens, max_depth, true, err);
 }
 
 void ag__jcs_free(ag__jcs *j) {
@@ -413,8 +1763,8 @@ void ag__jcs_free(ag__jcs *j) {
 }
 
 /* Pass 1 over args; on success the tape is ready for emit(). */
-ag_err_t ag__jcs_prepare(ag__jcs *j, const char *args, size_t args_len,
-                         size_t *ntok, ag_error_t *err) {
+static ag_err_t prepare(ag__jcs *j, const char *args, size_t args_len,
+                        size_t *ntok, ag_error_t *err) {
   if (args == NULL && args_len > 0)
     return ag__set_error(err, AG_EINVAL, -1, "arguments: NULL text");
   if (args_len > j->max_bytes)
@@ -422,8 +1772,7 @@ ag_err_t ag__jcs_prepare(ag__jcs *j, const char *args, size_t args_len,
                          "arguments: %zu bytes exceed the limit of %zu",
                          args_len, j->max_bytes);
   /* Decoded keys and a number's text never take more than the input. */
-  if (args_len + 1 > j->cap_arena &&
-      ag__jcs_size_arena(j, args_len + 1) != AG_OK)
+  if (args_len + 1 > j->cap_arena && size_arena(j, args_len + 1) != AG_OK)
     return ag__set_error(err, AG_ENOMEM, -1, "arguments: out of memory");
   j->src = (const uint8_t *)args;
   j->len = args_len;
@@ -433,7 +1782,7 @@ ag_err_t ag__jcs_prepare(ag__jcs *j, const char *args, size_t args_len,
     *ntok = 0;
     return AG_OK;
   }
-  return ag__jcs_tokenize(j, ntok, err);
+  return tokenize(j, ntok, err);
 }
 
 ag_err_t ag__jcs_signature(ag__jcs *j, const char *name, size_t name_len,
@@ -443,7 +1792,7 @@ ag_err_t ag__jcs_signature(ag__jcs *j, const char *name, size_t name_len,
   if (j == NULL || j->sha == NULL || (name == NULL && name_len > 0) ||
       sig == NULL)
     return ag__set_error(err, AG_EINVAL, -1, "signature: invalid argument");
-  ag_err_t rc = ag__jcs_prepare(j, args, args_len, &ntok, err);
+  ag_err_t rc = prepare(j, args, args_len, &ntok, err);
   if (rc != AG_OK)
     return rc;
   ag__sha256_init(j->sha);
@@ -463,7 +1812,7 @@ ag_err_t ag__jcs_write(ag__jcs *j, const char *args, size_t args_len,
   size_t ntok;
   if (j == NULL || sink == NULL)
     return ag__set_error(err, AG_EINVAL, -1, "canonicalize: invalid argument");
-  ag_err_t rc = ag__jcs_prepare(j, args, args_len, &ntok, err);
+  ag_err_t rc = prepare(j, args, args_len, &ntok, err);
   if (rc != AG_OK)
     return rc;
   j->sink = sink;
@@ -493,7 +1842,7 @@ static ag_err_t conv_create(ag__jcs **j, size_t len, bool digest,
     return ag__set_error(err, AG_ETOOBIG, (long)(UINT32_MAX - 2),
                          "arguments: %zu bytes exceed the limit of %lu", len,
                          (unsigned long)(UINT32_MAX - 2));
-  return ag__jcs_create(j, len, len + 1, CONV_DEPTH, digest, err);
+  return jcs_create(j, len, len + 1, CONV_DEPTH, digest, err);
 }
 
 AG_EXTERN ag_err_t ag_signature(const char *name, const char *args,
@@ -558,4 +1907,160 @@ AG_EXTERN void ag_sig_hex(const uint8_t sig[AG_SIG_LEN], char hex[65]) {
     hex[2 * i + 1] = digits[sig[i] & 15];
   }
   hex[64] = '\0';
+}
+
+/* ------------------------------------------------------------------------ */
+/* The tape as an internal API (internal.h; used by src/proxy/proxy.c)      */
+/* ------------------------------------------------------------------------ */
+
+_Static_assert((int)T_OBJ == (int)AG__JT_OBJ && (int)T_ARR == (int)AG__JT_ARR &&
+                   (int)T_STR == (int)AG__JT_STR &&
+                   (int)T_KEY == (int)AG__JT_KEY &&
+                   (int)T_NUM == (int)AG__JT_NUM &&
+                   (int)T_TRUE == (int)AG__JT_TRUE &&
+                   (int)T_FALSE == (int)AG__JT_FALSE &&
+                   (int)T_NULL == (int)AG__JT_NULL,
+               "the tape's token types are internal.h's");
+
+ag_err_t ag__jcs_tape_new(ag__jcs **out, size_t max_bytes, int max_depth,
+                          ag_error_t *err) {
+  if (max_bytes > UINT32_MAX - 2)
+    return ag__set_error(err, AG_ETOOBIG, (long)(UINT32_MAX - 2),
+                         "json: %zu bytes exceed the limit of %lu", max_bytes,
+                         (unsigned long)(UINT32_MAX - 2));
+  return jcs_create(out, max_bytes, max_bytes + 1, max_depth, false, err);
+}
+
+ag_err_t ag__jcs_tape(ag__jcs *j, const char *text, size_t len,
+                      size_t *n_tokens, ag_error_t *err) {
+  if (j == NULL || n_tokens == NULL || (text == NULL && len > 0))
+    return ag__set_error(err, AG_EINVAL, -1, "json: invalid argument");
+  *n_tokens = 0;
+  if (len == 0) /* not the "{}" of empty arguments: no JSON at all */
+    return ag__set_error(err, AG_EJSON, 0, "json: empty text");
+  return prepare(j, text, len, n_tokens, err);
+}
+
+int ag__jcs_tok_type(const ag__jcs *j, size_t i) {
+  return j->tape[i].type;
+}
+
+size_t ag__jcs_tok_next(const ag__jcs *j, size_t i) {
+  const tok *t = &j->tape[i];
+  return t->type == T_OBJ || t->type == T_ARR ? t->w[0] : i + 1;
+}
+
+size_t ag__jcs_tok_off(const ag__jcs *j, size_t i) {
+  return j->tape[i].off;
+}
+
+bool ag__jcs_key_is(const ag__jcs *j, size_t i, const char *s, size_t n) {
+  const tok *t = &j->tape[i];
+  if (t->w[0] != n)
+    return false;
+  const uint8_t *k = t->flags & F_ESC ? j->arena + t->w[1] : j->src + t->off;
+  return memcmp(k, s, n) == 0;
+}
+
+/* The raw content of the string token t (keys with escapes included: their
+ * w[0] is the decoded length, so the closing quote is looked for). */
+static size_t raw_len(const ag__jcs *j, const tok *t) {
+  if (t->type == T_STR || !(t->flags & F_ESC))
+    return t->w[0];
+  size_t p = t->off;
+  while (j->src[p] != '"')
+    p += j->src[p] == '\\' ? 2 : 1;
+  return p - t->off;
+}
+
+size_t ag__jcs_str_raw(const ag__jcs *j, size_t i, const char **s) {
+  const tok *t = &j->tape[i];
+  *s = (const char *)j->src + t->off;
+  return raw_len(j, t);
+}
+
+bool ag__jcs_str_escaped(const ag__jcs *j, size_t i) {
+  const tok *t = &j->tape[i];
+  if (t->flags & F_ESC)
+    return true;
+  return memchr(j->src + t->off, '\\', raw_len(j, t)) != NULL;
+}
+
+size_t ag__jcs_str_decode(const ag__jcs *j, size_t i, char *out) {
+  const tok *t = &j->tape[i];
+  size_t n =
+      decode_escaped(j->src, t->off, t->off + raw_len(j, t), (uint8_t *)out);
+  out[n] = '\0';
+  return n;
+}
+
+size_t ag__jcs_get(const ag__jcs *j, size_t obj, const char *key) {
+  if (ag__jcs_tok_type(j, obj) != AG__JT_OBJ)
+    return 0;
+  size_t n = strlen(key), end = ag__jcs_tok_next(j, obj);
+  for (size_t i = obj + 1; i < end; i = ag__jcs_tok_next(j, i + 1))
+    if (ag__jcs_key_is(j, i, key, n))
+      return i + 1;
+  return 0;
+}
+
+bool ag__jcs_jansson_safe(const ag__jcs *j, size_t n) {
+  const char *s = (const char *)j->src;
+  size_t len = j->len;
+  if (memmem(s, len, "\\u0000", 6) != NULL)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    if (ag__jcs_tok_type(j, i) != AG__JT_NUM)
+      continue;
+    size_t p = ag__jcs_tok_off(j, i), d;
+    p += s[p] == '-';
+    for (d = 0; p + d < len && s[p + d] >= '0' && s[p + d] <= '9';)
+      d++;
+    if (d > 18 &&
+        (p + d >= len || (s[p + d] != '.' && (s[p + d] | 0x20) != 'e')))
+      return false;
+  }
+  return true;
+}
+
+size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start) {
+  const tok *k = &j->tape[key];
+  const uint8_t *s = j->src;
+  size_t p = skip_ws(s, j->len, k->off + raw_len(j, k) + 1); /* at ':' */
+  p = skip_ws(s, j->len, p + 1);
+  *start = p;
+  const tok *v = &j->tape[key + 1];
+  switch (v->type) {
+  case T_STR:
+    return v->w[0] + 2;
+  case T_TRUE:
+  case T_NULL:
+    return 4;
+  case T_FALSE:
+    return 5;
+  default:
+    break;
+  }
+  /* a number or a container: scanned to its end (the text is valid) */
+  size_t q = p;
+  int depth = 0;
+  do {
+    uint8_t c = s[q];
+    if (c == '"') {
+      q++;
+      while (s[q] != '"')
+        q += s[q] == '\\' ? 2 : 1;
+    } else if (c == '{' || c == '[') {
+      depth++;
+    } else if (c == '}' || c == ']') {
+      depth--;
+    } else if (v->type == T_NUM) {
+      while (q < j->len && (is_digit(s[q]) || s[q] == '-' || s[q] == '+' ||
+                            s[q] == '.' || (s[q] | 0x20) == 'e'))
+        q++;
+      return q - p;
+    }
+    q++;
+  } while (depth > 0);
+  return q - p;
 }
