@@ -1,7 +1,45 @@
 /*
- * src/proxy/stream.c - a streamed reply relayed (internal.h): the
- * upstream's events parsed as they come, text passed on and checked, tool
- * calls held and checked at the end, the end written or a nudge asked.
+ * src/proxy/stream.c - a transfer the loop runs for a client (internal.h:
+ * stream_st): a streamed reply relayed (its events parsed as they come by
+ * the shape's relay, text passed on and checked, tool calls held and
+ * checked at the end, the end written or a nudge asked), a reply held
+ * whole and checked at its end (`whole`), or a body passed through
+ * (`raw`).
+ *
+ * A stream's state is three machines, each on its own fields (under `mu`
+ * where two threads meet), because they move independently: the upstream
+ * transfer, the request's answer, and the client's reading.
+ *
+ *   transfer   event                       -> state     fields
+ *   running    q over the high mark         -> paused    paused
+ *   paused     q drained below half         -> running   unpause_queued,
+ *              (ag__px_stream_read)                      then the relay op
+ *   running    budget short (whole)         -> paused    u.want; a thread
+ *   paused     ... its bytes taken          -> running   waits (whole_*)
+ *   any        done callback                -> ended     up
+ *
+ *   answer     event                       -> state
+ *   none       2xx headers (relayed, raw)   -> stream    answer = STREAM:
+ *                                                         the response
+ *                                                         reads q
+ *   none       done, or a non-2xx status     -> reply     answer = REPLY:
+ *              (a whole reply: its check)                q->r is sent
+ *   none       a whole reply stopped/nudged  -> worker    req_q handed on
+ *                                                         (ag__px_requeue)
+ *
+ *   client     event                       -> state
+ *   reading    q empty                      -> waiting   reader_waits; the
+ *                                                         connection
+ *                                                         suspended
+ *   waiting    flush of new bytes or end     -> reading   resumed
+ *   reading    end flushed, q read           -> done      finished
+ *   any        response freed (left, done)   -> gone      client_gone: a
+ *                                                         running transfer
+ *                                                         is cancelled
+ *
+ * The stream is freed when the end's reference (`refs`: the loop's, or a
+ * nudge's or budget waiter's thread), the response's, and every queued
+ * relay request (`ops`) are let go.
  */
 #define _GNU_SOURCE /* memmem */
 #include "internal.h"
