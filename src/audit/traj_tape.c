@@ -151,6 +151,17 @@ static ag_err_t t_args(builder *b, const tape *t, size_t call, size_t v,
     return (*out = t_str(b, t, v, len)) != NULL ? AG_OK : ag__tb_nomem(b);
   size_t start, n = ag__jcs_member_span(t->j, v - 1, &start);
   (void)call;
+  if (ag__jcs_as_jansson_writes(t->j, v, t->s + start, n)) {
+    /* the source is the tree path's text already: copied, not parsed */
+    char *o = ag__tb_alloc(b, n + 1);
+    if (o == NULL)
+      return ag__tb_nomem(b);
+    memcpy(o, t->s + start, n);
+    o[n] = '\0';
+    *out = o;
+    *len = n;
+    return AG_OK;
+  }
   json_t *val = json_loadb(t->s + start, n, JFLAGS | JSON_DECODE_ANY, NULL);
   if (val == NULL)
     return AG__TB_FALLBACK;

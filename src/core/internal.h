@@ -160,6 +160,14 @@ bool ag__jcs_jansson_safe(const ag__jcs *j, size_t n);
 /* The source text of the value of the member whose key is token `key`:
  * *start and the length. */
 size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start);
+/* Whether the value at token v (its source text s[0..n), from
+ * ag__jcs_member_span) is written exactly as jansson writes it compact
+ * (json_dumpb, JSON_COMPACT, numbers read as reals): no whitespace between
+ * tokens, no number, no escape in a key, and in strings only the escapes
+ * jansson writes the same way (\" \\ \b \f \n \r \t). Conservative:
+ * false sends the caller to jansson. */
+bool ag__jcs_as_jansson_writes(const ag__jcs *j, size_t v, const char *s,
+                               size_t n);
 
 /* ------------------------------------------------------------------------ */
 /* Classifier helpers (src/core/classify.c)                                 */

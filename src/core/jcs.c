@@ -2023,6 +2023,31 @@ bool ag__jcs_jansson_safe(const ag__jcs *j, size_t n) {
   return true;
 }
 
+bool ag__jcs_as_jansson_writes(const ag__jcs *j, size_t v, const char *s,
+                               size_t n) {
+  for (size_t k = v, end = ag__jcs_tok_next(j, v); k < end; k++) {
+    const tok *t = &j->tape[k];
+    if (t->type == T_NUM || (t->type == T_STR && (t->flags & F_ESC)) ||
+        (t->type == T_KEY && ag__jcs_str_escaped(j, k)))
+      return false;
+  }
+  bool in = false; /* inside a string: whitespace there is its own */
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (in) {
+      if (c == '\\')
+        i++;
+      else if (c == '"')
+        in = false;
+    } else if (c == '"') {
+      in = true;
+    } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      return false;
+    }
+  }
+  return true;
+}
+
 size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start) {
   const tok *k = &j->tape[key];
   const uint8_t *s = j->src;

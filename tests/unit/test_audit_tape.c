@@ -189,6 +189,17 @@ Test(audit_tape, corners_and_bad_inputs_read_alike) {
       "{\"name\":\"b\",\"rejected_by_harness\":\"\"}],\"results\":[{},{}]}]}",
       "{\"steps\":[{\"text\":[{\"type\":\"text\",\"text\":\"parts\"}],"
       "\"calls\":[],\"results\":[]}]}",
+      /* arguments the tape copies as they are (jansson would write them
+       * so) and ones it leaves to jansson: spaces between tokens, a
+       * number, a \u or \/ escape, an escaped key */
+      "{\"steps\":[{\"calls\":[{\"name\":\"a\",\"args\":{\"cmd\":\"echo "
+      "\\\"hi\\\" b\\n\\tc \\\\ d \xc3\xa9\",\"f\":[true,null,false],"
+      "\"o\":{},\"e\":[]}},{\"name\":\"b\",\"args\":[\"x\",\"y\"]},{\"name\":"
+      "\"c\",\"args\":true}],\"results\":[{},{},{}]}]}",
+      "{\"steps\":[{\"calls\":[{\"name\":\"a\",\"args\":{\"cmd\": \"ls\"}},"
+      "{\"name\":\"b\",\"args\":{\"c\":\"\\u00e9\\/\"}},{\"name\":\"c\","
+      "\"args\":{\"a\\\"b\":\"x\"}},{\"name\":\"d\",\"args\":[ 1 ]}],"
+      "\"results\":[{},{},{},{}]}]}",
       /* bad inputs: the same error from both */
       "{\"steps\":{}}",
       "{\"steps\":[{\"calls\":[{\"name\":1}],\"results\":[{}]}]}",
