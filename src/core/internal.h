@@ -63,7 +63,7 @@ void ag__sha256_update(ag__sha256 *s, const void *data, size_t len);
 bool ag__sha256_final(ag__sha256 *s, uint8_t out[AG_SIG_LEN]);
 
 /* ------------------------------------------------------------------------ */
-/* JCS canonicalizer feeding SHA-256 (src/core/jcs.c)                       */
+/* JCS canonicalizer feeding SHA-256 (src/core/jcs*.c)                      */
 /* ------------------------------------------------------------------------ */
 
 /*

@@ -1,6 +1,11 @@
 /*
  * src/core/jcs.c - RFC 8785 JSON Canonicalization Scheme streamed into
- * SHA-256: the call signature of DESIGN.md section 3.
+ * SHA-256: the call signature of DESIGN.md section 3. The per-byte path -
+ * both passes, the scratch, the signature - is this file, which the
+ * compiler sees whole (split across files it inlined less: signatures
+ * 2-5% slower, bench_jcs); the order of keys is jcs_keys.c, numbers
+ * jcs_number.c, the tape as a reader jcs_tape.c, what they share
+ * jcs_impl.h.
  *
  * Design. A signature is SHA-256(name ":" JCS(args)). It is computed for
  * every call the guard checks, so this file never builds a document tree and
@@ -56,7 +61,7 @@
  * public functions size their scratch to the input: no token cap, depth 256.
  *
  * The tape is also a read-only JSON reader for the rest of the library
- * (internal.h, ag__jcs_tape and its accessors, at the end of this file):
+ * (internal.h, ag__jcs_tape and its accessors, jcs_tape.c):
  * the proxy reads a request's messages from it instead of a jansson tree.
  * Those functions only read what pass 1 wrote; the signature path does
  * not go through them.
@@ -75,550 +80,8 @@
  * falls back to EVP only where OpenSSL is built without deprecated APIs).
  */
 #define _GNU_SOURCE /* strtod_l */
-#include <float.h>
-#include <locale.h>
-#include <math.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#if defined(__APPLE__)
-#include <xlocale.h>
-#endif
+#include "jcs_impl.h"
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
-#include "internal.h"
-
-/* ------------------------------------------------------------------------ */
-/* Data structures                                                          */
-/* ------------------------------------------------------------------------ */
-
-enum { T_OBJ = 1, T_ARR, T_STR, T_KEY, T_NUM, T_TRUE, T_FALSE, T_NULL };
-
-enum {
-  F_ESC = 1,      /* key: has escapes (decoded in the arena); value: has
-                     escapes JCS writes differently */
-  F_NUM_INT = 2,  /* integer literal of <= 15 digits: copy it */
-  F_NUM_TEXT = 4, /* <= 15 significant digits: rearrange the digits */
-  F_NUM_DBL = 8,  /* w[] holds the double */
-  F_CANON = 16    /* container whose source text is already canonical */
-};
-
-/*
- * One tape record. Meaning of the fields by type:
- *   T_STR, T_KEY  off: first content byte (after the quote)
- *                 w[0]: length (keys with F_ESC: decoded length)
- *                 w[1]: keys with F_ESC: offset of the decoded key in arena
- *   T_NUM         off: first byte; w[0]: length, or w[0..1]: the double
- *   T_ARR         off: the '['; w[0]: index past the subtree; w[1]: count,
- *                 or with F_CANON the offset just past the ']'
- *   T_OBJ         off: the '{' until closed, then (without F_CANON) the
- *                 first index of its sorted keys in `order`; w[0], w[1]: as
- *                 T_ARR
- *   literals      off: first byte
- */
-typedef struct tok {
-  uint32_t off;
-  uint32_t w[2];
-  uint8_t type;
-  uint8_t flags;
-  uint16_t spare;
-} tok;
-
-/* A key waiting to be sorted: its first bytes in sort order, and its token. */
-typedef struct kent {
-  uint64_t prefix;
-  uint32_t tok;
-} kent;
-
-/* A container being parsed (pass 1) or written (pass 2). */
-typedef struct frame {
-  uint32_t tok;   /* its tape index */
-  uint32_t count; /* pass 1: members so far; pass 2: members left */
-  uint32_t base;  /* pass 1: key stack base; pass 2: next index in order */
-  uint32_t cur;   /* pass 2 arrays: tape index of the next element */
-  bool obj;
-  bool clean; /* pass 1: the parent's "canonical so far" while this is open */
-} frame;
-
-#define OBUF_SIZE 4096
-#define NONE UINT32_MAX
-
-/*
- * Scratch grows with the arguments it meets, up to the limits, and shrinks
- * back (ag__jcs_trim): a fresh scratch holds JCS_INITIAL_TOKENS tokens and
- * JCS_INITIAL_ARENA bytes of arena (about 12 KiB in all); capacity up to the
- * RETAIN sizes is kept, so ordinary calls allocate nothing once warm, and a
- * larger call's memory is returned at the next trim.
- */
-#define JCS_INITIAL_TOKENS 256
-#define JCS_INITIAL_ARENA 2048
-#define JCS_RETAIN_TOKENS 1024
-#define JCS_RETAIN_ARENA 8192
-
-struct ag__jcs {
-  size_t max_bytes;
-  size_t max_tokens;
-  int max_depth;
-  size_t cap_tokens; /* tape entries allocated (<= max_tokens) */
-  size_t cap_keys;   /* keys can be at most half of the tokens, plus one */
-  size_t cap_arena;  /* arena bytes allocated */
-
-  tok *tape;
-  kent *keys;      /* key stack of the open objects */
-  uint32_t *order; /* sorted keys of every closed object, back to back */
-  kent *aux;       /* merge sort buffer */
-  frame *stack;
-  uint8_t *arena; /* decoded keys; number text for strtod_l */
-
-  /* per call */
-  const uint8_t *src;
-  size_t len;
-  size_t arena_len;
-  uint32_t dup_tok; /* pending duplicate key (the second one), or NONE */
-
-  locale_t c_locale;
-  ag__sha256 *sha; /* NULL for scratch made only to canonicalize */
-
-  ag__sink_fn sink; /* NULL: feed ctx */
-  void *user;
-  bool stopped; /* the sink asked to stop */
-  size_t olen;
-  char obuf[OBUF_SIZE + 32]; /* slack for fixed-size copies */
-};
-
-/* ------------------------------------------------------------------------ */
-/* Small helpers                                                            */
-/* ------------------------------------------------------------------------ */
-
-static inline bool is_digit(uint8_t c) {
-  return (uint8_t)(c - '0') < 10;
-}
-
-static inline bool is_ws(uint8_t c) {
-  return c == ' ' || c == '\n' || c == '\r' || c == '\t';
-}
-
-static inline unsigned ctz64(uint64_t m) {
-#if defined(__GNUC__)
-  return (unsigned)__builtin_ctzll(m);
-#else
-  unsigned n = 0;
-  while (!(m & 1)) {
-    m >>= 1;
-    n++;
-  }
-  return n;
-#endif
-}
-
-static inline size_t skip_ws(const uint8_t *s, size_t len, size_t p) {
-  while (p < len && s[p] <= ' ' && is_ws(s[p]))
-    p++;
-  return p;
-}
-
-static int hexval(uint8_t c) {
-  if (is_digit(c))
-    return c - '0';
-  c |= 0x20;
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  return -1;
-}
-
-/* Four hex digits at s[0..4) (caller checked they exist); -1 if invalid. */
-static long hex4(const uint8_t *s) {
-  long v = 0;
-  for (int i = 0; i < 4; i++) {
-    int h = hexval(s[i]);
-    if (h < 0)
-      return -1;
-    v = v * 16 + h;
-  }
-  return v;
-}
-
-/* As hex4 for s[p..p+4) of a text of `len` bytes: -1 if a digit is not hex,
- * -2 if the text ends first. */
-static long hex4_checked(const uint8_t *s, size_t len, size_t p) {
-  long v = 0;
-  for (size_t i = 0; i < 4; i++) {
-    if (p + i >= len)
-      return -2;
-    int h = hexval(s[p + i]);
-    if (h < 0)
-      return -1;
-    v = v * 16 + h;
-  }
-  return v;
-}
-
-static size_t utf8_put(uint32_t cp, uint8_t *o) {
-  if (cp < 0x80) {
-    o[0] = (uint8_t)cp;
-    return 1;
-  }
-  if (cp < 0x800) {
-    o[0] = (uint8_t)(0xC0 | (cp >> 6));
-    o[1] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    o[0] = (uint8_t)(0xE0 | (cp >> 12));
-    o[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-    o[2] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  o[0] = (uint8_t)(0xF0 | (cp >> 18));
-  o[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
-  o[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-  o[3] = (uint8_t)(0x80 | (cp & 0x3F));
-  return 4;
-}
-
-/*
- * Decodes the escape at s[*p] == '\\' of a string validated by pass 1;
- * advances *p past it and returns the code point.
- */
-static uint32_t esc_decode(const uint8_t *s, size_t *p) {
-  uint8_t c = s[*p + 1];
-  switch (c) {
-  case 'b':
-    *p += 2;
-    return 0x08;
-  case 'f':
-    *p += 2;
-    return 0x0C;
-  case 'n':
-    *p += 2;
-    return 0x0A;
-  case 'r':
-    *p += 2;
-    return 0x0D;
-  case 't':
-    *p += 2;
-    return 0x09;
-  case 'u': {
-    uint32_t cp = (uint32_t)hex4(s + *p + 2);
-    *p += 6;
-    if (cp >= 0xD800 && cp <= 0xDBFF) {
-      uint32_t lo = (uint32_t)hex4(s + *p + 2);
-      *p += 6;
-      cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-    }
-    return cp;
-  }
-  default: /* '"', '\\', '/' */
-    *p += 2;
-    return c;
-  }
-}
-
-/* A byte for an error message: 'c' when printable ASCII, else 0xNN. */
-static const char *show_byte(uint8_t c, char buf[8]) {
-  if (c > 0x20 && c < 0x7F && c != '\'')
-    snprintf(buf, 8, "'%c'", c);
-  else
-    snprintf(buf, 8, "0x%02x", c);
-  return buf;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Key order: UTF-16 code units                                             */
-/* ------------------------------------------------------------------------ */
-
-static inline const uint8_t *key_bytes(const ag__jcs *j, const tok *t,
-                                       size_t *n) {
-  *n = t->w[0];
-  if (t->flags & F_ESC)
-    return j->arena + t->w[1];
-  return j->src + t->off;
-}
-
-/* Rank of a byte: UTF-8 byte order with the lead bytes EE/EF moved past
- * F0..F4 (to F5/F6, which never occur in UTF-8). */
-static inline uint8_t key_rank(uint8_t c) {
-  return (c == 0xEE || c == 0xEF) ? (uint8_t)(c + 7) : c;
-}
-
-/* The first 8 bytes of a key, ranked, as a big-endian number (zero padded):
- * different prefixes order the keys; equal ones need key_cmp. `limit` is the
- * end of the buffer holding the key: reading up to it is allowed. */
-static uint64_t key_prefix(const uint8_t *b, size_t n, const uint8_t *limit) {
-  uint64_t x = 0;
-  if (limit - b >= 8) {
-    /* One load, then drop the bytes past the key (no byte loop, and no
-     * store-to-load stall through a stack buffer). */
-#if defined(__GNUC__) && defined(__BYTE_ORDER__) &&                            \
-    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    memcpy(&x, b, 8);
-    x = __builtin_bswap64(x);
-#else
-    for (int i = 0; i < 8; i++)
-      x = x << 8 | b[i];
-#endif
-    if (n < 8)
-      x = n == 0 ? 0 : x & ~(~0ULL >> (8 * n));
-  } else {
-    for (size_t i = 0; i < 8; i++)
-      x = x << 8 | (i < n ? b[i] : 0);
-  }
-  if (x & 0x8080808080808080ULL) {
-    uint64_t y = 0;
-    for (int i = 7; i >= 0; i--)
-      y = y << 8 | key_rank((uint8_t)(x >> (8 * i)));
-    x = y;
-  }
-  return x;
-}
-
-static int key_cmp(const ag__jcs *j, uint32_t ia, uint32_t ib) {
-  size_t na, nb;
-  const uint8_t *a = key_bytes(j, &j->tape[ia], &na);
-  const uint8_t *b = key_bytes(j, &j->tape[ib], &nb);
-  size_t n = na < nb ? na : nb;
-  size_t i = 0;
-  while (i + 8 <= n) {
-    uint64_t x, y;
-    memcpy(&x, a + i, 8);
-    memcpy(&y, b + i, 8);
-    if (x != y)
-      break;
-    i += 8;
-  }
-  for (; i < n; i++) {
-    if (a[i] != b[i])
-      return key_rank(a[i]) < key_rank(b[i]) ? -1 : 1;
-  }
-  return na < nb ? -1 : (na > nb ? 1 : 0);
-}
-
-static inline int kent_cmp(const ag__jcs *j, const kent *a, const kent *b) {
-  if (a->prefix != b->prefix)
-    return a->prefix < b->prefix ? -1 : 1;
-  return key_cmp(j, a->tok, b->tok);
-}
-
-static void insertion_sort(const ag__jcs *j, kent *v, size_t n) {
-  for (size_t i = 1; i < n; i++) {
-    kent x = v[i];
-    size_t k = i;
-    while (k > 0 && kent_cmp(j, &v[k - 1], &x) > 0) {
-      v[k] = v[k - 1];
-      k--;
-    }
-    v[k] = x;
-  }
-}
-
-#define RUN 16
-
-/* Stable: equal keys stay in source order, so the later one is the dup. */
-static void sort_keys(const ag__jcs *j, kent *v, size_t n) {
-  if (n <= RUN) {
-    insertion_sort(j, v, n);
-    return;
-  }
-  for (size_t i = 0; i < n; i += RUN)
-    insertion_sort(j, v + i, n - i < RUN ? n - i : RUN);
-  kent *from = v, *to = j->aux;
-  for (size_t width = RUN; width < n; width *= 2) {
-    for (size_t lo = 0; lo < n; lo += 2 * width) {
-      size_t mid = lo + width < n ? lo + width : n;
-      size_t hi = lo + 2 * width < n ? lo + 2 * width : n;
-      size_t a = lo, b = mid, o = lo;
-      while (a < mid && b < hi)
-        to[o++] = kent_cmp(j, &from[b], &from[a]) < 0 ? from[b++] : from[a++];
-      while (a < mid)
-        to[o++] = from[a++];
-      while (b < hi)
-        to[o++] = from[b++];
-    }
-    kent *t = from;
-    from = to;
-    to = t;
-  }
-  if (from != v)
-    memcpy(v, from, n * sizeof(*v));
-}
-
-/* ------------------------------------------------------------------------ */
-/* Numbers                                                                  */
-/* ------------------------------------------------------------------------ */
-
-/* Decimal exponents for which 15 significant digits always round-trip. */
-#define TEXT_EXP_MIN (-300)
-#define TEXT_EXP_MAX 300
-#define EXP_SATURATE 1000000000000000LL
-
-/*
- * For a validated number literal s[0..len): when it has at most 15
- * significant digits and a decimal exponent in the safe range (or is zero),
- * sets d[0..*k) to its significant digits without trailing zeros, *n so that
- * the value is 0.d * 10^n, *neg, and returns true (*k == 0 for zero).
- * Returns false when the double has to be computed.
- */
-static bool num_text(const uint8_t *s, size_t len, char d[15], int *k, long *n,
-                     bool *neg) {
-  size_t i = 0;
-  int64_t int_digits = 0, lz = 0, sig = 0, last = 0;
-  bool seen = false;
-  *neg = false;
-  if (s[0] == '-') {
-    *neg = true;
-    i = 1;
-  }
-  for (bool frac = false;; i++) {
-    if (i < len && s[i] == '.' && !frac) {
-      frac = true;
-      continue;
-    }
-    if (i >= len || !is_digit(s[i]))
-      break;
-    uint8_t c = s[i];
-    if (!frac)
-      int_digits++;
-    if (!seen) {
-      if (c == '0') {
-        lz++;
-        continue;
-      }
-      seen = true;
-    }
-    if (sig < 15)
-      d[sig] = (char)c;
-    else if (c != '0')
-      return false;
-    sig++;
-    if (c != '0')
-      last = sig;
-  }
-  int64_t e = 0;
-  if (i < len && (s[i] | 0x20) == 'e') {
-    bool eneg = false;
-    i++;
-    if (s[i] == '+' || s[i] == '-') {
-      eneg = s[i] == '-';
-      i++;
-    }
-    for (; i < len && is_digit(s[i]); i++)
-      if (e < EXP_SATURATE)
-        e = e * 10 + (s[i] - '0');
-    if (eneg)
-      e = -e;
-  }
-  if (!seen) {
-    *k = 0;
-    *n = 0;
-    return true;
-  }
-  int64_t nn = int_digits - lz + e;
-  if (nn < TEXT_EXP_MIN || nn > TEXT_EXP_MAX)
-    return false;
-  *k = (int)last;
-  *n = (long)nn;
-  return true;
-}
-
-/*
- * Lays out k significant digits d with exponent n (value 0.d * 10^n) as
- * ECMAScript's Number.prototype.toString does. `o` needs 32 bytes.
- */
-static size_t num_layout(char *o, bool neg, const char *d, int k, long n) {
-  char *p = o;
-  if (k == 0) {
-    o[0] = '0';
-    return 1;
-  }
-  if (neg)
-    *p++ = '-';
-  if (k <= n && n <= 21) {
-    memcpy(p, d, (size_t)k);
-    p += k;
-    memset(p, '0', (size_t)(n - k));
-    p += n - k;
-  } else if (0 < n && n <= 21) {
-    memcpy(p, d, (size_t)n);
-    p += n;
-    *p++ = '.';
-    memcpy(p, d + n, (size_t)(k - n));
-    p += k - n;
-  } else if (-6 < n && n <= 0) {
-    *p++ = '0';
-    *p++ = '.';
-    memset(p, '0', (size_t)-n);
-    p += -n;
-    memcpy(p, d, (size_t)k);
-    p += k;
-  } else {
-    long e = n - 1;
-    *p++ = d[0];
-    if (k > 1) {
-      *p++ = '.';
-      memcpy(p, d + 1, (size_t)(k - 1));
-      p += k - 1;
-    }
-    *p++ = 'e';
-    *p++ = e < 0 ? '-' : '+';
-    if (e < 0)
-      e = -e;
-    char tmp[8];
-    int t = 0;
-    do {
-      tmp[t++] = (char)('0' + e % 10);
-      e /= 10;
-    } while (e > 0);
-    while (t > 0)
-      *p++ = tmp[--t];
-  }
-  return (size_t)(p - o);
-}
-
-/*
- * The ECMAScript text of a finite double into o[32]: the fewest significant
- * digits (15 with trailing zeros dropped, else 16, else 17) whose correctly
- * rounded decimal reads back as v. printf's decimal point depends on the
- * process locale, so only its digits and exponent are used; the round-trip
- * check builds its own text and reads it with strtod_l in the "C" locale.
- */
-static size_t num_double(const ag__jcs *j, double v, char *o) {
-  if (v == 0)
-    return num_layout(o, false, "", 0, 0);
-  char buf[64], d[17], rt[40];
-  int k = 0;
-  long ex = 0;
-  /* A normal double's shortest form has at most 15 digits exactly when its
-   * 15-digit rounding reads back; subnormals carry fewer digits, so for them
-   * every length is tried. */
-  int first = fabs(v) < DBL_MIN ? 0 : 14;
-  for (int prec = first; prec <= 16; prec++) {
-    snprintf(buf, sizeof(buf), "%.*e", prec, v);
-    k = 0;
-    const char *p = buf;
-    while (*p && *p != 'e' && *p != 'E') {
-      if (is_digit((uint8_t)*p) && k < 17)
-        d[k++] = *p;
-      p++;
-    }
-    ex = (*p) ? strtol(p + 1, NULL, 10) : 0;
-    if (prec == 16)
-      break;
-    int r = snprintf(rt, sizeof(rt), "%s%.*se%ld", v < 0 ? "-" : "", k, d,
-                     ex - (k - 1));
-    if (r > 0 && (size_t)r < sizeof(rt) && strtod_l(rt, NULL, j->c_locale) == v)
-      break;
-  }
-  while (k > 1 && d[k - 1] == '0')
-    k--;
-  return num_layout(o, v < 0, d, k, ex + 1);
-}
-
-/* ------------------------------------------------------------------------ */
 /* Pass 1: tokenize and validate                                            */
 /* ------------------------------------------------------------------------ */
 
@@ -1007,7 +470,8 @@ static ag_err_t scan_string(ag__jcs *j, size_t q, size_t p, size_t *endp,
 
 /* Decodes the (validated) string content s[a..b), escapes and all, into
  * `o`, which has room for b - a bytes; returns the bytes written. */
-static size_t decode_escaped(const uint8_t *s, size_t a, size_t b, uint8_t *o) {
+size_t ag__jcs_decode_escaped(const uint8_t *s, size_t a, size_t b,
+                              uint8_t *o) {
   uint8_t *o0 = o;
   size_t p = a;
   while (p < b) {
@@ -1024,7 +488,7 @@ static size_t decode_escaped(const uint8_t *s, size_t a, size_t b, uint8_t *o) {
 
 /* Decodes the escaped key content s[a..b) into the arena. */
 static void decode_key(ag__jcs *j, tok *t, size_t a, size_t b) {
-  size_t n = decode_escaped(j->src, a, b, j->arena + j->arena_len);
+  size_t n = ag__jcs_decode_escaped(j->src, a, b, j->arena + j->arena_len);
   t->w[1] = (uint32_t)j->arena_len;
   t->w[0] = (uint32_t)n;
   j->arena_len += n;
@@ -1040,7 +504,7 @@ static bool close_object(ag__jcs *j, const frame *f, size_t *norder) {
   for (size_t i = 1; i < n && sorted; i++)
     sorted = kent_cmp(j, &v[i - 1], &v[i]) < 0;
   if (!sorted) {
-    sort_keys(j, v, n);
+    ag__jcs_sort_keys(j, v, n);
     for (size_t i = 1; i < n; i++) {
       if (v[i - 1].prefix == v[i].prefix &&
           key_cmp(j, v[i - 1].tok, v[i].tok) == 0 &&
@@ -1117,7 +581,7 @@ static ag_err_t parse_number(ag__jcs *j, size_t start, size_t *endp, tok *t,
   int k;
   long n;
   bool neg;
-  if (num_text(s + start, p - start, d, &k, &n, &neg)) {
+  if (ag__jcs_num_text(s + start, p - start, d, &k, &n, &neg)) {
     t->flags = F_NUM_TEXT;
     return AG_OK;
   }
@@ -1592,12 +1056,12 @@ static void put_number(ag__jcs *j, const tok *t) {
     int k;
     long e;
     bool neg;
-    num_text(s, t->w[0], d, &k, &e, &neg);
-    n = num_layout(o, neg, d, k, e);
+    ag__jcs_num_text(s, t->w[0], d, &k, &e, &neg);
+    n = ag__jcs_num_layout(o, neg, d, k, e);
   } else {
     double v;
     memcpy(&v, t->w, sizeof(v));
-    n = num_double(j, v, o);
+    n = ag__jcs_num_double(j, v, o);
   }
   put(j, o, n);
 }
@@ -1698,8 +1162,8 @@ member:
 /* Construction                                                             */
 /* ------------------------------------------------------------------------ */
 
-static ag_err_t jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
-                           int max_depth, bool digest, ag_error_t *err) {
+ag_err_t ag__jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
+                        int max_depth, bool digest, ag_error_t *err) {
   if (out == NULL)
     return ag__set_error(err, AG_EINVAL, -1, "jcs: out is NULL");
   *out = NULL;
@@ -1744,7 +1208,7 @@ static ag_err_t jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
 
 ag_err_t ag__jcs_new(ag__jcs **out, size_t max_bytes, size_t max_tokens,
                      int max_depth, ag_error_t *err) {
-  return jcs_create(out, max_bytes, max_tokens, max_depth, true, err);
+  return ag__jcs_create(out, max_bytes, max_tokens, max_depth, true, err);
 }
 
 void ag__jcs_free(ag__jcs *j) {
@@ -1763,8 +1227,8 @@ void ag__jcs_free(ag__jcs *j) {
 }
 
 /* Pass 1 over args; on success the tape is ready for emit(). */
-static ag_err_t prepare(ag__jcs *j, const char *args, size_t args_len,
-                        size_t *ntok, ag_error_t *err) {
+ag_err_t ag__jcs_prepare(ag__jcs *j, const char *args, size_t args_len,
+                         size_t *ntok, ag_error_t *err) {
   if (args == NULL && args_len > 0)
     return ag__set_error(err, AG_EINVAL, -1, "arguments: NULL text");
   if (args_len > j->max_bytes)
@@ -1792,7 +1256,7 @@ ag_err_t ag__jcs_signature(ag__jcs *j, const char *name, size_t name_len,
   if (j == NULL || j->sha == NULL || (name == NULL && name_len > 0) ||
       sig == NULL)
     return ag__set_error(err, AG_EINVAL, -1, "signature: invalid argument");
-  ag_err_t rc = prepare(j, args, args_len, &ntok, err);
+  ag_err_t rc = ag__jcs_prepare(j, args, args_len, &ntok, err);
   if (rc != AG_OK)
     return rc;
   ag__sha256_init(j->sha);
@@ -1812,7 +1276,7 @@ ag_err_t ag__jcs_write(ag__jcs *j, const char *args, size_t args_len,
   size_t ntok;
   if (j == NULL || sink == NULL)
     return ag__set_error(err, AG_EINVAL, -1, "canonicalize: invalid argument");
-  ag_err_t rc = prepare(j, args, args_len, &ntok, err);
+  ag_err_t rc = ag__jcs_prepare(j, args, args_len, &ntok, err);
   if (rc != AG_OK)
     return rc;
   j->sink = sink;
@@ -1842,7 +1306,7 @@ static ag_err_t conv_create(ag__jcs **j, size_t len, bool digest,
     return ag__set_error(err, AG_ETOOBIG, (long)(UINT32_MAX - 2),
                          "arguments: %zu bytes exceed the limit of %lu", len,
                          (unsigned long)(UINT32_MAX - 2));
-  return jcs_create(j, len, len + 1, CONV_DEPTH, digest, err);
+  return ag__jcs_create(j, len, len + 1, CONV_DEPTH, digest, err);
 }
 
 AG_EXTERN ag_err_t ag_signature(const char *name, const char *args,
@@ -1910,182 +1374,3 @@ AG_EXTERN void ag_sig_hex(const uint8_t sig[AG_SIG_LEN], char hex[65]) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* The tape as an internal API (internal.h; used by src/proxy/proxy.c)      */
-/* ------------------------------------------------------------------------ */
-
-_Static_assert((int)T_OBJ == (int)AG__JT_OBJ && (int)T_ARR == (int)AG__JT_ARR &&
-                   (int)T_STR == (int)AG__JT_STR &&
-                   (int)T_KEY == (int)AG__JT_KEY &&
-                   (int)T_NUM == (int)AG__JT_NUM &&
-                   (int)T_TRUE == (int)AG__JT_TRUE &&
-                   (int)T_FALSE == (int)AG__JT_FALSE &&
-                   (int)T_NULL == (int)AG__JT_NULL,
-               "the tape's token types are internal.h's");
-
-ag_err_t ag__jcs_tape_new(ag__jcs **out, size_t max_bytes, int max_depth,
-                          ag_error_t *err) {
-  if (max_bytes > UINT32_MAX - 2)
-    return ag__set_error(err, AG_ETOOBIG, (long)(UINT32_MAX - 2),
-                         "json: %zu bytes exceed the limit of %lu", max_bytes,
-                         (unsigned long)(UINT32_MAX - 2));
-  return jcs_create(out, max_bytes, max_bytes + 1, max_depth, false, err);
-}
-
-ag_err_t ag__jcs_tape(ag__jcs *j, const char *text, size_t len,
-                      size_t *n_tokens, ag_error_t *err) {
-  if (j == NULL || n_tokens == NULL || (text == NULL && len > 0))
-    return ag__set_error(err, AG_EINVAL, -1, "json: invalid argument");
-  *n_tokens = 0;
-  if (len == 0) /* not the "{}" of empty arguments: no JSON at all */
-    return ag__set_error(err, AG_EJSON, 0, "json: empty text");
-  return prepare(j, text, len, n_tokens, err);
-}
-
-int ag__jcs_tok_type(const ag__jcs *j, size_t i) {
-  return j->tape[i].type;
-}
-
-size_t ag__jcs_tok_next(const ag__jcs *j, size_t i) {
-  const tok *t = &j->tape[i];
-  return t->type == T_OBJ || t->type == T_ARR ? t->w[0] : i + 1;
-}
-
-size_t ag__jcs_tok_off(const ag__jcs *j, size_t i) {
-  return j->tape[i].off;
-}
-
-bool ag__jcs_key_is(const ag__jcs *j, size_t i, const char *s, size_t n) {
-  const tok *t = &j->tape[i];
-  if (t->w[0] != n)
-    return false;
-  const uint8_t *k = t->flags & F_ESC ? j->arena + t->w[1] : j->src + t->off;
-  return memcmp(k, s, n) == 0;
-}
-
-/* The raw content of the string token t (keys with escapes included: their
- * w[0] is the decoded length, so the closing quote is looked for). */
-static size_t raw_len(const ag__jcs *j, const tok *t) {
-  if (t->type == T_STR || !(t->flags & F_ESC))
-    return t->w[0];
-  size_t p = t->off;
-  while (j->src[p] != '"')
-    p += j->src[p] == '\\' ? 2 : 1;
-  return p - t->off;
-}
-
-size_t ag__jcs_str_raw(const ag__jcs *j, size_t i, const char **s) {
-  const tok *t = &j->tape[i];
-  *s = (const char *)j->src + t->off;
-  return raw_len(j, t);
-}
-
-bool ag__jcs_str_escaped(const ag__jcs *j, size_t i) {
-  const tok *t = &j->tape[i];
-  if (t->flags & F_ESC)
-    return true;
-  return memchr(j->src + t->off, '\\', raw_len(j, t)) != NULL;
-}
-
-size_t ag__jcs_str_decode(const ag__jcs *j, size_t i, char *out) {
-  const tok *t = &j->tape[i];
-  size_t n =
-      decode_escaped(j->src, t->off, t->off + raw_len(j, t), (uint8_t *)out);
-  out[n] = '\0';
-  return n;
-}
-
-size_t ag__jcs_get(const ag__jcs *j, size_t obj, const char *key) {
-  if (ag__jcs_tok_type(j, obj) != AG__JT_OBJ)
-    return 0;
-  size_t n = strlen(key), end = ag__jcs_tok_next(j, obj);
-  for (size_t i = obj + 1; i < end; i = ag__jcs_tok_next(j, i + 1))
-    if (ag__jcs_key_is(j, i, key, n))
-      return i + 1;
-  return 0;
-}
-
-bool ag__jcs_jansson_safe(const ag__jcs *j, size_t n) {
-  const char *s = (const char *)j->src;
-  size_t len = j->len;
-  if (memmem(s, len, "\\u0000", 6) != NULL)
-    return false;
-  for (size_t i = 0; i < n; i++) {
-    if (ag__jcs_tok_type(j, i) != AG__JT_NUM)
-      continue;
-    size_t p = ag__jcs_tok_off(j, i), d;
-    p += s[p] == '-';
-    for (d = 0; p + d < len && s[p + d] >= '0' && s[p + d] <= '9';)
-      d++;
-    if (d > 18 &&
-        (p + d >= len || (s[p + d] != '.' && (s[p + d] | 0x20) != 'e')))
-      return false;
-  }
-  return true;
-}
-
-bool ag__jcs_as_jansson_writes(const ag__jcs *j, size_t v, const char *s,
-                               size_t n) {
-  for (size_t k = v, end = ag__jcs_tok_next(j, v); k < end; k++) {
-    const tok *t = &j->tape[k];
-    if (t->type == T_NUM || (t->type == T_STR && (t->flags & F_ESC)) ||
-        (t->type == T_KEY && ag__jcs_str_escaped(j, k)))
-      return false;
-  }
-  bool in = false; /* inside a string: whitespace there is its own */
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    if (in) {
-      if (c == '\\')
-        i++;
-      else if (c == '"')
-        in = false;
-    } else if (c == '"') {
-      in = true;
-    } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
-      return false;
-    }
-  }
-  return true;
-}
-
-size_t ag__jcs_member_span(const ag__jcs *j, size_t key, size_t *start) {
-  const tok *k = &j->tape[key];
-  const uint8_t *s = j->src;
-  size_t p = skip_ws(s, j->len, k->off + raw_len(j, k) + 1); /* at ':' */
-  p = skip_ws(s, j->len, p + 1);
-  *start = p;
-  const tok *v = &j->tape[key + 1];
-  switch (v->type) {
-  case T_STR:
-    return v->w[0] + 2;
-  case T_TRUE:
-  case T_NULL:
-    return 4;
-  case T_FALSE:
-    return 5;
-  default:
-    break;
-  }
-  /* a number or a container: scanned to its end (the text is valid) */
-  size_t q = p;
-  int depth = 0;
-  do {
-    uint8_t c = s[q];
-    if (c == '"') {
-      q++;
-      while (s[q] != '"')
-        q += s[q] == '\\' ? 2 : 1;
-    } else if (c == '{' || c == '[') {
-      depth++;
-    } else if (c == '}' || c == ']') {
-      depth--;
-    } else if (v->type == T_NUM) {
-      while (q < j->len && (is_digit(s[q]) || s[q] == '-' || s[q] == '+' ||
-                            s[q] == '.' || (s[q] | 0x20) == 'e'))
-        q++;
-      return q - p;
-    }
-    q++;
-  } while (depth > 0);
-  return q - p;
-}
