@@ -42,7 +42,12 @@
  *   - the hash is a polynomial rolling hash over the chunk, advanced by one
  *     byte per position (recomputed in full only after a reset or a gap).
  * Live positions never exceed max_history, so max_history entries always
- * suffice: nothing can fill up or grow.
+ * suffice: nothing can fill up, and nothing is allocated after creation.
+ * The table alone grows inside its block: it starts at 512 slots and
+ * doubles when the entries reach a quarter of it, up to its full size
+ * (2 x max_history rounded up to a power of two), so a short text touches
+ * a few pages instead of zeroing the full table (128 KiB by default) -
+ * the proxy makes a detector per stream.
  *
  * Rejected: SHA-256 per chunk position as Gemini does (about 50 x the cost,
  * and a 256-bit key to store per chunk); Gemini's rewrite of every stored
@@ -113,6 +118,8 @@ struct ag_content_loop {
   size_t carry_len;
   uint8_t *found_chunk; /* k bytes */
   uint64_t *occ;        /* thr positions: the period check's scratch */
+  size_t table_max;     /* slots the block holds: the table grows to it */
+  uint32_t grow_at;     /* n_used that doubles the table (see grow) */
 };
 
 void ag_content_loop_opts_init(ag_content_loop_opts *opts) {
@@ -131,6 +138,19 @@ static size_t pow2_at_least(size_t n) {
 }
 
 static size_t home_of(const ag_content_loop *d, uint32_t key);
+
+/* The table's first size: 512 slots, one 4 KiB page. */
+#define TABLE_START 512
+
+static void table_size(ag_content_loop *d, size_t slots) {
+  d->table_mask = slots - 1;
+  unsigned bits = 0;
+  while (((size_t)1 << bits) < slots)
+    bits++;
+  d->table_shift = 32 - bits;
+  /* a quarter full; never again at full size */
+  d->grow_at = slots < d->table_max ? (uint32_t)(slots / 4) : UINT32_MAX;
+}
 
 static void reset_tracking(ag_content_loop *d) {
   d->buf_abs = d->base = d->end = d->scan = 0;
@@ -197,17 +217,15 @@ ag_err_t ag_content_loop_new(ag_content_loop **out,
    * half full (31% with the default 5000) */
   size_t slots = pow2_at_least(2 * d->cap);
   d->ring_mask = ring - 1;
-  d->table_mask = slots - 1;
-  unsigned bits = 0;
-  while (((size_t)1 << bits) < slots)
-    bits++;
-  d->table_shift = 32 - bits;
+  d->table_max = slots;
   /* One block for everything (fewer calls, and one size for the
    * allocator: a guard made and freed per proxy request then reuses the
    * same memory instead of mapping and trimming six blocks each time).
    * Only the table must start empty: entries past n_used, the links of
    * positions not yet recorded and the scratch are written before they
-   * are read. */
+   * are read. The table starts small and doubles with the chunks it
+   * holds (see grow), so a short text touches a few pages of the block,
+   * not all of it: the proxy makes a detector per stream. */
   size_t sz_table = slots * sizeof(*d->table);
   size_t sz_entries = d->cap * sizeof(*d->entries);
   size_t sz_next = ring * sizeof(*d->next_occ);
@@ -229,7 +247,8 @@ ag_err_t ag_content_loop_new(ag_content_loop **out,
   d->entry_of = (uint32_t *)(void *)((uint8_t *)d->table + sz_table);
   d->buf = (uint8_t *)d->entry_of + sz_of;
   d->found_chunk = d->buf + 2 * d->cap;
-  memset(d->table, 0, sz_table);
+  table_size(d, slots < TABLE_START ? slots : TABLE_START);
+  memset(d->table, 0, (d->table_mask + 1) * sizeof(*d->table));
   uint64_t p = 1;
   for (size_t i = 1; i < d->k; i++)
     p *= ROLL_BASE;
@@ -346,6 +365,30 @@ static bool few_periods(ag_content_loop *d, uint64_t first) {
   return true;
 }
 
+/* Doubles the table (up to table_max, where it is at most a third full)
+ * and puts every live entry back: the entries hold their keys, so no
+ * second table is needed. Called when entries reach a quarter of the
+ * slots, so probes stay as short as in a table made at full size; each
+ * entry is moved at most once per doubling, O(1) amortised. */
+#if defined(__GNUC__)
+__attribute__((noinline, cold))
+#endif
+static void
+grow(ag_content_loop *d) {
+  size_t slots = (d->table_mask + 1) * 2;
+  table_size(d, slots);
+  memset(d->table, 0, slots * sizeof(*d->table));
+  for (uint32_t id = 0; id < d->n_used; id++) {
+    if (d->entries[id].count == 0)
+      continue; /* on the free list */
+    size_t i = home_of(d, d->entries[id].key);
+    while (d->table[i].id != 0)
+      i = (i + 1) & d->table_mask;
+    d->table[i].key = d->entries[id].key;
+    d->table[i].id = id + 1;
+  }
+}
+
 /* Gemini's isLoopDetectedForChunk for the chunk at `pos` with hash `h`:
  * records the occurrence; true when it completes a loop. */
 static bool record(ag_content_loop *d, uint64_t pos, const uint8_t *chunk,
@@ -382,6 +425,12 @@ static bool record(ag_content_loop *d, uint64_t pos, const uint8_t *chunk,
     id = d->free_head;
     d->free_head = d->entries[id].next_free;
   } else {
+    if (d->n_used >= d->grow_at) {
+      grow(d); /* before the new entry is counted: its fields are stale */
+      for (i = home_of(d, key); d->table[i].id != 0;
+           i = (i + 1) & d->table_mask)
+        ; /* the key is not in the table: its first empty slot */
+    }
     id = d->n_used++; /* < cap: live chunks never exceed max_history */
   }
   entry *e = &d->entries[id];
