@@ -5,9 +5,16 @@
 # the shared machine hits both sides.
 #
 # The upstream is Debian's nginx (one worker) answering every POST with a
-# canned Chat Completions reply: whole (a chat.completion without calls)
-# on one port, streamed (50 chunks of text, then the finish and [DONE]) on
-# another. The request (bench/throughput.lua) is a guarded one: a turn
+# canned Chat Completions reply, one port per form:
+#   whole   a chat.completion without calls;
+#   stream  50 chunks of text, then the finish and [DONE], each event its
+#           own write (nginx's echo module, echo_flush), as a server that
+#           streams sends them - with no pause between them, so the
+#           upstream is as fast as it can be;
+#   burst   the same events in one write (nginx's return): every event
+#           reaches the proxy at once; the proxy's CPU per stream under the
+#           most pressure, against a direct path that no streaming server
+#           would be. The request (bench/throughput.lua) is a guarded one: a turn
 # with tools and one answered call, so the proxy reads it, replays it
 # through a fresh guard and checks the reply - the whole decision, every
 # time. The proxy runs with the default preset and no access log.
@@ -24,7 +31,7 @@
 #   AG_TP_SECONDS=S     seconds per round (default 5)
 #   AG_TP_CONNS=N       wrk connections (default 64)
 #   AG_TP_THREADS=N     wrk threads (default 2)
-#   AG_TP_MODES="whole stream"  which replies to measure
+#   AG_TP_MODES="whole stream burst"  which replies to measure
 set -u
 PATH=$PATH:/usr/sbin
 die() {
@@ -40,7 +47,10 @@ ROUNDS=${AG_TP_ROUNDS:-3}
 SECS=${AG_TP_SECONDS:-5}
 CONNS=${AG_TP_CONNS:-64}
 THREADS=${AG_TP_THREADS:-2}
-MODES=${AG_TP_MODES:-whole stream}
+MODES=${AG_TP_MODES:-whole stream burst}
+ECHO_MOD=/usr/lib/nginx/modules/ngx_http_echo_module.so
+[ -f "$ECHO_MOD" ] ||
+  die "no $ECHO_MOD (the streamed upstream; Debian: apt-get install libnginx-mod-http-echo)"
 HERE=$(cd "$(dirname "$0")" && pwd)
 TMP=$(mktemp -d /tmp/ag-throughput.XXXXXX) || die "mktemp failed"
 NGINX_PID=""
@@ -61,25 +71,34 @@ free_port() {
 command -v python3 >/dev/null 2>&1 || die "python3 not found (to pick free ports)"
 P_WHOLE=$(free_port)
 P_STREAM=$(free_port)
+P_BURST=$(free_port)
 P_PROXY_W=$(free_port)
 P_PROXY_S=$(free_port)
+P_PROXY_B=$(free_port)
 
 # The canned replies.
 WHOLE='{"id":"chatcmpl-bench","object":"chat.completion","created":1,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"The file says hello."},"finish_reason":"stop"}],"usage":{"prompt_tokens":120,"completion_tokens":6,"total_tokens":126}}'
 # (short chunks after the first, which names the reply: nginx's return
 # takes at most 4 KB)
-STREAM='data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1,"model":"bench","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+FIRST='data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1,"model":"bench","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+LAST='data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+# nginx's strings are quoted: their quotes escaped
+quote() { printf '%s' "$1" | sed 's/"/\\"/g'; }
+q_whole=$(quote "$WHOLE")
+q_burst=$(quote "$FIRST")
+e_stream="echo -n \"$(quote "$FIRST")\"; echo_flush;"
 i=0
 while [ $i -lt 50 ]; do
-  STREAM="${STREAM}data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"w$i \"}}]}\n\n"
+  ev=$(quote "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"w$i \"}}]}\n\n")
+  q_burst="$q_burst$ev"
+  e_stream="$e_stream echo -n \"$ev\"; echo_flush;"
   i=$((i + 1))
 done
-STREAM="${STREAM}data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
-# nginx's return takes a quoted string: its quotes escaped
-q_whole=$(printf '%s' "$WHOLE" | sed 's/"/\\"/g')
-q_stream=$(printf '%s' "$STREAM" | sed 's/"/\\"/g')
+q_burst="$q_burst$(quote "$LAST")"
+e_stream="$e_stream echo -n \"$(quote "$LAST")\";"
 mkdir -p "$TMP/nginx/logs" || die "cannot create $TMP/nginx"
 cat >"$TMP/nginx/nginx.conf" <<EOF
+load_module $ECHO_MOD;
 worker_processes 1;
 daemon off;
 pid $TMP/nginx/nginx.pid;
@@ -94,7 +113,11 @@ http {
   }
   server {
     listen 127.0.0.1:$P_STREAM;
-    location / { default_type text/event-stream; return 200 "$q_stream"; }
+    location / { default_type text/event-stream; $e_stream }
+  }
+  server {
+    listen 127.0.0.1:$P_BURST;
+    location / { default_type text/event-stream; return 200 "$q_burst"; }
   }
 }
 EOF
@@ -107,7 +130,10 @@ PROXY_W=$!
 "$AG" proxy --listen "127.0.0.1:$P_PROXY_S" --upstream "http://127.0.0.1:$P_STREAM/v1" \
   --quiet 2>"$TMP/proxy-s.log" &
 PROXY_S=$!
-PROXY_PID="$PROXY_W $PROXY_S"
+"$AG" proxy --listen "127.0.0.1:$P_PROXY_B" --upstream "http://127.0.0.1:$P_BURST/v1" \
+  --quiet 2>"$TMP/proxy-b.log" &
+PROXY_B=$!
+PROXY_PID="$PROXY_W $PROXY_S $PROXY_B"
 
 wait_port() {
   n=0
@@ -117,11 +143,12 @@ wait_port() {
     sleep 0.1
   done
 }
-for p in $P_WHOLE $P_STREAM; do
+for p in $P_WHOLE $P_STREAM $P_BURST; do
   wait_port "$p" || die "nginx did not start: $(cat "$TMP/nginx/start.log" "$TMP/nginx/logs/error.log" 2>/dev/null)"
 done
 wait_port "$P_PROXY_W" || die "the proxy did not start: $(cat "$TMP/proxy-w.log")"
 wait_port "$P_PROXY_S" || die "the proxy did not start: $(cat "$TMP/proxy-s.log")"
+wait_port "$P_PROXY_B" || die "the proxy did not start: $(cat "$TMP/proxy-b.log")"
 
 # CPU seconds (user + system) of a process so far.
 cpu_s() {
@@ -160,7 +187,8 @@ for mode in $MODES; do
   case $mode in
   whole) up=$P_WHOLE pp=$P_PROXY_W pid=$PROXY_W stream=false ;;
   stream) up=$P_STREAM pp=$P_PROXY_S pid=$PROXY_S stream=true ;;
-  *) die "unknown mode '$mode' (whole, stream)" ;;
+  burst) up=$P_BURST pp=$P_PROXY_B pid=$PROXY_B stream=true ;;
+  *) die "unknown mode '$mode' (whole, stream, burst)" ;;
   esac
   sed "s/@STREAM@/$stream/" "$HERE/throughput.json" >"$TMP/body-$mode.json" ||
     die "cannot write the body"
