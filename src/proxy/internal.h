@@ -230,7 +230,8 @@ typedef struct upstream {
   /* the socket of the client waiting for this transfer while its
    * connection is suspended, watched by on_progress; -1: none */
   int client_fd;
-  bool client_left; /* it closed: the transfer was ended for that */
+  int64_t peer_next_ms; /* on_progress looks at client_fd from then on */
+  bool client_left;     /* it closed: the transfer was ended for that */
   /* the body's bytes taken from the budget (budget.h): `held`; when the
    * budget is spent, a transfer run by ag__px_send_upstream pauses with `want`
    * set and its thread waits for the bytes (sync); any other one ends

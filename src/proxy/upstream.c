@@ -190,17 +190,29 @@ static bool peer_gone(int fd) {
   return (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+/* How often on_progress looks at the client's socket: a client that
+ * leaves is seen within this (plus the one second of a silent upstream),
+ * and a transfer of a few milliseconds makes no poll(2) at all - libcurl
+ * calls the callback a dozen times in one. */
+#define PEER_CHECK_MS 50
+
 /* libcurl's progress callback, on the relay's thread: on every read and,
  * while the upstream is silent, about once a second. A client that has
  * left ends the transfer (and so frees its worker, its slot and its
  * upstream connection) instead of leaving it to wait for the upstream or
  * the transfer's time limit. libmicrohttpd does not watch a suspended
- * connection's socket, so this does. */
+ * connection's socket, so this does, every PEER_CHECK_MS at most. */
 static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow,
                        curl_off_t ultotal, curl_off_t ulnow) {
   (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
   upstream *u = user;
-  if (u->client_fd < 0 || !peer_gone(u->client_fd))
+  if (u->client_fd < 0)
+    return 0;
+  int64_t now = ag_now_ms();
+  if (now < u->peer_next_ms)
+    return 0;
+  u->peer_next_ms = now + PEER_CHECK_MS;
+  if (!peer_gone(u->client_fd))
     return 0;
   u->client_left = true;
   return 1; /* CURLE_ABORTED_BY_CALLBACK */
@@ -275,6 +287,8 @@ bool ag__px_upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
   memset(u, 0, sizeof(*u));
   u->cc = CURLE_OUT_OF_MEMORY;
   u->client_fd = client_fd;
+  /* the client was there when its request was read */
+  u->peer_next_ms = client_fd >= 0 ? ag_now_ms() + PEER_CHECK_MS : 0;
   u->bud = p->budget;
   const px_up *to = ag__px_route(p, uri);
   u->shown = to->shown;
