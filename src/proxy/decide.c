@@ -418,11 +418,12 @@ static void read_held(const ag__wire *w, ag__reply_form form, const char *body,
 }
 
 bool ag__px_read_reply_as(upstream *u, const ag__wire *w, ag__reply_form form,
-                          ag_reply *out, reply *r) {
+                          ag__chunk_tape *ct, ag_reply *out, reply *r) {
   ag_provider_error perr;
   memset(&perr, 0, sizeof perr);
   ag__asm a;
   ag__asm_init(&a, NULL, NULL, &perr, "upstream");
+  a.ct = ct;
   /* the parse holds about twice the body again (jansson's tree, the text
    * copied out of it into `out`): taken from the budget with the body and
    * given back with it (this is a request's thread: it may wait) */
@@ -448,7 +449,51 @@ bool ag__px_read_reply_as(upstream *u, const ag__wire *w, ag__reply_form form,
  * whole. false with a 502 in `r` when it is not
  * one. */
 bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r) {
-  return ag__px_read_reply_as(u, r->shape, AG__REPLY_WHOLE, out, r);
+  return ag__px_read_reply_as(u, r->shape, AG__REPLY_WHOLE, NULL, out, r);
+}
+
+int ag_proxy_read_whole(const char *body, size_t len, unsigned flags,
+                        char **out) {
+  *out = NULL;
+  ag__chunk_tape *ct =
+      (flags & AG_PROXY_REPLAY_TREE) ? NULL : ag__chunk_tape_new();
+  if (ct == NULL && !(flags & AG_PROXY_REPLAY_TREE))
+    return -1;
+  upstream u;
+  memset(&u, 0, sizeof u);
+  u.body = (char *)(uintptr_t)body; /* read, never written or freed */
+  u.len = len;
+  reply r;
+  memset(&r, 0, sizeof r);
+  ag_reply rep;
+  memset(&rep, 0, sizeof rep);
+  json_t *o;
+  if (ag__px_read_reply_as(&u, &ag__wire_chat, AG__REPLY_WHOLE, ct, &rep, &r)) {
+    json_t *calls = json_array();
+    for (size_t i = 0; i < rep.n_calls; i++)
+      json_array_append_new(calls, json_pack("{s:s?, s:s?, s:s%}", "id",
+                                             rep.calls[i].id, "name",
+                                             rep.calls[i].name, "arguments",
+                                             rep.calls[i].arguments != NULL
+                                                 ? rep.calls[i].arguments
+                                                 : "",
+                                             rep.calls[i].arguments_len));
+    o = json_pack("{s:s?, s:s?, s:o, s:s, s:b, s:I, s:I, s:I}", "text",
+                  rep.text, "refusal", rep.refusal, "calls", calls, "finish",
+                  rep.finish_reason, "has_usage", rep.has_usage, "prompt",
+                  (json_int_t)rep.usage.prompt_tokens, "completion",
+                  (json_int_t)rep.usage.completion_tokens, "cached",
+                  (json_int_t)rep.usage.cached_tokens);
+  } else {
+    o = json_pack("{s:i, s:s%}", "status", (int)r.status, "body",
+                  r.body != NULL ? r.body : "", r.len);
+  }
+  *out = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  ag_reply_clear(&rep);
+  ag__px_reply_free(&r);
+  ag__chunk_tape_free(ct);
+  return *out != NULL ? 0 : -1;
 }
 
 /* The final request's reply (j, taken), its calls taken out, as r: whole,

@@ -456,9 +456,10 @@ const px_up *ag__px_route(const ag_proxy *p, const char *target);
 bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r);
 /* The upstream's reply held whole, read by shape w's readers as the
  * client asked for it (whole JSON, SSE, a JSON array of chunks); false
- * with a 502 in `r` when it is not such a reply. */
+ * with a 502 in `r` when it is not such a reply. `ct`: the loop's scratch
+ * tape for a shape's fast reader (a plain chat.completion), or NULL. */
 bool ag__px_read_reply_as(upstream *u, const ag__wire *w, ag__reply_form form,
-                          ag_reply *out, reply *r);
+                          ag__chunk_tape *ct, ag_reply *out, reply *r);
 ag_action ag__px_record_nudged(ag_guard *g, const ag_reply *rep,
                                const ag_call_check *checks, ag_verdict *v);
 bool ag__px_refused(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,

@@ -121,7 +121,7 @@ static void answer_held(ag_proxy *p, req_ctx *q, const json_t *req,
     /* r holds the 502 or 504 */
   } else if (u.status < 200 || u.status >= 300) {
     ag__px_pass_back(&u, r);
-  } else if (ag__px_read_reply_as(&u, r->shape, form, &rep, r)) {
+  } else if (ag__px_read_reply_as(&u, r->shape, form, NULL, &rep, r)) {
     ag__px_attr_usage(&q->attr, &rep);
     ag_call_check checks[AG__CALLS_MAX];
     ag_action act = ag__px_check_reply(g, &rep, false, checks, v);

@@ -319,7 +319,8 @@ static void whole_answer(stream_st *st, req_ctx *q) {
     reply bad;
     memset(&bad, 0, sizeof bad);
     bad.shape = st->w;
-    bool read = ag__px_read_reply_as(u, st->w, AG__REPLY_WHOLE, &rep, &bad);
+    bool read =
+        ag__px_read_reply_as(u, st->w, AG__REPLY_WHOLE, st->sh->ct, &rep, &bad);
     ag_call_check checks[AG__CALLS_MAX];
     ag_verdict v;
     ag_action act =

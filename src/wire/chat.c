@@ -198,7 +198,11 @@ static bool read_call(ag__asm *a, const json_t *tc, int64_t index) {
   return true;
 }
 
+static bool whole_tape(ag__asm *a, const char *body, size_t len);
+
 void ag__openai_response(ag__asm *a, const char *body, size_t len) {
+  if (whole_tape(a, body, len))
+    return;
   json_error_t je;
   json_t *j = json_loadb(body, len, 0, &je);
   if (j == NULL) {
@@ -547,6 +551,155 @@ static int fast_chunk(ag__wire_relay *r, const char *data, size_t len) {
   }
   ag__sse_data(&r->out, data, len);
   return r->out.cut || r->held.cut ? 1 : 0;
+}
+
+/* ---- a whole reply from the tape ---------------------------------------- */
+
+/* Whether number token i is what jansson reads as an integer (no fraction,
+ * no exponent), with its value in *v. */
+static bool tok_int(const ag__jcs *j, const char *s, size_t len, size_t i,
+                    long long *v) {
+  if (!tok_is(j, i, AG__JT_NUM))
+    return false;
+  size_t off = ag__jcs_tok_off(j, i), e = off;
+  while (e < len && strchr("+-0123456789.eE", s[e]) != NULL && s[e] != '\0')
+    e++;
+  char num[24];
+  if (e - off >= sizeof num || memchr(s + off, '.', e - off) != NULL ||
+      memchr(s + off, 'e', e - off) != NULL ||
+      memchr(s + off, 'E', e - off) != NULL)
+    return false;
+  memcpy(num, s + off, e - off);
+  num[e - off] = '\0';
+  *v = strtoll(num, NULL, 10); /* in range: ag__jcs_jansson_safe */
+  return true;
+}
+
+/* The decoded text of string token i in the scratch (valid until the
+ * next). */
+static const char *tok_text(ag__chunk_tape *ct, size_t i, size_t *len) {
+  *len = ag__jcs_str_decode(ct->j, i, ct->buf);
+  return ct->buf;
+}
+
+/* Whether the tool_calls token tcs (absent or null: none) is what
+ * read_call takes without a word: an array of objects whose "function" is
+ * absent or an object, its "arguments" absent, null or a string (an
+ * object, which the tree path writes out with jansson, goes there). */
+static bool calls_plain(const ag__jcs *j, size_t tcs) {
+  if (tok_none(j, tcs))
+    return true;
+  if (!tok_is(j, tcs, AG__JT_ARR))
+    return false;
+  size_t end = ag__jcs_tok_next(j, tcs);
+  for (size_t tc = tcs + 1; tc < end; tc = ag__jcs_tok_next(j, tc)) {
+    if (!tok_is(j, tc, AG__JT_OBJ))
+      return false;
+    size_t fn = ag__jcs_get(j, tc, "function");
+    if (fn == 0)
+      continue;
+    if (!tok_is(j, fn, AG__JT_OBJ))
+      return false;
+    size_t args = ag__jcs_get(j, fn, "arguments");
+    if (!tok_none(j, args) && !tok_is(j, args, AG__JT_STR))
+      return false;
+  }
+  return true;
+}
+
+/* A whole chat.completion read from the tape (a->ct) instead of a jansson
+ * tree: the replies most non-streamed requests get. It takes only a body
+ * the tree path reads without a complaint - an object without a non-null
+ * "error", a non-empty "choices" whose first element is an object with a
+ * "message" object, its "content" absent, null or a string, its calls as
+ * calls_plain says - and that jansson would take (ag__jcs_jansson_safe),
+ * and then feeds the assembler exactly what ag__openai_response's tree
+ * path feeds it, in the same order. Anything else returns false before it
+ * has touched the assembler, and the tree path reads the body: its
+ * effects, and its messages for a bad body, are the reference
+ * (ag_proxy_read_whole in hooks.h; tests/fuzz/fuzz_relay.c compares the
+ * two). */
+static bool whole_tape(ag__asm *a, const char *body, size_t len) {
+  ag__chunk_tape *ct = a->ct;
+  size_t n;
+  if (ct == NULL || len > CHUNK_TAPE_MAX ||
+      ag__jcs_tape(ct->j, body, len, &n, NULL) != AG_OK ||
+      ag__jcs_tok_type(ct->j, 0) != AG__JT_OBJ ||
+      !ag__jcs_jansson_safe(ct->j, n))
+    return false;
+  const ag__jcs *j = ct->j;
+  size_t chs = ag__jcs_get(j, 0, "choices");
+  if (!tok_none(j, ag__jcs_get(j, 0, "error")) || !tok_is(j, chs, AG__JT_ARR) ||
+      ag__jcs_tok_next(j, chs) == chs + 1 || !tok_is(j, chs + 1, AG__JT_OBJ))
+    return false;
+  size_t ch = chs + 1, m = ag__jcs_get(j, ch, "message");
+  if (!tok_is(j, m, AG__JT_OBJ))
+    return false;
+  size_t content = ag__jcs_get(j, m, "content");
+  size_t tcs = ag__jcs_get(j, m, "tool_calls");
+  if ((!tok_none(j, content) && !tok_is(j, content, AG__JT_STR)) ||
+      !calls_plain(j, tcs))
+    return false;
+  /* taken: the tree path's steps, in its order */
+  size_t l = 0;
+  const char *t;
+  if (tok_is(j, content, AG__JT_STR) && (t = tok_text(ct, content, &l)) &&
+      !ag__asm_text(a, t, l))
+    return true;
+  size_t refusal = ag__jcs_get(j, m, "refusal");
+  if (tok_is(j, refusal, AG__JT_STR) && (t = tok_text(ct, refusal, &l)) &&
+      !ag__asm_refusal(a, t, l))
+    return true;
+  int64_t index = 0;
+  size_t end = tok_is(j, tcs, AG__JT_ARR) ? ag__jcs_tok_next(j, tcs) : 0;
+  for (size_t tc = tcs + 1; tc < end; tc = ag__jcs_tok_next(j, tc), index++) {
+    ag__part_call *c = ag__asm_call(a, index);
+    if (c == NULL)
+      return true;
+    size_t id = ag__jcs_get(j, tc, "id"), fn = ag__jcs_get(j, tc, "function");
+    if (tok_is(j, id, AG__JT_STR) && c->id == NULL &&
+        (t = tok_text(ct, id, &l), l > 0) && !ag__asm_set(a, &c->id, t, l))
+      return true;
+    size_t name = fn != 0 ? ag__jcs_get(j, fn, "name") : 0;
+    if (tok_is(j, name, AG__JT_STR) && c->name == NULL &&
+        (t = tok_text(ct, name, &l), l > 0) && !ag__asm_set(a, &c->name, t, l))
+      return true;
+    size_t args = fn != 0 ? ag__jcs_get(j, fn, "arguments") : 0;
+    if (tok_is(j, args, AG__JT_STR) && (t = tok_text(ct, args, &l)) &&
+        !ag__asm_args(a, c, t, l))
+      return true;
+  }
+  size_t fr = ag__jcs_get(j, ch, "finish_reason");
+  if (tok_is(j, fr, AG__JT_STR)) { /* cut as snprintf's "%s" cuts */
+    t = tok_text(ct, fr, &l);
+    l = l < sizeof(a->finish_reason) - 1 ? l : sizeof(a->finish_reason) - 1;
+    memcpy(a->finish_reason, t, l);
+    a->finish_reason[l] = '\0';
+  }
+  /* (ag__jcs_get of token 0 is the root's member: every object looked
+   * into below is one) */
+  size_t u = ag__jcs_get(j, 0, "usage");
+  long long pt = 0, ctk = 0, cached = 0;
+  bool has_pt = false, has_ct = false;
+  if (tok_is(j, u, AG__JT_OBJ)) {
+    has_pt = tok_int(j, body, len, ag__jcs_get(j, u, "prompt_tokens"), &pt);
+    has_ct =
+        tok_int(j, body, len, ag__jcs_get(j, u, "completion_tokens"), &ctk);
+  }
+  if (has_pt || has_ct) {
+    size_t det = ag__jcs_get(j, u, "prompt_tokens_details");
+    a->has_usage = true;
+    a->usage.prompt_tokens = has_pt ? pt : 0;
+    a->usage.completion_tokens = has_ct ? ctk : 0;
+    a->usage.cached_tokens =
+        tok_is(j, det, AG__JT_OBJ) &&
+                tok_int(j, body, len, ag__jcs_get(j, det, "cached_tokens"),
+                        &cached)
+            ? cached
+            : 0;
+  }
+  a->done = true;
+  return true;
 }
 
 /* A chunk that holds text and more (calls, the end): its text goes now, in

@@ -125,6 +125,9 @@ typedef struct ag__asm {
   ag_err_t failed;
   ag_provider_error *perr;
   const char *service;
+  /* A scratch tape for a whole reply's fast reader (Chat Completions:
+   * chat.c), set by the caller after ag__asm_init; NULL: the tree only. */
+  struct ag__chunk_tape *ct;
 } ag__asm;
 
 void ag__asm_init(ag__asm *a, ag_delta_fn on_delta, void *delta_user,
@@ -210,9 +213,10 @@ json_t *ag__responses_stop(const char *id, const char *model, const char *text,
 
 /* ---- a stream relayed event by event (chat.c, messages.c) -------------- */
 
-/* The scratch of Chat Completions' fast path over text chunks (the JCS
- * tokenizer's tape: no jansson tree for the chunks most streams are made
- * of). One per thread that relays; NULL where there is none. */
+/* The scratch of Chat Completions' fast paths (the JCS tokenizer's tape:
+ * no jansson tree for the text chunks most streams are made of, nor for
+ * the plain whole replies most non-streamed requests get; bodies of at
+ * most 16 KiB). One per thread that relays; NULL where there is none. */
 typedef struct ag__chunk_tape ag__chunk_tape;
 ag__chunk_tape *ag__chunk_tape_new(void);
 void ag__chunk_tape_free(ag__chunk_tape *ct);
