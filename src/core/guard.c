@@ -96,26 +96,26 @@ AG_EXTERN void ag_guard_opts_init(ag_guard_opts *opts) {
 /* Construction                                                             */
 /* ------------------------------------------------------------------------ */
 
+/* The entries and their messages in one block (entries first, then cap
+ * messages of msg_cap bytes): two allocations per ring were 1 + cap. */
 static ag_err_t ring_init(err_ring *r, int cap, size_t msg_cap) {
   r->cap = cap;
   r->count = r->head = 0;
-  r->e = calloc((size_t)cap, sizeof(*r->e));
+  size_t head = (size_t)cap * sizeof(*r->e);
+  if (msg_cap != 0 && (size_t)cap > (SIZE_MAX - head) / msg_cap)
+    return AG_ENOMEM;
+  r->e = malloc(head + (size_t)cap * msg_cap);
   if (r->e == NULL)
     return AG_ENOMEM;
-  for (int i = 0; i < cap; i++) {
-    r->e[i].msg = malloc(msg_cap);
-    if (r->e[i].msg == NULL)
-      return AG_ENOMEM;
-  }
+  memset(r->e, 0, head);
+  char *msgs = (char *)r->e + head;
+  for (int i = 0; i < cap; i++)
+    r->e[i].msg = msgs + (size_t)i * msg_cap;
   return AG_OK;
 }
 
 static void ring_free(err_ring *r) {
-  if (r->e == NULL)
-    return;
-  for (int i = 0; i < r->cap; i++)
-    free(r->e[i].msg);
-  free(r->e);
+  free(r->e); /* the messages too (ring_init) */
   r->e = NULL;
 }
 

@@ -590,6 +590,13 @@ static ag_err_t parse_number(ag__jcs *j, size_t start, size_t *endp, tok *t,
   char *tmp = (char *)j->arena + j->arena_len;
   memcpy(tmp, s + start, p - start);
   tmp[p - start] = '\0';
+  /* the "C" locale is made for the first number that needs its double
+   * (most texts have none: a guard made per proxy request, its tape, never
+   * pays for it) */
+  if (j->c_locale == (locale_t)0 &&
+      (j->c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0)) ==
+          (locale_t)0)
+    FAIL(AG_ENOMEM, start, "arguments: out of memory at byte %zu", start);
   double v = strtod_l(tmp, NULL, j->c_locale);
   if (isinf(v))
     FAIL(AG_ENUMBER, start,
@@ -1183,12 +1190,10 @@ ag_err_t ag__jcs_create(ag__jcs **out, size_t max_bytes, size_t max_tokens,
   size_t arena =
       max_bytes + 1 < JCS_INITIAL_ARENA ? max_bytes + 1 : JCS_INITIAL_ARENA;
   j->stack = malloc((size_t)max_depth * sizeof(frame));
-  j->c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
   if (size_tokens(j, max_tokens < JCS_INITIAL_TOKENS
                          ? max_tokens
                          : JCS_INITIAL_TOKENS) != AG_OK ||
-      size_arena(j, arena) != AG_OK || j->stack == NULL ||
-      j->c_locale == (locale_t)0) {
+      size_arena(j, arena) != AG_OK || j->stack == NULL) {
     ag__jcs_free(j);
     return ag__set_error(err, AG_ENOMEM, -1, "jcs: out of memory");
   }

@@ -119,8 +119,8 @@ struct ag__jcs {
   size_t arena_len;
   uint32_t dup_tok; /* pending duplicate key (the second one), or NONE */
 
-  locale_t c_locale;
-  ag__sha256 *sha; /* NULL for scratch made only to canonicalize */
+  locale_t c_locale; /* (locale_t)0 until a number needs strtod_l */
+  ag__sha256 *sha;   /* NULL for scratch made only to canonicalize */
 
   ag__sink_fn sink; /* NULL: feed ctx */
   void *user;
