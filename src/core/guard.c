@@ -210,7 +210,8 @@ AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
   g->iteration = 0;
   g->calls_in_turn = 0;
   g->stamp = 0;
-  memset(g->tools, 0, (size_t)g->opts.max_tools * sizeof(*g->tools));
+  /* tools past n_tools were never used: zero since the guard was made */
+  memset(g->tools, 0, (size_t)g->n_tools * sizeof(*g->tools));
   g->n_tools = 0;
   g->cyc_n = 0;
   memset(g->cyc_valid, 0, sizeof(g->cyc_valid));
@@ -222,13 +223,19 @@ AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
   g->pattern_cat = AG_CAT_UNKNOWN;
   g->refused_run = g->denied_run = g->empty_run = 0;
   g->tokens = 0;
-  memset(g->repeat, 0, sizeof(g->repeat));
+  if (g->repeat_used) {
+    memset(g->repeat, 0, sizeof(g->repeat));
+    g->repeat_used = false;
+  }
   g->novel = 0;
   g->repeat_clock = 0;
   g->world = 0;
   g->n_changing = 0;
   g->changing_all = false;
-  memset(g->oks, 0, sizeof(g->oks));
+  if (g->oks_used) {
+    memset(g->oks, 0, sizeof(g->oks));
+    g->oks_used = false;
+  }
   g->ok_clock = 0;
   g->hold_armed = false;
   g->nudged = false;
@@ -633,6 +640,7 @@ AG_EXTERN void ag_guard_resume(ag_guard *g, ag_reason reason) {
     break;
   case AG_REASON_REPEATED_RESULTS:
     memset(g->repeat, 0, sizeof(g->repeat));
+    g->repeat_used = false;
     break;
   case AG_REASON_TOKEN_BUDGET:
     g->tokens = 0;

@@ -100,6 +100,7 @@ static ok_slot *ok_find(ag_guard *g, const uint8_t *sig, bool make) {
   if (!make)
     return NULL;
   memcpy(victim->key, sig, REPEAT_KEY);
+  g->oks_used = true;
   return victim;
 }
 
@@ -130,6 +131,7 @@ static int repeat_count(ag_guard *g, const uint8_t key[AG_SIG_LEN],
       victim = c;
   }
   g->repeat_clock++;
+  g->repeat_used = true; /* r is written below */
   const uint32_t ok = ok_epoch(g, sig);
   if (r != NULL) {
     /* a failure repeats while the world stayed as it was and the call did

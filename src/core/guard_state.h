@@ -135,6 +135,10 @@ struct ag_guard {
   repeat_slot repeat[REPEAT_SLOTS];
   uint32_t novel;        /* pairs seen for the first time in the turn */
   uint32_t repeat_clock; /* pairs recorded in the turn */
+  /* a slot of repeat / oks was written since they were last emptied: a
+   * turn's start empties only tables that hold something (20 KB and 2.5
+   * KB; the proxy starts a few turns per request) */
+  bool repeat_used, oks_used;
   /* progress: the world's epoch (one more per successful call that
    * changes state), the batch's changing calls, successes per call */
   uint32_t world;
