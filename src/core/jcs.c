@@ -362,6 +362,32 @@ static inline size_t find_special(const uint8_t *s, size_t len, size_t p) {
 }
 
 /*
+ * Position of the first byte at or after p that is not an ASCII digit, or
+ * len: 8 bytes at a time, so that a number's digits end without the
+ * mispredicted loop exit of a byte loop (a dense argument is mostly
+ * numbers). A byte below '0' borrows and one above '9' overflows the high
+ * bit of its lane; borrows and carries only reach lanes above a non-digit,
+ * so the lowest flagged lane is the first non-digit.
+ */
+static inline size_t digits_end(const uint8_t *s, size_t len, size_t p) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) &&                            \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+  while (len - p >= 8) {
+    uint64_t x;
+    memcpy(&x, s + p, 8);
+    uint64_t m = ((x - ones * '0') | (x + ones * (0x7f - '9'))) & high;
+    if (m != 0)
+      return p + (ctz64(m) >> 3);
+    p += 8;
+  }
+#endif
+  while (p < len && is_digit(s[p]))
+    p++;
+  return p;
+}
+
+/*
  * Scans the string whose opening quote is at q, from p (an unescaped
  * position; the caller has skipped plain bytes). On success sets *endp to
  * the closing quote and *found to S_* bits. \" \\ \b \f \n \r \t are
@@ -574,7 +600,7 @@ static ag_err_t parse_number(ag__jcs *j, size_t start, size_t *endp, tok *t,
   size_t ndig = int_end - start - (s[start] == '-');
   if (is_int && ndig <= 15 &&
       !(p - start == 2 && s[start] == '-' && s[start + 1] == '0')) {
-    t->flags = F_NUM_INT;
+    t->flags = F_NUM_COPY;
     return AG_OK;
   }
   char d[15];
@@ -719,24 +745,41 @@ value:
       goto after;
     }
     if (is_digit(c) || c == '-') {
-      /* Fast path: a short plain integer is its own canonical form. */
-      size_t d0 = p + (c == '-'), e = d0;
-      while (e < len && is_digit(s[e]))
-        e++;
+      /* Fast path: a literal that is its own canonical form (F_NUM_COPY).
+       * A plain integer of at most 15 digits but "-0"; or a plain decimal
+       * of at most 15 significant digits whose fraction does not end in
+       * '0' and, below 1, starts with at most five zeros (1e-7 and below
+       * are written with an exponent). Such a literal reads back to the
+       * same digits (DBL_DIG is 15) and no shorter digits read to its
+       * double, so ECMAScript writes it as it is. */
+      size_t d0 = p + (c == '-'), e = digits_end(s, len, d0);
       size_t nd = e - d0;
-      if (nd >= 1 && nd <= 15 && (s[d0] != '0' || (nd == 1 && c != '-')) &&
-          (e >= len || (s[e] != '.' && (s[e] | 0x20) != 'e'))) {
+      bool lead = nd >= 1 && (s[d0] != '0' || nd == 1); /* valid, no 0x */
+      size_t q = e;
+      if (lead && nd <= 15 && e < len && s[e] == '.') {
+        size_t f0 = e + 1, z = 0;
+        q = digits_end(s, len, f0);
+        if (s[d0] == '0')
+          while (f0 + z < q && s[f0 + z] == '0')
+            z++;
+        size_t nf = q - f0, sig = s[d0] == '0' ? nf - z : nd + nf;
+        if (nf == 0 || s[q - 1] == '0' || sig > 15 || z > 5)
+          lead = false;
+      } else if (nd > 15 || (c == '-' && nd == 1 && s[d0] == '0')) {
+        lead = false; /* "-0" is written "0" */
+      }
+      if (lead && (q >= len || (s[q] | 0x20) != 'e')) {
         t->type = T_NUM;
-        t->flags = F_NUM_INT;
+        t->flags = F_NUM_COPY;
         t->off = (uint32_t)p;
-        t->w[0] = (uint32_t)(e - p);
-        p = e;
+        t->w[0] = (uint32_t)(q - p);
+        p = q;
         nt++;
         goto after;
       }
       if ((rc = parse_number(j, p, &p, t, err)) != AG_OK)
         return rc;
-      clean &= t->flags == F_NUM_INT;
+      clean &= t->flags == F_NUM_COPY;
       nt++;
       goto after;
     }
@@ -1051,7 +1094,7 @@ static void put_number(ag__jcs *j, const tok *t) {
   const uint8_t *s = j->src + t->off;
   char o[32];
   size_t n;
-  if (t->flags & F_NUM_INT) {
+  if (t->flags & F_NUM_COPY) {
     if (t->w[0] == 2 && s[0] == '-' && s[1] == '0')
       put1(j, '0');
     else

@@ -40,7 +40,7 @@ enum { T_OBJ = 1, T_ARR, T_STR, T_KEY, T_NUM, T_TRUE, T_FALSE, T_NULL };
 enum {
   F_ESC = 1,      /* key: has escapes (decoded in the arena); value: has
                      escapes JCS writes differently */
-  F_NUM_INT = 2,  /* integer literal of <= 15 digits: copy it */
+  F_NUM_COPY = 2, /* its own canonical form: copied as it is */
   F_NUM_TEXT = 4, /* <= 15 significant digits: rearrange the digits */
   F_NUM_DBL = 8,  /* w[] holds the double */
   F_CANON = 16    /* container whose source text is already canonical */
