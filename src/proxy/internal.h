@@ -111,6 +111,8 @@ typedef struct px_up {
                         * length with the '/', else 0 */
   char *shown;         /* scheme://host:port: what messages name, never
                           credentials */
+  char *origin;        /* `up` without its path, credentials included: a
+                        * request's URL is this, path and query */
   const ag__wire *api; /* the API whose paths go here (its route_prefix
                         * and the paths it serves); NULL: every other */
 } px_up;

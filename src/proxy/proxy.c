@@ -435,6 +435,24 @@ static ag_err_t keep_secrets(ag_proxy *p) {
   return rc;
 }
 
+/* The URL up without its path, as libcurl writes it: "scheme://" and the
+ * credentials, host and port as given (upstream_url puts a request's path
+ * and query after it). NULL when out of memory. */
+static char *url_origin(CURLU *up) {
+  CURLU *cu = curl_url_dup(up);
+  char *got = NULL, *o = NULL;
+  if (cu != NULL && curl_url_set(cu, CURLUPART_PATH, "", 0) == CURLUE_OK &&
+      curl_url_get(cu, CURLUPART_URL, &got, 0) == CURLUE_OK) {
+    size_t n = strlen(got);
+    if (n > 0 && got[n - 1] == '/')
+      got[--n] = '\0';
+    o = ag__px_dupz(got);
+  }
+  curl_free(got);
+  curl_url_cleanup(cu);
+  return o;
+}
+
 /* An upstream option (`opt`: its name, for messages), read once with
  * libcurl's URL API: http or https, a host, no query or fragment. Fills
  * *to: the URL (kept whole: the credentials go with every request), its
@@ -486,7 +504,8 @@ static ag_err_t parse_upstream(px_up *to, const char *opt, const char *url,
     size_t sl = strlen(scheme) + strlen(host) + strlen(port) + 5;
     if ((to->shown = malloc(sl)) != NULL)
       snprintf(to->shown, sl, "%s://%s:%s", scheme, host, port);
-    if (to->path == NULL || to->shown == NULL)
+    to->origin = url_origin(to->up);
+    if (to->path == NULL || to->shown == NULL || to->origin == NULL)
       rc = ag__px_fail(err, AG_ENOMEM, "out of memory");
   }
   curl_free(scheme);
@@ -519,6 +538,7 @@ static void proxy_free(ag_proxy *p) {
     curl_url_cleanup(p->ups[k].up);
     free(p->ups[k].path);
     free(p->ups[k].shown);
+    free(p->ups[k].origin);
   }
   ag__conns_free(p->conns);
   ag__budget_free(p->budget);

@@ -253,25 +253,23 @@ static char *upstream_url(const px_up *to, const char *target) {
       path[vl] == '/')
     path += vl;
   size_t pl = strcspn(path, "?");
-  size_t bl = strlen(to->path);
-  CURLU *cu = curl_url_dup(to->up);
-  char *full = malloc(bl + pl + 1);
-  char *got = NULL, *url = NULL;
-  if (cu != NULL && full != NULL) {
-    memcpy(full, to->path, bl);
-    memcpy(full + bl, path, pl);
-    full[bl + pl] = '\0';
-    if (curl_url_set(cu, CURLUPART_PATH, full, 0) == CURLUE_OK &&
-        curl_url_set(cu, CURLUPART_QUERY,
-                     path[pl] == '?' && path[pl + 1] != '\0' ? path + pl + 1
-                                                             : NULL,
-                     0) == CURLUE_OK &&
-        curl_url_get(cu, CURLUPART_URL, &got, 0) == CURLUE_OK)
-      url = ag__px_dupz(got);
+  const char *query =
+      path[pl] == '?' && path[pl + 1] != '\0' ? path + pl + 1 : NULL;
+  size_t ol = strlen(to->origin), bl = strlen(to->path);
+  size_t ql = query != NULL ? strlen(query) + 1 : 0;
+  /* what libcurl's URL API wrote from the same parts, without its parse
+   * (two of the 40 us a request took) */
+  char *url = malloc(ol + bl + pl + ql + 1);
+  if (url == NULL)
+    return NULL;
+  memcpy(url, to->origin, ol);
+  memcpy(url + ol, to->path, bl);
+  memcpy(url + ol + bl, path, pl);
+  if (query != NULL) {
+    url[ol + bl + pl] = '?';
+    memcpy(url + ol + bl + pl + 1, query, ql - 1);
   }
-  curl_free(got);
-  free(full);
-  curl_url_cleanup(cu);
+  url[ol + bl + pl + ql] = '\0';
   return url;
 }
 
