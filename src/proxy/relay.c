@@ -48,10 +48,14 @@ struct ag__relay {
   bool quit;    /* the thread ends */
 };
 
+/* libcurl's socket callback. A socket it has not told us of yet has no
+ * socketp: it is added to the epoll set and given one (curl_multi_assign;
+ * libcurl forgets it with the socket's CURL_POLL_REMOVE), so a change of
+ * what it waits for is one EPOLL_CTL_MOD and a new socket one ADD - not a
+ * MOD that fails first, a syscall per request. */
 static int on_socket(CURL *e, curl_socket_t s, int what, void *userp,
                      void *socketp) {
   (void)e;
-  (void)socketp;
   ag__relay *r = userp;
   if (what == CURL_POLL_REMOVE) {
     epoll_ctl(r->ep, EPOLL_CTL_DEL, s, NULL); /* may be closed already */
@@ -62,8 +66,14 @@ static int on_socket(CURL *e, curl_socket_t s, int what, void *userp,
   ev.events = (what & CURL_POLL_IN ? EPOLLIN : 0u) |
               (what & CURL_POLL_OUT ? EPOLLOUT : 0u);
   ev.data.fd = s;
-  if (epoll_ctl(r->ep, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
-    epoll_ctl(r->ep, EPOLL_CTL_ADD, s, &ev);
+  if (socketp != NULL) {
+    if (epoll_ctl(r->ep, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
+      epoll_ctl(r->ep, EPOLL_CTL_ADD, s, &ev);
+  } else {
+    if (epoll_ctl(r->ep, EPOLL_CTL_ADD, s, &ev) != 0 && errno == EEXIST)
+      epoll_ctl(r->ep, EPOLL_CTL_MOD, s, &ev);
+    curl_multi_assign(r->multi, s, r); /* any non-NULL: "added" */
+  }
   return 0;
 }
 
