@@ -79,12 +79,29 @@
 
 /* One event loop: a libmicrohttpd daemon and the relay whose thread runs
  * it (and the transfers of its connections' streams). */
+/* Easy handles a loop keeps for its next transfers (ag__px_easy_get). */
+#define EASY_POOL 32
+
 typedef struct shard {
   struct ag_proxy *p;
   struct MHD_Daemon *d;
   ag__relay *relay;
   ag__chunk_tape *ct; /* the loop's scratch for text chunks, or NULL */
+  /* the easy handles of its streams' finished transfers, reset: a new one
+   * is a 6 KB calloc and a dozen allocations, its cleanup as many frees,
+   * per request. Taken and given back under easy_mu: a stream may end on
+   * another thread (a nudge's, a budget waiter's). */
+  pthread_mutex_t easy_mu;
+  CURL *easy[EASY_POOL];
+  int n_easy;
 } shard;
+
+/* An easy handle for a transfer of a stream of loop sh (sh NULL: a new
+ * one), NULL when out of memory; ag__px_easy_put gives it back, out of
+ * any multi handle, to be reset and kept (or cleaned up when the pool is
+ * full). */
+CURL *ag__px_easy_get(shard *sh);
+void ag__px_easy_put(shard *sh, CURL *h);
 
 /* Event loops: two per core (start_shards), at most SHARDS_MAX, so that
  * relaying uses every core; a connection stays with the loop that

@@ -320,6 +320,8 @@ static bool start_shards(ag_proxy *p, int lfd, unsigned limit) {
   for (p->n_sh = 0; p->n_sh < n; p->n_sh++) {
     shard *sh = &p->sh[p->n_sh];
     sh->p = p;
+    pthread_mutex_init(&sh->easy_mu, NULL);
+    sh->n_easy = 0;
     int fd = dup(lfd);
     if (fd < 0)
       return false;
@@ -362,6 +364,9 @@ static void stop_shards(ag_proxy *p) {
     MHD_run(sh->d);
     MHD_stop_daemon(sh->d);
     ag__chunk_tape_free(sh->ct);
+    while (sh->n_easy > 0)
+      curl_easy_cleanup(sh->easy[--sh->n_easy]);
+    pthread_mutex_destroy(&sh->easy_mu);
   }
   p->n_sh = 0;
 }

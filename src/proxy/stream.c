@@ -49,8 +49,35 @@
 
 /* ---- A streamed reply, relayed ---------------------------------------- */
 
+CURL *ag__px_easy_get(shard *sh) {
+  CURL *h = NULL;
+  if (sh != NULL) {
+    pthread_mutex_lock(&sh->easy_mu);
+    if (sh->n_easy > 0)
+      h = sh->easy[--sh->n_easy];
+    pthread_mutex_unlock(&sh->easy_mu);
+  }
+  return h != NULL ? h : curl_easy_init();
+}
+
+void ag__px_easy_put(shard *sh, CURL *h) {
+  if (h == NULL)
+    return;
+  if (sh != NULL) {
+    curl_easy_reset(h); /* every option back to its default */
+    pthread_mutex_lock(&sh->easy_mu);
+    bool kept = sh->n_easy < EASY_POOL;
+    if (kept)
+      sh->easy[sh->n_easy++] = h;
+    pthread_mutex_unlock(&sh->easy_mu);
+    if (kept)
+      return;
+  }
+  curl_easy_cleanup(h);
+}
+
 static void stream_destroy(stream_st *st) {
-  curl_easy_cleanup(st->x.h);
+  ag__px_easy_put(st->sh, st->x.h); /* out of the relay's multi by now */
   curl_slist_free_all(st->hdrs);
   curl_slist_free_all(st->ch);
   free(st->url);
@@ -785,7 +812,7 @@ static bool start_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   } else {
     st->body = copy;
   }
-  st->x.h = curl_easy_init();
+  st->x.h = ag__px_easy_get(st->sh);
   bool set = st->x.h != NULL && copy != NULL &&
              ag__px_upstream_handle(p, q->client_hdrs, st->x.h, "POST", q->uri,
                                     st->body, len, st->orig != NULL,
@@ -847,7 +874,7 @@ bool ag__px_relay_start(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   st->uri = ag__px_dupz(q->uri);
   st->body = q->body; /* the transfer's from here on */
   q->body = NULL;
-  st->x.h = curl_easy_init();
+  st->x.h = ag__px_easy_get(st->sh);
   if (st->x.h == NULL || st->uri == NULL ||
       !ag__px_upstream_handle(p, q->client_hdrs, st->x.h, q->method, q->uri,
                               st->body, q->len, false, q->client_fd, &st->u,
