@@ -1202,9 +1202,39 @@ next:
 member:
   k = j->order[f->base++];
   f->count--;
+  i = k + 1;
+  {
+    /* A member written as its source writes it - a key without escapes,
+     * ':' right after it, then a scalar that is its own canonical form -
+     * is copied in one piece (the members of a dense argument's small
+     * objects, whose keys are out of order, would be five writes each). */
+    const tok *kt = &tape[k], *vt = &tape[i];
+    size_t ks = kt->off - 1, vs = kt->off + kt->w[0] + 2, ve = 0;
+    size_t v0 = vt->type == T_STR ? vt->off - 1 : vt->off; /* its quote */
+    if (!(kt->flags & F_ESC) && v0 == vs && j->src[vs - 1] == ':') {
+      if (vt->type == T_NUM && (vt->flags & F_NUM_COPY))
+        ve = vs + vt->w[0];
+      else if (vt->type == T_STR && !(vt->flags & F_ESC))
+        ve = vs + vt->w[0] + 2; /* both quotes */
+      else if (vt->type == T_TRUE || vt->type == T_NULL)
+        ve = vs + 4;
+      else if (vt->type == T_FALSE)
+        ve = vs + 5;
+    }
+    if (ve != 0 && !(vt->type == T_NUM && vt->w[0] == 2 && j->src[vs] == '-' &&
+                     j->src[vs + 1] == '0')) {
+      size_t n = ve - ks;
+      if (n <= 32 && j->len - ks >= 32 && n <= OBUF_SIZE - j->olen) {
+        memcpy(j->obuf + j->olen, j->src + ks, 32); /* obuf's slack */
+        j->olen += n;
+      } else {
+        put(j, j->src + ks, n);
+      }
+      goto next;
+    }
+  }
   put_string(j, &tape[k]);
   put1(j, ':');
-  i = k + 1;
   goto value;
 }
 

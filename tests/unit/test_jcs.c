@@ -364,6 +364,21 @@ Test(jcs, copied_decimals_equal_their_exponent_forms) {
                "12345678901234.5,0.1234567890123456]");
 }
 
+/* Members of an object whose keys are out of order, each written as the
+ * canonical form writes it or not (a space, an escape, a number to
+ * rewrite, "-0"): copied in one piece or written token by token, the
+ * same text. */
+Test(jcs, members_copied_whole_or_in_pieces) {
+  expect_canon(
+      "{\"z\":\"x\\ny\",\"y\":1.5,\"x\":true,\"w\":null,\"v\":false,"
+      "\"u\":-0,\"t\":\"\u00e9\",\"s\" :2,\"r\": 3,\"q\":1E2,"
+      "\"p\":\"\\u0041\",\"o\":[1],\"n\":{\"b\":1,\"a\":\"\"},"
+      "\"a\\u0062\":0}",
+      "{\"ab\":0,\"n\":{\"a\":\"\",\"b\":1},\"o\":[1],\"p\":\"A\",\"q\":100,"
+      "\"r\":3,\"s\":2,\"t\":\"\u00e9\",\"u\":0,\"v\":false,\"w\":null,"
+      "\"x\":true,\"y\":1.5,\"z\":\"x\\ny\"}");
+}
+
 /* ------------------------------------------------------------------------ */
 /* Invariance and framing                                                   */
 /* ------------------------------------------------------------------------ */
