@@ -452,8 +452,8 @@ bool ag__px_read_reply(upstream *u, ag_reply *out, reply *r) {
   return ag__px_read_reply_as(u, r->shape, AG__REPLY_WHOLE, NULL, out, r);
 }
 
-int ag_proxy_read_whole(const char *body, size_t len, unsigned flags,
-                        char **out) {
+int ag_proxy_read_whole(bool anthropic, const char *body, size_t len,
+                        unsigned flags, char **out) {
   *out = NULL;
   ag__chunk_tape *ct =
       (flags & AG_PROXY_REPLAY_TREE) ? NULL : ag__chunk_tape_new();
@@ -468,7 +468,8 @@ int ag_proxy_read_whole(const char *body, size_t len, unsigned flags,
   ag_reply rep;
   memset(&rep, 0, sizeof rep);
   json_t *o;
-  if (ag__px_read_reply_as(&u, &ag__wire_chat, AG__REPLY_WHOLE, ct, &rep, &r)) {
+  const ag__wire *w = anthropic ? &ag__wire_messages : &ag__wire_chat;
+  if (ag__px_read_reply_as(&u, w, AG__REPLY_WHOLE, ct, &rep, &r)) {
     json_t *calls = json_array();
     for (size_t i = 0; i < rep.n_calls; i++)
       json_array_append_new(calls, json_pack("{s:s?, s:s?, s:s%}", "id",

@@ -44,15 +44,16 @@ int ag_proxy_relay_replay(const ag_config *cfg, bool anthropic,
                           const char *stream, size_t len, size_t split,
                           unsigned flags, char **out, size_t *out_len);
 
-/* What the proxy reads from an upstream's whole Chat Completions reply
- * (tests, tests/fuzz/fuzz_relay.c): *out (malloc'd, NUL-terminated) is a
+/* What the proxy reads from an upstream's whole reply, Chat Completions
+ * or with `anthropic` Messages (tests, tests/fuzz/fuzz_relay.c): *out
+ * (malloc'd, NUL-terminated) is a
  * JSON object of the reply read - text, refusal, calls, finish reason,
  * usage - or, for a body that is not such a reply, the 502's status and
  * body. `flags`: 0 reads it as the proxy's loop does (a plain reply from
  * the tokenizer's tape), AG_PROXY_REPLAY_TREE as a jansson tree (the
  * reference); the two must give the same object. Returns 0, or -1 when
  * out of memory. */
-int ag_proxy_read_whole(const char *body, size_t len, unsigned flags,
-                        char **out);
+int ag_proxy_read_whole(bool anthropic, const char *body, size_t len,
+                        unsigned flags, char **out);
 
 #endif /* AG_PROXY_HOOKS_H */

@@ -475,6 +475,20 @@ ag__chunk_tape *ag__chunk_tape_new(void) {
   return ct;
 }
 
+bool ag__chunk_tape_whole(ag__chunk_tape *ct, const char *body, size_t len,
+                          ag__wtape *t) {
+  size_t n;
+  if (ct == NULL || len > CHUNK_TAPE_MAX ||
+      ag__jcs_tape(ct->j, body, len, &n, NULL) != AG_OK ||
+      ag__jcs_tok_type(ct->j, 0) != AG__JT_OBJ ||
+      !ag__jcs_jansson_safe(ct->j, n))
+    return false;
+  /* a string decodes into at most its source's bytes, quotes included,
+   * with its NUL: the strings of a body fit in len + 1 */
+  *t = (ag__wtape){ct->j, body, len, n, ct->buf, 0, sizeof ct->buf};
+  return true;
+}
+
 void ag__chunk_tape_free(ag__chunk_tape *ct) {
   if (ct != NULL) {
     ag__jcs_free(ct->j);
@@ -555,33 +569,6 @@ static int fast_chunk(ag__wire_relay *r, const char *data, size_t len) {
 
 /* ---- a whole reply from the tape ---------------------------------------- */
 
-/* Whether number token i is what jansson reads as an integer (no fraction,
- * no exponent), with its value in *v. */
-static bool tok_int(const ag__jcs *j, const char *s, size_t len, size_t i,
-                    long long *v) {
-  if (!tok_is(j, i, AG__JT_NUM))
-    return false;
-  size_t off = ag__jcs_tok_off(j, i), e = off;
-  while (e < len && strchr("+-0123456789.eE", s[e]) != NULL && s[e] != '\0')
-    e++;
-  char num[24];
-  if (e - off >= sizeof num || memchr(s + off, '.', e - off) != NULL ||
-      memchr(s + off, 'e', e - off) != NULL ||
-      memchr(s + off, 'E', e - off) != NULL)
-    return false;
-  memcpy(num, s + off, e - off);
-  num[e - off] = '\0';
-  *v = strtoll(num, NULL, 10); /* in range: ag__jcs_jansson_safe */
-  return true;
-}
-
-/* The decoded text of string token i in the scratch (valid until the
- * next). */
-static const char *tok_text(ag__chunk_tape *ct, size_t i, size_t *len) {
-  *len = ag__jcs_str_decode(ct->j, i, ct->buf);
-  return ct->buf;
-}
-
 /* Whether the tool_calls token tcs (absent or null: none) is what
  * read_call takes without a word: an array of objects whose "function" is
  * absent or an object, its "arguments" absent, null or a string (an
@@ -620,14 +607,10 @@ static bool calls_plain(const ag__jcs *j, size_t tcs) {
  * (ag_proxy_read_whole in hooks.h; tests/fuzz/fuzz_relay.c compares the
  * two). */
 static bool whole_tape(ag__asm *a, const char *body, size_t len) {
-  ag__chunk_tape *ct = a->ct;
-  size_t n;
-  if (ct == NULL || len > CHUNK_TAPE_MAX ||
-      ag__jcs_tape(ct->j, body, len, &n, NULL) != AG_OK ||
-      ag__jcs_tok_type(ct->j, 0) != AG__JT_OBJ ||
-      !ag__jcs_jansson_safe(ct->j, n))
+  ag__wtape tw, *tp = &tw;
+  if (!ag__chunk_tape_whole(a->ct, body, len, tp))
     return false;
-  const ag__jcs *j = ct->j;
+  const ag__jcs *j = tp->j;
   size_t chs = ag__jcs_get(j, 0, "choices");
   if (!tok_none(j, ag__jcs_get(j, 0, "error")) || !tok_is(j, chs, AG__JT_ARR) ||
       ag__jcs_tok_next(j, chs) == chs + 1 || !tok_is(j, chs + 1, AG__JT_OBJ))
@@ -643,13 +626,13 @@ static bool whole_tape(ag__asm *a, const char *body, size_t len) {
   /* taken: the tree path's steps, in its order */
   size_t l = 0;
   const char *t;
-  if (tok_is(j, content, AG__JT_STR) && (t = tok_text(ct, content, &l)) &&
-      !ag__asm_text(a, t, l))
-    return true;
+  if (tok_is(j, content, AG__JT_STR) &&
+      ((t = ag__wt_str(tp, content, &l)) == NULL || !ag__asm_text(a, t, l)))
+    return ag__wt_full(a, t);
   size_t refusal = ag__jcs_get(j, m, "refusal");
-  if (tok_is(j, refusal, AG__JT_STR) && (t = tok_text(ct, refusal, &l)) &&
-      !ag__asm_refusal(a, t, l))
-    return true;
+  if (tok_is(j, refusal, AG__JT_STR) &&
+      ((t = ag__wt_str(tp, refusal, &l)) == NULL || !ag__asm_refusal(a, t, l)))
+    return ag__wt_full(a, t);
   int64_t index = 0;
   size_t end = tok_is(j, tcs, AG__JT_ARR) ? ag__jcs_tok_next(j, tcs) : 0;
   for (size_t tc = tcs + 1; tc < end; tc = ag__jcs_tok_next(j, tc), index++) {
@@ -658,33 +641,30 @@ static bool whole_tape(ag__asm *a, const char *body, size_t len) {
       return true;
     size_t id = ag__jcs_get(j, tc, "id"), fn = ag__jcs_get(j, tc, "function");
     if (tok_is(j, id, AG__JT_STR) && c->id == NULL &&
-        (t = tok_text(ct, id, &l), l > 0) && !ag__asm_set(a, &c->id, t, l))
-      return true;
+        ((t = ag__wt_str(tp, id, &l)) == NULL ||
+         (l > 0 && !ag__asm_set(a, &c->id, t, l))))
+      return ag__wt_full(a, t);
     size_t name = fn != 0 ? ag__jcs_get(j, fn, "name") : 0;
     if (tok_is(j, name, AG__JT_STR) && c->name == NULL &&
-        (t = tok_text(ct, name, &l), l > 0) && !ag__asm_set(a, &c->name, t, l))
-      return true;
+        ((t = ag__wt_str(tp, name, &l)) == NULL ||
+         (l > 0 && !ag__asm_set(a, &c->name, t, l))))
+      return ag__wt_full(a, t);
     size_t args = fn != 0 ? ag__jcs_get(j, fn, "arguments") : 0;
-    if (tok_is(j, args, AG__JT_STR) && (t = tok_text(ct, args, &l)) &&
-        !ag__asm_args(a, c, t, l))
-      return true;
+    if (tok_is(j, args, AG__JT_STR) &&
+        ((t = ag__wt_str(tp, args, &l)) == NULL || !ag__asm_args(a, c, t, l)))
+      return ag__wt_full(a, t);
   }
   size_t fr = ag__jcs_get(j, ch, "finish_reason");
-  if (tok_is(j, fr, AG__JT_STR)) { /* cut as snprintf's "%s" cuts */
-    t = tok_text(ct, fr, &l);
-    l = l < sizeof(a->finish_reason) - 1 ? l : sizeof(a->finish_reason) - 1;
-    memcpy(a->finish_reason, t, l);
-    a->finish_reason[l] = '\0';
-  }
+  if ((t = ag__wt_str(tp, fr, &l)) != NULL)
+    ag__asm_finish_reason(a, t, l);
   /* (ag__jcs_get of token 0 is the root's member: every object looked
    * into below is one) */
   size_t u = ag__jcs_get(j, 0, "usage");
   long long pt = 0, ctk = 0, cached = 0;
   bool has_pt = false, has_ct = false;
   if (tok_is(j, u, AG__JT_OBJ)) {
-    has_pt = tok_int(j, body, len, ag__jcs_get(j, u, "prompt_tokens"), &pt);
-    has_ct =
-        tok_int(j, body, len, ag__jcs_get(j, u, "completion_tokens"), &ctk);
+    has_pt = ag__wt_int(tp, ag__jcs_get(j, u, "prompt_tokens"), &pt);
+    has_ct = ag__wt_int(tp, ag__jcs_get(j, u, "completion_tokens"), &ctk);
   }
   if (has_pt || has_ct) {
     size_t det = ag__jcs_get(j, u, "prompt_tokens_details");
@@ -693,8 +673,7 @@ static bool whole_tape(ag__asm *a, const char *body, size_t len) {
     a->usage.completion_tokens = has_ct ? ctk : 0;
     a->usage.cached_tokens =
         tok_is(j, det, AG__JT_OBJ) &&
-                tok_int(j, body, len, ag__jcs_get(j, det, "cached_tokens"),
-                        &cached)
+                ag__wt_int(tp, ag__jcs_get(j, det, "cached_tokens"), &cached)
             ? cached
             : 0;
   }

@@ -357,7 +357,117 @@ static bool tool_use(ag__asm *a, const json_t *b, int64_t index,
   return !with_input || whole_input(a, c, json_object_get(b, "input"));
 }
 
+/* Whether tool_use input token in (absent: none) is what whole_input
+ * takes without a word and what jansson would write of it: an empty
+ * object, or one whose source text is already jansson's compact text
+ * (ag__jcs_as_jansson_writes; *start and *n its span). */
+static bool input_as_written(const ag__wtape *t, size_t in, size_t *start,
+                             size_t *n) {
+  *n = 0;
+  if (in == 0 ||
+      (ag__wt_is(t, in, AG__JT_OBJ) && ag__jcs_tok_next(t->j, in) == in + 1))
+    return true;
+  if (!ag__wt_is(t, in, AG__JT_OBJ))
+    return false;
+  *n = ag__jcs_member_span(t->j, in - 1, start); /* in - 1: its key */
+  return ag__jcs_as_jansson_writes(t->j, in, t->s + *start, *n);
+}
+
+/* Whether content token c is what the tree path reads without a word: an
+ * array of objects with a string "type"; a "text" block's "text" a
+ * string; a "tool_use" block's "name" a string, its input as
+ * input_as_written says. */
+static bool blocks_plain(const ag__wtape *t, size_t c) {
+  if (!ag__wt_is(t, c, AG__JT_ARR))
+    return false;
+  AG__WT_EACH(t, c, b) {
+    size_t bt = ag__wt_get(t, b, "type"), start, n;
+    if (!ag__wt_is(t, b, AG__JT_OBJ) || !ag__wt_is(t, bt, AG__JT_STR))
+      return false;
+    if (ag__wt_eq(t, bt, "text") &&
+        !ag__wt_is(t, ag__wt_get(t, b, "text"), AG__JT_STR))
+      return false;
+    if (ag__wt_eq(t, bt, "tool_use") &&
+        (!ag__wt_is(t, ag__wt_get(t, b, "name"), AG__JT_STR) ||
+         !input_as_written(t, ag__wt_get(t, b, "input"), &start, &n)))
+      return false;
+  }
+  return true;
+}
+
+/* read_usage from the tape. */
+static void tape_usage(ag__asm *a, const ag__wtape *t, size_t u) {
+  long long in = 0, out = 0, cc = 0, cr = 0;
+  if (!ag__wt_is(t, u, AG__JT_OBJ))
+    return;
+  bool has_in = ag__wt_int(t, ag__wt_get(t, u, "input_tokens"), &in);
+  bool has_out = ag__wt_int(t, ag__wt_get(t, u, "output_tokens"), &out);
+  bool has_cc =
+      ag__wt_int(t, ag__wt_get(t, u, "cache_creation_input_tokens"), &cc);
+  bool has_cr = ag__wt_int(t, ag__wt_get(t, u, "cache_read_input_tokens"), &cr);
+  if (has_in || has_cc || has_cr) {
+    a->usage.prompt_tokens =
+        (has_in ? in : 0) + (has_cc ? cc : 0) + (has_cr ? cr : 0);
+    a->usage.cached_tokens = has_cr ? cr : 0;
+    a->has_usage = true;
+  }
+  if (has_out) {
+    a->usage.completion_tokens = out;
+    a->has_usage = true;
+  }
+}
+
+/* A whole Messages reply read from the tape (a->ct) instead of a jansson
+ * tree, as chat.c's whole_tape reads a chat.completion: only a body the
+ * tree path reads without a complaint - an object whose "type" is not
+ * "error", its "content" as blocks_plain says - that jansson would take,
+ * fed to the assembler in the tree path's steps and order. Anything else
+ * returns false untouched, for the tree path, the reference
+ * (ag_proxy_read_whole; test_proxy_replies and fuzz_relay compare). */
+static bool whole_tape(ag__asm *a, const char *body, size_t len) {
+  ag__wtape tw, *t = &tw;
+  if (!ag__chunk_tape_whole(a->ct, body, len, t))
+    return false;
+  size_t content = ag__wt_get(t, 0, "content");
+  if (ag__wt_eq(t, ag__wt_get(t, 0, "type"), "error") ||
+      !blocks_plain(t, content))
+    return false;
+  int64_t n_calls = 0;
+  size_t l;
+  const char *s;
+  AG__WT_EACH(t, content, b) {
+    size_t bt = ag__wt_get(t, b, "type");
+    if (ag__wt_eq(t, bt, "text")) {
+      if ((s = ag__wt_str(t, ag__wt_get(t, b, "text"), &l)) == NULL ||
+          !ag__asm_text(a, s, l))
+        return ag__wt_full(a, s);
+    } else if (ag__wt_eq(t, bt, "tool_use")) {
+      ag__part_call *c = ag__asm_call(a, n_calls++);
+      if (c == NULL)
+        return true;
+      size_t id = ag__wt_get(t, b, "id"), start = 0, n;
+      if (ag__wt_is(t, id, AG__JT_STR) &&
+          ((s = ag__wt_str(t, id, &l)) == NULL ||
+           !ag__asm_set(a, &c->id, s, l)))
+        return ag__wt_full(a, s);
+      if ((s = ag__wt_str(t, ag__wt_get(t, b, "name"), &l)) == NULL ||
+          !ag__asm_set(a, &c->name, s, l))
+        return ag__wt_full(a, s);
+      (void)input_as_written(t, ag__wt_get(t, b, "input"), &start, &n);
+      if (n > 0 && !ag__asm_args(a, c, body + start, n))
+        return true;
+    }
+  }
+  if ((s = ag__wt_str(t, ag__wt_get(t, 0, "stop_reason"), &l)) != NULL)
+    ag__asm_finish_reason(a, s, l);
+  tape_usage(a, t, ag__wt_get(t, 0, "usage"));
+  a->done = true;
+  return true;
+}
+
 void ag__anthropic_response(ag__asm *a, const char *body, size_t len) {
+  if (whole_tape(a, body, len))
+    return;
   json_error_t je;
   json_t *j = json_loadb(body, len, 0, &je);
   if (j == NULL) {

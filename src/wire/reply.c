@@ -34,6 +34,14 @@ static char *buf_take(ag__buf *b) {
   return p;
 }
 
+void ag__asm_finish_reason(ag__asm *a, const char *s, size_t len) {
+  size_t n = strnlen(s, len); /* "%s" stops at a NUL */
+  if (n > sizeof(a->finish_reason) - 1)
+    n = sizeof(a->finish_reason) - 1;
+  memcpy(a->finish_reason, s, n);
+  a->finish_reason[n] = '\0';
+}
+
 const char *ag__jstr(const json_t *obj, const char *key, size_t *len) {
   json_t *v = json_object_get(obj, key);
   if (!json_is_string(v))

@@ -10,6 +10,7 @@
  * decode the strings they keep into the tape's one buffer.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../core/internal.h"
@@ -17,6 +18,30 @@
 
 size_t ag__wt_get(const ag__wtape *t, size_t obj, const char *key) {
   return ag__jcs_get(t->j, obj, key);
+}
+
+bool ag__wt_int(const ag__wtape *t, size_t i, long long *v) {
+  if (!ag__wt_is(t, i, AG__JT_NUM))
+    return false;
+  size_t off = ag__jcs_tok_off(t->j, i), e = off;
+  while (e < t->len && t->s[e] != '\0' &&
+         strchr("+-0123456789.eE", t->s[e]) != NULL)
+    e++;
+  char num[24];
+  if (e - off >= sizeof num || memchr(t->s + off, '.', e - off) != NULL ||
+      memchr(t->s + off, 'e', e - off) != NULL ||
+      memchr(t->s + off, 'E', e - off) != NULL)
+    return false;
+  memcpy(num, t->s + off, e - off);
+  num[e - off] = '\0';
+  *v = strtoll(num, NULL, 10); /* in range: ag__jcs_jansson_safe */
+  return true;
+}
+
+bool ag__wt_full(ag__asm *a, const char *s) {
+  if (s == NULL && a->failed == AG_OK)
+    a->failed = AG_ENOMEM;
+  return true;
 }
 
 bool ag__wt_is(const ag__wtape *t, size_t i, int type) {

@@ -140,6 +140,8 @@ bool ag__asm_refusal(ag__asm *a, const char *s, size_t len);
 ag__part_call *ag__asm_call(ag__asm *a, int64_t index);
 bool ag__asm_set(ag__asm *a, char **dst, const char *s, size_t len);
 bool ag__asm_args(ag__asm *a, ag__part_call *c, const char *s, size_t len);
+/* The server's finish reason, cut to its 31 bytes as snprintf cuts. */
+void ag__asm_finish_reason(ag__asm *a, const char *s, size_t len);
 /* Moves everything into `out`. AG_OK or AG_ENOMEM. */
 ag_err_t ag__asm_finish(ag__asm *a, ag_reply *out);
 /* Records a body that is not what the API promises: AG_EPROVIDER, not
@@ -274,8 +276,22 @@ typedef struct ag__wtape {
   size_t used, cap;
 } ag__wtape;
 
+/* A whole reply of up to 16 KiB on the chunk scratch ct (a relaying
+ * thread's), as a tape in *t (its strings decoded into ct's buffer, which
+ * holds them all): true when ct is there and the body is a JSON object
+ * jansson would take as well (ag__jcs_jansson_safe). For the shapes' fast
+ * whole-reply readers. */
+bool ag__chunk_tape_whole(ag__chunk_tape *ct, const char *body, size_t len,
+                          ag__wtape *t);
 /* The value token of member `key` of object token obj, or 0. */
 size_t ag__wt_get(const ag__wtape *t, size_t obj, const char *key);
+/* Whether token i is a number jansson reads as an integer (no fraction,
+ * no exponent; in range on a jansson-safe tape), its value in *v. */
+bool ag__wt_int(const ag__wtape *t, size_t i, long long *v);
+/* A fast whole-reply reader's end after a step that failed: the assembler
+ * says why, or (`s` NULL: a string the scratch could not hold, which its
+ * size rules out) out of memory. true: the reply was read. */
+bool ag__wt_full(ag__asm *a, const char *s);
 /* Whether token i (0: absent) is of AG__JT_* `type`. */
 bool ag__wt_is(const ag__wtape *t, size_t i, int type);
 /* String token i decoded into the buffer, or NULL (no string, or the

@@ -18,8 +18,8 @@
  *  - they are the same whether a chunk that carries only text is read
  *    from the tokenizer's tape (the proxy's way) or, as every other chunk,
  *    as a jansson tree (AG_PROXY_REPLAY_TREE: the reference);
- *  - read as a whole Chat Completions reply instead (the shape bit clear),
- *    the bytes give the same reply, or the same 502, from the tape
+ *  - read as a whole reply of the same API instead, the bytes give the
+ *    same reply, or the same 502, from the tape
  *    (ag_proxy_read_whole, the proxy's loop) as from a jansson tree;
  *  - they are whole SSE events: Chat Completions, "data:" lines then a
  *    blank line, their data [DONE] or JSON, the last event [DONE] or an
@@ -153,15 +153,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   free(whole);
   free(cut);
   free(tree);
-  if (!anthropic) {
-    /* the same bytes as a whole Chat Completions reply, both ways */
-    char *w_tape = NULL, *w_tree = NULL;
-    if (ag_proxy_read_whole(s, len, 0, &w_tape) == 0 &&
-        ag_proxy_read_whole(s, len, AG_PROXY_REPLAY_TREE, &w_tree) == 0)
-      check(strcmp(w_tape, w_tree) == 0,
-            "the same whole reply read from the tape or as a tree", w_tape);
-    free(w_tape);
-    free(w_tree);
-  }
+  /* the same bytes as a whole reply of the same API, both ways */
+  char *w_tape = NULL, *w_tree = NULL;
+  if (ag_proxy_read_whole(anthropic, s, len, 0, &w_tape) == 0 &&
+      ag_proxy_read_whole(anthropic, s, len, AG_PROXY_REPLAY_TREE, &w_tree) ==
+          0)
+    check(strcmp(w_tape, w_tree) == 0,
+          "the same whole reply read from the tape or as a tree", w_tape);
+  free(w_tape);
+  free(w_tree);
   return 0;
 }

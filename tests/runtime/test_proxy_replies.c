@@ -16,13 +16,19 @@
 #include "proxy/hooks.h"
 
 /* Both readings of body, compared; returns the tape's (malloc'd). */
-static char *both_ways(const char *body, size_t len) {
+static char *read_both(bool anthropic, const char *body, size_t len) {
   char *tape = NULL, *tree = NULL;
-  cr_assert_eq(ag_proxy_read_whole(body, len, 0, &tape), 0);
-  cr_assert_eq(ag_proxy_read_whole(body, len, AG_PROXY_REPLAY_TREE, &tree), 0);
+  cr_assert_eq(ag_proxy_read_whole(anthropic, body, len, 0, &tape), 0);
+  cr_assert_eq(
+      ag_proxy_read_whole(anthropic, body, len, AG_PROXY_REPLAY_TREE, &tree),
+      0);
   cr_expect_str_eq(tape, tree, "the tape and the tree differ on %.300s", body);
   free(tree);
   return tape;
+}
+
+static char *both_ways(const char *body, size_t len) {
+  return read_both(false, body, len);
 }
 
 Test(proxy_replies, a_plain_reply_reads_the_same_from_the_tape) {
@@ -142,4 +148,60 @@ Test(proxy_replies, long_replies_and_many_calls_read_the_same_both_ways) {
   n += (size_t)sprintf(b + n, "]}}]}");
   free(both_ways(b, n));
   free(b);
+}
+
+/* Messages: a plain reply from the tape, and the bodies on either side of
+ * its line (an input jansson would write otherwise, a block the tree path
+ * complains about, an error). */
+Test(proxy_replies, messages_replies_read_the_same_both_ways) {
+  const char *plain =
+      "{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\","
+      "\"content\":[{\"type\":\"text\",\"text\":\"Reading \\\"a\\\".\"},"
+      "{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"read_file\","
+      "\"input\":{\"path\":\"a.txt\",\"opts\":{\"all\":true,\"x\":null}}},"
+      "{\"type\":\"tool_use\",\"id\":\"toolu_2\",\"name\":\"ls\",\"input\":{}},"
+      "{\"type\":\"thinking\",\"thinking\":\"...\"}],"
+      "\"stop_reason\":\"tool_use\",\"usage\":{\"input_tokens\":10,"
+      "\"cache_creation_input_tokens\":2,\"cache_read_input_tokens\":5,"
+      "\"output_tokens\":7}}";
+  char *got = read_both(true, plain, strlen(plain));
+  cr_expect_str_eq(
+      got, "{\"text\":\"Reading \\\"a\\\".\",\"refusal\":null,\"calls\":["
+           "{\"id\":\"toolu_1\",\"name\":\"read_file\",\"arguments\":"
+           "\"{\\\"path\\\":\\\"a.txt\\\",\\\"opts\\\":{\\\"all\\\":true,"
+           "\\\"x\\\":null}}\"},{\"id\":\"toolu_2\",\"name\":\"ls\","
+           "\"arguments\":\"{}\"}],\"finish\":\"tool_use\",\"has_usage\":true,"
+           "\"prompt\":17,\"completion\":7,\"cached\":5}");
+  free(got);
+  static const char *const bodies[] = {
+      /* inputs jansson writes otherwise: numbers, spaces, an escape */
+      "{\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\","
+      "\"input\":{\"n\":1.50,\"m\":7}}]}",
+      "{\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\","
+      "\"input\":{ \"a\" : \"b\" }}]}",
+      "{\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\","
+      "\"input\":{\"a\":\"x\\/y\\u00e9\"}}]}",
+      /* what the tree path complains about */
+      "{\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"input\":{}}]}",
+      "{\"content\":[{\"type\":\"tool_use\",\"name\":\"f\",\"input\":null}]}",
+      "{\"content\":[{\"type\":\"tool_use\",\"name\":\"f\",\"input\":[1]}]}",
+      "{\"content\":[{\"type\":\"text\",\"text\":7}]}",
+      "{\"content\":[{\"text\":\"no type\"}]}",
+      "{\"content\":[\"text\"]}",
+      "{\"content\":{}}",
+      "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\","
+      "\"message\":\"Overloaded\"}}",
+      "{\"type\":7,\"content\":[],\"stop_reason\":5}",
+      /* ids that are no strings, usage of every kind */
+      "{\"content\":[{\"type\":\"tool_use\",\"id\":7,\"name\":\"\","
+      "\"input\":{}}],\"usage\":{\"output_tokens\":3}}",
+      "{\"content\":[],\"usage\":{\"cache_read_input_tokens\":4,"
+      "\"input_tokens\":1.5}}",
+      "{\"content\":[],\"stop_reason\":\"a_stop_reason_longer_than_thirty_one"
+      "_bytes\",\"usage\":[]}",
+      "{\"content\":[{\"type\":\"text\",\"text\":\"a\\u0000b\"}]}",
+      "{\"content\":[]} x",
+  };
+  for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++)
+    free(read_both(true, bodies[i], strlen(bodies[i])));
 }
