@@ -241,6 +241,17 @@ static void uri_path(const char *uri, char *path, size_t cap) {
   snprintf(path, cap, "%.*s", (int)(pl < cap ? pl : 0), uri);
 }
 
+/* Counts one more request's thread or job for ag_proxy_stop to wait
+ * for; false (nothing counted) once the proxy is stopping. */
+static bool job_begin(ag_proxy *p) {
+  pthread_mutex_lock(&p->jobs_mu);
+  bool ok = !p->stopping;
+  if (ok)
+    p->jobs++;
+  pthread_mutex_unlock(&p->jobs_mu);
+  return ok;
+}
+
 static void job_end(ag_proxy *p) {
   pthread_mutex_lock(&p->jobs_mu);
   if (--p->jobs == 0)
@@ -281,12 +292,7 @@ void ag__px_job_end(ag_proxy *p) {
 }
 
 bool ag__px_spawn_job(ag_proxy *p, void *(*fn)(void *), void *arg) {
-  pthread_mutex_lock(&p->jobs_mu);
-  bool stopping = p->stopping;
-  if (!stopping)
-    p->jobs++; /* ag_proxy_stop waits for it */
-  pthread_mutex_unlock(&p->jobs_mu);
-  if (stopping)
+  if (!job_begin(p))
     return false;
   if (spawn_detached(fn, arg))
     return true;
@@ -330,11 +336,7 @@ void *ag__px_nudge_main(void *arg) {
 static bool start_nudge(nudge_job *nj) {
   stream_st *st = nj->st;
   ag_proxy *p = st->p;
-  pthread_mutex_lock(&p->jobs_mu);
-  bool stopping = p->stopping;
-  if (!stopping)
-    p->jobs++; /* ag_proxy_stop waits for it */
-  pthread_mutex_unlock(&p->jobs_mu);
+  bool stopping = !job_begin(p);
   if (!stopping && spawn_detached(ag__px_nudge_main, nj))
     return true;
   if (!stopping)
@@ -520,12 +522,7 @@ static bool enqueue(ag_proxy *p, req_ctx *q) {
  * connection; false with q->r filled when that cannot be done. */
 static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q) {
   ag_proxy *p = sh->p;
-  pthread_mutex_lock(&p->jobs_mu);
-  bool stopping = p->stopping;
-  if (!stopping)
-    p->jobs++;
-  pthread_mutex_unlock(&p->jobs_mu);
-  if (stopping) {
+  if (!job_begin(p)) {
     ag__px_set_error(&q->r, 503, "server_error", "shutting_down",
                      "agentguard proxy: shutting down");
     return false;
@@ -540,18 +537,12 @@ static bool start_job(shard *sh, struct MHD_Connection *c, req_ctx *q) {
 }
 
 bool ag__px_requeue(req_ctx *q) {
-  ag_proxy *p = q->sh->p;
-  pthread_mutex_lock(&p->jobs_mu);
-  bool stopping = p->stopping;
-  if (!stopping)
-    p->jobs++;
-  pthread_mutex_unlock(&p->jobs_mu);
-  if (stopping) {
+  if (!job_begin(q->sh->p)) {
     ag__px_set_error(&q->r, 503, "server_error", "shutting_down",
                      "agentguard proxy: shutting down");
     return false;
   }
-  return enqueue(p, q);
+  return enqueue(q->sh->p, q);
 }
 
 /* Bodies the loop decides itself at most (decide_here): the decision of
