@@ -18,7 +18,8 @@
  *                hashes with, the canonical bytes computed up front with
  *                ag_canonicalize: the floor any signature-based check pays.
  * and the process heap in use (mallinfo2 uordblks + hblkhd) and RSS after
- * 1,000 and after 1,000,000 checks on one guard.
+ * 1,000 and after 1,000,000 checks on one guard. --only LABEL times one
+ * stream (to profile it with perf).
  *
  * Method: each stream is generated once from a fixed seed, so every run and
  * the Node side (which reads it from --write-stream FILE) see the same calls.
@@ -169,7 +170,7 @@ typedef struct call {
 } call;
 
 typedef struct stream {
-  const char *label; /* "64" or "1k" */
+  const char *label; /* "64", "1k", "ascii" or "dense" */
   call *calls;
   size_t n;
   size_t args_bytes, canon_bytes;
@@ -1031,7 +1032,7 @@ static figures measure(const stream *s, int warmup, int rounds) {
 static void usage(void) {
   fputs("usage: bench_guard [--write-stream FILE] [--stream-only] "
         "[--no-memory | --memory-only] [--calls N] [--rounds N] "
-        "[--warmup N] [--mem-checks N] [--quick]\n",
+        "[--warmup N] [--mem-checks N] [--quick] [--only 64|1k|ascii|dense]\n",
         stderr);
   exit(2);
 }
@@ -1048,7 +1049,7 @@ static long parse_long(const char *s) {
 enum { N_STREAMS = 4 };
 
 int main(int argc, char **argv) {
-  const char *stream_file = NULL;
+  const char *stream_file = NULL, *only = NULL;
   int stream_only = 0, no_memory = 0, memory_only = 0;
   long calls = 4096, rounds = 31, warmup = 3, mem_checks = 1000000;
   for (int i = 1; i < argc; i++) {
@@ -1068,6 +1069,8 @@ int main(int argc, char **argv) {
       warmup = parse_long(argv[++i]);
     else if (!strcmp(argv[i], "--mem-checks") && i + 1 < argc)
       mem_checks = parse_long(argv[++i]);
+    else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+      only = argv[++i];
     else if (!strcmp(argv[i], "--quick")) {
       calls = 1024;
       rounds = 3;
@@ -1115,7 +1118,8 @@ int main(int argc, char **argv) {
       for (int k = 0; k < N_STREAMS; k++)
         verify_signatures(&st[k]);
       for (int k = 0; k < N_STREAMS; k++)
-        measure(&st[k], (int)warmup, (int)rounds);
+        if (only == NULL || !strcmp(only, st[k].label))
+          measure(&st[k], (int)warmup, (int)rounds);
     }
     if (!no_memory)
       memory_report(&st[0], &st[1], mem_checks);

@@ -25,12 +25,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 enum { OP_ADD, OP_CANCEL, OP_UNPAUSE };
 
 #define EVENTS_MAX 128
+#define FD_TRACKED 65536 /* descriptors whose place in the set is kept */
 
 struct ag__relay {
   pthread_t thread;
@@ -44,37 +46,105 @@ struct ag__relay {
   ag__relay_op *head, *tail;
   ag__relay_hook hook;
   bool has_hook;
-  bool closing; /* every transfer ends, new ones too */
-  bool quit;    /* the thread ends */
+  bool closing;     /* every transfer ends, new ones too */
+  bool quit;        /* the thread ends */
+  bool queued_here; /* the loop's own thread queued requests this round */
+  uint8_t *fds;     /* FD_TRACKED states (on_socket); NULL: none kept */
 };
 
-/* libcurl's socket callback. A socket it has not told us of yet has no
- * socketp: it is added to the epoll set and given one (curl_multi_assign;
- * libcurl forgets it with the socket's CURL_POLL_REMOVE), so a change of
- * what it waits for is one EPOLL_CTL_MOD and a new socket one ADD - not a
- * MOD that fails first, a syscall per request. */
+/*
+ * The epoll set follows libcurl's socket callback, with one difference: a
+ * kept connection's socket stays in the set while it is idle. libcurl
+ * says CURL_POLL_REMOVE when a transfer gives its connection back to the
+ * cache and CURL_POLL_IN when the next request on it waits for the reply;
+ * taking the socket out and putting it back was two epoll_ctl calls per
+ * request, a tenth of the proxy's system calls. So `fds` keeps, per
+ * descriptor below FD_TRACKED, what the set holds for it: a socket that
+ * waits for input only when libcurl lets go of it is "parked" and left in
+ * the set; when libcurl wants it again for input, nothing is to be done.
+ * A parked socket that becomes readable (the upstream closed an idle
+ * connection, or sent something unasked) is taken out of the set then,
+ * and libcurl, which checks a connection before it reuses it, finds out
+ * itself. libcurl opens and closes its sockets through on_open and
+ * on_close (set on every transfer, start_xfer), which forget a
+ * descriptor's state: the kernel drops a closed socket from the set, and
+ * a new socket under the same number is not in it.
+ * Descriptors at or above FD_TRACKED take the plain way: out of the set
+ * at CURL_POLL_REMOVE, one ADD (libcurl gives such a socket no socketp
+ * yet; curl_multi_assign) or MOD per change.
+ */
+enum { FD_IN = 1, FD_OUT = 2, FD_SET = 4, FD_PARKED = 8 };
+
+static uint8_t *fd_state(ag__relay *r, curl_socket_t s) {
+  return s >= 0 && s < FD_TRACKED && r->fds != NULL ? &r->fds[s] : NULL;
+}
+
 static int on_socket(CURL *e, curl_socket_t s, int what, void *userp,
                      void *socketp) {
   (void)e;
   ag__relay *r = userp;
+  uint8_t *st = fd_state(r, s);
   if (what == CURL_POLL_REMOVE) {
+    if (st != NULL && (*st & FD_SET) && (*st & (FD_IN | FD_OUT)) == FD_IN) {
+      *st |= FD_PARKED;
+      return 0;
+    }
     epoll_ctl(r->ep, EPOLL_CTL_DEL, s, NULL); /* may be closed already */
+    if (st != NULL)
+      *st = 0;
     return 0;
   }
+  uint8_t want =
+      (what & CURL_POLL_IN ? FD_IN : 0) | (what & CURL_POLL_OUT ? FD_OUT : 0);
   struct epoll_event ev;
   memset(&ev, 0, sizeof ev);
-  ev.events = (what & CURL_POLL_IN ? EPOLLIN : 0u) |
-              (what & CURL_POLL_OUT ? EPOLLOUT : 0u);
+  ev.events = (want & FD_IN ? EPOLLIN : 0u) | (want & FD_OUT ? EPOLLOUT : 0u);
   ev.data.fd = s;
-  if (socketp != NULL) {
+  bool in_set = st != NULL ? (*st & FD_SET) != 0 : socketp != NULL;
+  if (st != NULL && in_set && (*st & (FD_IN | FD_OUT)) == want) {
+    /* a parked socket wanted again as it was: already in the set */
+  } else if (in_set) {
     if (epoll_ctl(r->ep, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
       epoll_ctl(r->ep, EPOLL_CTL_ADD, s, &ev);
   } else {
     if (epoll_ctl(r->ep, EPOLL_CTL_ADD, s, &ev) != 0 && errno == EEXIST)
       epoll_ctl(r->ep, EPOLL_CTL_MOD, s, &ev);
-    curl_multi_assign(r->multi, s, r); /* any non-NULL: "added" */
   }
+  if (st != NULL)
+    *st = (uint8_t)(FD_SET | want);
+  else if (socketp == NULL)
+    curl_multi_assign(r->multi, s, r); /* any non-NULL: "added" */
   return 0;
+}
+
+/* A socket libcurl opens: not in the set, whatever its number was. */
+static curl_socket_t on_open(void *user, curlsocktype purpose,
+                             struct curl_sockaddr *a) {
+  (void)purpose;
+  ag__relay *r = user;
+  curl_socket_t s = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+  uint8_t *st = fd_state(r, s);
+  if (st != NULL)
+    *st = 0;
+  return s;
+}
+
+/* A socket libcurl closes (the kernel takes it out of the set). */
+static int on_close(void *user, curl_socket_t s) {
+  uint8_t *st = fd_state(user, s);
+  if (st != NULL)
+    *st = 0;
+  return close(s);
+}
+
+/* An event on a socket libcurl has let go of: out of the set (true). */
+static bool unpark(ag__relay *r, int fd) {
+  uint8_t *st = fd_state(r, fd);
+  if (st == NULL || !(*st & FD_PARKED))
+    return false;
+  epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);
+  *st = 0;
+  return true;
 }
 
 static int on_timer(CURLM *m, long timeout_ms, void *userp) {
@@ -124,6 +194,10 @@ static void start_xfer(ag__relay *r, ag__relay_xfer *x, bool stopping) {
     return;
   }
   curl_easy_setopt(x->h, CURLOPT_PRIVATE, x);
+  curl_easy_setopt(x->h, CURLOPT_OPENSOCKETFUNCTION, on_open);
+  curl_easy_setopt(x->h, CURLOPT_OPENSOCKETDATA, r);
+  curl_easy_setopt(x->h, CURLOPT_CLOSESOCKETFUNCTION, on_close);
+  curl_easy_setopt(x->h, CURLOPT_CLOSESOCKETDATA, r);
   if (curl_multi_add_handle(r->multi, x->h) != CURLM_OK) {
     x->done(x, CURLE_FAILED_INIT);
     return;
@@ -138,10 +212,7 @@ static void start_xfer(ag__relay *r, ag__relay_xfer *x, bool stopping) {
 }
 
 /* Carries out the queued requests. */
-static void take_queue(ag__relay *r) {
-  uint64_t n;
-  if (read(r->efd, &n, sizeof n) < 0 && errno != EAGAIN)
-    return;
+static void take_ops(ag__relay *r) {
   pthread_mutex_lock(&r->mu);
   ag__relay_op *op = r->head;
   r->head = r->tail = NULL;
@@ -169,6 +240,14 @@ static void take_queue(ag__relay *r) {
     }
     op = next;
   }
+}
+
+/* The eventfd said other threads queued requests. */
+static void take_queue(ag__relay *r) {
+  uint64_t n;
+  if (read(r->efd, &n, sizeof n) < 0 && errno != EAGAIN)
+    return;
+  take_ops(r);
 }
 
 static void take_finished(ag__relay *r) {
@@ -212,6 +291,8 @@ static void *relay_main(void *arg) {
       }
       if (r->has_hook && evs[i].data.fd == r->hook.fd)
         continue; /* run below, every round */
+      if (unpark(r, evs[i].data.fd))
+        continue;
       int flags =
           (evs[i].events & EPOLLIN ? CURL_CSELECT_IN : 0) |
           (evs[i].events & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
@@ -225,6 +306,14 @@ static void *relay_main(void *arg) {
     take_finished(r);
     if (r->has_hook)
       r->hook.run(r->hook.user);
+    /* what this round's callbacks queued (a request decided on this
+     * thread starts its transfer here, without an eventfd round trip);
+     * taking it may queue more */
+    while (r->queued_here) {
+      r->queued_here = false;
+      take_ops(r);
+      take_finished(r);
+    }
     pthread_mutex_lock(&r->mu);
     bool closing = r->closing;
     bool quit = r->quit && r->head == NULL;
@@ -250,7 +339,10 @@ static void push(ag__relay *r, ag__relay_op *op) {
     r->head = op;
   r->tail = op;
   pthread_mutex_unlock(&r->mu);
-  wake(r);
+  if (pthread_equal(pthread_self(), r->thread))
+    r->queued_here = true; /* taken at the end of this round */
+  else
+    wake(r);
 }
 
 ag__relay *ag__relay_start(long max_idle, const ag__relay_hook *hook) {
@@ -266,6 +358,7 @@ ag__relay *ag__relay_start(long max_idle, const ag__relay_hook *hook) {
   r->ep = epoll_create1(EPOLL_CLOEXEC);
   r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   r->multi = curl_multi_init();
+  r->fds = calloc(FD_TRACKED, 1); /* none kept without it (on_socket) */
   pthread_mutex_init(&r->mu, NULL);
   struct epoll_event ev;
   memset(&ev, 0, sizeof ev);
@@ -293,6 +386,7 @@ ag__relay *ag__relay_start(long max_idle, const ag__relay_hook *hook) {
     if (r->efd >= 0)
       close(r->efd);
     pthread_mutex_destroy(&r->mu);
+    free(r->fds);
     free(r);
     return NULL;
   }
@@ -334,6 +428,7 @@ void ag__relay_stop(ag__relay *r) {
   close(r->ep);
   close(r->efd);
   pthread_mutex_destroy(&r->mu);
+  free(r->fds);
   free(r);
 }
 
