@@ -2,10 +2,11 @@
  * src/proxy/relay.c - one event loop for every upstream transfer (relay.h).
  *
  * The loop: epoll_wait on the transfers' sockets (registered by libcurl's
- * socket callback) and on an eventfd that says the queue has requests,
- * with libcurl's timer as the timeout; curl_multi_socket_action for each
- * ready socket or an expired timer; then every finished transfer is taken
- * out of the multi handle and told (`done`).
+ * socket callback) and on an eventfd that says other threads queued
+ * requests, with libcurl's timer as the timeout; curl_multi_socket_action
+ * for each ready socket or an expired timer; then every finished transfer
+ * is taken out of the multi handle and told (`done`), the hook runs, and
+ * what the round's callbacks queued on this thread is taken.
  *
  * Rejected: curl_multi_perform / curl_multi_poll (what the proxy did with
  * a multi handle per stream, on a thread per connection): both walk every
