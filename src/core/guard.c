@@ -193,6 +193,14 @@ AG_EXTERN void ag_guard_free(ag_guard *g) {
   free(g);
 }
 
+void ag__guard_renew(ag_guard *g) {
+  ag_guard_begin_turn(g, 0);
+  g->turn = 0;
+  ag_content_loop_free(g->content);
+  g->content = NULL;
+  ag__jcs_trim(g->jcs);
+}
+
 AG_EXTERN const ag_config *ag_guard_config(const ag_guard *g) {
   return &g->cfg;
 }

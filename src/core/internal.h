@@ -296,6 +296,12 @@ bool ag__args_change_state(ag__tool_kind kind, const char *args,
  * identical errors everywhere. */
 #define AG__NO_TOOL_CALL_TEXT "Your response contained no tool call."
 
+/* Puts a guard back in the state ag_guard_new left it in, keeping its
+ * memory (the proxy reuses the guards it makes per request): a new turn
+ * (begin_turn clears everything a turn wrote, as it does between turns)
+ * numbered 0, no content-loop detector, the scratch trimmed. */
+void ag__guard_renew(ag_guard *g);
+
 /* Whether an action ends the turn: a stop, or a question to a human. */
 static inline bool ag__stops(ag_action a) {
   return a == AG_STOP || a == AG_ESCALATE;

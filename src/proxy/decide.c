@@ -720,7 +720,7 @@ static bool decide_tree(decision *d, ag_action *act) {
   char emsg[ERR_MSG_MAX];
   d->stream = json_is_true(json_object_get(d->req, "stream"));
   ag_error_t err;
-  if (ag_guard_new(&d->g, &d->p->cfg, NULL, &err) != AG_OK) {
+  if (ag__px_guard_get(d->p, &d->p->cfg, &d->g, &err) != AG_OK) {
     ag__px_set_error(r, 500, "server_error", "guard", "agentguard proxy: %s",
                      err.msg);
     return false;
@@ -885,7 +885,7 @@ void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   d.r = r;
   /* the decision from the tape; the tree is parsed only when needed */
   ag_action act = AG_ALLOW;
-  ag_err_t rc = ag__px_tape_decide(&p->cfg, q->body, q->len, r->shape, &d.g,
+  ag_err_t rc = ag__px_tape_decide(p, &p->cfg, q->body, q->len, r->shape, &d.g,
                                    &d.v, &d.stream, &act);
   if (rc == AG_ENOMEM) {
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
@@ -921,9 +921,40 @@ void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   }
   if (!*started && r->status == 400) /* started: r is the loop's */
     ag__px_bad_request(p, &q->attr, path, r);
-  ag_guard_free(d.g);
+  ag__px_guard_put(p, d.g);
   json_decref(d.req);
   free(d.fwd);
+}
+
+ag_err_t ag__px_guard_get(ag_proxy *p, const ag_config *cfg, ag_guard **g,
+                          ag_error_t *err) {
+  ag_guard *k = NULL;
+  if (p != NULL && p->guard_pool) {
+    pthread_mutex_lock(&p->guard_mu);
+    if (p->n_guards > 0)
+      k = p->guards[--p->n_guards];
+    pthread_mutex_unlock(&p->guard_mu);
+  }
+  if (k == NULL)
+    return ag_guard_new(g, cfg, NULL, err);
+  ag__guard_renew(k);
+  *g = k;
+  return AG_OK;
+}
+
+void ag__px_guard_put(ag_proxy *p, ag_guard *g) {
+  if (g == NULL)
+    return;
+  if (p != NULL && p->guard_pool) {
+    pthread_mutex_lock(&p->guard_mu);
+    bool kept = p->n_guards < GUARD_POOL;
+    if (kept)
+      p->guards[p->n_guards++] = g;
+    pthread_mutex_unlock(&p->guard_mu);
+    if (kept)
+      return;
+  }
+  ag_guard_free(g);
 }
 
 int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,
@@ -940,7 +971,8 @@ int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
     ag_guard *tg = NULL;
     bool stream = false;
     ag_action tact = AG_ALLOW;
-    ag_err_t rc = ag__px_tape_decide(cfg, body, len, w, &tg, v, &stream, &tact);
+    ag_err_t rc =
+        ag__px_tape_decide(NULL, cfg, body, len, w, &tg, v, &stream, &tact);
     ag_guard_free(tg);
     if (rc == AG_ENOMEM) {
       ag__px_fail(err, AG_ENOMEM, "out of memory");

@@ -79,6 +79,11 @@
 
 /* One event loop: a libmicrohttpd daemon and the relay whose thread runs
  * it (and the transfers of its connections' streams). */
+/* Guards the proxy keeps for its next requests (ag__px_guard_get): a
+ * guard is about 40 KB (its tables and first scratch), and making one
+ * (allocations, zeroing) was a twentieth of a small request's CPU. */
+#define GUARD_POOL 8
+
 /* Easy handles a loop keeps for its next transfers (ag__px_easy_get). */
 #define EASY_POOL 32
 
@@ -186,6 +191,12 @@ struct ag_proxy {
   int64_t probe_at; /* mono ms of the last probe, 0: none */
   bool probe_ok;
   char probe_why[512];
+  /* guards of finished requests, renewed for the next ones
+   * (ag__px_guard_get); guard_pool: guard_mu is made (not a stand-in) */
+  pthread_mutex_t guard_mu;
+  bool guard_pool;
+  int n_guards;
+  ag_guard *guards[GUARD_POOL];
 };
 
 /* What goes back to the client. */
@@ -536,7 +547,8 @@ void ag__px_t_done(fast_traj *f, size_t si, size_t ci);
 void ag__px_t_step(ag_traj_step *st, fast_traj *f, size_t ci);
 /* The decision before forwarding, from the request's tape (no jansson
  * tree): the turn read by shape w's tape_turn and replayed through a new
- * guard (*g, which the caller frees), then the coming request counted -
+ * guard (*g, from ag__px_guard_get(p, cfg): the caller gives it back with
+ * ag__px_guard_put(p)), then the coming request counted -
  * what the tree path decides for the same body. AG_OK with *act (v filled;
  * *stream: the body's "stream" is true), AG_ENOMEM, or AG_ENOTFOUND (*g
  * NULL): no turn the tape reader takes - a body the tape refuses (a
@@ -544,9 +556,15 @@ void ag__px_t_step(ag_traj_step *st, fast_traj *f, size_t ci);
  * "\u0000", an integer jansson cannot hold) or a shape the reader leaves
  * to the tree: take the tree path, whose decisions and messages are the
  * reference (the parity tests in tests/runtime/test_proxy.c replay both). */
-ag_err_t ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
-                            const ag__wire *w, ag_guard **g, ag_verdict *v,
-                            bool *stream, ag_action *act);
+ag_err_t ag__px_tape_decide(ag_proxy *p, const ag_config *cfg, const char *body,
+                            size_t len, const ag__wire *w, ag_guard **g,
+                            ag_verdict *v, bool *stream, ag_action *act);
+/* A guard for p's config: one kept from a finished request, renewed (as
+ * ag_guard_new makes it), or a new one; p NULL: ag_guard_new with cfg.
+ * ag__px_guard_put gives it back (or frees it: the pool full, p NULL). */
+ag_err_t ag__px_guard_get(ag_proxy *p, const ag_config *cfg, ag_guard **g,
+                          ag_error_t *err);
+void ag__px_guard_put(ag_proxy *p, ag_guard *g);
 bool ag__px_upstream_failed(ag_proxy *p, const upstream *u, reply *r);
 void ag__px_upstream_free(upstream *u);
 bool ag__px_upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,

@@ -524,6 +524,9 @@ static ag_err_t parse_upstream(px_up *to, const char *opt, const char *url,
 
 /* Frees what proxy_new made of p, and p. */
 static void proxy_free(ag_proxy *p) {
+  while (p->n_guards > 0)
+    ag_guard_free(p->guards[--p->n_guards]);
+  pthread_mutex_destroy(&p->guard_mu);
   pthread_mutex_destroy(&p->ev_mu);
   pthread_mutex_destroy(&p->probe_mu);
   pthread_mutex_destroy(&p->jobs_mu);
@@ -674,6 +677,8 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
   pthread_mutex_init(&p->ev_mu, NULL);
   pthread_mutex_init(&p->probe_mu, NULL);
   pthread_mutex_init(&p->jobs_mu, NULL);
+  pthread_mutex_init(&p->guard_mu, NULL);
+  p->guard_pool = true;
   pthread_cond_init(&p->jobs_cv, NULL);
   pthread_cond_init(&p->work_cv, NULL);
   atomic_init(&p->ids, 1);

@@ -86,7 +86,7 @@ static void stream_destroy(stream_st *st) {
   ag__asm_free(&st->asmb);
   ag__wire_relay_free(&st->rl);
   ag__buf_free(&st->q);
-  ag_guard_free(st->g);
+  ag__px_guard_put(st->p, st->g);
   free(st->body);
   free(st->orig);
   free(st->uri);

@@ -109,9 +109,9 @@ static int tape_turn(const ag__wire *w, ag__wtape *t, size_t conv,
   return 1;
 }
 
-ag_err_t ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
-                            const ag__wire *w, ag_guard **g, ag_verdict *v,
-                            bool *stream, ag_action *act) {
+ag_err_t ag__px_tape_decide(ag_proxy *p, const ag_config *cfg, const char *body,
+                            size_t len, const ag__wire *w, ag_guard **g,
+                            ag_verdict *v, bool *stream, ag_action *act) {
   *g = NULL;
   ag__wtape t = {NULL, body, len, 0, NULL, 0, 0};
   ag_err_t out = AG_ENOTFOUND;
@@ -142,7 +142,7 @@ ag_err_t ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
     out = fr < 0 ? AG_ENOMEM : AG_ENOTFOUND;
     goto out;
   }
-  if (ag_guard_new(g, cfg, NULL, &err) != AG_OK) {
+  if (ag__px_guard_get(p, cfg, g, &err) != AG_OK) {
     ag__px_fast_free(&f);
     out = err.code == AG_ENOMEM ? AG_ENOMEM : AG_ENOTFOUND;
     goto out;
@@ -159,7 +159,7 @@ ag_err_t ag__px_tape_decide(const ag_config *cfg, const char *body, size_t len,
     *act = ag_guard_begin_iteration(*g, 0, v);
 out:
   if (out != AG_OK) {
-    ag_guard_free(*g);
+    ag__px_guard_put(p, *g);
     *g = NULL;
   }
   free(t.buf);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "agentguard.h"
+#include "core/internal.h" /* ag__guard_renew, ag__stops */
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -1047,4 +1048,101 @@ Test(context, small_buffers_get_a_prefix_cut_on_a_character) {
     cr_assert(whole_utf8(small, k), "cap %zu: a character was split", cap);
   }
   ag_guard_free(g);
+}
+
+/* ---- a guard renewed for reuse (the proxy's pool) ----------------------- */
+
+/* A turn that leaves something in every table: errors (identical, per
+ * tool, a pattern), a cycle, repeated pairs, successes, a nudge, a held
+ * call, tokens, refused and empty replies, and a content-loop text. Each
+ * step's verdicts are written to `out` (one line per step). */
+static void busy_turn(ag_guard *g, char *out, size_t cap) {
+  size_t len = 0;
+  static const step steps[] = {
+      {"read_file", "{\"path\":\"a.c\"}", "int main(void) {}", false},
+      {"run_tests", "{}", "FAILED test_a: assertion failed", true},
+      {"edit_file", "{\"path\":\"a.c\",\"text\":\"x\"}", "ok", false},
+      {"run_tests", "{}", "FAILED test_a: assertion failed", true},
+      {"search", "{\"q\":\"foo\"}", "no results", false},
+      {"fetch", "{\"url\":\"http://x/1\"}", "HTTP 503 Service Unavailable",
+       true},
+      {"search", "{\"q\":\"foo\"}", "no results", false},
+      {"fetch", "{\"url\":\"http://x/1\"}", "HTTP 503 Service Unavailable",
+       true},
+      {"search", "{\"q\":\"foo\"}", "no results", false},
+      {"fetch", "{\"url\":\"http://x/1\"}", "HTTP 503 Service Unavailable",
+       true},
+      {"search", "{\"q\":\"foo\"}", "no results", false},
+      {"fetch", "{\"url\":\"http://x/1\"}", "HTTP 503 Service Unavailable",
+       true},
+      {"search", "{\"q\":\"foo\"}", "no results", false},
+      {"fetch", "{\"url\":\"http://x/1\"}", "HTTP 503 Service Unavailable",
+       true},
+  };
+  ag_verdict v;
+  ag_guard_record_tokens(g, 1234);
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+    batch_out o = iterate(g, &steps[i], 1, (int64_t)i);
+    len +=
+        (size_t)snprintf(out + len, cap - len, "%zu %d %d %s %s\n", i, o.check,
+                         o.record, ag_reason_name(o.v.reason), o.v.message);
+    cr_assert_lt(len, cap);
+    if (ag__stops(o.check) || ag__stops(o.record))
+      break;
+  }
+  ag_action a =
+      ag_guard_record_refused(g, "I cannot help with that.", 24, 100, &v);
+  len += (size_t)snprintf(out + len, cap - len, "refused %d %s\n", a,
+                          ag_reason_name(v.reason));
+  a = ag_guard_record_empty(g, 101, &v);
+  len += (size_t)snprintf(out + len, cap - len, "empty %d %s\n", a,
+                          ag_reason_name(v.reason));
+  char text[2048];
+  size_t n = 0;
+  for (int i = 0; i < 40; i++)
+    n += (size_t)snprintf(text + n, sizeof text - n,
+                          "The answer is in the file. ");
+  a = ag_guard_check_text(g, text, n, false, &v);
+  len +=
+      (size_t)snprintf(out + len, cap - len, "text %d %s tokens %lld\n", a,
+                       ag_reason_name(v.reason), (long long)ag_guard_tokens(g));
+  cr_assert_lt(len, cap);
+}
+
+/* A renewed guard decides exactly as a new one: the same verdicts for the
+ * same turn, and the same dump before and after it. */
+Test(renew, decides_as_a_new_guard) {
+  static const char *const presets[] = {"default", "development", "hpd",
+                                        "forge"};
+  for (size_t k = 0; k < sizeof presets / sizeof presets[0]; k++) {
+    ag_guard *used = make(presets[k]);
+    char first[8192], again[8192], fresh_out[8192];
+    busy_turn(used, first, sizeof first);
+    ag__guard_renew(used);
+    ag_config cfg;
+    ag_error_t err;
+    cr_assert_eq(ag_config_preset(&cfg, presets[k], &err), AG_OK);
+    ag_guard *fresh = NULL; /* as ag_guard_new leaves it: no turn begun */
+    cr_assert_eq(ag_guard_new(&fresh, &cfg, NULL, &err), AG_OK);
+    json_t *du = dump(used), *df = dump(fresh);
+    cr_assert(json_equal(du, df), "%s: the renewed guard's dump differs",
+              presets[k]);
+    json_decref(du);
+    json_decref(df);
+    ag_guard_begin_turn(used, 0);
+    ag_guard_begin_turn(fresh, 0);
+    busy_turn(used, again, sizeof again);
+    busy_turn(fresh, fresh_out, sizeof fresh_out);
+    cr_assert_str_eq(again, fresh_out, "%s: a renewed guard decided otherwise",
+                     presets[k]);
+    cr_assert_str_eq(again, first, "%s", presets[k]);
+    du = dump(used);
+    df = dump(fresh);
+    cr_assert(json_equal(du, df), "%s: the dumps after the turn differ",
+              presets[k]);
+    json_decref(du);
+    json_decref(df);
+    ag_guard_free(used);
+    ag_guard_free(fresh);
+  }
 }
