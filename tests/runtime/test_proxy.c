@@ -1726,6 +1726,58 @@ Test(proxy, upstream_connection_is_used_again) {
   free(sbody);
 }
 
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+         (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+/* A kept upstream connection's socket stays in the loop's epoll set while
+ * idle (relay.c). An upstream that closes it (here after 1 s idle) makes
+ * it readable: the loop takes it out of the set then - no loop spinning on
+ * it (the process's CPU over the idle 2.5 s stays small) - and the next
+ * request goes over a new connection. */
+Test(proxy, upstream_closing_an_idle_connection) {
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+          MHD_USE_ERROR_LOG,
+      0, NULL, NULL, up_handler, NULL, MHD_OPTION_NOTIFY_COMPLETED,
+      up_completed, NULL, MHD_OPTION_NOTIFY_CONNECTION, up_conn_notify, NULL,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)1, MHD_OPTION_EXTERNAL_LOGGER,
+      quiet, NULL, MHD_OPTION_END);
+  cr_assert_not_null(d);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/v1",
+           MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT)->port);
+  ag_proxy_opts o = test_opts();
+  o.upstream = url;
+  ag_proxy *p = start_with(&o);
+  canned_call(NULL, "one");
+  canned_call(NULL, "two");
+  char *body = conversation(0, "read", "{}", "");
+  CURL *h = curl_easy_init();
+  resp *r = call_on(h, p, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  free(r);
+  double c0 = cpu_s();
+  nap_ms(2500);
+  double idle = cpu_s() - c0;
+  cr_expect_lt(idle, 0.5, "%.2f s of CPU while the proxy was idle", idle);
+  r = call_on(h, p, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect(strstr(r->body, "two") != NULL, "%s", r->body);
+  free(r);
+  curl_easy_cleanup(h);
+  ag_proxy_stop(p);
+  MHD_stop_daemon(d);
+  pthread_mutex_lock(&U.mu);
+  int conns = U.n_conns;
+  pthread_mutex_unlock(&U.mu);
+  cr_expect_eq(conns, 2, "%d upstream connections", conns);
+  free(body);
+}
+
 /* --max-connections holds over every event loop: with a limit of 1, a
  * second client connection gets a 503 while the first one is open. */
 /* An idle connection (kept open by its client after its request) gives
