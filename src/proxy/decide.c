@@ -928,13 +928,7 @@ void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
 
 ag_err_t ag__px_guard_get(ag_proxy *p, const ag_config *cfg, ag_guard **g,
                           ag_error_t *err) {
-  ag_guard *k = NULL;
-  if (p != NULL && p->guard_pool) {
-    pthread_mutex_lock(&p->guard_mu);
-    if (p->n_guards > 0)
-      k = p->guards[--p->n_guards];
-    pthread_mutex_unlock(&p->guard_mu);
-  }
+  ag_guard *k = p != NULL ? ag__px_pool_take(&p->guards) : NULL;
   if (k == NULL)
     return ag_guard_new(g, cfg, NULL, err);
   ag__guard_renew(k);
@@ -943,18 +937,8 @@ ag_err_t ag__px_guard_get(ag_proxy *p, const ag_config *cfg, ag_guard **g,
 }
 
 void ag__px_guard_put(ag_proxy *p, ag_guard *g) {
-  if (g == NULL)
-    return;
-  if (p != NULL && p->guard_pool) {
-    pthread_mutex_lock(&p->guard_mu);
-    bool kept = p->n_guards < GUARD_POOL;
-    if (kept)
-      p->guards[p->n_guards++] = g;
-    pthread_mutex_unlock(&p->guard_mu);
-    if (kept)
-      return;
-  }
-  ag_guard_free(g);
+  if (g != NULL && (p == NULL || !ag__px_pool_give(&p->guards, g)))
+    ag_guard_free(g);
 }
 
 int ag_proxy_decide(const ag_config *cfg, const char *body, size_t len,

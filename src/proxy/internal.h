@@ -77,18 +77,33 @@
  * replay and a reply's check, well under this; ASan builds need more. */
 #define JOB_STACK (2u << 20)
 
-/* Guards the proxy keeps for its next requests (ag__px_guard_get): a
- * guard is about 40 KB (its tables and first scratch), and making one
- * (allocations, zeroing) was a twentieth of a small request's CPU. Each
- * request in flight holds one until its reply is checked: with 64 at once
- * a pool of 8 still missed about every other time. 32: 1.3 MB at most. */
-#define GUARD_POOL 32
+/* A bounded stack of objects kept for reuse and shared by threads: the
+ * easy handles of a loop's finished transfers, the guards of the proxy's
+ * finished requests (a guard is about 40 KB - its tables and first
+ * scratch - and making one, allocations and zeroing, was a twentieth of a
+ * small request's CPU; each request in flight holds one until its reply
+ * is checked, and with 64 at once a pool of 8 still missed about every
+ * other time). 32 of each: 1.3 MB of guards at most. */
+#define PX_POOL_MAX 32
+
+typedef struct px_pool {
+  pthread_mutex_t mu;
+  bool on; /* made (ag__px_pool_init): a zeroed pool keeps nothing */
+  int n;
+  void *item[PX_POOL_MAX];
+} px_pool;
+
+void ag__px_pool_init(px_pool *pl);
+/* An item kept, or NULL. */
+void *ag__px_pool_take(px_pool *pl);
+/* Keeps `item`: false when the pool is full or not made (the caller frees
+ * it then). */
+bool ag__px_pool_give(px_pool *pl, void *item);
+/* Every item kept to free_item, and the pool's mutex destroyed. */
+void ag__px_pool_drain(px_pool *pl, void (*free_item)(void *));
 
 /* One event loop: a libmicrohttpd daemon and the relay whose thread runs
  * it (and the transfers of its connections' streams). */
-
-/* Easy handles a loop keeps for its next transfers (ag__px_easy_get). */
-#define EASY_POOL 32
 
 typedef struct shard {
   struct ag_proxy *p;
@@ -97,11 +112,9 @@ typedef struct shard {
   ag__chunk_tape *ct; /* the loop's scratch for text chunks, or NULL */
   /* the easy handles of its streams' finished transfers, reset: a new one
    * is a 6 KB calloc and a dozen allocations, its cleanup as many frees,
-   * per request. Taken and given back under easy_mu: a stream may end on
-   * another thread (a nudge's, a budget waiter's). */
-  pthread_mutex_t easy_mu;
-  CURL *easy[EASY_POOL];
-  int n_easy;
+   * per request. A pool: a stream may end on another thread (a nudge's, a
+   * budget waiter's). */
+  px_pool easy;
 } shard;
 
 /* An easy handle for a transfer of a stream of loop sh (sh NULL: a new
@@ -195,11 +208,8 @@ struct ag_proxy {
   bool probe_ok;
   char probe_why[512];
   /* guards of finished requests, renewed for the next ones
-   * (ag__px_guard_get); guard_pool: guard_mu is made (not a stand-in) */
-  pthread_mutex_t guard_mu;
-  bool guard_pool;
-  int n_guards;
-  ag_guard *guards[GUARD_POOL];
+   * (ag__px_guard_get; a stand-in proxy's is not made) */
+  px_pool guards;
 };
 
 /* What goes back to the client. */

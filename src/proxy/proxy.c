@@ -301,6 +301,53 @@ static void reserve_fds(int fd, unsigned limit, unsigned loops) {
     close(high);
 }
 
+/* Pools of kept objects (internal.h: px_pool): the loops' easy handles,
+ * the proxy's guards. */
+void ag__px_pool_init(px_pool *pl) {
+  pthread_mutex_init(&pl->mu, NULL);
+  pl->n = 0;
+  pl->on = true;
+}
+
+void *ag__px_pool_take(px_pool *pl) {
+  void *item = NULL;
+  if (!pl->on)
+    return NULL;
+  pthread_mutex_lock(&pl->mu);
+  if (pl->n > 0)
+    item = pl->item[--pl->n];
+  pthread_mutex_unlock(&pl->mu);
+  return item;
+}
+
+bool ag__px_pool_give(px_pool *pl, void *item) {
+  if (!pl->on)
+    return false;
+  pthread_mutex_lock(&pl->mu);
+  bool kept = pl->n < PX_POOL_MAX;
+  if (kept)
+    pl->item[pl->n++] = item;
+  pthread_mutex_unlock(&pl->mu);
+  return kept;
+}
+
+void ag__px_pool_drain(px_pool *pl, void (*free_item)(void *)) {
+  if (!pl->on)
+    return;
+  while (pl->n > 0)
+    free_item(pl->item[--pl->n]);
+  pthread_mutex_destroy(&pl->mu);
+  pl->on = false;
+}
+
+static void guard_free(void *g) {
+  ag_guard_free(g);
+}
+
+static void easy_free(void *h) {
+  curl_easy_cleanup(h);
+}
+
 /* The event loops, two per core (at most SHARDS_MAX), each a daemon (no
  * threads of its own, its epoll set served by the relay's loop: a chunk
  * read from the upstream is checked and written to the client on one
@@ -320,8 +367,7 @@ static bool start_shards(ag_proxy *p, int lfd, unsigned limit) {
   for (p->n_sh = 0; p->n_sh < n; p->n_sh++) {
     shard *sh = &p->sh[p->n_sh];
     sh->p = p;
-    pthread_mutex_init(&sh->easy_mu, NULL);
-    sh->n_easy = 0;
+    ag__px_pool_init(&sh->easy);
     int fd = dup(lfd);
     if (fd < 0)
       return false;
@@ -364,9 +410,7 @@ static void stop_shards(ag_proxy *p) {
     MHD_run(sh->d);
     MHD_stop_daemon(sh->d);
     ag__chunk_tape_free(sh->ct);
-    while (sh->n_easy > 0)
-      curl_easy_cleanup(sh->easy[--sh->n_easy]);
-    pthread_mutex_destroy(&sh->easy_mu);
+    ag__px_pool_drain(&sh->easy, easy_free);
   }
   p->n_sh = 0;
 }
@@ -524,9 +568,7 @@ static ag_err_t parse_upstream(px_up *to, const char *opt, const char *url,
 
 /* Frees what proxy_new made of p, and p. */
 static void proxy_free(ag_proxy *p) {
-  while (p->n_guards > 0)
-    ag_guard_free(p->guards[--p->n_guards]);
-  pthread_mutex_destroy(&p->guard_mu);
+  ag__px_pool_drain(&p->guards, guard_free);
   pthread_mutex_destroy(&p->ev_mu);
   pthread_mutex_destroy(&p->probe_mu);
   pthread_mutex_destroy(&p->jobs_mu);
@@ -677,8 +719,7 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
   pthread_mutex_init(&p->ev_mu, NULL);
   pthread_mutex_init(&p->probe_mu, NULL);
   pthread_mutex_init(&p->jobs_mu, NULL);
-  pthread_mutex_init(&p->guard_mu, NULL);
-  p->guard_pool = true;
+  ag__px_pool_init(&p->guards);
   pthread_cond_init(&p->jobs_cv, NULL);
   pthread_cond_init(&p->work_cv, NULL);
   atomic_init(&p->ids, 1);

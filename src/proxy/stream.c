@@ -50,13 +50,7 @@
 /* ---- A streamed reply, relayed ---------------------------------------- */
 
 CURL *ag__px_easy_get(shard *sh) {
-  CURL *h = NULL;
-  if (sh != NULL) {
-    pthread_mutex_lock(&sh->easy_mu);
-    if (sh->n_easy > 0)
-      h = sh->easy[--sh->n_easy];
-    pthread_mutex_unlock(&sh->easy_mu);
-  }
+  CURL *h = sh != NULL ? ag__px_pool_take(&sh->easy) : NULL;
   return h != NULL ? h : curl_easy_init();
 }
 
@@ -65,12 +59,7 @@ void ag__px_easy_put(shard *sh, CURL *h) {
     return;
   if (sh != NULL) {
     curl_easy_reset(h); /* every option back to its default */
-    pthread_mutex_lock(&sh->easy_mu);
-    bool kept = sh->n_easy < EASY_POOL;
-    if (kept)
-      sh->easy[sh->n_easy++] = h;
-    pthread_mutex_unlock(&sh->easy_mu);
-    if (kept)
+    if (ag__px_pool_give(&sh->easy, h))
       return;
   }
   curl_easy_cleanup(h);
