@@ -28,7 +28,7 @@ static double now_ns(void) {
 }
 
 typedef struct buf {
-  char p[8192];
+  char p[1 << 16];
   size_t len;
 } buf;
 
@@ -191,13 +191,70 @@ static char *spaced(const char *in) {
   return out;
 }
 
+/* A fixed sequence (an LCG), so every run hashes the same texts. */
+static unsigned long long rng = 12345;
+
+static unsigned below(unsigned n) {
+  rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+  return (unsigned)((rng >> 33) % n);
+}
+
+enum { ROWS, ROWS_SORTED, NUMBERS };
+
+/* Structured arguments of about `target` bytes (caller frees): ROWS, an
+ * array of records whose keys come in a schema's order (as a model writes
+ * them: not sorted); ROWS_SORTED, the same with sorted keys (already
+ * canonical); NUMBERS, an array of decimals. */
+static char *structured(int shape, size_t target) {
+  static const char *const words[] = {"alpha", "beta",  "gamma", "delta",
+                                      "cache", "error", "user",  "order"};
+  char *o = malloc(target + 256);
+  size_t n = 0;
+  if (o == NULL)
+    abort();
+  if (shape == NUMBERS) {
+    n += (size_t)sprintf(o, "{\"values\":[");
+    for (int i = 0; n + 24 < target; i++)
+      n += (size_t)sprintf(o + n, "%s%u.%u", i ? "," : "", below(10000),
+                           1 + below(9));
+    strcpy(o + n, "]}");
+    return o;
+  }
+  n += (size_t)sprintf(o, "{\"table\":\"orders\",\"rows\":[");
+  for (int id = 1; n + 128 < target; id++) {
+    const char *w = words[below(8)], *paid = below(2) ? "true" : "false";
+    unsigned amount = below(1000), cents = 1 + below(99), qty = below(20);
+    if (shape == ROWS_SORTED)
+      n += (size_t)sprintf(o + n,
+                           "%s{\"amount\":%u.%02u,\"customer\":\"%s\","
+                           "\"id\":%d,\"paid\":%s,\"qty\":%u}",
+                           id > 1 ? "," : "", amount, cents, w, id, paid, qty);
+    else
+      n += (size_t)sprintf(o + n,
+                           "%s{\"id\":%d,\"customer\":\"%s\",\"amount\":"
+                           "%u.%02u,\"qty\":%u,\"paid\":%s}",
+                           id > 1 ? "," : "", id, w, amount, cents, qty, paid);
+  }
+  strcpy(o + n, "]}");
+  return o;
+}
+
 int main(void) {
   char *spaced_1k = spaced(args_1k);
+  char *gen[6] = {structured(ROWS, 1024),        structured(ROWS, 16384),
+                  structured(ROWS_SORTED, 1024), structured(ROWS_SORTED, 16384),
+                  structured(NUMBERS, 1024),     structured(NUMBERS, 16384)};
   const sample samples[] = {
       {"~64 B", "run_shell",
        "{\"command\":\"ls -la src/core\",\"timeout\":30,\"cwd\":\"/work\"}"},
       {"~1 KiB", "write_file", args_1k},
       {"1K sp.", "write_file", spaced_1k},
+      {"rows 1K", "insert_rows", gen[0]},
+      {"rows16K", "insert_rows", gen[1]},
+      {"sort 1K", "insert_rows", gen[2]},
+      {"sort16K", "insert_rows", gen[3]},
+      {"nums 1K", "plot", gen[4]},
+      {"nums16K", "plot", gen[5]},
   };
   ag__jcs *j;
   if (ag__jcs_new(&j, 1 << 20, 65536, 64, NULL) != AG_OK)
@@ -223,7 +280,8 @@ int main(void) {
       return 1;
     sc.text = text.p;
     sc.len = text.len;
-    int iters = strlen(s->args) > 256 ? 100000 : 400000;
+    size_t al = strlen(s->args);
+    int iters = al > 4096 ? 4000 : al > 256 ? 100000 : 400000;
     const bench_fn fns[4] = {run_sig, run_canon, run_sha, run_convenience};
     void *const ctxs[4] = {j, j, &sc, NULL};
     const int its[4] = {iters, iters, iters, iters / 10};
@@ -233,9 +291,9 @@ int main(void) {
     for (int c = 0; c < 3; c++)
       snprintf(cell[c], sizeof(cell[c]), "%.1f [%.1f-%.1f]", f[c].med, f[c].lo,
                f[c].hi);
-    printf("%-7s %5zu %5zu %22s %22s %22s %7.2f %9.1f\n", s->label,
-           strlen(s->args), text.len - head, cell[0], cell[1], cell[2],
-           f[0].med / f[2].med, f[3].med);
+    printf("%-7s %5zu %5zu %22s %22s %22s %7.2f %9.1f\n", s->label, al,
+           text.len - head, cell[0], cell[1], cell[2], f[0].med / f[2].med,
+           f[3].med);
   }
   printf("sig: ag__jcs_signature (reused scratch, no allocation); JCS: "
          "canonicalization alone\n(ag__jcs_write to a null sink); SHA: "
@@ -243,8 +301,12 @@ int main(void) {
          "own SHA-256) over the same name:canonical bytes; ag_sig: "
          "ag_signature,\nwhich allocates its scratch.\n");
   printf("1K sp.: the ~1 KiB arguments with a space after each ',' and ':' "
-         "(nothing can be\ncopied in one piece).\n");
+         "(nothing can be\ncopied in one piece). rows: records with keys in a "
+         "schema's order; sort: the same\nalready canonical; nums: an array "
+         "of decimals.\n");
   free(spaced_1k);
+  for (int k = 0; k < 6; k++)
+    free(gen[k]);
   ag__sha256_free(sc.h);
   ag__jcs_free(j);
   return 0;
