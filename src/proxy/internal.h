@@ -124,17 +124,20 @@ typedef struct shard {
 CURL *ag__px_easy_get(shard *sh);
 void ag__px_easy_put(shard *sh, CURL *h);
 
-/* Event loops: two per core (start_shards), at most SHARDS_MAX, so that
+/* Event loops: one per core (start_shards), at most SHARDS_MAX, so that
  * relaying uses every core; a connection stays with the loop that
- * accepted it. Two rather than one: a loop waiting for the CPU (behind
- * another process, or its own long round) holds up only its own streams,
- * and libmicrohttpd walks every suspended connection of a daemon each time
- * one is resumed (0.9.75: about 9% of a loop's CPU with 500 streams
- * waiting on it), so fewer per loop cost less. Measured on 2 cores, 1,000
- * streams: added p99 per chunk 0.29-3.81 ms (median 0.61) with four
- * loops, 0.37-3.71 (median 1.16) with two (docs/benchmarks.md). */
+ * accepted it. Two per core were tried for a while (a loop waiting for the
+ * CPU holds up only its own streams; libmicrohttpd 0.9.75 walks a daemon's
+ * suspended connections at each resume): on 2 cores, 1,000 streams, one
+ * per core measured within the noise of two (added p99 per chunk
+ * 0.25-0.52 ms in five runs, two per core 0.25-0.41), and under wrk's 64
+ * connections two more threads for the scheduler to share the cores with
+ * cost every figure: added p99 3.3-4.2 ms against -0.4-0.2, requests/s
+ * 0.33-0.34 of the direct path's against 0.37, CPU per request 36 against
+ * 33-34 us; a stream's CPU 190-210 against 158-164 us (docs/benchmarks.md,
+ * 2026-11-29). */
 #define SHARDS_MAX 8
-#define SHARDS_PER_CORE 2
+#define SHARDS_PER_CORE 1
 
 /* Connections a loop takes past --max-connections, to answer them with a
  * 503 (on_connection) rather than leave them in the listening socket's

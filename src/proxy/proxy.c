@@ -36,7 +36,7 @@
  *      the shape's relay_* hooks): text at once, calls held to the end.
  * Every stop sets `x-agentguard-stop: REASON` and writes an event.
  *
- * Serving: event loops, two per core (shard: a libmicrohttpd daemon run
+ * Serving: event loops, one per core (shard: a libmicrohttpd daemon run
  * by a relay's thread, relay.c), share the listening socket; the handler
  * reads a request on its loop. A streamed request with a small body is
  * decided there and its transfer started (decide_here); any other is
@@ -348,7 +348,7 @@ static void easy_free(void *h) {
   curl_easy_cleanup(h);
 }
 
-/* The event loops, two per core (at most SHARDS_MAX), each a daemon (no
+/* The event loops, one per core (at most SHARDS_MAX), each a daemon (no
  * threads of its own, its epoll set served by the relay's loop: a chunk
  * read from the upstream is checked and written to the client on one
  * thread) and a relay, on the shared listening socket (the kernel wakes
