@@ -1081,6 +1081,9 @@ int main(int argc, char **argv) {
   }
   if (no_memory && memory_only)
     usage();
+  if (only != NULL && strcmp(only, "64") && strcmp(only, "1k") &&
+      strcmp(only, "ascii") && strcmp(only, "dense"))
+    die("--only: unknown stream '%s' (64, 1k, ascii or dense)", only);
   if (mem_checks < 1000)
     mem_checks = 1000;
 
