@@ -806,7 +806,10 @@ static bool start_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
              ag__px_upstream_handle(p, q->client_hdrs, st->x.h, "POST", q->uri,
                                     st->body, len, st->orig != NULL,
                                     q->client_fd, &st->u, &st->hdrs, &st->url);
-  for (const struct curl_slist *s = q->client_hdrs; set && s != NULL;
+  /* the headers a relayed stream's nudge asks again with (its own
+   * thread's, ag__px_stream_nudge); a whole reply's nudge goes to a
+   * worker, which has q's */
+  for (const struct curl_slist *s = q->client_hdrs; set && !whole && s != NULL;
        s = s->next) {
     struct curl_slist *n = curl_slist_append(st->ch, s->data);
     set = n != NULL;
