@@ -104,7 +104,6 @@ void ag__px_pool_drain(px_pool *pl, void (*free_item)(void *));
 
 /* One event loop: a libmicrohttpd daemon and the relay whose thread runs
  * it (and the transfers of its connections' streams). */
-
 typedef struct shard {
   struct ag_proxy *p;
   struct MHD_Daemon *d;
