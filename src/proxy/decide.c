@@ -928,6 +928,8 @@ void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
 
 ag_err_t ag__px_guard_get(ag_proxy *p, const ag_config *cfg, ag_guard **g,
                           ag_error_t *err) {
+  if (p != NULL) /* a kept guard has p's config: so does a new one */
+    cfg = &p->cfg;
   ag_guard *k = p != NULL ? ag__px_pool_take(&p->guards) : NULL;
   if (k == NULL)
     return ag_guard_new(g, cfg, NULL, err);

@@ -574,8 +574,8 @@ void ag__px_t_step(ag_traj_step *st, fast_traj *f, size_t ci);
 ag_err_t ag__px_tape_decide(ag_proxy *p, const ag_config *cfg, const char *body,
                             size_t len, const ag__wire *w, ag_guard **g,
                             ag_verdict *v, bool *stream, ag_action *act);
-/* A guard for p's config: one kept from a finished request, renewed (as
- * ag_guard_new makes it), or a new one; p NULL: ag_guard_new with cfg.
+/* A guard for p's config (cfg is used only when p is NULL): one kept from
+ * a finished request, renewed (as ag_guard_new makes it), or a new one.
  * ag__px_guard_put gives it back (or frees it: the pool full, p NULL). */
 ag_err_t ag__px_guard_get(ag_proxy *p, const ag_config *cfg, ag_guard **g,
                           ag_error_t *err);
