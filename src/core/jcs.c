@@ -526,39 +526,49 @@ static void decode_key(ag__jcs *j, tok *t, size_t a, size_t b) {
 static bool close_object(ag__jcs *j, const frame *f, size_t *norder) {
   kent *v = j->keys + f->base;
   size_t n = f->count;
+  uint32_t *o = j->order + *norder;
   bool sorted = true;
   for (size_t i = 1; i < n && sorted; i++)
     sorted = kent_cmp(j, &v[i - 1], &v[i]) < 0;
-  if (!sorted) {
-    ag__jcs_sort_keys(j, v, n);
-    for (size_t i = 1; i < n; i++) {
-      if (v[i - 1].prefix == v[i].prefix &&
-          key_cmp(j, v[i - 1].tok, v[i].tok) == 0 &&
-          (j->dup_tok == NONE ||
-           j->tape[v[i].tok].off < j->tape[j->dup_tok].off))
-        j->dup_tok = v[i].tok;
+  if (sorted || !ag__jcs_rank_keys(v, n, o)) {
+    if (!sorted) {
+      ag__jcs_sort_keys(j, v, n);
+      for (size_t i = 1; i < n; i++) {
+        if (v[i - 1].prefix == v[i].prefix &&
+            key_cmp(j, v[i - 1].tok, v[i].tok) == 0 &&
+            (j->dup_tok == NONE ||
+             j->tape[v[i].tok].off < j->tape[j->dup_tok].off))
+          j->dup_tok = v[i].tok;
+      }
     }
+    for (size_t i = 0; i < n; i++)
+      o[i] = v[i].tok;
   }
-  tok *t = &j->tape[f->tok];
-  uint32_t *o = j->order + *norder;
-  for (size_t i = 0; i < n; i++)
-    o[i] = v[i].tok;
-  t->off = (uint32_t)*norder;
+  j->tape[f->tok].off = (uint32_t)*norder;
   *norder += n;
   return sorted;
 }
 
+/*
+ * A number the fast path in tokenize() did not take: validated, then
+ * classified in the same scan. F_NUM_COPY: an integer of at most 15 digits
+ * (but "-0"). F_NUM_TEXT: at most 15 significant digits and a decimal
+ * exponent in the safe range: the token keeps where the digits are, so
+ * that emit() lays them out without reading the literal again (see tok).
+ * Else the double, through strtod_l (F_NUM_DBL).
+ */
 static ag_err_t parse_number(ag__jcs *j, size_t start, size_t *endp, tok *t,
                              ag_error_t *err) {
   const uint8_t *s = j->src;
   const size_t len = j->len;
-  size_t p = start;
-  bool is_int = true;
-  if (s[p] == '-')
-    p++;
+  size_t p = start, dot = 0, d0;
+  bool neg = s[p] == '-';
+  int64_t e = 0;
+  p += neg;
   if (p >= len || !is_digit(s[p]))
     FAIL(AG_EJSON, p,
          "arguments: invalid number at byte %zu (expected a digit)", p);
+  d0 = p;
   if (s[p] == '0') {
     p++;
     if (p < len && is_digit(s[p]))
@@ -570,7 +580,7 @@ static ag_err_t parse_number(ag__jcs *j, size_t start, size_t *endp, tok *t,
   }
   size_t int_end = p;
   if (p < len && s[p] == '.') {
-    p++;
+    dot = p++;
     if (p >= len || !is_digit(s[p]))
       FAIL(AG_EJSON, p,
            "arguments: invalid number at byte %zu (expected a digit after "
@@ -578,37 +588,62 @@ static ag_err_t parse_number(ag__jcs *j, size_t start, size_t *endp, tok *t,
            p);
     while (p < len && is_digit(s[p]))
       p++;
-    is_int = false;
   }
+  size_t dend = p; /* past the last digit of the mantissa */
   if (p < len && (s[p] | 0x20) == 'e') {
+    bool eneg = false;
     p++;
     if (p < len && (s[p] == '+' || s[p] == '-'))
-      p++;
+      eneg = s[p++] == '-';
     if (p >= len || !is_digit(s[p]))
       FAIL(AG_EJSON, p,
            "arguments: invalid number at byte %zu (expected an exponent "
            "digit)",
            p);
-    while (p < len && is_digit(s[p]))
-      p++;
-    is_int = false;
+    for (; p < len && is_digit(s[p]); p++)
+      if (e < NUM_EXP_SATURATE)
+        e = e * 10 + (s[p] - '0');
+    if (eneg)
+      e = -e;
   }
   t->type = T_NUM;
   t->off = (uint32_t)start;
-  t->w[0] = (uint32_t)(p - start);
   *endp = p;
-  size_t ndig = int_end - start - (s[start] == '-');
-  if (is_int && ndig <= 15 &&
-      !(p - start == 2 && s[start] == '-' && s[start + 1] == '0')) {
+  if (dend == int_end && p == dend && int_end - d0 <= 15 &&
+      !(neg && s[d0] == '0')) {
     t->flags = F_NUM_COPY;
+    t->w[0] = (uint32_t)(p - start);
     return AG_OK;
   }
-  char d[15];
-  int k;
-  long n;
-  bool neg;
-  if (ag__jcs_num_text(s + start, p - start, d, &k, &n, &neg)) {
-    t->flags = F_NUM_TEXT;
+  /* The significant digits: from the first non-zero one (fs) to the last
+   * (ls), the '.' skipped. */
+  size_t fs = d0;
+  if (s[d0] == '0') {
+    fs = dot != 0 ? dot + 1 : dend;
+    while (fs < dend && s[fs] == '0')
+      fs++;
+  }
+  t->flags = F_NUM_TEXT;
+  if (fs == dend) { /* zero */
+    t->w[0] = 0;
+    t->spare = 0;
+    return AG_OK;
+  }
+  size_t ls = dend - 1;
+  while (s[ls] == '0' || s[ls] == '.')
+    ls--;
+  bool split = dot > fs && dot < ls;
+  size_t k = ls - fs + 1 - split;
+  /* zeros before fs are not significant; a "0." before them counts as one
+   * integer digit */
+  int64_t n = (int64_t)(int_end - d0) -
+              (int64_t)(s[d0] == '0' ? fs - d0 - (dot != 0 && fs > dot) : 0) +
+              e;
+  if (k <= 15 && n >= NUM_TEXT_EXP_MIN && n <= NUM_TEXT_EXP_MAX) {
+    t->w[0] = (uint32_t)(fs - start);
+    t->w[1] = (uint32_t)(int32_t)n;
+    t->spare = (uint16_t)(k | (unsigned)neg << 4 |
+                          (split ? (unsigned)(dot - fs) : 0u) << 5);
     return AG_OK;
   }
   /* strtod_l needs a terminated copy; the arena has room: decoded keys so
@@ -1092,28 +1127,32 @@ static inline void put_string(ag__jcs *j, const tok *t) {
 
 static void put_number(ag__jcs *j, const tok *t) {
   const uint8_t *s = j->src + t->off;
-  char o[32];
-  size_t n;
-  if (t->flags & F_NUM_COPY) {
-    if (t->w[0] == 2 && s[0] == '-' && s[1] == '0')
-      put1(j, '0');
-    else
-      put(j, s, t->w[0]);
+  char *o;
+  if (t->flags & F_NUM_COPY) { /* never "-0": that is F_NUM_TEXT */
+    put(j, s, t->w[0]);
     return;
   }
+  /* laid out in place: the buffer is flushed first when it has less than
+   * the room the layout may write */
+  if (OBUF_SIZE - j->olen < NUM_TEXT_BUF)
+    flush(j);
+  o = j->obuf + j->olen;
   if (t->flags & F_NUM_TEXT) {
-    char d[15];
-    int k;
-    long e;
-    bool neg;
-    ag__jcs_num_text(s, t->w[0], d, &k, &e, &neg);
-    n = ag__jcs_num_layout(o, neg, d, k, e);
+    /* parse_number() kept where the digits are: k of them from the first
+     * significant one, a '.' `dot` places after it when it splits them */
+    char d[NUM_DIGITS_BUF];
+    unsigned k = t->spare & 15, dot = t->spare >> 5, m = 0;
+    const uint8_t *q = s + t->w[0];
+    for (unsigned i = 0; m < k; i++)
+      if (i != dot || dot == 0)
+        d[m++] = (char)q[i];
+    j->olen += ag__jcs_num_layout(o, t->spare >> 4 & 1, d, (int)k,
+                                  (long)(int32_t)t->w[1]);
   } else {
     double v;
     memcpy(&v, t->w, sizeof(v));
-    n = ag__jcs_num_double(j, v, o);
+    j->olen += ag__jcs_num_double(j, v, o);
   }
-  put(j, o, n);
 }
 
 static inline uint32_t skip(const tok *tape, uint32_t i) {
@@ -1221,8 +1260,7 @@ member:
       else if (vt->type == T_FALSE)
         ve = vs + 5;
     }
-    if (ve != 0 && !(vt->type == T_NUM && vt->w[0] == 2 && j->src[vs] == '-' &&
-                     j->src[vs + 1] == '0')) {
+    if (ve != 0) {
       size_t n = ve - ks;
       if (n <= 32 && j->len - ks >= 32 && n <= OBUF_SIZE - j->olen) {
         memcpy(j->obuf + j->olen, j->src + ks, 32); /* obuf's slack */

@@ -51,7 +51,12 @@ enum {
  *   T_STR, T_KEY  off: first content byte (after the quote)
  *                 w[0]: length (keys with F_ESC: decoded length)
  *                 w[1]: keys with F_ESC: offset of the decoded key in arena
- *   T_NUM         off: first byte; w[0]: length, or w[0..1]: the double
+ *   T_NUM         off: first byte; F_NUM_COPY: w[0] the length; F_NUM_TEXT:
+ *                 w[0] the first significant digit's offset from off, w[1]
+ *                 the exponent n (int32) of the value 0.d * 10^n, spare the
+ *                 number of digits k (bits 0-3, 0 for zero), the sign (bit
+ *                 4) and the place of a '.' among the digits (bits 5-9, 0:
+ *                 none); F_NUM_DBL: w[0..1] the double
  *   T_ARR         off: the '['; w[0]: index past the subtree; w[1]: count,
  *                 or with F_CANON the offset just past the ']'
  *   T_OBJ         off: the '{' until closed, then (without F_CANON) the
@@ -346,16 +351,24 @@ static inline int kent_cmp(const ag__jcs *j, const kent *a, const kent *b) {
 
 /* An object's keys v[0..n) sorted, stable (jcs_keys.c). */
 void ag__jcs_sort_keys(const ag__jcs *j, kent *v, size_t n);
+/* The tokens of an object's keys v[0..n), in order, into o[0..n): only when
+ * n is small and no two keys share their first 8 bytes, which then order
+ * them and rule out duplicates; false otherwise (nothing written). */
+bool ag__jcs_rank_keys(const kent *v, size_t n, uint32_t *o);
 
-/* Numbers (jcs_number.c). For a validated number literal s[0..len): when
- * it has at most 15 significant digits and a decimal exponent in the safe
- * range (or is zero), its digits d[0..*k) without trailing zeros, *n so
- * that the value is 0.d * 10^n, and *neg; false when the double has to be
- * computed. */
-bool ag__jcs_num_text(const uint8_t *s, size_t len, char d[15], int *k, long *n,
-                      bool *neg);
+/* Numbers (jcs_number.c). A literal of at most 15 significant digits is
+ * rearranged when its decimal exponent is in this range (its double is
+ * never needed); exponents are read up to the saturation value. */
+#define NUM_TEXT_EXP_MIN (-300)
+#define NUM_TEXT_EXP_MAX 300
+#define NUM_EXP_SATURATE 1000000000000000LL
+/* Room for a number's digits (laid out with fixed-size copies, so more than
+ * the 17 the longest has) and for its canonical text. */
+#define NUM_DIGITS_BUF 32
+#define NUM_TEXT_BUF 64
 /* 0.d[0..k) * 10^n (negative with neg) laid out as ECMAScript's
- * Number.prototype.toString does, into o; its length. */
+ * Number.prototype.toString does, into o[NUM_TEXT_BUF]; its length. d must
+ * have NUM_DIGITS_BUF bytes (only the first k are read as digits). */
 size_t ag__jcs_num_layout(char *o, bool neg, const char *d, int k, long n);
 /* A double as ECMAScript writes it: the shortest of 15, 16, 17 significant
  * digits that reads back; its length in o. */

@@ -304,6 +304,11 @@ Test(jcs, number_forms) {
   expect_canon(
       "[5e-324,1.7976931348623157e308,-1e-400,2.2250738585072014e-308]",
       "[5e-324,1.7976931348623157e+308,0,2.2250738585072014e-308]");
+  /* Digits around the '.', leading and trailing zeros, then an exponent
+   * (the tokenizer keeps where the digits are; emit lays them out). */
+  expect_canon("[0.00120e3,120.0e-2,1.20e1,-0.0500e2,12.50,100.0,"
+               "0.000100e-1,-1.0e0,98.7650e1,1234.5e-9]",
+               "[1.2,1.2,12,-5,12.5,100,0.00001,-1,987.65,0.0000012345]");
   expect_canon("[1e-300,1e300,9.99999999999999e299]",
                "[1e-300,1e+300,9.99999999999999e+299]");
   /* Long mantissas and huge exponents that cancel. */
