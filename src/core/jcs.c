@@ -388,6 +388,81 @@ static inline size_t digits_end(const uint8_t *s, size_t len, size_t p) {
 }
 
 /*
+ * The tokenizer's fast path for numbers: the end of the literal at p when
+ * it is its own canonical form (F_NUM_COPY), else 0 (parse_number decides,
+ * and finds any error). That is a plain integer of at most 15 digits but
+ * "-0"; or a plain decimal of at most 15 significant digits whose fraction
+ * does not end in '0' and, below 1, starts with at most five zeros (1e-7
+ * and below are written with an exponent). Such a literal reads back to
+ * the same digits (DBL_DIG is 15) and no shorter digits read to its double,
+ * so ECMAScript writes it as it is.
+ *
+ * With SSE2 a literal that ends within 16 bytes is judged from one load:
+ * the next token's position then waits on one load and a few bit
+ * operations, not on a scan of the integer digits, a test for '.' and a
+ * scan of the fraction one after the other (a dense argument is mostly
+ * numbers, and the tokenizer is bound by that chain, not by throughput).
+ */
+static inline size_t copy_number_end_scalar(const uint8_t *s, size_t len,
+                                            size_t p) {
+  size_t d0 = p + (s[p] == '-'), e = digits_end(s, len, d0);
+  size_t nd = e - d0;
+  bool lead = nd >= 1 && (s[d0] != '0' || nd == 1); /* valid, no 0x */
+  size_t q = e;
+  if (lead && nd <= 15 && e < len && s[e] == '.') {
+    size_t f0 = e + 1, z = 0;
+    q = digits_end(s, len, f0);
+    if (s[d0] == '0')
+      while (f0 + z < q && s[f0 + z] == '0')
+        z++;
+    size_t nf = q - f0, sig = s[d0] == '0' ? nf - z : nd + nf;
+    if (nf == 0 || s[q - 1] == '0' || sig > 15 || z > 5)
+      lead = false;
+  } else if (nd > 15 || (s[p] == '-' && nd == 1 && s[d0] == '0')) {
+    lead = false; /* "-0" is written "0" */
+  }
+  return lead && (q >= len || (s[q] | 0x20) != 'e') ? q : 0;
+}
+
+static inline size_t copy_number_end(const uint8_t *s, size_t len, size_t p) {
+#if defined(__SSE2__)
+  if (len - p >= 16) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + p));
+    unsigned dig = (unsigned)_mm_movemask_epi8(
+        _mm_and_si128(_mm_cmpgt_epi8(x, _mm_set1_epi8('0' - 1)),
+                      _mm_cmplt_epi8(x, _mm_set1_epi8('9' + 1))));
+    unsigned zero =
+        (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('0')));
+    unsigned dot =
+        (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('.')));
+    unsigned ex = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(
+        _mm_or_si128(x, _mm_set1_epi8(0x20)), _mm_set1_epi8('e')));
+    unsigned neg = s[p] == '-';
+    /* e: past the integer digits; qf: past the fraction's, if a '.' is at
+     * e; both 16 when the literal goes on past the load */
+    unsigned e = ctz64((~dig & ~neg & 0xFFFF) | 0x10000);
+    unsigned qf = ctz64((~dig & ~((2u << e) - 1) & 0xFFFF) | 0x10000);
+    bool has_dot = (dot >> e) & 1;
+    unsigned q = has_dot ? qf : e;
+    if (q >= 16)
+      return copy_number_end_scalar(s, len, p);
+    unsigned nd = e - neg, nf = qf - e - 1;
+    bool z0 = (zero >> neg) & 1; /* the integer part starts with '0' */
+    bool ok = nd >= 1 && nd <= 15 && (!z0 || nd == 1) && !((ex >> q) & 1);
+    if (has_dot) {
+      unsigned z = z0 ? (unsigned)ctz64(~(uint64_t)(zero >> (e + 1))) : 0;
+      unsigned sig = z0 ? nf - z : nd + nf;
+      ok = ok && nf >= 1 && !((zero >> (q - 1)) & 1) && sig <= 15 && z <= 5;
+    } else {
+      ok = ok && !(neg && z0); /* "-0" is written "0" */
+    }
+    return ok ? p + q : 0;
+  }
+#endif
+  return copy_number_end_scalar(s, len, p);
+}
+
+/*
  * Scans the string whose opening quote is at q, from p (an unescaped
  * position; the caller has skipped plain bytes). On success sets *endp to
  * the closing quote and *found to S_* bits. \" \\ \b \f \n \r \t are
@@ -780,30 +855,8 @@ value:
       goto after;
     }
     if (is_digit(c) || c == '-') {
-      /* Fast path: a literal that is its own canonical form (F_NUM_COPY).
-       * A plain integer of at most 15 digits but "-0"; or a plain decimal
-       * of at most 15 significant digits whose fraction does not end in
-       * '0' and, below 1, starts with at most five zeros (1e-7 and below
-       * are written with an exponent). Such a literal reads back to the
-       * same digits (DBL_DIG is 15) and no shorter digits read to its
-       * double, so ECMAScript writes it as it is. */
-      size_t d0 = p + (c == '-'), e = digits_end(s, len, d0);
-      size_t nd = e - d0;
-      bool lead = nd >= 1 && (s[d0] != '0' || nd == 1); /* valid, no 0x */
-      size_t q = e;
-      if (lead && nd <= 15 && e < len && s[e] == '.') {
-        size_t f0 = e + 1, z = 0;
-        q = digits_end(s, len, f0);
-        if (s[d0] == '0')
-          while (f0 + z < q && s[f0 + z] == '0')
-            z++;
-        size_t nf = q - f0, sig = s[d0] == '0' ? nf - z : nd + nf;
-        if (nf == 0 || s[q - 1] == '0' || sig > 15 || z > 5)
-          lead = false;
-      } else if (nd > 15 || (c == '-' && nd == 1 && s[d0] == '0')) {
-        lead = false; /* "-0" is written "0" */
-      }
-      if (lead && (q >= len || (s[q] | 0x20) != 'e')) {
+      size_t q = copy_number_end(s, len, p);
+      if (q != 0) {
         t->type = T_NUM;
         t->flags = F_NUM_COPY;
         t->off = (uint32_t)p;

@@ -325,10 +325,12 @@ Test(jcs, number_forms) {
  * the tokenizer (F_NUM_COPY); the same value with an exponent ("e0") always
  * goes through the digits or the double. The two must be written alike,
  * for literals on both sides of the copy's limits: 15 and 16 significant
- * digits, fractions ending in 0, up to eight leading zeros below 1, signs. */
+ * digits, fractions ending in 0, up to eight leading zeros below 1, signs,
+ * integers; alone (the tokenizer's byte scan) and followed by more text
+ * (judged from one 16-byte load when the literal ends inside it). */
 Test(jcs, copied_decimals_equal_their_exponent_forms) {
   uint64_t x = 0x9e3779b97f4a7c15ULL;
-  char lit[64], alt[80];
+  char lit[64];
   for (int i = 0; i < 200000; i++) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     size_t n = 0;
@@ -343,25 +345,33 @@ Test(jcs, copied_decimals_equal_their_exponent_forms) {
       for (unsigned k = 1; k < nd; k++)
         lit[n++] = (char)('0' + (x >> (k % 40)) % 10);
     }
-    lit[n++] = '.';
-    for (unsigned k = 0; k < nz && lit[n - 2] == '0'; k++)
-      lit[n++] = '0';
-    for (unsigned k = 0; k < nf; k++)
-      lit[n++] = (char)('0' + (x >> ((k * 7) % 50)) % 10);
-    if (lit[n - 1] == '.')
-      lit[n++] = (char)('0' + (x >> 44) % 10);
+    if ((x >> 50) % 4 != 0) { /* else an integer */
+      lit[n++] = '.';
+      for (unsigned k = 0; k < nz && lit[n - 2] == '0'; k++)
+        lit[n++] = '0';
+      for (unsigned k = 0; k < nf; k++)
+        lit[n++] = (char)('0' + (x >> ((k * 7) % 50)) % 10);
+      if (lit[n - 1] == '.')
+        lit[n++] = (char)('0' + (x >> 44) % 10);
+    }
     lit[n] = '\0';
-    snprintf(alt, sizeof alt, "%se0", lit);
-    char *a = NULL, *b = NULL;
-    size_t al, bl;
-    ag_error_t err;
-    cr_assert_eq(ag_canonicalize(lit, n, &a, &al, &err), AG_OK, "%s", lit);
-    cr_assert_eq(ag_canonicalize(alt, strlen(alt), &b, &bl, &err), AG_OK, "%s",
-                 alt);
-    cr_assert_str_eq(a, b, "%s is written %s, %s is written %s", lit, a, alt,
-                     b);
-    ag_free(a);
-    ag_free(b);
+    for (int followed = 0; followed < 2; followed++) {
+      char in[96], in_alt[112];
+      snprintf(in, sizeof in, followed ? "[%s,1,2,3,4,5,6,7,8]" : "%s", lit);
+      snprintf(in_alt, sizeof in_alt,
+               followed ? "[%se0,1,2,3,4,5,6,7,8]" : "%se0", lit);
+      char *a = NULL, *b = NULL;
+      size_t al, bl;
+      ag_error_t err;
+      cr_assert_eq(ag_canonicalize(in, strlen(in), &a, &al, &err), AG_OK, "%s",
+                   in);
+      cr_assert_eq(ag_canonicalize(in_alt, strlen(in_alt), &b, &bl, &err),
+                   AG_OK, "%s", in_alt);
+      cr_assert_str_eq(a, b, "%s is written %s, %s is written %s", in, a,
+                       in_alt, b);
+      ag_free(a);
+      ag_free(b);
+    }
   }
   expect_canon("[97.1,-0.5,0.000001,0.0000001,1.50,123456789012345.5,"
                "12345678901234.5,0.1234567890123456]",
