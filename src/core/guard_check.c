@@ -61,8 +61,11 @@ static void note_changing(ag_guard *g, tool_state *t, const ag_call *call,
                           const ag_call_check *c) {
   if (t->kind == AG__TOOL_UNSEEN)
     t->kind = ag__tool_kind_of(t->name, t->name_len);
-  if (!ag__args_change_state(t->kind, call->args != NULL ? call->args : "",
-                             call->args != NULL ? call->args_len : 0))
+  size_t len = call->args != NULL ? call->args_len : 0;
+  /* empty arguments ("{}") leave no tape */
+  const ag__jcs *tape = call == g->tape_call && len > 0 ? g->jcs : NULL;
+  if (!ag__args_change_state(t->kind, call->args != NULL ? call->args : "", len,
+                             tape))
     return;
   if (g->n_changing == CHANGING_MAX)
     g->changing_all = true;
@@ -82,6 +85,7 @@ bool ag__guard_is_changing(const ag_guard *g, const uint8_t *sig) {
 
 static void sign_calls(ag_guard *g, const ag_call *calls, size_t n,
                        ag_call_check *checks) {
+  g->tape_call = NULL;
   for (size_t i = 0; i < n; i++) {
     ag_call_check *c = &checks[i];
     c->action = AG_ALLOW;
@@ -103,6 +107,7 @@ static void sign_calls(ag_guard *g, const ag_call *calls, size_t n,
         g->jcs, name, strlen(name), calls[i].args,
         calls[i].args != NULL ? calls[i].args_len : 0, c->sig, &e);
     c->valid = rc == AG_OK;
+    g->tape_call = c->valid ? &calls[i] : NULL;
     if (!c->valid) {
       c->invalid_code = rc;
       c->invalid_pos = e.pos;

@@ -145,6 +145,9 @@ struct ag_guard {
   uint8_t changing[CHANGING_MAX][REPEAT_KEY];
   int n_changing;
   bool changing_all;
+  /* the call of the batch whose arguments jcs's tape holds (the last one
+   * signed), or NULL: progress reads that one's members from the tape */
+  const ag_call *tape_call;
   ok_slot oks[OK_SLOTS];
   uint32_t ok_clock;
   /* mechanism 5's nudge: the next call with this signature is held back */

@@ -278,7 +278,10 @@ bool ag__call_changes_state(const char *name, size_t name_len, const char *args,
 
 /* The same in two halves, so that the tool's half is looked at once per
  * tool (the guard keeps it with the tool): what the name says, then what
- * the arguments of a call of that kind say. */
+ * the arguments of a call of that kind say. `tape`, when not NULL, is a
+ * scratch holding the arguments' tape (the guard's, just signed): their
+ * members are then found by token instead of by scanning the text (a key
+ * is compared as written, escapes and all, either way). */
 typedef enum {
   AG__TOOL_UNSEEN = 0, /* not looked at yet (the guard's own mark) */
   AG__TOOL_READS,      /* read-only by its name */
@@ -288,7 +291,7 @@ typedef enum {
 } ag__tool_kind;
 ag__tool_kind ag__tool_kind_of(const char *name, size_t name_len);
 bool ag__args_change_state(ag__tool_kind kind, const char *args,
-                           size_t args_len);
+                           size_t args_len, const ag__jcs *tape);
 
 /* What a reply without a tool call records when loop.require_tool_call is
  * on, and what the error context says of it: one text for the loop, the

@@ -121,11 +121,34 @@ static bool key_in(const char *s, size_t n, const char *const *keys) {
   return false;
 }
 
+/* The string content args[s..e) (escapes as written), unescaped (\n, \t,
+ * \", \\, \/; other escapes kept as a mark) into out[0..cap): its length;
+ * *cut when it did not fit. */
+static long copy_unescaped(const char *args, size_t s, size_t e, char *out,
+                           size_t cap, bool *cut) {
+  size_t o = 0;
+  for (size_t j = s; j < e; j++) {
+    char v = args[j];
+    if (v == '\\' && j + 1 < e) {
+      char x = args[++j];
+      v = x == 'n' ? '\n' : x == 't' ? '\t' : x == 'r' ? '\r' : x;
+      if (x == 'u')
+        v = '?'; /* an escaped code point: a character, not a separator */
+    }
+    if (o + 1 >= cap) {
+      *cut = true;
+      break;
+    }
+    out[o++] = v;
+  }
+  out[o] = '\0';
+  return (long)o;
+}
+
 /* The string value of the first member named one of `keys` of the JSON
- * object text args[0..n), in one pass, unescaped (\n, \t, \", \\, \/;
- * other escapes kept as a mark) into out[0..cap): its length, or -1 when
- * there is none; *cut when it did not fit. Only the object's top level is
- * looked at. */
+ * object text args[0..n), in one pass, unescaped into out[0..cap)
+ * (copy_unescaped): its length, or -1 when there is none; *cut when it did
+ * not fit. Only the object's top level is looked at. */
 static long member_string(const char *args, size_t n, const char *const *keys,
                           char *out, size_t cap, bool *cut) {
   int depth = 0;
@@ -159,23 +182,30 @@ static long member_string(const char *args, size_t n, const char *const *keys,
       j++;
     if (j >= n || args[j] != '"')
       return -1; /* not a string */
-    size_t o = 0;
-    for (j++; j < n && args[j] != '"'; j++) {
-      char v = args[j];
-      if (v == '\\' && j + 1 < n) {
-        char x = args[++j];
-        v = x == 'n' ? '\n' : x == 't' ? '\t' : x == 'r' ? '\r' : x;
-        if (x == 'u')
-          v = '?'; /* an escaped code point: a character, not a separator */
-      }
-      if (o + 1 >= cap) {
-        *cut = true;
-        break;
-      }
-      out[o++] = v;
-    }
-    out[o] = '\0';
-    return (long)o;
+    return copy_unescaped(args, j + 1, string_end(args, n, j + 1), out, cap,
+                          cut);
+  }
+  return -1;
+}
+
+/* The same from the tape of the arguments (validated, no duplicate keys):
+ * the top-level members are walked by token, not by byte. */
+static long member_string_tape(const ag__jcs *j, const char *const *keys,
+                               char *out, size_t cap, bool *cut) {
+  *cut = false;
+  if (ag__jcs_tok_type(j, 0) != AG__JT_OBJ)
+    return -1;
+  for (size_t i = 1, end = ag__jcs_tok_next(j, 0); i < end;
+       i = ag__jcs_tok_next(j, i + 1)) {
+    const char *k;
+    size_t kn = ag__jcs_str_raw(j, i, &k);
+    if (!key_in(k, kn, keys))
+      continue;
+    if (ag__jcs_tok_type(j, i + 1) != AG__JT_STR)
+      return -1; /* not a string */
+    const char *v;
+    size_t vn = ag__jcs_str_raw(j, i + 1, &v);
+    return copy_unescaped(v, 0, vn, out, cap, cut);
   }
   return -1;
 }
@@ -372,7 +402,7 @@ static const char *const shell_keys[] = {"command", "cmd", "script", NULL};
 static const char *const editor_keys[] = {"command", NULL};
 
 bool ag__args_change_state(ag__tool_kind kind, const char *args,
-                           size_t args_len) {
+                           size_t args_len, const ag__jcs *tape) {
   char cmd[COMMAND_MAX];
   bool cut = false;
   long cl;
@@ -380,10 +410,15 @@ bool ag__args_change_state(ag__tool_kind kind, const char *args,
   case AG__TOOL_READS:
     return false;
   case AG__TOOL_SHELL:
-    cl = member_string(args, args_len, shell_keys, cmd, sizeof cmd, &cut);
+    cl = tape != NULL
+             ? member_string_tape(tape, shell_keys, cmd, sizeof cmd, &cut)
+             : member_string(args, args_len, shell_keys, cmd, sizeof cmd, &cut);
     return cl < 0 || cut || !command_reads_only(cmd, (size_t)cl);
   case AG__TOOL_EDITOR: /* "view" reads, every other command writes */
-    cl = member_string(args, args_len, editor_keys, cmd, sizeof cmd, &cut);
+    cl =
+        tape != NULL
+            ? member_string_tape(tape, editor_keys, cmd, sizeof cmd, &cut)
+            : member_string(args, args_len, editor_keys, cmd, sizeof cmd, &cut);
     return !(cl == 4 && memcmp(cmd, "view", 4) == 0);
   case AG__TOOL_UNSEEN: /* the caller looks at the name first */
   case AG__TOOL_OTHER:
@@ -394,6 +429,6 @@ bool ag__args_change_state(ag__tool_kind kind, const char *args,
 
 bool ag__call_changes_state(const char *name, size_t name_len, const char *args,
                             size_t args_len) {
-  return ag__args_change_state(ag__tool_kind_of(name, name_len), args,
-                               args_len);
+  return ag__args_change_state(ag__tool_kind_of(name, name_len), args, args_len,
+                               NULL);
 }

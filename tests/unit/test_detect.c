@@ -631,12 +631,31 @@ Test(progress, calls_that_change_the_world) {
       {"bash", "{\"command\":\"python reproduce.py\"}", true},
       {"bash", "{\"command\":\"rm -rf build\"}", true},
       {"bash", "{\"cmd\":\"pip install x\"}", true},
-      {"bash", "{}", true}, /* no command: unknown */
+      {"bash", "{}", true},              /* no command: unknown */
+      {"bash", "{\"command\":5}", true}, /* not a string */
+      /* only the top level's command counts, spaced or not, escaped */
+      {"bash", "{\"env\":{\"command\":\"ls\"},\"command\":\"rm x\"}", true},
+      {"bash", "{\"env\":{\"command\":\"rm x\"},\"command\":\"ls\"}", false},
+      {"bash", "{ \"timeout\" : 5 , \"command\" : \"cat a.py\" }", false},
+      {"bash", "{\"command\":\"ls \\\"a b\\\" > \\\"c\\\"\"}", true},
+      {"bash", "{\"command\":\"grep -n \\\"x > y\\\" a.py\"}",
+       true}, /* a '>' counts even quoted: errs to change */
+      {"str_replace_editor", "{\"path\":\"a\",\"command\":\"view\"}", false},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-    cr_expect_eq(ag__call_changes_state(cases[i].name, strlen(cases[i].name),
-                                        cases[i].args, strlen(cases[i].args)),
-                 cases[i].changes, "%s %s", cases[i].name, cases[i].args);
+  /* from the text, and from the tape the guard's signature leaves */
+  ag__jcs *j = NULL;
+  cr_assert_eq(ag__jcs_new(&j, 1 << 16, 1 << 12, 64, NULL), AG_OK);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *name = cases[i].name, *args = cases[i].args;
+    cr_expect_eq(ag__call_changes_state(name, strlen(name), args, strlen(args)),
+                 cases[i].changes, "%s %s", name, args);
+    size_t nt;
+    cr_assert_eq(ag__jcs_tape(j, args, strlen(args), &nt, NULL), AG_OK);
+    cr_expect_eq(ag__args_change_state(ag__tool_kind_of(name, strlen(name)),
+                                       args, strlen(args), j),
+                 cases[i].changes, "%s %s (tape)", name, args);
+  }
+  ag__jcs_free(j);
 }
 
 /* ---- information and malfunctions (errors.counted_failures) ------------ */
