@@ -61,22 +61,21 @@ void ag__jcs_sort_keys(const ag__jcs *j, kent *v, size_t n) {
  * schema's order are out of order in no pattern a branch predictor learns,
  * and insertion sort's mispredicted loop exits cost more than the n * n
  * comparisons up to RANK_MAX (bench_jcs, "rows"). Distinct prefixes are
- * needed for the prefixes alone to decide, and mean no duplicates.
+ * needed for the prefixes alone to decide, and mean no duplicates: then,
+ * and only then, the places are n different ones.
  */
 bool ag__jcs_rank_keys(const kent *v, size_t n, uint32_t *o) {
-  uint32_t rank[RANK_MAX];
-  size_t same = 0;
+  uint32_t rank[RANK_MAX], seen = 0;
   if (n > RANK_MAX)
     return false;
   for (size_t i = 0; i < n; i++) {
     uint32_t r = 0;
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; k < n; k++)
       r += v[k].prefix < v[i].prefix;
-      same += v[k].prefix == v[i].prefix;
-    }
     rank[i] = r;
+    seen |= 1u << r;
   }
-  if (same != n) /* only each key with itself */
+  if (seen != (1u << n) - 1)
     return false;
   for (size_t i = 0; i < n; i++)
     o[rank[i]] = v[i].tok;
