@@ -652,6 +652,46 @@ Test(jcs, many_keys) {
   free(want);
 }
 
+/* Small objects (up to 17 keys: the counting path and past it) in every
+ * kind of disorder, with keys that share their first 8 bytes (the prefixes
+ * tie: the comparison path) or not, and a duplicate among them. */
+Test(jcs, small_objects_in_any_order) {
+  uint64_t x = 0x2545F4914F6CDD1DULL;
+  char in[1024], want[1024];
+  for (int round = 0; round < 3000; round++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    int n = 1 + (int)(x % 17), perm[17];
+    bool shared = (x >> 8) & 1;
+    for (int i = 0; i < n; i++)
+      perm[i] = i;
+    for (int i = n - 1; i > 0; i--) { /* Fisher-Yates from x's bits */
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      int k = (int)(x % (uint64_t)(i + 1)), t = perm[i];
+      perm[i] = perm[k];
+      perm[k] = t;
+    }
+    const char *pre = shared ? "samekey_" : "";
+    size_t a = 0, b = 0;
+    in[a++] = '{';
+    want[b++] = '{';
+    for (int i = 0; i < n; i++) {
+      a += (size_t)sprintf(in + a, "%s\"%s%02d\":%d", i ? "," : "", pre,
+                           perm[i], perm[i]);
+      b +=
+          (size_t)sprintf(want + b, "%s\"%s%02d\":%d", i ? "," : "", pre, i, i);
+    }
+    strcpy(in + a, "}");
+    strcpy(want + b, "}");
+    expect_canon(in, want);
+    if (n > 1) { /* the last key again */
+      in[a] = '\0';
+      size_t at = a + 1;
+      sprintf(in + a, ",\"%s%02d\":0}", pre, perm[0]);
+      expect_error_s(in, AG_EDUPKEY, (long)at);
+    }
+  }
+}
+
 Test(jcs, duplicate_keys) {
   expect_error_s("{\"a\":1,\"a\":2}", AG_EDUPKEY, 7);
   expect_error_s("{\"a\":1,\"\\u0061\":2}", AG_EDUPKEY, 7);
