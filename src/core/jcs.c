@@ -431,28 +431,30 @@ static inline size_t copy_number_end(const uint8_t *s, size_t len, size_t p) {
     unsigned dig = (unsigned)_mm_movemask_epi8(
         _mm_and_si128(_mm_cmpgt_epi8(x, _mm_set1_epi8('0' - 1)),
                       _mm_cmplt_epi8(x, _mm_set1_epi8('9' + 1))));
-    unsigned zero =
-        (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('0')));
     unsigned dot =
         (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8('.')));
-    unsigned ex = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(
-        _mm_or_si128(x, _mm_set1_epi8(0x20)), _mm_set1_epi8('e')));
     unsigned neg = s[p] == '-';
     /* e: past the integer digits; qf: past the fraction's, if a '.' is at
-     * e; both 16 when the literal goes on past the load */
+     * e; both 16 when the literal goes on past the load. The rest are
+     * byte tests, off that chain. */
     unsigned e = ctz64((~dig & ~neg & 0xFFFF) | 0x10000);
     unsigned qf = ctz64((~dig & ~((2u << e) - 1) & 0xFFFF) | 0x10000);
     bool has_dot = (dot >> e) & 1;
     unsigned q = has_dot ? qf : e;
     if (q >= 16)
       return copy_number_end_scalar(s, len, p);
+    const uint8_t *d = s + p + neg;
     unsigned nd = e - neg, nf = qf - e - 1;
-    bool z0 = (zero >> neg) & 1; /* the integer part starts with '0' */
-    bool ok = nd >= 1 && nd <= 15 && (!z0 || nd == 1) && !((ex >> q) & 1);
+    bool z0 = d[0] == '0'; /* the integer part is "0" (or invalid) */
+    bool ok =
+        nd >= 1 && nd <= 15 && (!z0 || nd == 1) && (s[p + q] | 0x20) != 'e';
     if (has_dot) {
-      unsigned z = z0 ? (unsigned)ctz64(~(uint64_t)(zero >> (e + 1))) : 0;
+      unsigned z = 0;
+      if (z0)
+        while (z < nf && d[2 + z] == '0')
+          z++;
       unsigned sig = z0 ? nf - z : nd + nf;
-      ok = ok && nf >= 1 && !((zero >> (q - 1)) & 1) && sig <= 15 && z <= 5;
+      ok = ok && nf >= 1 && s[p + q - 1] != '0' && sig <= 15 && z <= 5;
     } else {
       ok = ok && !(neg && z0); /* "-0" is written "0" */
     }
