@@ -30,17 +30,21 @@
  *     except that lead bytes EE/EF (U+E000..U+FFFF) sort after F0..F4
  *     (supplementary planes, surrogates D800..DFFF in UTF-16). Equal
  *     neighbours are duplicate keys. Keys already in order (checked first)
- *     are not moved; otherwise insertion sort for short lists, bottom-up
- *     merge sort with a preallocated buffer for long ones (qsort may
- *     allocate). A container with no whitespace inside, keys in order and
- *     only canonical members is flagged so that pass 2 copies its text in
- *     one piece. Numbers are classified here so that AG_ENUMBER is found
- *     before any output: an integer literal of at most 15 digits is its own
- *     canonical form; a literal with at most 15 significant digits and a
- *     decimal exponent well inside the normal range is canonicalized by
- *     moving digits around (DBL_DIG = 15: no shorter decimal maps to the
- *     same double); anything else goes through strtod_l in a "C" locale
- *     made once per scratch, and the double is kept in the token.
+ *     are not moved; otherwise up to 16 keys whose first 8 bytes differ
+ *     are placed by counting, and others go through insertion sort for
+ *     short lists, bottom-up merge sort with a preallocated buffer for long
+ *     ones (qsort may allocate). A container with no whitespace inside,
+ *     keys in order and only canonical members is flagged so that pass 2
+ *     copies its text in one piece. Numbers are classified here so that
+ *     AG_ENUMBER is found before any output: an integer literal of at most
+ *     15 digits, or a plain decimal that is already its own form, is copied
+ *     (judged from one 16-byte load); a literal with at most 15 significant
+ *     digits and a decimal exponent well inside the normal range is
+ *     canonicalized by moving digits around (DBL_DIG = 15: no shorter
+ *     decimal maps to the same double; the token keeps where its digits
+ *     are, so pass 2 does not read it again); anything else goes through
+ *     strtod_l in a "C" locale made once per scratch, and the double is
+ *     kept in the token.
  *  2. emit() walks the tape with an explicit stack and writes canonical bytes
  *     into a fixed 4 KiB buffer that is flushed to SHA-256 (or to the
  *     caller's sink) when full; long runs bypass the buffer. Doubles are
