@@ -199,12 +199,13 @@ static unsigned below(unsigned n) {
   return (unsigned)((rng >> 33) % n);
 }
 
-enum { ROWS, ROWS_SORTED, NUMBERS };
+enum { ROWS, ROWS_SORTED, NUMBERS, EXPONENTS };
 
 /* Structured arguments of about `target` bytes (caller frees): ROWS, an
  * array of records whose keys come in a schema's order (as a model writes
  * them: not sorted); ROWS_SORTED, the same with sorted keys (already
- * canonical); NUMBERS, an array of decimals. */
+ * canonical); NUMBERS, an array of decimals; EXPONENTS, an array of
+ * numbers with an exponent, which the canonical form writes out. */
 static char *structured(int shape, size_t target) {
   static const char *const words[] = {"alpha", "beta",  "gamma", "delta",
                                       "cache", "error", "user",  "order"};
@@ -212,11 +213,16 @@ static char *structured(int shape, size_t target) {
   size_t n = 0;
   if (o == NULL)
     abort();
-  if (shape == NUMBERS) {
+  if (shape == NUMBERS || shape == EXPONENTS) {
     n += (size_t)sprintf(o, "{\"values\":[");
-    for (int i = 0; n + 24 < target; i++)
-      n += (size_t)sprintf(o + n, "%s%u.%u", i ? "," : "", below(10000),
-                           1 + below(9));
+    for (int i = 0; n + 24 < target; i++) {
+      unsigned a = below(10000), b = 1 + below(9);
+      if (shape == NUMBERS)
+        n += (size_t)sprintf(o + n, "%s%u.%u", i ? "," : "", a, b);
+      else /* 1.5e3, 2.0E-2: rewritten by JCS (1500, 0.02) */
+        n += (size_t)sprintf(o + n, "%s%u.%u%s%u", i ? "," : "", 1 + a % 9,
+                             b % 10, a & 1 ? "e" : "E-", a % 6);
+    }
     strcpy(o + n, "]}");
     return o;
   }
@@ -241,9 +247,10 @@ static char *structured(int shape, size_t target) {
 
 int main(void) {
   char *spaced_1k = spaced(args_1k);
-  char *gen[6] = {structured(ROWS, 1024),        structured(ROWS, 16384),
+  char *gen[8] = {structured(ROWS, 1024),        structured(ROWS, 16384),
                   structured(ROWS_SORTED, 1024), structured(ROWS_SORTED, 16384),
-                  structured(NUMBERS, 1024),     structured(NUMBERS, 16384)};
+                  structured(NUMBERS, 1024),     structured(NUMBERS, 16384),
+                  structured(EXPONENTS, 1024),   structured(EXPONENTS, 16384)};
   const sample samples[] = {
       {"~64 B", "run_shell",
        "{\"command\":\"ls -la src/core\",\"timeout\":30,\"cwd\":\"/work\"}"},
@@ -255,6 +262,8 @@ int main(void) {
       {"sort16K", "insert_rows", gen[3]},
       {"nums 1K", "plot", gen[4]},
       {"nums16K", "plot", gen[5]},
+      {"exps 1K", "plot", gen[6]},
+      {"exps16K", "plot", gen[7]},
   };
   ag__jcs *j;
   if (ag__jcs_new(&j, 1 << 20, 65536, 64, NULL) != AG_OK)
@@ -303,9 +312,10 @@ int main(void) {
   printf("1K sp.: the ~1 KiB arguments with a space after each ',' and ':' "
          "(nothing can be\ncopied in one piece). rows: records with keys in a "
          "schema's order; sort: the same\nalready canonical; nums: an array "
-         "of decimals.\n");
+         "of decimals; exps: an array of numbers with an\nexponent "
+         "(rewritten).\n");
   free(spaced_1k);
-  for (int k = 0; k < 6; k++)
+  for (int k = 0; k < 8; k++)
     free(gen[k]);
   ag__sha256_free(sc.h);
   ag__jcs_free(j);
