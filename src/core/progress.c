@@ -12,8 +12,9 @@
  * command made only of reading programs without a redirection) does not.
  *
  * Pure, allocation-free: the command is read from the arguments' JSON
- * text by a small scanner into a fixed buffer (a longer one is judged on
- * its first COMMAND_MAX bytes, and a cut one counts as a change).
+ * text by a small scanner (or, in the guard, found by token in the tape
+ * its signature has just made) into a fixed buffer (a longer one is judged
+ * on its first COMMAND_MAX bytes, and a cut one counts as a change).
  */
 #include <stdbool.h>
 #include <string.h>
