@@ -2,9 +2,12 @@
  * src/core/jcs_impl.h - what the parts of the JCS canonicalizer share (not
  * installed, not API; jcs.c's note says the design):
  *
- *   jcs.c         pass 1 (tokenize) and pass 2 (emit), the scratch's life,
- *                 the signature and the public functions: the per-byte
- *                 path, kept in one file so that the compiler sees it whole
+ *   jcs.c         pass 1 (tokenize and validate), the scratch's life,
+ *                 ag__jcs_prepare: its per-byte path in one file, so that
+ *                 the compiler sees it whole
+ *   jcs_emit.c    pass 2 (the canonical bytes), ag__jcs_signature and
+ *                 ag__jcs_write: the same for its per-byte path
+ *   jcs_api.c     the public one-shot functions (ag_signature & co.)
  *   jcs_keys.c    the order of an object's keys (UTF-16 code units)
  *   jcs_number.c  numbers in their canonical form (ECMAScript's)
  *   jcs_tape.c    the tape as a read-only JSON reader (internal.h)
