@@ -120,9 +120,11 @@ AG_EXTERN const ag_config *ag_auditor_config(const ag_auditor *a) {
 }
 
 void ag__replay_scratch_free(ag__replay_scratch *s) {
-  free(s->calls);
-  free(s->checks);
-  free(s->results);
+  if (!s->lent) {
+    free(s->calls);
+    free(s->checks);
+    free(s->results);
+  }
   memset(s, 0, sizeof(*s));
 }
 
@@ -130,6 +132,8 @@ void ag__replay_scratch_free(ag__replay_scratch *s) {
 static bool reserve(ag__replay_scratch *s, size_t n) {
   if (n <= s->cap)
     return true;
+  if (s->lent) /* the caller's arrays: keep them, grow from nothing */
+    *s = (ag__replay_scratch){0};
   size_t cap = s->cap ? s->cap : 8;
   while (cap < n)
     cap *= 2;
@@ -295,8 +299,12 @@ int ag__replay_step(ag_guard *g, const ag_traj_step *st, int64_t t_req,
 }
 
 int ag__replay_untimed(ag_guard *g, const ag_trajectory *t, ag_verdict *v) {
-  ag__replay_scratch s;
-  memset(&s, 0, sizeof s);
+  /* a proxy's request replays its turn once: batches of up to 8 calls on
+   * the stack, no allocation */
+  ag_call calls[8];
+  ag_call_check checks[8];
+  ag_result results[8];
+  ag__replay_scratch s = {8, calls, checks, results, true};
   memset(v, 0, sizeof(*v));
   v->call_index = -1;
   int act = AG_ALLOW;

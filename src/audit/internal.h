@@ -19,12 +19,15 @@ ag_err_t ag__trajectory_parse_with(ag_trajectory **out, const char *buf,
                                    size_t len, const ag_traj_opts *opts,
                                    ag_error_t *err, bool tape);
 
-/* A batch's arrays, grown to the largest step replayed. */
+/* A batch's arrays, grown to the largest step replayed. `lent`: the
+ * arrays are the caller's (cap of each), never freed; a larger batch
+ * moves to allocated ones. Their contents do not outlive a step. */
 typedef struct ag__replay_scratch {
   size_t cap;
   ag_call *calls;
   ag_call_check *checks;
   ag_result *results;
+  bool lent;
 } ag__replay_scratch;
 
 void ag__replay_scratch_free(ag__replay_scratch *s);

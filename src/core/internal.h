@@ -85,6 +85,9 @@ void ag__jcs_free(ag__jcs *j);
  * system; the guard calls it at each iteration. */
 void ag__jcs_trim(ag__jcs *j);
 
+/* The bytes of scratch j holds now (what keeping it for reuse costs). */
+size_t ag__jcs_held(const ag__jcs *j);
+
 /*
  * sig = SHA-256(name ":" JCS(args)). On invalid arguments returns the code
  * (AG_EJSON, AG_EDUPKEY, AG_EUTF8, AG_ENUMBER, AG_EDEPTH, AG_ETOOBIG) and

@@ -804,6 +804,12 @@ static ag_err_t size_arena(ag__jcs *j, size_t cap) {
   return AG_OK;
 }
 
+size_t ag__jcs_held(const ag__jcs *j) {
+  return sizeof(*j) + j->cap_tokens * sizeof(tok) +
+         j->cap_keys * (2 * sizeof(kent) + sizeof(uint32_t)) + j->cap_arena +
+         (size_t)j->max_depth * sizeof(frame);
+}
+
 void ag__jcs_trim(ag__jcs *j) {
   if (j->cap_tokens > JCS_RETAIN_TOKENS) {
     size_t cap =

@@ -16,27 +16,38 @@ static const char *role_of(const json_t *m) {
 }
 
 void ag__px_fast_free(fast_traj *f) {
-  free(f->steps);
-  free(f->calls);
-  free(f->results);
-  free(f->ids);
-  free(f->answered);
+  free(f->steps); /* the one block of every array (ag__px_t_alloc) */
 }
 
+/* The arrays share one block, each starting where the one before ends. */
+_Static_assert(sizeof(ag_traj_step) % _Alignof(ag_traj_call) == 0 &&
+                   sizeof(ag_traj_call) % _Alignof(ag_traj_result) == 0 &&
+                   sizeof(ag_traj_result) % _Alignof(const char *) == 0 &&
+                   _Alignof(ag_traj_step) <= _Alignof(max_align_t),
+               "fast_traj's arrays are laid out in one block");
+
 /* Zeroes `f` and sizes its arrays for a turn of n_steps replies and n_calls
- * calls: 0, or -1 (out of memory, nothing kept). */
+ * calls, in one zeroed block: 0, or -1 (out of memory, nothing kept). */
 int ag__px_t_alloc(fast_traj *f, size_t n_steps, size_t n_calls) {
   memset(f, 0, sizeof(*f));
-  f->steps = calloc(n_steps + 1, sizeof(*f->steps));
-  f->calls = calloc(n_calls + 1, sizeof(*f->calls));
-  f->results = calloc(n_calls + 1, sizeof(*f->results));
-  f->ids = calloc(n_calls + 1, sizeof(*f->ids));
-  f->answered = calloc(n_calls + 1, sizeof(*f->answered));
-  if (f->steps == NULL || f->calls == NULL || f->results == NULL ||
-      f->ids == NULL || f->answered == NULL) {
-    ag__px_fast_free(f);
+  const size_t ns = n_steps + 1, nc = n_calls + 1;
+  const size_t per_call = sizeof(ag_traj_call) + sizeof(ag_traj_result) +
+                          sizeof(const char *) + sizeof(bool);
+  if (n_steps >= SIZE_MAX / 2 / sizeof(ag_traj_step) ||
+      n_calls >= SIZE_MAX / 2 / per_call)
     return -1;
-  }
+  size_t at_calls = ns * sizeof(ag_traj_step);
+  size_t at_results = at_calls + nc * sizeof(ag_traj_call);
+  size_t at_ids = at_results + nc * sizeof(ag_traj_result);
+  size_t at_answered = at_ids + nc * sizeof(const char *);
+  unsigned char *m = calloc(1, at_answered + nc * sizeof(bool));
+  if (m == NULL)
+    return -1;
+  f->steps = (ag_traj_step *)(void *)m;
+  f->calls = (ag_traj_call *)(void *)(m + at_calls);
+  f->results = (ag_traj_result *)(void *)(m + at_results);
+  f->ids = (const char **)(void *)(m + at_ids);
+  f->answered = (bool *)(m + at_answered);
   return 0;
 }
 

@@ -79,12 +79,18 @@
 
 /* A bounded stack of objects kept for reuse and shared by threads: the
  * easy handles of a loop's finished transfers, the guards of the proxy's
- * finished requests (a guard is about 40 KB - its tables and first
- * scratch - and making one, allocations and zeroing, was a twentieth of a
- * small request's CPU; each request in flight holds one until its reply
- * is checked, and with 64 at once a pool of 8 still missed about every
- * other time). 32 of each: 1.3 MB of guards at most. */
-#define PX_POOL_MAX 32
+ * finished requests, the scratch of their readers (a guard is about 40 KB
+ * - its tables and first scratch - and making one, allocations and
+ * zeroing, was a twentieth of a small request's CPU; each request in
+ * flight holds one until its reply is checked: with 64 at once a pool of
+ * 8 still missed about every other time, one of 32 one time in five).
+ * 64 of each: 2.6 MB of guards at most, and READER_RETAIN bytes a
+ * reader. */
+#define PX_POOL_MAX 64
+/* A request reader's scratch (the tape of its body) is kept when it holds
+ * at most this much: a 12 KB one for an ordinary request, grown with the
+ * bodies it read, up to about a 20 KB body's. */
+#define READER_RETAIN (64u << 10)
 
 typedef struct px_pool {
   pthread_mutex_t mu;
@@ -212,6 +218,9 @@ struct ag_proxy {
   /* guards of finished requests, renewed for the next ones
    * (ag__px_guard_get; a stand-in proxy's is not made) */
   px_pool guards;
+  /* the scratch of finished requests' readers (tape.c), each at most
+   * READER_RETAIN bytes */
+  px_pool readers;
 };
 
 /* What goes back to the client. */

@@ -344,6 +344,10 @@ static void guard_free(void *g) {
   ag_guard_free(g);
 }
 
+static void reader_free(void *j) {
+  ag__jcs_free(j);
+}
+
 static void easy_free(void *h) {
   curl_easy_cleanup(h);
 }
@@ -569,6 +573,7 @@ static ag_err_t parse_upstream(px_up *to, const char *opt, const char *url,
 /* Frees what proxy_new made of p, and p. */
 static void proxy_free(ag_proxy *p) {
   ag__px_pool_drain(&p->guards, guard_free);
+  ag__px_pool_drain(&p->readers, reader_free);
   pthread_mutex_destroy(&p->ev_mu);
   pthread_mutex_destroy(&p->probe_mu);
   pthread_mutex_destroy(&p->jobs_mu);
@@ -720,6 +725,7 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
   pthread_mutex_init(&p->probe_mu, NULL);
   pthread_mutex_init(&p->jobs_mu, NULL);
   ag__px_pool_init(&p->guards);
+  ag__px_pool_init(&p->readers);
   pthread_cond_init(&p->jobs_cv, NULL);
   pthread_cond_init(&p->work_cv, NULL);
   atomic_init(&p->ids, 1);

@@ -109,6 +109,28 @@ static int tape_turn(const ag__wire *w, ag__wtape *t, size_t conv,
   return 1;
 }
 
+/* A reader's scratch for a body of len bytes: one kept by p (made for any
+ * body p takes), else a new one. */
+static ag_err_t reader_get(ag_proxy *p, size_t len, ag__jcs **j,
+                           ag_error_t *err) {
+  size_t max = len;
+  if (p != NULL) {
+    if ((*j = ag__px_pool_take(&p->readers)) != NULL)
+      return AG_OK;
+    if (p->max_body >= len && p->max_body <= UINT32_MAX - 2)
+      max = p->max_body;
+  }
+  return ag__jcs_tape_new(j, max, TAPE_DEPTH, err);
+}
+
+/* Keeps a reader's scratch for the next request, unless a large body grew
+ * it past READER_RETAIN or p has enough (then it is freed). */
+static void reader_put(ag_proxy *p, ag__jcs *j) {
+  if (j != NULL && (p == NULL || ag__jcs_held(j) > READER_RETAIN ||
+                    !ag__px_pool_give(&p->readers, j)))
+    ag__jcs_free(j);
+}
+
 ag_err_t ag__px_tape_decide(ag_proxy *p, const ag_config *cfg, const char *body,
                             size_t len, const ag__wire *w, ag_guard **g,
                             ag_verdict *v, bool *stream, ag_action *act) {
@@ -118,7 +140,7 @@ ag_err_t ag__px_tape_decide(ag_proxy *p, const ag_config *cfg, const char *body,
   ag_error_t err;
   if (body == NULL || len == 0 || w->tape_turn == NULL)
     return AG_ENOTFOUND;
-  ag_err_t rc = ag__jcs_tape_new(&t.j, len, TAPE_DEPTH, &err);
+  ag_err_t rc = reader_get(p, len, &t.j, &err);
   if (rc == AG_OK)
     rc = ag__jcs_tape(t.j, body, len, &t.n, &err);
   if (rc == AG_ENOMEM) {
@@ -163,7 +185,7 @@ out:
     *g = NULL;
   }
   free(t.buf);
-  ag__jcs_free(t.j);
+  reader_put(p, t.j);
   return out;
 }
 
