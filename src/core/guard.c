@@ -193,6 +193,18 @@ AG_EXTERN void ag_guard_free(ag_guard *g) {
   free(g);
 }
 
+/* Empties mechanism 16's table: the slots taken, or all of it when more
+ * were taken than remembered. */
+static void repeat_clear(ag_guard *g) {
+  if (g->n_repeat_dirty > DIRTY_MAX) {
+    memset(g->repeat, 0, sizeof(g->repeat));
+  } else {
+    for (unsigned k = 0; k < g->n_repeat_dirty; k++)
+      memset(&g->repeat[g->repeat_dirty[k]], 0, sizeof(g->repeat[0]));
+  }
+  g->n_repeat_dirty = 0;
+}
+
 void ag__guard_renew(ag_guard *g) {
   ag_guard_begin_turn(g, 0);
   g->turn = 0;
@@ -231,19 +243,19 @@ AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
   g->pattern_cat = AG_CAT_UNKNOWN;
   g->refused_run = g->denied_run = g->empty_run = 0;
   g->tokens = 0;
-  if (g->repeat_used) {
-    memset(g->repeat, 0, sizeof(g->repeat));
-    g->repeat_used = false;
-  }
+  repeat_clear(g);
   g->novel = 0;
   g->repeat_clock = 0;
   g->world = 0;
   g->n_changing = 0;
   g->changing_all = false;
-  if (g->oks_used) {
+  if (g->n_oks_dirty > DIRTY_MAX) {
     memset(g->oks, 0, sizeof(g->oks));
-    g->oks_used = false;
+  } else {
+    for (unsigned k = 0; k < g->n_oks_dirty; k++)
+      memset(&g->oks[g->oks_dirty[k]], 0, sizeof(g->oks[0]));
   }
+  g->n_oks_dirty = 0;
   g->ok_clock = 0;
   g->hold_armed = false;
   g->nudged = false;
@@ -647,8 +659,7 @@ AG_EXTERN void ag_guard_resume(ag_guard *g, ag_reason reason) {
     g->empty_run = 0;
     break;
   case AG_REASON_REPEATED_RESULTS:
-    memset(g->repeat, 0, sizeof(g->repeat));
-    g->repeat_used = false;
+    repeat_clear(g);
     break;
   case AG_REASON_TOKEN_BUDGET:
     g->tokens = 0;

@@ -48,6 +48,8 @@ typedef struct repeat_slot {
  * same call resets its failures": open-addressed like the pairs, the least
  * recent forgotten first. */
 #define OK_SLOTS 128
+/* Slots of either table remembered as taken, to empty them alone. */
+#define DIRTY_MAX 64
 
 typedef struct ok_slot {
   uint8_t key[REPEAT_KEY]; /* the call's signature (its prefix) */
@@ -135,10 +137,12 @@ struct ag_guard {
   repeat_slot repeat[REPEAT_SLOTS];
   uint32_t novel;        /* pairs seen for the first time in the turn */
   uint32_t repeat_clock; /* pairs recorded in the turn */
-  /* a slot of repeat / oks was written since they were last emptied: a
-   * turn's start empties only tables that hold something (20 KB and 2.5
-   * KB; the proxy starts a few turns per request) */
-  bool repeat_used, oks_used;
+  /* the slots of repeat / oks taken since they were last emptied, up to
+   * DIRTY_MAX each (past it, n_* counts on and the whole table is
+   * emptied): a turn's start empties those alone, not 18 KB and 2.5 KB
+   * (the proxy renews a guard per request, after a turn of a few calls) */
+  uint16_t repeat_dirty[DIRTY_MAX], oks_dirty[DIRTY_MAX];
+  unsigned n_repeat_dirty, n_oks_dirty;
   /* progress: the world's epoch (one more per successful call that
    * changes state), the batch's changing calls, successes per call */
   uint32_t world;

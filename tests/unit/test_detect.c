@@ -113,6 +113,46 @@ Test(repeated, same_failing_test_with_only_reads_between_stops_at_three) {
   ag_guard_free(g);
 }
 
+/* A turn's start forgets every pair of the turn before, whether the turn
+ * took few slots (emptied one by one) or more than the guard remembers
+ * (the whole table emptied). */
+Test(repeated, a_new_turn_forgets_every_pair) {
+  const int others[] = {5, 63, 64, 65, 300};
+  for (size_t t = 0; t < sizeof(others) / sizeof(others[0]); t++) {
+    ag_guard *g = make_json(
+        "{\"preset\": \"default\", \"loop\": {\"max_iterations\": 0}}");
+    ag_verdict v;
+    for (int turn = 0; turn < 3; turn++) {
+      if (turn > 0)
+        ag_guard_begin_turn(g, 0);
+      /* the same failure twice a turn: the third would stop a turn */
+      for (int i = 0; i < 2; i++) {
+        cr_assert_eq(call(g, "read_file", "{\"path\": \"t.py\"}",
+                          "def test_x(): ...", OK, &v, NULL),
+                     AG_ALLOW);
+        cr_assert_eq(call(g, "bash", "{\"command\": \"pytest t.py\"}",
+                          "FAILED t.py::test_x - AssertionError", ERR, &v,
+                          NULL),
+                     AG_ALLOW, "%d others, turn %d, failure %d: %s", others[t],
+                     turn, i + 1, v.message);
+      }
+      for (int i = 0; i < others[t]; i++) { /* distinct pairs */
+        char args[64];
+        snprintf(args, sizeof args, "{\"path\": \"f%d.py\"}", i);
+        cr_assert_eq(call(g, "read_file", args, "x = 1", OK, &v, NULL),
+                     AG_ALLOW, "%d others, turn %d, read %d: %s", others[t],
+                     turn, i, v.message);
+      }
+    }
+    /* and the count still works in the last turn */
+    cr_assert_eq(call(g, "bash", "{\"command\": \"pytest t.py\"}",
+                      "FAILED t.py::test_x - AssertionError", ERR, &v, NULL),
+                 AG_STOP, "%d others", others[t]);
+    cr_assert_eq(v.reason, AG_REASON_REPEATED_RESULTS);
+    ag_guard_free(g);
+  }
+}
+
 Test(repeated, a_pass_in_between_starts_the_count_again) {
   ag_guard *g = make_json("{\"preset\": \"default\"}");
   ag_verdict v;
