@@ -73,6 +73,10 @@
  * request). */
 #define UP_POOL_MAX 64
 
+/* The bytes of an upstream response's header lines kept to pass back (a
+ * line past it is dropped; one over 8 KB always is). */
+#define UP_HEADERS_MAX (64u << 10)
+
 /* The stack of a request's thread (job_main): the deepest is a decision's
  * replay and a reply's check, well under this; ASan builds need more. */
 #define JOB_STACK (2u << 20)
@@ -230,12 +234,12 @@ typedef struct reply {
   size_t len;
   ag__budget *bud; /* `held` bytes of it are taken from bud (budget.h) */
   size_t held;
-  const char *ctype;          /* static */
-  struct curl_slist *headers; /* "Name: value" from the upstream, or NULL */
-  const char *stop;           /* x-agentguard-stop, or NULL */
-  const ag__wire *shape;      /* the API of a guarded path (its error
-                               * shape), else NULL */
-  bool close;                 /* the connection is closed after it */
+  const char *ctype;     /* static */
+  ag__buf headers;       /* the upstream's, as upstream.headers */
+  const char *stop;      /* x-agentguard-stop, or NULL */
+  const ag__wire *shape; /* the API of a guarded path (its error
+                          * shape), else NULL */
+  bool close;            /* the connection is closed after it */
 } reply;
 
 /* One request: read, then answered by its own thread (job_main) while
@@ -276,8 +280,10 @@ typedef struct upstream {
   char *body;
   size_t len, cap;
   bool too_big;
-  struct curl_slist *headers; /* the final response's, hop-by-hop removed */
-  bool hdr_end;               /* the final response's headers are in */
+  /* the final response's header lines, hop-by-hop removed: "Name: value"
+   * each ended by a NUL, in one buffer (UP_HEADERS_MAX; ag__px_on_header) */
+  ag__buf headers;
+  bool hdr_end; /* the final response's headers are in */
   CURLcode cc;
   int64_t total_us; /* the transfer's time (ag__px_send_upstream) */
   char errbuf[CURL_ERROR_SIZE];

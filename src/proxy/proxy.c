@@ -111,7 +111,7 @@ void ag__px_set_error(reply *r, unsigned status, const char *type,
 
 void ag__px_reply_free(reply *r) {
   reply_drop_body(r);
-  curl_slist_free_all(r->headers);
+  ag__buf_free(&r->headers);
   memset(r, 0, sizeof(*r));
 }
 

@@ -120,17 +120,17 @@ static void readyz_probe(ag_proxy *p, reply *r) {
 }
 
 /* Headers "Name: value" onto a response. */
-static void add_headers(struct MHD_Response *resp,
-                        const struct curl_slist *list) {
-  for (const struct curl_slist *s = list; s != NULL; s = s->next) {
-    const char *colon = strchr(s->data, ':');
-    if (colon == NULL || colon == s->data)
+static void add_headers(struct MHD_Response *resp, const ag__buf *h) {
+  for (size_t at = 0; at < h->len; at += strlen(h->p + at) + 1) {
+    const char *line = h->p + at;
+    const char *colon = strchr(line, ':');
+    if (colon == NULL || colon == line)
       continue;
     char name[256];
-    size_t nl = (size_t)(colon - s->data);
+    size_t nl = (size_t)(colon - line);
     if (nl >= sizeof name)
       continue; /* no header of an API is named that long */
-    memcpy(name, s->data, nl);
+    memcpy(name, line, nl);
     name[nl] = '\0';
     const char *val = colon + 1;
     while (*val == ' ' || *val == '\t')
@@ -174,7 +174,7 @@ static enum MHD_Result send_reply(struct MHD_Connection *c, reply *r) {
   }
   if (resp == NULL)
     return MHD_NO;
-  add_headers(resp, r->headers);
+  add_headers(resp, &r->headers);
   if (r->ctype != NULL)
     MHD_add_response_header(resp, "Content-Type", r->ctype);
   if (r->stop != NULL)
@@ -468,7 +468,7 @@ enum MHD_Result ag__px_send_answer(struct MHD_Connection *c, req_ctx *q) {
     /* the upstream's status and headers (st->u is the loop's: it was
      * filled on this thread before the answer) */
     status = (unsigned)st->status;
-    add_headers(resp, st->u.headers);
+    add_headers(resp, &st->u.headers);
   } else {
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");

@@ -86,8 +86,7 @@ size_t ag__px_on_header(char *ptr, size_t size, size_t nmemb, void *user) {
   size_t n = size * nmemb;
   if (n >= 5 && memcmp(ptr, "HTTP/", 5) == 0) {
     /* a new response (after a 100 Continue): its headers only */
-    curl_slist_free_all(u->headers);
-    u->headers = NULL;
+    ag__buf_reset(&u->headers);
     u->hdr_end = false;
     return n;
   }
@@ -101,14 +100,16 @@ size_t ag__px_on_header(char *ptr, size_t size, size_t nmemb, void *user) {
   size_t l = n;
   while (l > 0 && (ptr[l - 1] == '\r' || ptr[l - 1] == '\n'))
     l--;
-  char line[8192];
-  if (l >= sizeof line)
-    return n; /* an absurd header is dropped, not truncated */
-  memcpy(line, ptr, l);
-  line[l] = '\0';
-  struct curl_slist *s = curl_slist_append(u->headers, line);
-  if (s != NULL)
-    u->headers = s;
+  if (l >= 8192 || memchr(ptr, '\0', l) != NULL)
+    return n;                /* an absurd header is dropped, not truncated */
+  if (u->headers.cap == 0) { /* the first: room for a usual set at once */
+    ag__buf_init(&u->headers, UP_HEADERS_MAX);
+    (void)ag__buf_reserve(&u->headers, 512);
+  }
+  /* the line and its NUL whole, or not at all (past UP_HEADERS_MAX) */
+  if (l + 1 <= u->headers.cap - u->headers.len &&
+      ag__buf_add(&u->headers, ptr, l) == AG_OK)
+    (void)ag__buf_add(&u->headers, "", 1);
   return n;
 }
 
@@ -443,7 +444,7 @@ void ag__px_send_upstream(ag__relay *relay, ag_proxy *p,
 void ag__px_upstream_free(upstream *u) {
   ag__budget_release(u->bud, u->held, 0);
   free(u->body);
-  curl_slist_free_all(u->headers);
+  ag__buf_free(&u->headers);
   memset(u, 0, sizeof(*u));
 }
 
@@ -487,6 +488,6 @@ void ag__px_pass_back(upstream *u, reply *r) {
   r->bud = u->bud;
   r->held = u->held;
   u->body = NULL;
-  u->headers = NULL;
+  memset(&u->headers, 0, sizeof(u->headers));
   u->held = 0;
 }
