@@ -79,9 +79,11 @@ char *ag__px_attr_span(const ag__px_attr *a, const char *path, unsigned status,
 /* The model and, without a session header, the conversation id, read from
  * the body of a guarded request (path: for a model named in it, as
  * Gemini's). `conv_key` is the API's conversation member ("messages",
- * "input", "contents"). Anything unreadable is left unknown. */
-void ag__px_attr_body(ag__px_attr *a, const char *path, const char *conv_key,
-                      const char *body, size_t len);
+ * "input", "contents"). Anything unreadable is left unknown. The body is
+ * read with a reader kept by p (NULL: a new one). */
+struct ag_proxy;
+void ag__px_attr_body(struct ag_proxy *p, ag__px_attr *a, const char *path,
+                      const char *conv_key, const char *body, size_t len);
 
 /* A decision made for the request (the event's name, static). */
 void ag__px_attr_decision(ag__px_attr *a, const char *decision,

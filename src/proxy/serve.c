@@ -771,7 +771,8 @@ enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
       }
     } else {
       if (p->attr_on) /* the model and the conversation, for the logs */
-        ag__px_attr_body(&q->attr, path, q->r.shape->conv_key, q->body, q->len);
+        ag__px_attr_body(p, &q->attr, path, q->r.shape->conv_key, q->body,
+                         q->len);
       int here = decide_here(sh, c, q, path);
       if (here == 1)
         return MHD_YES; /* a stream: suspended, answered by the loop */

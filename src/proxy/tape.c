@@ -221,13 +221,12 @@ static void t_hash_texts(const ag__wtape *t, size_t i, ag__sha256 *h,
   }
 }
 
-void ag__px_attr_body(ag__px_attr *a, const char *path, const char *conv_key,
-                      const char *body, size_t len) {
+void ag__px_attr_body(ag_proxy *p, ag__px_attr *a, const char *path,
+                      const char *conv_key, const char *body, size_t len) {
   ag__wtape t = {NULL, body, len, 0, NULL, 0, 0};
   ag_error_t err;
   ag__sha256 *h = NULL;
-  if (body == NULL || len == 0 ||
-      ag__jcs_tape_new(&t.j, len, TAPE_DEPTH, &err) != AG_OK ||
+  if (body == NULL || len == 0 || reader_get(p, len, &t.j, &err) != AG_OK ||
       ag__jcs_tape(t.j, body, len, &t.n, &err) != AG_OK ||
       ag__jcs_tok_type(t.j, 0) != AG__JT_OBJ)
     goto model_from_path;
@@ -278,5 +277,5 @@ model_from_path:
     }
   }
   ag__sha256_free(h);
-  ag__jcs_free(t.j);
+  reader_put(p, t.j);
 }
