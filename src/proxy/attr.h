@@ -76,14 +76,16 @@ void ag__px_attr_trace(ag__px_attr *a, const char *traceparent);
 char *ag__px_attr_span(const ag__px_attr *a, const char *path, unsigned status,
                        int64_t end_ns);
 
-/* The model and, without a session header, the conversation id, read from
- * the body of a guarded request (path: for a model named in it, as
- * Gemini's). `conv_key` is the API's conversation member ("messages",
- * "input", "contents"). Anything unreadable is left unknown. The body is
- * read with a reader kept by p (NULL: a new one). */
+/* Into q->attr: the model and, without a session header, the conversation
+ * id, read from the body of guarded request q (path: for a model named in
+ * it, as Gemini's). `conv_key` is the API's conversation member
+ * ("messages", "input", "contents"). Anything unreadable is left unknown.
+ * The body's tape is q's (ag__px_body_tape: read once, the decision reads
+ * the same). */
 struct ag_proxy;
-void ag__px_attr_body(struct ag_proxy *p, ag__px_attr *a, const char *path,
-                      const char *conv_key, const char *body, size_t len);
+struct req_ctx;
+void ag__px_attr_body(struct ag_proxy *p, struct req_ctx *q, const char *path,
+                      const char *conv_key);
 
 /* A decision made for the request (the event's name, static). */
 void ag__px_attr_decision(ag__px_attr *a, const char *decision,

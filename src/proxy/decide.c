@@ -896,8 +896,8 @@ void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   d.r = r;
   /* the decision from the tape; the tree is parsed only when needed */
   ag_action act = AG_ALLOW;
-  ag_err_t rc = ag__px_tape_decide(p, &p->cfg, q->body, q->len, r->shape, &d.g,
-                                   &d.v, &d.stream, &act);
+  ag_err_t rc = ag__px_tape_decide(p, q, &p->cfg, q->body, q->len, r->shape,
+                                   &d.g, &d.v, &d.stream, &act);
   if (rc == AG_ENOMEM) {
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return;
@@ -968,8 +968,8 @@ int ag_proxy_decide_read(const ag_config *cfg, const char *body, size_t len,
     ag_guard *tg = NULL;
     bool stream = false;
     ag_action tact = AG_ALLOW;
-    ag_err_t rc =
-        ag__px_tape_decide(NULL, cfg, body, len, w, &tg, v, &stream, &tact);
+    ag_err_t rc = ag__px_tape_decide(NULL, NULL, cfg, body, len, w, &tg, v,
+                                     &stream, &tact);
     ag_guard_free(tg);
     if (rc == AG_ENOMEM) {
       ag__px_fail(err, AG_ENOMEM, "out of memory");

@@ -272,6 +272,13 @@ typedef struct req_ctx {
   bool readyz;            /* GET /readyz, answered by a worker's probe */
   ag__px_attr attr;       /* who it is for (attr.h) */
   ag__px_attr_box *st_ab; /* its stream's copy (stream_st.ab), or NULL */
+  /* the body read once as a JSON tape (ag__px_body_tape), for its
+   * attribution and its decision: `tape` (a reader of p's pool) holds
+   * tape_n tokens when tape_rc is AG_OK */
+  bool tape_read;
+  ag_err_t tape_rc;
+  struct ag__jcs *tape;
+  size_t tape_n;
 } req_ctx;
 
 typedef struct upstream {
@@ -586,9 +593,16 @@ void ag__px_t_step(ag_traj_step *st, fast_traj *f, size_t ci);
  * "\u0000", an integer jansson cannot hold) or a shape the reader leaves
  * to the tree: take the tree path, whose decisions and messages are the
  * reference (the parity tests in tests/runtime/test_proxy.c replay both). */
-ag_err_t ag__px_tape_decide(ag_proxy *p, const ag_config *cfg, const char *body,
-                            size_t len, const ag__wire *w, ag_guard **g,
-                            ag_verdict *v, bool *stream, ag_action *act);
+ag_err_t ag__px_tape_decide(ag_proxy *p, req_ctx *q, const ag_config *cfg,
+                            const char *body, size_t len, const ag__wire *w,
+                            ag_guard **g, ag_verdict *v, bool *stream,
+                            ag_action *act);
+/* q's body as a JSON tape, read at the first call (q->tape, q->tape_n);
+ * the reading's code: AG_OK, AG_ENOMEM, or the JSON error's.
+ * ag__px_body_tape_free gives the reader back to p's pool. With
+ * ag__px_tape_decide (q given) the body is read once for both. */
+ag_err_t ag__px_body_tape(ag_proxy *p, req_ctx *q);
+void ag__px_body_tape_free(ag_proxy *p, req_ctx *q);
 /* A guard for p's config (cfg is used only when p is NULL): one kept from
  * a finished request, renewed (as ag_guard_new makes it), or a new one.
  * ag__px_guard_put gives it back (or frees it: the pool full, p NULL). */

@@ -91,6 +91,7 @@ static bool add_context(ag_proxy *p, req_ctx *q, const json_t *req, ag_guard *g,
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return false;
   }
+  ag__px_body_tape_free(p, q); /* it reads the old body */
   free(q->body);
   q->body = body;
   q->len = strlen(body);

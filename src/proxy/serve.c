@@ -771,8 +771,7 @@ enum MHD_Result ag__px_handler(void *cls, struct MHD_Connection *c,
       }
     } else {
       if (p->attr_on) /* the model and the conversation, for the logs */
-        ag__px_attr_body(p, &q->attr, path, q->r.shape->conv_key, q->body,
-                         q->len);
+        ag__px_attr_body(p, q, path, q->r.shape->conv_key);
       int here = decide_here(sh, c, q, path);
       if (here == 1)
         return MHD_YES; /* a stream: suspended, answered by the loop */
@@ -825,6 +824,7 @@ void ag__px_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (q->st != NULL)
       ag__px_stream_free(q->st);
     curl_slist_free_all(q->client_hdrs);
+    ag__px_body_tape_free(p, q);
     if (q->prefetched != NULL) /* not taken: the worker answered otherwise */
       ag__px_upstream_free(q->prefetched);
     free(q->prefetched);

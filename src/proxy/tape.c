@@ -131,18 +131,46 @@ static void reader_put(ag_proxy *p, ag__jcs *j) {
     ag__jcs_free(j);
 }
 
-ag_err_t ag__px_tape_decide(ag_proxy *p, const ag_config *cfg, const char *body,
-                            size_t len, const ag__wire *w, ag_guard **g,
-                            ag_verdict *v, bool *stream, ag_action *act) {
+ag_err_t ag__px_body_tape(ag_proxy *p, req_ctx *q) {
+  if (q->tape_read)
+    return q->tape_rc;
+  ag_error_t err;
+  q->tape_read = true;
+  q->tape_rc = AG_EJSON;
+  if (q->body == NULL || q->len == 0)
+    return q->tape_rc;
+  q->tape_rc = reader_get(p, q->len, &q->tape, &err);
+  if (q->tape_rc == AG_OK)
+    q->tape_rc = ag__jcs_tape(q->tape, q->body, q->len, &q->tape_n, &err);
+  return q->tape_rc;
+}
+
+void ag__px_body_tape_free(ag_proxy *p, req_ctx *q) {
+  reader_put(p, q->tape);
+  q->tape = NULL;
+  q->tape_read = false;
+}
+
+ag_err_t ag__px_tape_decide(ag_proxy *p, req_ctx *q, const ag_config *cfg,
+                            const char *body, size_t len, const ag__wire *w,
+                            ag_guard **g, ag_verdict *v, bool *stream,
+                            ag_action *act) {
   *g = NULL;
   ag__wtape t = {NULL, body, len, 0, NULL, 0, 0};
   ag_err_t out = AG_ENOTFOUND;
   ag_error_t err;
   if (body == NULL || len == 0 || w->tape_turn == NULL)
     return AG_ENOTFOUND;
-  ag_err_t rc = reader_get(p, len, &t.j, &err);
-  if (rc == AG_OK)
-    rc = ag__jcs_tape(t.j, body, len, &t.n, &err);
+  ag_err_t rc;
+  if (q != NULL) { /* q's body, read once (its attribution may have) */
+    rc = ag__px_body_tape(p, q);
+    t.j = q->tape;
+    t.n = q->tape_n;
+  } else {
+    rc = reader_get(p, len, &t.j, &err);
+    if (rc == AG_OK)
+      rc = ag__jcs_tape(t.j, body, len, &t.n, &err);
+  }
   if (rc == AG_ENOMEM) {
     out = AG_ENOMEM;
     goto out;
@@ -185,7 +213,8 @@ out:
     *g = NULL;
   }
   free(t.buf);
-  reader_put(p, t.j);
+  if (q == NULL)
+    reader_put(p, t.j);
   return out;
 }
 
@@ -221,14 +250,16 @@ static void t_hash_texts(const ag__wtape *t, size_t i, ag__sha256 *h,
   }
 }
 
-void ag__px_attr_body(ag_proxy *p, ag__px_attr *a, const char *path,
-                      const char *conv_key, const char *body, size_t len) {
-  ag__wtape t = {NULL, body, len, 0, NULL, 0, 0};
-  ag_error_t err;
+void ag__px_attr_body(ag_proxy *p, req_ctx *q, const char *path,
+                      const char *conv_key) {
+  ag__px_attr *a = &q->attr;
+  ag__wtape t = {NULL, q->body, q->len, 0, NULL, 0, 0};
   ag__sha256 *h = NULL;
-  if (body == NULL || len == 0 || reader_get(p, len, &t.j, &err) != AG_OK ||
-      ag__jcs_tape(t.j, body, len, &t.n, &err) != AG_OK ||
-      ag__jcs_tok_type(t.j, 0) != AG__JT_OBJ)
+  if (ag__px_body_tape(p, q) != AG_OK)
+    goto model_from_path;
+  t.j = q->tape;
+  t.n = q->tape_n;
+  if (ag__jcs_tok_type(t.j, 0) != AG__JT_OBJ)
     goto model_from_path;
   size_t m = ag__wt_get(&t, 0, "model");
   if (ag__wt_is(&t, m, AG__JT_STR) && !ag__jcs_str_escaped(t.j, m)) {
@@ -277,5 +308,4 @@ model_from_path:
     }
   }
   ag__sha256_free(h);
-  reader_put(p, t.j);
 }
