@@ -109,24 +109,28 @@ static int tape_turn(const ag__wire *w, ag__wtape *t, size_t conv,
   return 1;
 }
 
-/* A reader's scratch for a body of len bytes: one kept by p (made for any
- * body p takes), else a new one. */
-static ag_err_t reader_get(ag_proxy *p, size_t len, ag__jcs **j,
-                           ag_error_t *err) {
-  size_t max = len;
-  if (p != NULL) {
-    if ((*j = ag__px_pool_take(&p->readers)) != NULL)
-      return AG_OK;
-    if (p->max_body >= len && p->max_body <= UINT32_MAX - 2)
-      max = p->max_body;
-  }
-  return ag__jcs_tape_new(j, max, TAPE_DEPTH, err);
+/* Whether a body of len bytes is read with a reader of p's pool: those
+ * are made for any body p takes (up to its max_body). */
+static bool pooled(const ag_proxy *p, size_t len) {
+  return p != NULL && len <= p->max_body && p->max_body <= UINT32_MAX - 2;
 }
 
-/* Keeps a reader's scratch for the next request, unless a large body grew
- * it past READER_RETAIN or p has enough (then it is freed). */
-static void reader_put(ag_proxy *p, ag__jcs *j) {
-  if (j != NULL && (p == NULL || ag__jcs_held(j) > READER_RETAIN ||
+/* A reader's scratch for a body of len bytes: one kept by p, else a new
+ * one. */
+static ag_err_t reader_get(ag_proxy *p, size_t len, ag__jcs **j,
+                           ag_error_t *err) {
+  if (!pooled(p, len))
+    return ag__jcs_tape_new(j, len, TAPE_DEPTH, err);
+  if ((*j = ag__px_pool_take(&p->readers)) != NULL)
+    return AG_OK;
+  return ag__jcs_tape_new(j, p->max_body, TAPE_DEPTH, err);
+}
+
+/* Gives back the reader reader_get(p, len) gave: kept for the next
+ * request, unless it is not the pool's, a large body grew it past
+ * READER_RETAIN, or p has enough (then it is freed). */
+static void reader_put(ag_proxy *p, size_t len, ag__jcs *j) {
+  if (j != NULL && (!pooled(p, len) || ag__jcs_held(j) > READER_RETAIN ||
                     !ag__px_pool_give(&p->readers, j)))
     ag__jcs_free(j);
 }
@@ -146,7 +150,7 @@ ag_err_t ag__px_body_tape(ag_proxy *p, req_ctx *q) {
 }
 
 void ag__px_body_tape_free(ag_proxy *p, req_ctx *q) {
-  reader_put(p, q->tape);
+  reader_put(p, q->len, q->tape);
   q->tape = NULL;
   q->tape_read = false;
 }
@@ -214,7 +218,7 @@ out:
   }
   free(t.buf);
   if (q == NULL)
-    reader_put(p, t.j);
+    reader_put(p, len, t.j);
   return out;
 }
 
