@@ -4115,6 +4115,58 @@ Test(proxy, every_request_is_logged_with_who_it_is_for) {
   free(stop);
 }
 
+/* The scratch a body is read with is kept for the next request and grows
+ * for a larger one: small, large (120 KB: past what is kept), small again,
+ * each decided and attributed as a request alone is, the large one's
+ * tape read once for both. */
+Test(proxy, kept_readers_read_bodies_of_any_size) {
+  ag_proxy_stop(P);
+  FILE *log = tmpfile();
+  cr_assert_not_null(log);
+  ag_proxy_opts o = test_opts();
+  o.access_log = log;
+  o.access_log_json = true;
+  P = start_with(&o);
+  char *big = malloc(40001);
+  cr_assert_not_null(big);
+  for (int i = 0; i < 40000; i++)
+    big[i] = (char)('a' + i % 26);
+  big[40000] = '\0';
+  const char *want[] = {NULL, "identical_calls", NULL, "identical_calls"};
+  for (int k = 0; k < 4; k++) {
+    char *body = conversation(k % 2 ? 3 : 0, "read", "{\"path\":\"a\"}",
+                              k == 1 ? big : "text of a");
+    if (want[k] == NULL)
+      canned_call(NULL, "done");
+    resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+    cr_expect_eq(r->status, 200, "request %d: %s", k, r->body);
+    if (want[k] != NULL)
+      cr_expect_str_eq(r->stop, want[k], "request %d", k);
+    else
+      cr_expect_str_eq(r->stop, "", "request %d", k);
+    free(r);
+    free(body);
+  }
+  free(big);
+  ag_proxy_stop(P);
+  P = NULL;
+  cr_expect_eq(n_upstream(), 2, "the stops went nowhere");
+  rewind(log);
+  char line[4096];
+  int n = 0;
+  while (fgets(line, sizeof line, log) != NULL) {
+    json_t *l = json_loads(line, 0, NULL);
+    cr_assert_not_null(l, "not JSON: %s", line);
+    cr_expect_str_eq(json_string_value(json_object_get(l, "model")), "m", "%s",
+                     line);
+    cr_expect(json_is_string(json_object_get(l, "conversation")), "%s", line);
+    json_decref(l);
+    n++;
+  }
+  cr_expect_eq(n, 4, "%d access-log lines", n);
+  fclose(log);
+}
+
 /* A stream's own decision reaches its access-log line (the stream is the
  * response's and may outlive the request, or the other way round). */
 Test(proxy, a_streams_decision_is_in_its_log_line) {
