@@ -173,9 +173,17 @@ static void put_number(ag__jcs *j, const tok *t) {
     char d[NUM_DIGITS_BUF];
     unsigned k = t->spare & 15, dot = t->spare >> 5, m = 0;
     const uint8_t *q = s + t->w[0];
-    for (unsigned i = 0; m < k; i++)
-      if (i != dot || dot == 0)
-        d[m++] = (char)q[i];
+    if (j->len - (t->off + t->w[0]) >= 32) {
+      /* two fixed-size copies, the second over the '.' (k + 1 <= 16 bytes
+       * of source, dot < k): no loop whose exit depends on the digits */
+      memcpy(d, q, 16);
+      if (dot != 0)
+        memcpy(d + dot, q + dot + 1, 16);
+    } else {
+      for (unsigned i = 0; m < k; i++)
+        if (i != dot || dot == 0)
+          d[m++] = (char)q[i];
+    }
     j->olen += ag__jcs_num_layout(o, t->spare >> 4 & 1, d, (int)k,
                                   (long)(int32_t)t->w[1]);
   } else {
