@@ -193,18 +193,6 @@ AG_EXTERN void ag_guard_free(ag_guard *g) {
   free(g);
 }
 
-/* Empties mechanism 16's table: the slots taken, or all of it when more
- * were taken than remembered. */
-static void repeat_clear(ag_guard *g) {
-  if (g->n_repeat_dirty > DIRTY_MAX) {
-    memset(g->repeat, 0, sizeof(g->repeat));
-  } else {
-    for (unsigned k = 0; k < g->n_repeat_dirty; k++)
-      memset(&g->repeat[g->repeat_dirty[k]], 0, sizeof(g->repeat[0]));
-  }
-  g->n_repeat_dirty = 0;
-}
-
 void ag__guard_renew(ag_guard *g) {
   ag_guard_begin_turn(g, 0);
   g->turn = 0;
@@ -243,19 +231,14 @@ AG_EXTERN void ag_guard_begin_turn(ag_guard *g, int64_t now_ms) {
   g->pattern_cat = AG_CAT_UNKNOWN;
   g->refused_run = g->denied_run = g->empty_run = 0;
   g->tokens = 0;
-  repeat_clear(g);
+  marks_empty(&g->repeat_taken, g->repeat, sizeof(g->repeat),
+              sizeof(g->repeat[0]));
   g->novel = 0;
   g->repeat_clock = 0;
   g->world = 0;
   g->n_changing = 0;
   g->changing_all = false;
-  if (g->n_oks_dirty > DIRTY_MAX) {
-    memset(g->oks, 0, sizeof(g->oks));
-  } else {
-    for (unsigned k = 0; k < g->n_oks_dirty; k++)
-      memset(&g->oks[g->oks_dirty[k]], 0, sizeof(g->oks[0]));
-  }
-  g->n_oks_dirty = 0;
+  marks_empty(&g->oks_taken, g->oks, sizeof(g->oks), sizeof(g->oks[0]));
   g->ok_clock = 0;
   g->hold_armed = false;
   g->nudged = false;
@@ -659,7 +642,8 @@ AG_EXTERN void ag_guard_resume(ag_guard *g, ag_reason reason) {
     g->empty_run = 0;
     break;
   case AG_REASON_REPEATED_RESULTS:
-    repeat_clear(g);
+    marks_empty(&g->repeat_taken, g->repeat, sizeof(g->repeat),
+                sizeof(g->repeat[0]));
     break;
   case AG_REASON_TOKEN_BUDGET:
     g->tokens = 0;

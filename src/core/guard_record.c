@@ -99,8 +99,8 @@ static ok_slot *ok_find(ag_guard *g, const uint8_t *sig, bool make) {
   }
   if (!make)
     return NULL;
-  if (victim->epoch == 0 && g->n_oks_dirty++ < DIRTY_MAX)
-    g->oks_dirty[g->n_oks_dirty - 1] = (uint16_t)(victim - g->oks);
+  if (victim->epoch == 0)
+    marks_note(&g->oks_taken, (size_t)(victim - g->oks));
   memcpy(victim->key, sig, REPEAT_KEY);
   return victim;
 }
@@ -132,8 +132,8 @@ static int repeat_count(ag_guard *g, const uint8_t key[AG_SIG_LEN],
       victim = c;
   }
   g->repeat_clock++;
-  if (r == NULL && victim->count == 0 && g->n_repeat_dirty++ < DIRTY_MAX)
-    g->repeat_dirty[g->n_repeat_dirty - 1] = (uint16_t)(victim - g->repeat);
+  if (r == NULL && victim->count == 0)
+    marks_note(&g->repeat_taken, (size_t)(victim - g->repeat));
   const uint32_t ok = ok_epoch(g, sig);
   if (r != NULL) {
     /* a failure repeats while the world stayed as it was and the call did

@@ -10,6 +10,8 @@
 #ifndef AG_CORE_GUARD_STATE_H
 #define AG_CORE_GUARD_STATE_H
 
+#include <string.h>
+
 #include "agentguard/content.h"
 #include "internal.h"
 
@@ -48,8 +50,35 @@ typedef struct repeat_slot {
  * same call resets its failures": open-addressed like the pairs, the least
  * recent forgotten first. */
 #define OK_SLOTS 128
-/* Slots of either table remembered as taken, to empty them alone. */
+/* The slots of a table taken since it was last emptied, up to DIRTY_MAX
+ * of them (past it, n counts on and the whole table is emptied): emptying
+ * it then costs the slots a turn took, not the table (guard.c,
+ * guard_record.c). */
 #define DIRTY_MAX 64
+
+typedef struct slot_marks {
+  uint16_t at[DIRTY_MAX];
+  unsigned n;
+} slot_marks;
+
+/* Slot i of the table was empty and is taken now. */
+static inline void marks_note(slot_marks *m, size_t i) {
+  if (m->n++ < DIRTY_MAX)
+    m->at[m->n - 1] = (uint16_t)i;
+}
+
+/* Empties the slots noted in m of `table` (table_size bytes, slots of
+ * slot_size), or all of it. */
+static inline void marks_empty(slot_marks *m, void *table, size_t table_size,
+                               size_t slot_size) {
+  if (m->n > DIRTY_MAX) {
+    memset(table, 0, table_size);
+  } else {
+    for (unsigned k = 0; k < m->n; k++)
+      memset((char *)table + m->at[k] * slot_size, 0, slot_size);
+  }
+  m->n = 0;
+}
 
 typedef struct ok_slot {
   uint8_t key[REPEAT_KEY]; /* the call's signature (its prefix) */
@@ -137,12 +166,10 @@ struct ag_guard {
   repeat_slot repeat[REPEAT_SLOTS];
   uint32_t novel;        /* pairs seen for the first time in the turn */
   uint32_t repeat_clock; /* pairs recorded in the turn */
-  /* the slots of repeat / oks taken since they were last emptied, up to
-   * DIRTY_MAX each (past it, n_* counts on and the whole table is
-   * emptied): a turn's start empties those alone, not 18 KB and 2.5 KB
-   * (the proxy renews a guard per request, after a turn of a few calls) */
-  uint16_t repeat_dirty[DIRTY_MAX], oks_dirty[DIRTY_MAX];
-  unsigned n_repeat_dirty, n_oks_dirty;
+  /* the slots of repeat / oks taken since they were last emptied: a
+   * turn's start empties those alone, not 18 KB and 2.5 KB (the proxy
+   * renews a guard per request, after a turn of a few calls) */
+  slot_marks repeat_taken, oks_taken;
   /* progress: the world's epoch (one more per successful call that
    * changes state), the batch's changing calls, successes per call */
   uint32_t world;

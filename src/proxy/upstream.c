@@ -106,10 +106,13 @@ size_t ag__px_on_header(char *ptr, size_t size, size_t nmemb, void *user) {
     ag__buf_init(&u->headers, UP_HEADERS_MAX);
     (void)ag__buf_reserve(&u->headers, 512);
   }
-  /* the line and its NUL whole, or not at all (past UP_HEADERS_MAX) */
+  /* the line and its NUL whole, or not at all (past UP_HEADERS_MAX, or
+   * out of memory): with the room reserved, neither append can fail */
   if (l + 1 <= u->headers.cap - u->headers.len &&
-      ag__buf_add(&u->headers, ptr, l) == AG_OK)
+      ag__buf_reserve(&u->headers, u->headers.len + l + 1) == AG_OK) {
+    (void)ag__buf_add(&u->headers, ptr, l);
     (void)ag__buf_add(&u->headers, "", 1);
+  }
   return n;
 }
 

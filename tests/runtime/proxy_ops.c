@@ -193,8 +193,7 @@ Test(proxy, every_request_is_logged_with_who_it_is_for) {
 
 /* The scratch a body is read with is kept for the next request and grows
  * for a larger one: small, large (120 KB: past what is kept), small again,
- * each decided and attributed as a request alone is, the large one's
- * tape read once for both. */
+ * each decided and attributed as a request alone is. */
 Test(proxy, kept_readers_read_bodies_of_any_size) {
   ag_proxy_stop(P);
   FILE *log = tmpfile();
