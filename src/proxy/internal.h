@@ -483,7 +483,17 @@ void ag__px_bad_request(ag_proxy *p, ag__px_attr *a, const char *path,
 ag_action ag__px_check_reply(ag_guard *g, const ag_reply *rep,
                              bool text_checked, ag_call_check *checks,
                              ag_verdict *v);
+/* Header lists for libcurl made in one allocation each (upstream.c): freed
+ * with ag__px_hdrs_free, never curl_slist_free_all. The client's headers,
+ * hop-by-hop ones out (false when out of memory); a copy of `src` without
+ * the lines that start with `skip` (any case; NULL: none), with up to two
+ * lines more (NULL: none) - NULL when empty, *failed set when out of
+ * memory. */
 bool ag__px_client_headers(struct MHD_Connection *c, struct curl_slist **out);
+struct curl_slist *ag__px_hdrs_copy(const struct curl_slist *src,
+                                    const char *skip, const char *extra1,
+                                    const char *extra2, bool *failed);
+void ag__px_hdrs_free(struct curl_slist *list);
 /* Replaces the client's traceparent headers in *list with one of `value`
  * (W3C: "00-TRACE-SPAN-01"); false when out of memory (*list unchanged). */
 bool ag__px_set_traceparent(struct curl_slist **list, const char *value);

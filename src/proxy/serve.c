@@ -823,7 +823,7 @@ void ag__px_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     ag__px_attr_unshare(q->st_ab);
     if (q->st != NULL)
       ag__px_stream_free(q->st);
-    curl_slist_free_all(q->client_hdrs);
+    ag__px_hdrs_free(q->client_hdrs);
     ag__px_body_tape_free(p, q);
     if (q->prefetched != NULL) /* not taken: the worker answered otherwise */
       ag__px_upstream_free(q->prefetched);

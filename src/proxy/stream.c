@@ -67,8 +67,8 @@ void ag__px_easy_put(shard *sh, CURL *h) {
 
 static void stream_destroy(stream_st *st) {
   ag__px_easy_put(st->sh, st->x.h); /* out of the relay's multi by now */
-  curl_slist_free_all(st->hdrs);
-  curl_slist_free_all(st->ch);
+  ag__px_hdrs_free(st->hdrs);
+  ag__px_hdrs_free(st->ch);
   free(st->url);
   ag__px_upstream_free(&st->u);
   ag__sse_free(&st->sse);
@@ -809,12 +809,10 @@ static bool start_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   /* the headers a relayed stream's nudge asks again with (its own
    * thread's, ag__px_stream_nudge); a whole reply's nudge goes to a
    * worker, which has q's */
-  for (const struct curl_slist *s = q->client_hdrs; set && !whole && s != NULL;
-       s = s->next) {
-    struct curl_slist *n = curl_slist_append(st->ch, s->data);
-    set = n != NULL;
-    if (n != NULL)
-      st->ch = n;
+  if (set && !whole) {
+    bool failed = false;
+    st->ch = ag__px_hdrs_copy(q->client_hdrs, NULL, NULL, NULL, &failed);
+    set = !failed;
   }
   if (!set || st->uri == NULL) {
     ag__px_stream_release(st, true);

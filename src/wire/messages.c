@@ -555,7 +555,7 @@ int ag__anthropic_event(ag__asm *a, const char *event, const char *data,
         ok = ag__asm_text(a, t, l);
     } else if (dt != NULL && strcmp(dt, "input_json_delta") == 0) {
       const char *t = ag__jstr(d, "partial_json", &l);
-      if (index < 0 || index >= AG__CALLS_MAX || !a->calls[index].used ||
+      if (index < 0 || index >= a->n_slots || !a->calls[index].used ||
           a->calls[index].name == NULL) {
         ok = ag__asm_bad(a, (long)pos,
                          "input_json_delta for block %lld, which is not a "

@@ -101,9 +101,18 @@ bool ag__api_error_message(const json_t *error, char *buf, size_t cap) {
 /* The reply assembler                                                      */
 /* ------------------------------------------------------------------------ */
 
+/* Everything but the call slots, which are made as the wire's indexes
+ * reach them (ag__asm_call): a reply has a few calls of the 128 it may
+ * have, and zeroing the 9 KB of slots at every init and free was a fifth of
+ * the zeroing a proxied request did. Slots from n_slots on are never read. */
+static void zero_but_slots(ag__asm *a) {
+  memset(a, 0, offsetof(ag__asm, calls));
+  memset(&a->n_slots, 0, sizeof(*a) - offsetof(ag__asm, n_slots));
+}
+
 void ag__asm_init(ag__asm *a, ag_delta_fn on_delta, void *delta_user,
                   ag_provider_error *perr, const char *service) {
-  memset(a, 0, sizeof(*a));
+  zero_but_slots(a);
   a->on_delta = on_delta;
   a->delta_user = delta_user;
   a->perr = perr;
@@ -111,8 +120,6 @@ void ag__asm_init(ag__asm *a, ag_delta_fn on_delta, void *delta_user,
   a->failed = AG_OK;
   ag__buf_init(&a->text, AG__REPLY_TEXT_MAX);
   ag__buf_init(&a->refusal, AG__REPLY_TEXT_MAX);
-  for (int i = 0; i < AG__CALLS_MAX; i++)
-    ag__buf_init(&a->calls[i].args, AG__CALL_ARGS_MAX);
 }
 
 void ag__asm_free(ag__asm *a) {
@@ -123,7 +130,7 @@ void ag__asm_free(ag__asm *a) {
     free(a->calls[i].name);
     ag__buf_free(&a->calls[i].args);
   }
-  memset(a, 0, sizeof(*a));
+  zero_but_slots(a);
 }
 
 static bool asm_fail(ag__asm *a, ag_err_t rc) {
@@ -217,10 +224,13 @@ ag__part_call *ag__asm_call(ag__asm *a, int64_t index) {
                 (long long)index, AG__CALLS_MAX - 1);
     return NULL;
   }
+  for (; a->n_slots <= index; a->n_slots++) { /* the slots up to it made */
+    ag__part_call *m = &a->calls[a->n_slots];
+    memset(m, 0, sizeof(*m));
+    ag__buf_init(&m->args, AG__CALL_ARGS_MAX);
+  }
   ag__part_call *c = &a->calls[index];
   c->used = true;
-  if (index >= a->n_slots)
-    a->n_slots = (int)index + 1;
   return c;
 }
 

@@ -20,6 +20,17 @@ char *dupz(const char *s) {
   return s != NULL ? strdup(s) : NULL;
 }
 
+/* Counts the traceparent headers and those named x-h-... of a request. */
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind,
+                                    const char *key, const char *value) {
+  (void)kind;
+  (void)value;
+  seen *s = cls;
+  s->n_tp += strcasecmp(key, "traceparent") == 0;
+  s->n_xh += strncasecmp(key, "x-h-", 4) == 0;
+  return MHD_YES;
+}
+
 enum MHD_Result up_handler(void *cls, struct MHD_Connection *c, const char *url,
                            const char *method, const char *version,
                            const char *upload, size_t *upload_size,
@@ -43,6 +54,8 @@ enum MHD_Result up_handler(void *cls, struct MHD_Connection *c, const char *url,
   pthread_mutex_lock(&U.mu);
   if (U.n_reqs < MAX_SEEN) {
     seen *s = &U.reqs[U.n_reqs++];
+    s->n_tp = s->n_xh = 0;
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, s);
     s->url = dupz(url);
     s->body = dupz(k->body != NULL ? k->body : "");
     s->auth =
@@ -272,8 +285,13 @@ resp *call_on(CURL *h, const ag_proxy *p, const char *method, const char *path,
   struct curl_slist *hs = curl_slist_append(NULL, "Authorization: Bearer "
                                                   "sk-client-secret");
   hs = curl_slist_append(hs, "Content-Type: application/json");
-  if (extra_header != NULL)
-    hs = curl_slist_append(hs, extra_header);
+  for (const char *e = extra_header; e != NULL && *e != '\0';) {
+    size_t n = strcspn(e, "\n");
+    char line[512];
+    snprintf(line, sizeof line, "%.*s", (int)(n < 511 ? n : 511), e);
+    hs = curl_slist_append(hs, line);
+    e += n + (e[n] == '\n');
+  }
   curl_easy_setopt(h, CURLOPT_URL, url);
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, hs);
   curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);

@@ -49,6 +49,8 @@ typedef struct seen {
   char *sess; /* x-agentguard-session, which must not come */
   char *team; /* x-team: an OTLP header */
   char *tp;   /* traceparent */
+  int n_tp;   /* traceparent headers */
+  int n_xh;   /* headers whose name starts with x-h- */
 } seen;
 
 typedef struct fake_upstream {
@@ -101,7 +103,8 @@ ag_proxy_opts test_opts(void);
 ag_proxy *start_with(const ag_proxy_opts *o);
 void setup(void);
 void teardown(void);
-/* The client: a request to p (call_on: on a handle the caller keeps), a
+/* The client: a request to p (call_on: on a handle the caller keeps;
+ * extra_header: NULL, one header line or several separated by '\n'), a
  * conversation of n identical calls of `name` each answered by `result`,
  * the message of a Chat Completions answer, the code of an error. */
 size_t rbody(char *p, size_t s, size_t n, void *u);

@@ -308,6 +308,50 @@ static bool lower_hex(const char *s, size_t n) {
   return true;
 }
 
+/* A client's headers go upstream in one list (one allocation, however
+ * many): all of them, hop-by-hop ones and the proxy's own out, and with
+ * traces on the client's traceparent headers replaced by the proxy's one. */
+Test(proxy, every_client_header_reaches_the_upstream_in_one_list) {
+  ag_proxy_stop(P);
+  char url[96], hs[4096];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/traces", U.port);
+  ag_proxy_opts o = test_opts();
+  o.otlp_traces_url = url;
+  P = start_with(&o);
+  canned_call(NULL, "done");
+  size_t n =
+      (size_t)snprintf(hs, sizeof hs,
+                       "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-"
+                       "00f067aa0ba902b7-01\nx-team: red\n"
+                       "Proxy-Connection: keep-alive\n"
+                       "x-agentguard-session: s1\nTraceparent: 00-"
+                       "4bf92f3577b34da6a3ce929d0e0e4736-"
+                       "00f067aa0ba902b8-01");
+  for (int i = 0; i < 40; i++)
+    n += (size_t)snprintf(hs + n, sizeof hs - n, "\nx-h-%d: value %d", i, i);
+  cr_assert_lt(n, sizeof hs);
+  char *pass = conversation(0, "read", "{\"path\":\"a\"}", "x");
+  resp *r = call(P, "POST", "/v1/chat/completions", pass, hs);
+  cr_expect_eq(r->status, 200);
+  free(r);
+  free(pass);
+  pthread_mutex_lock(&U.mu);
+  cr_assert_geq(U.n_reqs, 1);
+  seen *s = &U.reqs[0];
+  cr_expect_eq(s->n_xh, 40);
+  cr_expect_str_eq(s->team, "red");
+  cr_expect_str_eq(s->auth, "Bearer sk-client-secret");
+  cr_expect_null(s->sess);
+  cr_expect_eq(s->n_tp, 1, "%d traceparent headers upstream", s->n_tp);
+  /* the proxy's span, a child in the client's trace */
+  cr_expect(s->tp != NULL &&
+                strncmp(s->tp, "00-4bf92f3577b34da6a3ce929d0e0e4736-", 36) ==
+                    0 &&
+                strncmp(s->tp + 36, "00f067aa0ba902b", 15) != 0,
+            "%s", s->tp != NULL ? s->tp : "(none)");
+  pthread_mutex_unlock(&U.mu);
+}
+
 /* OpenTelemetry: each guarded request is a span, posted as OTLP/HTTP JSON
  * with the headers given; a client's traceparent makes it a child in the
  * client's trace; the GenAI attributes and the decision are on it. The

@@ -1043,6 +1043,45 @@ Test(http, anthropic_stream_error_event_overloaded) {
   ag_provider_free(p);
 }
 
+/* An input_json_delta must follow its tool_use block's start: one for a
+ * block never started (past every call slot made so far) and one for a
+ * text block are the provider's errors, named, not arguments of some
+ * call. */
+Test(http, anthropic_args_for_a_block_that_is_no_tool_use) {
+  static const char *const bodies[] = {
+      /* block 7, never started, after a tool_use at 0 */
+      "event: content_block_start\ndata: {\"type\":\"content_block_start\","
+      "\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":"
+      "\"t1\",\"name\":\"read\",\"input\":{}}}\n\n"
+      "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+      "\"index\":7,\"delta\":{\"type\":\"input_json_delta\","
+      "\"partial_json\":\"{}\"}}\n\n",
+      /* block 0 is text, block 1 a tool_use (the slot of 0 made, unused) */
+      "event: content_block_start\ndata: {\"type\":\"content_block_start\","
+      "\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}"
+      "\n\nevent: content_block_start\ndata: {\"type\":"
+      "\"content_block_start\",\"index\":1,\"content_block\":{\"type\":"
+      "\"tool_use\",\"id\":\"t1\",\"name\":\"read\",\"input\":{}}}\n\n"
+      "event: content_block_delta\ndata: {\"type\":"
+      "\"content_block_delta\",\"index\":0,\"delta\":{\"type\":"
+      "\"input_json_delta\",\"partial_json\":\"{}\"}}\n\n"};
+  static const char *const named[] = {"block 7", "block 0"};
+  for (int i = 0; i < 2; i++) {
+    serve_text(200, "text/event-stream", bodies[i]);
+    ag_provider *p = provider("anthropic", true, NULL);
+    json_t *msgs = history();
+    ag_reply r;
+    ag_provider_error pe;
+    cr_assert_eq(ask(p, msgs, NULL, NULL, NULL, &r, &pe), AG_EPROVIDER,
+                 "body %d", i);
+    cr_expect(strstr(pe.message, "not a tool_use block") != NULL &&
+                  strstr(pe.message, named[i]) != NULL,
+              "body %d: %s", i, pe.message);
+    json_decref(msgs);
+    ag_provider_free(p);
+  }
+}
+
 Test(http, anthropic_529_error_body) {
   serve_text(529, "application/json",
              "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\","
