@@ -692,6 +692,75 @@ Test(proxy, stream_text_chunks_read_from_the_tape_as_from_a_tree) {
   }
 }
 
+/* The digits of every "created" the proxy wrote (its own chunks carry the
+ * clock's second) as 0s, so two replays compare. */
+static void no_created(char *s) {
+  for (char *q = s; (q = strstr(q, "\"created\":")) != NULL;)
+    for (q += 10; *q >= '0' && *q <= '9'; q++)
+      *q = '0';
+}
+
+/* The stream's first chunk names the reply, and the proxy's own chunks (a
+ * content loop's stop, here) carry its id and model, read from the
+ * tape as from a tree: decoded, cut to 95 bytes, or "chatcmpl" and
+ * "unknown" when they are not strings. */
+Test(proxy, stream_first_chunk_names_the_proxys_chunks_alike_both_ways) {
+  char model[128];
+  memset(model, 'M', 120);
+  model[120] = '\0';
+  char first[512];
+  snprintf(first, sizeof first,
+           "{\"id\":\"c\\u00e9\\\"x\",\"object\":\"chat.completion.chunk\","
+           "\"created\":1,\"model\":\"%s\",\"choices\":[{\"index\":0,"
+           "\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+           "\"finish_reason\":null}]}",
+           model);
+  const char *firsts[] = {first,
+                          "{\"id\":7,\"choices\":[{\"index\":0,\"delta\""
+                          ":{\"content\":\"\"},\"finish_reason\":null}]}"};
+  char named[2][160];
+  snprintf(named[0], sizeof named[0], "\"id\":\"c\xc3\xa9\\\"x\"");
+  snprintf(named[1], sizeof named[1], "\"id\":\"chatcmpl\"");
+  char cut[128] = "\"model\":\"";
+  memset(cut + 9, 'M', 95);
+  strcpy(cut + 104, "\"");
+  const char *models[] = {cut, "\"model\":\"unknown\""};
+  const char *loop = "{\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{"
+                     "\"content\":\"I will check the file again to be sure "
+                     "it is right. \"},\"finish_reason\":null}]}";
+  const char *chunks[61];
+  for (int i = 1; i < 61; i++)
+    chunks[i] = loop;
+  ag_config c = test_cfg();
+  for (int k = 0; k < 2; k++) {
+    chunks[0] = firsts[k];
+    char *up = chunk_stream(chunks, 61), *tape = NULL, *tree = NULL;
+    size_t tn = 0, rn = 0;
+    cr_assert_eq(
+        ag_proxy_relay_replay(&c, false, up, strlen(up), 0, 0, &tape, &tn), 0);
+    cr_assert_eq(ag_proxy_relay_replay(&c, false, up, strlen(up), 0,
+                                       AG_PROXY_REPLAY_TREE, &tree, &rn),
+                 0);
+    no_created(tape);
+    no_created(tree);
+    cr_expect(tn == rn && strcmp(tape, tree) == 0, "tape:\n%s\ntree:\n%s", tape,
+              tree);
+    /* the stop's chunk, written by the proxy, with the names */
+    const char *stop = strstr(tape, "agentguard stopped this turn");
+    cr_assert_not_null(stop, "%s", tape);
+    const char *ev = stop;
+    while (ev > tape && strncmp(ev, "data: ", 6) != 0)
+      ev--;
+    char *line = strndup(ev, (size_t)(strchr(stop, '\n') - ev));
+    cr_expect(strstr(line, named[k]) != NULL, "%s", line);
+    cr_expect(strstr(line, models[k]) != NULL, "%s", line);
+    free(line);
+    free(tape);
+    free(tree);
+    free(up);
+  }
+}
+
 Test(proxy, stream_content_loop_ends_the_stream) {
   char *b = NULL;
   size_t n = 0;
