@@ -101,18 +101,9 @@ bool ag__api_error_message(const json_t *error, char *buf, size_t cap) {
 /* The reply assembler                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* Everything but the call slots, which are made as the wire's indexes
- * reach them (ag__asm_call): a reply has a few calls of the 128 it may
- * have, and zeroing the 9 KB of slots at every init and free was a fifth of
- * the zeroing a proxied request did. Slots from n_slots on are never read. */
-static void zero_but_slots(ag__asm *a) {
-  memset(a, 0, offsetof(ag__asm, calls));
-  memset(&a->n_slots, 0, sizeof(*a) - offsetof(ag__asm, n_slots));
-}
-
 void ag__asm_init(ag__asm *a, ag_delta_fn on_delta, void *delta_user,
                   ag_provider_error *perr, const char *service) {
-  zero_but_slots(a);
+  memset(a, 0, sizeof(*a));
   a->on_delta = on_delta;
   a->delta_user = delta_user;
   a->perr = perr;
@@ -130,7 +121,8 @@ void ag__asm_free(ag__asm *a) {
     free(a->calls[i].name);
     ag__buf_free(&a->calls[i].args);
   }
-  zero_but_slots(a);
+  free(a->calls);
+  memset(a, 0, sizeof(*a));
 }
 
 static bool asm_fail(ag__asm *a, ag_err_t rc) {
@@ -222,6 +214,15 @@ ag__part_call *ag__asm_call(ag__asm *a, int64_t index) {
   if (index < 0 || index >= AG__CALLS_MAX) {
     ag__asm_bad(a, -1, "tool call index %lld is outside 0..%d",
                 (long long)index, AG__CALLS_MAX - 1);
+    return NULL;
+  }
+  /* The slots: allocated whole with the first call (never moved: a slot
+   * is held across calls), made up to the index as it is reached. A reply
+   * without calls - most are text - neither allocates nor zeroes them
+   * (9 KB, which were zeroed twice a proxied request). */
+  if (a->calls == NULL &&
+      (a->calls = malloc(AG__CALLS_MAX * sizeof(*a->calls))) == NULL) {
+    asm_fail(a, AG_ENOMEM);
     return NULL;
   }
   for (; a->n_slots <= index; a->n_slots++) { /* the slots up to it made */

@@ -109,10 +109,12 @@ typedef struct ag__part_call {
 } ag__part_call;
 
 typedef struct ag__asm {
-  ag__buf text;                       /* capped at AG__REPLY_TEXT_MAX */
-  ag__buf refusal;                    /* capped at AG__REPLY_TEXT_MAX */
-  ag__part_call calls[AG__CALLS_MAX]; /* by the wire's index; only */
-  int n_slots; /* the first n_slots are made (highest used index + 1) */
+  ag__buf text;    /* capped at AG__REPLY_TEXT_MAX */
+  ag__buf refusal; /* capped at AG__REPLY_TEXT_MAX */
+  /* By the wire's index: AG__CALLS_MAX slots, allocated with the first
+   * call (most replies have none); the first n_slots are made. */
+  ag__part_call *calls;
+  int n_slots; /* highest used index + 1 */
   bool has_usage;
   ag_usage usage;
   char finish_reason[32];
