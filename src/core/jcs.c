@@ -404,10 +404,13 @@ static inline size_t digits_end(const uint8_t *s, size_t len, size_t p) {
  * so ECMAScript writes it as it is.
  *
  * With SSE2 a literal that ends within 16 bytes is judged from one load:
- * the next token's position then waits on one load and a few bit
- * operations, not on a scan of the integer digits, a test for '.' and a
- * scan of the fraction one after the other (a dense argument is mostly
- * numbers, and the tokenizer is bound by that chain, not by throughput).
+ * a few vector and bit operations instead of a scan of the integer digits,
+ * a test for '.' and a scan of the fraction one after the other. The
+ * tokenizer retires about 4 instructions a cycle (callgrind's counts
+ * against bench_jcs's times: some 140 a number token), so what a change
+ * costs here is its instruction count: two attempts that judged more from
+ * the same load (an exponent; every test without a branch) executed more
+ * and were slower (docs/benchmarks.md).
  */
 static inline size_t copy_number_end_scalar(const uint8_t *s, size_t len,
                                             size_t p) {
