@@ -405,12 +405,13 @@ static inline size_t digits_end(const uint8_t *s, size_t len, size_t p) {
  *
  * With SSE2 a literal that ends within 16 bytes is judged from one load:
  * a few vector and bit operations instead of a scan of the integer digits,
- * a test for '.' and a scan of the fraction one after the other. The
- * tokenizer retires about 4 instructions a cycle (callgrind's counts
- * against bench_jcs's times: some 140 a number token), so what a change
- * costs here is its instruction count: two attempts that judged more from
- * the same load (an exponent; every test without a branch) executed more
- * and were slower (docs/benchmarks.md).
+ * a test for '.' and a scan of the fraction one after the other. A number
+ * token takes some 140 instructions (callgrind), 3-4 a cycle at
+ * bench_jcs's times; attempts that judged more from the same load (an
+ * exponent; every test without a branch) executed more and were slower,
+ * while one that skipped a dozen of the general path's tests for a number
+ * after ',' in an array ran no faster - what bounds this loop is not
+ * settled without performance counters (docs/benchmarks.md).
  */
 static inline size_t copy_number_end_scalar(const uint8_t *s, size_t len,
                                             size_t p) {
