@@ -544,50 +544,35 @@ static size_t fast_content(const ag__jcs *j, const char *data, size_t len) {
   return content;
 }
 
-/* What the tree path keeps of member `key` of the chunk: its string (or
- * `dflt` when it is absent or not a string), cut to cap - 1 bytes. scratch
- * has room for the member's raw length + 1. */
-static void tape_name(const ag__jcs *j, const char *key, char *scratch,
-                      char *dst, size_t cap, const char *dflt) {
-  size_t v = ag__jcs_get(j, 0, key);
-  const char *s = dflt;
-  if (tok_is(j, v, AG__JT_STR)) {
-    ag__jcs_str_decode(j, v, scratch);
-    s = scratch;
-  }
-  snprintf(dst, cap, "%s", s);
-}
-
 /* 0 or 1 as chat_relay_event returns them; -1: for the tree path. The
  * stream's first chunk, which names the reply (its id and model are kept
  * for the proxy's own chunks), is taken too: it was one jansson tree, one
  * of the two a stream made (about 25 allocations). */
 static int fast_chunk(ag__wire_relay *r, const char *data, size_t len) {
-  ag__chunk_tape *ct = r->ct;
-  size_t n;
-  if (ct == NULL || len > CHUNK_TAPE_MAX ||
-      ag__jcs_tape(ct->j, data, len, &n, NULL) != AG_OK ||
-      ag__jcs_tok_type(ct->j, 0) != AG__JT_OBJ ||
-      !ag__jcs_jansson_safe(ct->j, n))
+  ag__wtape t;
+  if (!ag__chunk_tape_whole(r->ct, data, len, &t))
     return -1;
-  size_t content = fast_content(ct->j, data, len), cl = 0;
+  size_t content = fast_content(t.j, data, len), cl = 0;
   if (content == SIZE_MAX)
     return -1;
   /* the tree path's order: the text to the assembler, the names, then the
-   * text check (a stop writes its chunk with the names) */
+   * text check (a stop writes its chunk with the names); the chunk's
+   * strings fit in the scratch, so none of them comes back NULL */
+  const char *text = NULL;
   if (content != 0) {
-    cl = ag__jcs_str_decode(ct->j, content, ct->buf);
-    if (!ag__asm_text(r->a, ct->buf, cl))
+    if ((text = ag__wt_str(&t, content, &cl)) == NULL)
+      return -1;
+    if (!ag__asm_text(r->a, text, cl))
       return 1;
   }
-  if (r->id[0] == '\0') {
-    /* decoded after the text (the strings of the chunk fit in its length
-     * + 1, ct->buf's size) */
-    char *scratch = ct->buf + cl + 1;
-    tape_name(ct->j, "id", scratch, r->id, sizeof r->id, "chatcmpl");
-    tape_name(ct->j, "model", scratch, r->model, sizeof r->model, "unknown");
+  if (r->id[0] == '\0') { /* as the tree path: a string, else a default */
+    const char *id = ag__wt_str(&t, ag__wt_get(&t, 0, "id"), NULL);
+    const char *model = ag__wt_str(&t, ag__wt_get(&t, 0, "model"), NULL);
+    snprintf(r->id, sizeof r->id, "%s", id != NULL ? id : "chatcmpl");
+    snprintf(r->model, sizeof r->model, "%s",
+             model != NULL ? model : "unknown");
   }
-  if (cl > 0 && !ag__wire_relay_text(r, ct->buf, cl))
+  if (cl > 0 && !ag__wire_relay_text(r, text, cl))
     return 1;
   ag__sse_data(&r->out, data, len);
   return r->out.cut || r->held.cut ? 1 : 0;

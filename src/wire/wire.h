@@ -278,11 +278,11 @@ typedef struct ag__wtape {
   size_t used, cap;
 } ag__wtape;
 
-/* A whole reply of up to 16 KiB on the chunk scratch ct (a relaying
- * thread's), as a tape in *t (its strings decoded into ct's buffer, which
- * holds them all): true when ct is there and the body is a JSON object
- * jansson would take as well (ag__jcs_jansson_safe). For the shapes' fast
- * whole-reply readers. */
+/* A whole reply or a stream's chunk of up to 16 KiB on the chunk scratch
+ * ct (a relaying thread's), as a tape in *t (its strings decoded into ct's
+ * buffer, which holds them all): true when ct is there and the body is a
+ * JSON object jansson would take as well (ag__jcs_jansson_safe). For the
+ * shapes' fast readers of whole replies and text chunks. */
 bool ag__chunk_tape_whole(ag__chunk_tape *ct, const char *body, size_t len,
                           ag__wtape *t);
 /* The value token of member `key` of object token obj, or 0. */
