@@ -202,6 +202,10 @@ struct ag_proxy {
   FILE *events;
   pthread_mutex_t ev_mu;
   int64_t timeout_ms;
+  /* a proxy for the upstream is named in the environment (curl's
+   * variables, read at start: ag__px_env_proxy); when none is, libcurl is
+   * told so and does not read them again for every transfer */
+  bool env_proxy;
   uint16_t port;
   atomic_ulong ids;
   ag__px_metrics metrics; /* GET /metrics (metrics.h) */
@@ -621,6 +625,12 @@ ag_err_t ag__px_guard_get(ag_proxy *p, const ag_config *cfg, ag_guard **g,
 void ag__px_guard_put(ag_proxy *p, ag_guard *g);
 bool ag__px_upstream_failed(ag_proxy *p, const upstream *u, reply *r);
 void ag__px_upstream_free(upstream *u);
+/* Whether the environment names a proxy for the upstream: any of curl's
+ * http_proxy, HTTPS_PROXY, https_proxy, ALL_PROXY, all_proxy not empty
+ * (NO_PROXY only matters when one is). ag__px_proxy_opts tells h to use
+ * none when p's environment named none at start. */
+bool ag__px_env_proxy(void);
+void ag__px_proxy_opts(const ag_proxy *p, CURL *h);
 bool ag__px_upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
                             const char *method, const char *uri,
                             const char *body, size_t len, bool json_body,

@@ -738,6 +738,7 @@ static ag_err_t proxy_new(ag_proxy **out, const ag_proxy_opts *o,
   p->attr_on =
       o->events != NULL || o->access_log != NULL || o->otlp_traces_url != NULL;
   p->timeout_ms = o->upstream_timeout_ms > 0 ? o->upstream_timeout_ms : 600000;
+  p->env_proxy = ag__px_env_proxy();
   p->client_key = o->client_key != NULL ? ag__px_dupz(o->client_key) : NULL;
   ag_err_t rc = o->client_key != NULL && p->client_key == NULL
                     ? ag__px_fail(err, AG_ENOMEM, "out of memory")

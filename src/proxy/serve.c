@@ -96,6 +96,7 @@ static void readyz_probe(ag_proxy *p, reply *r) {
         curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 2000L);
         curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+        ag__px_proxy_opts(p, h);
         cc = curl_easy_perform(h);
         curl_easy_cleanup(h);
       }

@@ -323,6 +323,29 @@ const px_up *ag__px_route(const ag_proxy *p, const char *target) {
   return &p->ups[PX_UP_DEFAULT];
 }
 
+bool ag__px_env_proxy(void) {
+  /* the names libcurl reads for an http or https URL (HTTP_PROXY it does
+   * not: a CGI program's client could set it) */
+  static const char *const names[] = {"http_proxy", "https_proxy",
+                                      "HTTPS_PROXY", "all_proxy", "ALL_PROXY"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    const char *v = getenv(names[i]);
+    if (v != NULL && v[0] != '\0')
+      return true;
+  }
+  return false;
+}
+
+/* With no proxy in the environment, libcurl would still look for one in
+ * it for every transfer (six getenv calls and the NO_PROXY check, about 1%
+ * of a request's instructions): "" for both says there is none. */
+void ag__px_proxy_opts(const ag_proxy *p, CURL *h) {
+  if (p->env_proxy)
+    return;
+  curl_easy_setopt(h, CURLOPT_PROXY, "");
+  curl_easy_setopt(h, CURLOPT_NOPROXY, "");
+}
+
 static char *upstream_url(const px_up *to, const char *target) {
   const char *path = target;
   size_t vl = to->version_len;
@@ -390,6 +413,7 @@ bool ag__px_upstream_handle(ag_proxy *p, const struct curl_slist *ch, CURL *h,
   curl_easy_setopt(h, CURLOPT_HEADERDATA, u);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, u->errbuf);
   curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  ag__px_proxy_opts(p, h);
   if (client_fd >= 0) {
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, u);

@@ -767,3 +767,44 @@ Test(proxy, each_api_goes_to_its_own_upstream) {
             err.msg);
   P = proxy_with(test_cfg(), 0, NULL);
 }
+
+/* A proxy for the upstream named in the environment (curl's http_proxy,
+ * https_proxy, ALL_PROXY...) is used, as curl uses it; the environment is
+ * read when the proxy starts. Here U plays the environment's proxy: the
+ * request for an upstream nobody listens at reaches it in absolute form.
+ * The client's own handle is told to use no proxy, and the upstream is on
+ * 127.0.0.2: the fixture's NO_PROXY names 127.0.0.1. */
+Test(proxy, the_upstream_is_reached_through_the_environments_proxy) {
+  char via[64], *body = conversation(1, "read_file", "{\"path\":\"a\"}", "x");
+  snprintf(via, sizeof via, "http://127.0.0.1:%d", U.port);
+  CURL *h = curl_easy_init();
+  cr_assert_not_null(h);
+  curl_easy_setopt(h, CURLOPT_PROXY, "");
+  ag_proxy_stop(P);
+  ag_proxy_opts o = test_opts();
+  o.upstream = "http://127.0.0.2:9/v1"; /* nothing listens on port 9 */
+  setenv("http_proxy", via, 1);
+  P = start_with(&o);
+  canned_add(200, "{\"id\":\"c\",\"object\":\"chat.completion\",\"choices\":[{"
+                  "\"index\":0,\"message\":{\"role\":\"assistant\","
+                  "\"content\":\"done\"},\"finish_reason\":\"stop\"}]}");
+  resp *r = call_on(h, P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect_eq(n_upstream(), 1);
+  pthread_mutex_lock(&U.mu);
+  cr_expect_str_eq(U.reqs[0].url, "http://127.0.0.2:9/v1/chat/completions");
+  pthread_mutex_unlock(&U.mu);
+  free(r);
+  unsetenv("http_proxy");
+  /* a proxy started with none in its environment looks for none later */
+  ag_proxy_stop(P);
+  P = start_with(&o);
+  setenv("http_proxy", via, 1);
+  r = call_on(h, P, "POST", "/v1/chat/completions", body, NULL);
+  unsetenv("http_proxy");
+  cr_expect_eq(r->status, 502, "%s", r->body);
+  cr_expect_eq(n_upstream(), 1, "not through the proxy");
+  free(r);
+  curl_easy_cleanup(h);
+  free(body);
+}
