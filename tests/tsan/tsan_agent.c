@@ -1,7 +1,7 @@
 /*
  * tests/tsan/tsan_agent.c - the agentic loop with parallel tools, as a plain
- * program for ThreadSanitizer (tests/runtime/test_agent.c holds the loop's
- * behaviour):
+ * program for ThreadSanitizer (test_agent, tests/runtime/test_agent.c and
+ * agent_*.c, holds the loop's behaviour):
  *   1. three turns, each a batch of 6 parallel calls (one of them failing
  *      once and retried) then a final answer; tool_attempt events arrive
  *      from pool threads and on_event must never run concurrently;
