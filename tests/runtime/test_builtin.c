@@ -700,14 +700,14 @@ Test(builtin, hard_link_to_outside_is_not_written) {
 typedef struct racer {
   atomic_bool stop;
   int dirfd;
-  long swaps;
+  atomic_long swaps;
 } racer;
 
 static void *race_thread(void *arg) {
   racer *r = arg;
   while (!atomic_load(&r->stop)) {
     if (renameat2(r->dirfd, "race", r->dirfd, "race_alt", RENAME_EXCHANGE) == 0)
-      r->swaps++;
+      atomic_fetch_add(&r->swaps, 1);
   }
   return NULL;
 }
@@ -724,10 +724,17 @@ Test(builtin, rename_race_never_escapes) {
     ag_registry *reg = make_reg(k_modes[m], false, false);
     racer r = {.dirfd = dfd};
     atomic_init(&r.stop, false);
+    atomic_init(&r.swaps, 0);
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, race_thread, &r), 0);
     int inside = 0, refused = 0, escapes = 0;
-    for (int i = 0; i < 3000; i++) {
+    /* 3000 reads at least, and on until the racer has swapped 100 times:
+     * on a loaded machine its thread may not have run during the first
+     * 3000 (10 s at most) */
+    int64_t until = ag_now_ms() + 10000;
+    for (int i = 0;
+         i < 3000 || (atomic_load(&r.swaps) < 100 && ag_now_ms() < until);
+         i++) {
       call(reg, "read_file", "{\"path\": \"race/secret.txt\"}", &R);
       if (strstr(R.text, SECRET) != NULL)
         escapes++;
@@ -738,10 +745,11 @@ Test(builtin, rename_race_never_escapes) {
     }
     atomic_store(&r.stop, true);
     pthread_join(th, NULL);
+    long swaps = atomic_load(&r.swaps);
     cr_log_info("%s: %d inside, %d refused, %d escapes, %ld swaps",
-                k_mode_names[m], inside, refused, escapes, r.swaps);
+                k_mode_names[m], inside, refused, escapes, swaps);
     cr_assert_eq(escapes, 0, "%s: %d escapes", k_mode_names[m], escapes);
-    cr_assert_gt(r.swaps, 0);
+    cr_assert_gt(swaps, 0);
     ag_registry_free(reg);
   }
   close(dfd);
