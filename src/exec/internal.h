@@ -11,8 +11,11 @@
  *   schema*.c    ag__schema_* (JSON Schema subset: schema_compile.c
  *                compiles, schema.c validates, schema_util.c shares;
  *                schema_node.h is their node)
- *   subprocess.c ag__subprocess_run, ag__subprocess_run_in (fork/exec,
- *                pipes, process groups)
+ *   subprocess.c ag__subprocess_run, ag__subprocess_run_in (spawning,
+ *                pipes, the wait loop, captured output), ag__env_build
+ *   subprocess_supervisor.c
+ *                ag__supervisor_run (after the fork: the supervisor and the
+ *                tool, process groups, killing the tool's tree)
  *   workdir.c    ag__wd_* (paths confined beneath a directory)
  *   builtin.c    ag_builtin_* (the built-in file and command tools)
  *   toolsfile.c  ag_registry_add_json, ag_tools_file_load (TOOL objects)
@@ -165,6 +168,42 @@ ag_tool_status ag__subprocess_run_in(int cwd_fd, const char *const *argv,
                                      const char *input, size_t input_len,
                                      ag_cancel *cancel, ag_output *out,
                                      ag_output *err, ag__proc_info *info);
+
+/* ---- subprocess_supervisor.c -------------------------------------------- */
+
+/*
+ * Messages on the status pipe, {kind, value} as two ints (8 bytes, atomic on
+ * a pipe). The tool writes a stage and errno when it fails before exec; the
+ * supervisor writes AG__STAGE_SUPERVISOR when it cannot start the tool,
+ * AG__MSG_PID once the tool is forked and AG__MSG_EXIT with the tool's wait
+ * status at the end.
+ */
+enum {
+  AG__STAGE_PGID = 1,
+  AG__STAGE_STDIO,
+  AG__STAGE_RLIMIT,
+  AG__STAGE_EXEC,
+  AG__STAGE_SUPERVISOR,
+  AG__STAGE_CWD
+};
+enum { AG__MSG_PID = 16, AG__MSG_EXIT = 17 };
+
+/* Commands on the lifeline, from the runner to the supervisor. EOF (the
+ * runner's process died) means AG__CMD_KILL. */
+#define AG__CMD_TERM 'T' /* SIGTERM to the tool's process group */
+#define AG__CMD_KILL 'K' /* SIGKILL to every process of the tool, then exit */
+
+/*
+ * The supervisor, in the child of spawn_child's fork (subprocess.c): forks
+ * the tool (argv, limits, envp, started in cwd_fd unless -1) with stdio[]
+ * as its stdin, stdout and stderr, reports on status_fd, takes commands
+ * from life_fd, kills and reaps the tool's tree and _exit()s; never
+ * returns. `runner` is the pid of the process that forked it. Makes only
+ * async-signal-safe calls.
+ */
+void ag__supervisor_run(const char *const *argv, const ag_rlimits *limits,
+                        char *const *envp, int cwd_fd, int stdio[3],
+                        int status_fd, int life_fd, pid_t runner);
 
 /* ---- workdir.c ---------------------------------------------------------- */
 
