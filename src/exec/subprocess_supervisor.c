@@ -106,20 +106,25 @@ static int child_set_limit(int resource, int64_t want, rlim_t extra_hard) {
   return setrlimit(resource, &nl);
 }
 
+/* The descriptors a walk without close_range(2) visits (kernels before
+ * 5.11): below the descriptor limit, and at most 65536 of them. */
+static int fd_walk_limit(void) {
+  struct rlimit rl;
+  int max = 65536;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      rl.rlim_cur < (rlim_t)max)
+    max = (int)rl.rlim_cur;
+  return max;
+}
+
 /* Marks every descriptor >= 3 close-on-exec. */
 static void child_cloexec_rest(void) {
 #ifdef SYS_close_range
   if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0)
     return;
 #endif
-  /* Kernels before 5.11: walk up to the descriptor limit (capped). */
-  struct rlimit rl;
-  long max = 65536;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-      rl.rlim_cur < (rlim_t)max)
-    max = (long)rl.rlim_cur;
-  for (long fd = 3; fd < max; fd++)
-    fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* EBADF for the closed ones */
+  for (int fd = 3, max = fd_walk_limit(); fd < max; fd++)
+    fcntl(fd, F_SETFD, FD_CLOEXEC); /* EBADF for the closed ones */
 }
 
 static void child_run(const char *const *argv, const ag_rlimits *limits,
@@ -215,12 +220,7 @@ static void sup_close_others(const int *keep, int n) {
         continue;
       }
 #endif
-      struct rlimit rl;
-      int max = 65536;
-      if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-          rl.rlim_cur < (rlim_t)max)
-        max = (int)rl.rlim_cur;
-      for (int fd = lo; fd <= hi && fd < max; fd++)
+      for (int fd = lo, max = fd_walk_limit(); fd <= hi && fd < max; fd++)
         close(fd);
     }
     if (i < n)
