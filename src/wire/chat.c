@@ -360,9 +360,17 @@ bool ag__wire_path_is(const char *path, const char *want) {
   return len == wl && memcmp(path, want, wl) == 0;
 }
 
+bool ag__wire_path_ends(const char *path, const char *tail) {
+  size_t len = strlen(path), tl = strlen(tail);
+  if (len > tl && path[len - 1] == '/')
+    len--;
+  return len >= tl && memcmp(path + len - tl, tail, tl) == 0;
+}
+
+/* Chat Completions under any prefix: "/v1/chat/completions", a base URL
+ * without the version, Azure's deployments, OpenAI-compatible gateways. */
 static bool chat_serves(const char *path) {
-  return ag__wire_path_is(path, "/v1/chat/completions") ||
-         ag__wire_path_is(path, "/chat/completions");
+  return ag__wire_path_ends(path, "/chat/completions");
 }
 
 /* ---- for the proxy: the replies it writes, the streams it relays ------- */
@@ -705,7 +713,10 @@ static void split_chunk(ag__wire_relay *r, json_t *j, json_t *d) {
 
 /* One Chat Completions chunk through the relay: text chunks go on at once
  * (after the text check), chunks with tool-call fragments, the finish
- * reason or only usage are held until the calls are checked. */
+ * reason or only usage are held until the calls are checked. A chunk
+ * without a choice goes on at once too while nothing is held (Azure
+ * OpenAI's first chunk, its prompt_filter_results): after something is
+ * held (the usage after the finish), it is held behind it. */
 static int chat_relay_event(ag__wire_relay *r, const char *event,
                             const char *data, size_t len, size_t pos) {
   if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
@@ -738,7 +749,7 @@ static int chat_relay_event(ag__wire_relay *r, const char *event,
   size_t cl = 0;
   const char *content = ag__jstr(d, "content", &cl);
   json_t *fr = json_object_get(ch, "finish_reason");
-  bool hold = ch == NULL ||
+  bool hold = (ch == NULL && r->held.len > 0) ||
               json_array_size(json_object_get(d, "tool_calls")) > 0 ||
               (fr != NULL && !json_is_null(fr));
   if (content != NULL && cl > 0 && !ag__wire_relay_text(r, content, cl)) {

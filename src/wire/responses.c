@@ -640,9 +640,11 @@ static bool responses_looks_like(const json_t *items) {
 /* ---- the proxy ----------------------------------------------------------
  */
 
+/* Responses under any prefix: "/v1/responses", Azure's "/openai/responses"
+ * and "/openai/v1/responses" (its other paths, a response's id and
+ * below, pass through). */
 static bool responses_serves(const char *path) {
-  return ag__wire_path_is(path, "/v1/responses") ||
-         ag__wire_path_is(path, "/responses");
+  return ag__wire_path_ends(path, "/responses");
 }
 
 static ag__reply_form responses_reply_form(const char *path, const char *query,

@@ -483,6 +483,12 @@ extern const ag__wire ag__wire_gemini;    /* gemini.c */
  * "/" on `path` aside ("/v1/messages/" routes as "/v1/messages" on most
  * servers, so it is guarded as that). */
 bool ag__wire_path_is(const char *path, const char *want);
+/* Whether `path` ends with `tail` ("/chat/completions": a whole last
+ * segment or segments, as `tail` starts with '/'), a trailing "/" aside:
+ * the same API under another prefix (Azure OpenAI's
+ * "/openai/deployments/{name}/chat/completions", Gemini's OpenAI-compatible
+ * "/v1beta/openai/chat/completions", a gateway's "/api/v1/..."). */
+bool ag__wire_path_ends(const char *path, const char *tail);
 /* The shape that serves a request path, or NULL (not guarded). */
 const ag__wire *ag__wire_serving(const char *path);
 /* An error body in OpenAI's shape: {"error":{"message","type","param",

@@ -1028,3 +1028,60 @@ Test(proxy, responses_reply_with_the_limits_call_is_replaced) {
   free(r);
   free(body);
 }
+
+/* Chat Completions and Responses are guarded under any prefix: Azure
+ * OpenAI's deployments and its /openai/responses, Gemini's
+ * OpenAI-compatible path, a gateway's /openai/v1; the path (after the
+ * upstream's base) and query go upstream as they came. A path that only looks
+ * alike passes through. */
+Test(proxy, chat_and_responses_under_any_prefix_are_guarded) {
+  static const char *const chat_paths[] = {
+      "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21&q=az",
+      "/v1beta/openai/chat/completions", "/openai/v1/chat/completions/"};
+  char *body = conversation(2, "read", "{\"path\":\"a\"}", "text of a");
+  canned_reset();
+  for (int i = 0; i < 3; i++)
+    canned_call("read", "{\"path\":\"a\"}");
+  for (int i = 0; i < 3; i++) {
+    resp *r = call(P, "POST", chat_paths[i], body, NULL);
+    cr_expect_eq(r->status, 200, "%s: %s", chat_paths[i], r->body);
+    cr_expect_str_eq(r->stop, "identical_calls", "%s", chat_paths[i]);
+    free(r);
+  }
+  pthread_mutex_lock(&U.mu);
+  cr_assert_eq(U.n_reqs, 3);
+  /* U's base URL ends in /v1: the client's path is appended to it */
+  cr_expect_str_eq(U.reqs[0].url,
+                   "/v1/openai/deployments/gpt-4o/chat/completions");
+  cr_expect_str_eq(U.reqs[0].query, "az");
+  cr_expect_str_eq(U.reqs[1].url, "/v1/v1beta/openai/chat/completions");
+  pthread_mutex_unlock(&U.mu);
+  /* alike, not the same path: the reply comes back as the upstream sent it */
+  static const char *const other_paths[] = {"/v1/xchat/completions",
+                                            "/v1/chat/completions/x",
+                                            "/v1/chat/completionsx"};
+  for (int i = 0; i < 3; i++) {
+    canned_reset();
+    canned_call("read", "{\"path\":\"a\"}");
+    resp *r = call(P, "POST", other_paths[i], body, NULL);
+    cr_expect_eq(r->status, 200, "%s", other_paths[i]);
+    cr_expect_str_empty(r->stop, "%s", other_paths[i]);
+    cr_expect_str_eq(r->body, U.replies[0].body, "%s", other_paths[i]);
+    free(r);
+  }
+  free(body);
+  ag_proxy_stop(P);
+  ag_config c = test_cfg();
+  c.loop.identical_call_limit = 0;
+  c.loop.repeated_result_limit = 0;
+  P = proxy_with(c, 0, NULL);
+  canned_reset();
+  body = responses_conv(3, codex_failed, false, NULL, NULL);
+  resp *r = call(P, "POST", "/openai/responses?api-version=2025-04-01-preview",
+                 body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect_str_eq(r->stop, "consecutive_errors");
+  cr_expect_eq(n_upstream(), 0, "nothing goes upstream");
+  free(r);
+  free(body);
+}

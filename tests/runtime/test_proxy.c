@@ -1287,3 +1287,46 @@ Test(proxy, idle_connection_gives_its_slot_to_a_new_one) {
   for (int i = 0; i < 4; i++)
     curl_easy_cleanup(more[i]);
 }
+
+/* A chunk without a choice before anything is held (Azure OpenAI's first
+ * one, with its prompt_filter_results) reaches the client first, where it
+ * came; the usage chunk after the finish stays behind it. */
+Test(proxy, stream_chunk_without_a_choice_goes_on_in_its_place) {
+  const char *azure_first = "{\"choices\":[],\"created\":0,\"id\":\"\","
+                            "\"model\":\"\",\"object\":\"\","
+                            "\"prompt_filter_results\":[{\"prompt_index\":0,"
+                            "\"content_filter_results\":{}}]}";
+  const char *head = "{\"id\":\"chatcmpl-az\",\"object\":\"chat.completion."
+                     "chunk\",\"created\":1,\"model\":\"m\",\"choices\":";
+  char up[2048];
+  snprintf(
+      up, sizeof up,
+      "data: %s\n\n"
+      "data: %s[{\"index\":0,\"delta\":{\"role\":\"assistant\","
+      "\"content\":\"Hello\"},\"finish_reason\":null,"
+      "\"content_filter_results\":{}}]}\n\n"
+      "data: %s[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"
+      "data: %s[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,"
+      "\"total_tokens\":6}}\n\n"
+      "data: [DONE]\n\n",
+      azure_first, head, head, head);
+  canned_add(200, up);
+  char *body =
+      streaming(conversation(1, "read", "{\"path\":\"a\"}", "text of a"));
+  resp *r = call(P, "POST", "/openai/deployments/gpt-4o/chat/completions", body,
+                 NULL);
+  cr_expect_eq(r->status, 200);
+  cr_expect_str_empty(r->stop);
+  const char *first = strstr(r->body, "prompt_filter_results"),
+             *hello = strstr(r->body, "Hello"),
+             *stop = strstr(r->body, "\"finish_reason\":\"stop\""),
+             *usage = strstr(r->body, "\"usage\"");
+  cr_assert(first != NULL && hello != NULL && stop != NULL && usage != NULL,
+            "%s", r->body);
+  cr_expect(strncmp(r->body + 6, azure_first, strlen(azure_first)) == 0,
+            "the first chunk first, as it came: %s", r->body);
+  cr_expect(first < hello && hello < stop && stop < usage, "%s", r->body);
+  cr_expect(ends_with_done(r), "%s", r->body);
+  free(body);
+  free(r);
+}
