@@ -568,17 +568,21 @@ static bool gemini_looks_like(const json_t *contents) {
 /* ---- the proxy --------------------------------------------------------- */
 
 /* The method a path names after its model ("generateContent", ...), when
- * the path is /v1*\/models/{model}:{method}; else NULL. */
+ * its last segments are /models/{model}:{method} (a trailing '/' aside):
+ * the Gemini API's /v1beta/models/{model}:..., Vertex AI's
+ * /v1/projects/{p}/locations/{l}/publishers/google/models/{model}:...,
+ * either under a gateway's prefix; else NULL. */
 static const char *path_method(const char *path) {
-  if (strncmp(path, "/v1", 3) != 0)
+  size_t len = strlen(path);
+  if (len > 1 && path[len - 1] == '/')
+    len--;
+  const char *model = path + len;
+  while (model > path && model[-1] != '/')
+    model--;
+  if (model - path < 8 || strncmp(model - 8, "/models/", 8) != 0)
     return NULL;
-  const char *s = strchr(path + 1, '/');
-  if (s == NULL || strncmp(s, "/models/", 8) != 0)
-    return NULL;
-  const char *model = s + 8;
-  const char *colon = strchr(model, ':');
-  if (colon == NULL || colon == model ||
-      memchr(model, '/', (size_t)(colon - model)))
+  const char *colon = memchr(model, ':', (size_t)(path + len - model));
+  if (colon == NULL || colon == model)
     return NULL;
   return colon + 1;
 }

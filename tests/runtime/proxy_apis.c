@@ -1085,3 +1085,39 @@ Test(proxy, chat_and_responses_under_any_prefix_are_guarded) {
   free(r);
   free(body);
 }
+
+/* Gemini on Vertex AI (/v1/projects/{p}/locations/{l}/publishers/google/
+ * models/{model}:...) and under a gateway's prefix is guarded as the
+ * Gemini API is; a model path that names no method, or another one,
+ * passes through. */
+Test(proxy, gemini_on_vertex_and_under_a_prefix_is_guarded) {
+  static const char *const paths[] = {
+      "/v1/projects/p1/locations/us-central1/publishers/google/models/"
+      "gemini-2.5-pro:streamGenerateContent?alt=sse",
+      "/v1beta1/projects/p1/locations/global/publishers/google/models/"
+      "gemini-2.5-pro:generateContent/",
+      "/gemini/v1beta/models/gemini-2.5-pro:generateContent"};
+  char *body = gemini_conv(3, "{\"output\":\"On branch main\"}", false, true);
+  for (int i = 0; i < 3; i++) {
+    resp *r = call(P, "POST", paths[i], body, NULL);
+    cr_expect_eq(r->status, 200, "%s: %s", paths[i], r->body);
+    cr_expect_str_eq(r->stop, "identical_calls", "%s", paths[i]);
+    cr_expect_eq(n_upstream(), 0, "%s", paths[i]);
+    cr_expect_eq(strncmp(r->body, "data: {", 7) == 0, i == 0,
+                 "an SSE event only for alt=sse: %s", r->body);
+    free(r);
+  }
+  static const char *const other[] = {
+      "/v1/projects/p1/locations/l/publishers/google/models/gemini-2.5-pro",
+      "/v1beta/models/gemini-2.5-pro:countTokens",
+      "/v1beta/xmodels/gemini-2.5-pro:generateContent"};
+  for (int i = 0; i < 3; i++) {
+    canned_reset();
+    canned_add(200, "{\"passed\":true}");
+    resp *r = call(P, "POST", other[i], body, NULL);
+    cr_expect_str_eq(r->body, "{\"passed\":true}", "%s", other[i]);
+    cr_expect_str_empty(r->stop, "%s", other[i]);
+    free(r);
+  }
+  free(body);
+}
