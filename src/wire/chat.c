@@ -367,6 +367,23 @@ bool ag__wire_path_ends(const char *path, const char *tail) {
   return len >= tl && memcmp(path + len - tl, tail, tl) == 0;
 }
 
+const char *ag__wire_model_method(const char *path, const char **model) {
+  size_t len = strlen(path);
+  if (len > 1 && path[len - 1] == '/')
+    len--;
+  const char *m = path + len;
+  while (m > path && m[-1] != '/')
+    m--;
+  if (m - path < 8 || strncmp(m - 8, "/models/", 8) != 0)
+    return NULL;
+  const char *colon = memchr(m, ':', (size_t)(path + len - m));
+  if (colon == NULL || colon == m)
+    return NULL;
+  if (model != NULL)
+    *model = m;
+  return colon + 1;
+}
+
 /* Chat Completions under any prefix: "/v1/chat/completions", a base URL
  * without the version, Azure's deployments, OpenAI-compatible gateways. */
 static bool chat_serves(const char *path) {

@@ -567,28 +567,11 @@ static bool gemini_looks_like(const json_t *contents) {
 
 /* ---- the proxy --------------------------------------------------------- */
 
-/* The method a path names after its model ("generateContent", ...), when
- * its last segments are /models/{model}:{method} (a trailing '/' aside):
- * the Gemini API's /v1beta/models/{model}:..., Vertex AI's
+/* The Gemini API's /v1beta/models/{model}:..., Vertex AI's
  * /v1/projects/{p}/locations/{l}/publishers/google/models/{model}:...,
- * either under a gateway's prefix; else NULL. */
-static const char *path_method(const char *path) {
-  size_t len = strlen(path);
-  if (len > 1 && path[len - 1] == '/')
-    len--;
-  const char *model = path + len;
-  while (model > path && model[-1] != '/')
-    model--;
-  if (model - path < 8 || strncmp(model - 8, "/models/", 8) != 0)
-    return NULL;
-  const char *colon = memchr(model, ':', (size_t)(path + len - model));
-  if (colon == NULL || colon == model)
-    return NULL;
-  return colon + 1;
-}
-
+ * either under a gateway's prefix (ag__wire_model_method). */
 static bool gemini_serves(const char *path) {
-  const char *m = path_method(path);
+  const char *m = ag__wire_model_method(path, NULL);
   return m != NULL && (ag__wire_path_is(m, "generateContent") ||
                        ag__wire_path_is(m, "streamGenerateContent"));
 }
@@ -596,7 +579,7 @@ static bool gemini_serves(const char *path) {
 static ag__reply_form gemini_reply_form(const char *path, const char *query,
                                         const json_t *req) {
   (void)req;
-  const char *m = path_method(path);
+  const char *m = ag__wire_model_method(path, NULL);
   if (m == NULL || !ag__wire_path_is(m, "streamGenerateContent"))
     return AG__REPLY_WHOLE;
   for (const char *q = query; q != NULL && *q != '\0';) {

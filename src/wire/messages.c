@@ -763,8 +763,20 @@ static bool messages_looks_like(const json_t *msgs) {
   return false;
 }
 
+/* /v1/messages, and Claude on Vertex AI: .../publishers/anthropic/models/
+ * {model}:rawPredict and :streamRawPredict, which take a Messages body
+ * (the model in the path, "anthropic_version" in the body). */
 static bool messages_serves(const char *path) {
-  return ag__wire_path_is(path, "/v1/messages");
+  if (ag__wire_path_is(path, "/v1/messages"))
+    return true;
+  const char *model = NULL;
+  const char *m = ag__wire_model_method(path, &model);
+  static const char vertex[] = "/publishers/anthropic/models/";
+  size_t vl = sizeof vertex - 1;
+  return m != NULL && (size_t)(model - path) >= vl &&
+         memcmp(model - vl, vertex, vl) == 0 &&
+         (ag__wire_path_is(m, "rawPredict") ||
+          ag__wire_path_is(m, "streamRawPredict"));
 }
 
 /* Anthropic's error shape: {"type": "error", "error": {"type",

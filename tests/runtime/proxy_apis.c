@@ -1121,3 +1121,50 @@ Test(proxy, gemini_on_vertex_and_under_a_prefix_is_guarded) {
   }
   free(body);
 }
+
+/* Claude on Vertex AI: .../publishers/anthropic/models/{model}:rawPredict
+ * and :streamRawPredict take a Messages body without "model" (it is in
+ * the path) and with "anthropic_version"; guarded as /v1/messages is. A
+ * Vertex path of another publisher's or another method passes through. */
+Test(proxy, anthropic_on_vertex_is_guarded) {
+  static const char *const base =
+      "/v1/projects/p1/locations/us-east5/publishers/anthropic/models/"
+      "claude-sonnet-4@20250514";
+  char path[256];
+  for (int stream = 0; stream < 2; stream++) {
+    json_t *b = json_loads(
+        messages_conv(2, "{\"path\":\"a\"}", "text", false, stream), 0, NULL);
+    cr_assert_not_null(b);
+    json_object_del(b, "model");
+    json_object_set_new(b, "anthropic_version",
+                        json_string("vertex-2023-10-16"));
+    char *body = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    canned_reset();
+    if (stream)
+      canned_message_stream("{\"path\":\"a\"}");
+    else
+      canned_message_call("{\"path\":\"a\"}");
+    snprintf(path, sizeof path, "%s:%s", base,
+             stream ? "streamRawPredict" : "rawPredict");
+    resp *r = call(P, "POST", path, body, NULL);
+    cr_expect_eq(r->status, 200, "%s: %s", path, r->body);
+    if (!stream) /* a stream's stop is said in its text only */
+      cr_expect_str_eq(r->stop, "identical_calls", "%s: %s", path, r->body);
+    cr_expect(strstr(r->body,
+                     "agentguard stopped this turn (identical_calls)") != NULL,
+              "%s", r->body);
+    cr_expect_eq(strncmp(r->body, "event: ", 7) == 0, stream,
+                 "events when streamed: %s", r->body);
+    free(r);
+    if (stream) { /* another method passes through */
+      canned_reset();
+      canned_add(200, "{\"passed\":true}");
+      snprintf(path, sizeof path, "%s:countTokens", base);
+      r = call(P, "POST", path, body, NULL);
+      cr_expect_str_eq(r->body, "{\"passed\":true}");
+      free(r);
+    }
+    free(body);
+  }
+}
