@@ -12,6 +12,11 @@
 //   gemini, gemini-stream  the official @google/genai package's
 //           models.generateContent / generateContentStream against
 //           /v1beta/models/fake:generateContent (streamed: ?alt=sse)
+//   gemini-vertex, gemini-vertex-stream  the same on Vertex AI (express
+//           mode, an API key): /v1beta1/publishers/google/models/fake:...
+//   azure, azure-stream  the `openai` package's AzureOpenAI client:
+//           /openai/deployments/fake/chat/completions?api-version=...,
+//           its key in an api-key header
 // The fake upstream's model asks for read_file({"path":"a.txt"}) on every
 // request; the proxy must end the loop: the client gets an ordinary reply
 // without tool calls whose text says why (and, plain, the header
@@ -42,8 +47,16 @@ const upstream = createServer((req, res) => {
     upstreamRequests++;
     if (req.headers.authorization !== "Bearer sk-node-test" &&
         req.headers["x-api-key"] !== "sk-node-test" &&
-        req.headers["x-goog-api-key"] !== "sk-node-test")
+        req.headers["x-goog-api-key"] !== "sk-node-test" &&
+        req.headers["api-key"] !== "sk-node-test")
       fail("the client's key did not reach the upstream as it came");
+    if (mode.startsWith("gemini-vertex") &&
+        !req.url.startsWith("/v1/v1beta1/publishers/google/models/fake:"))
+      fail("the Vertex path did not reach the upstream as it came: " + req.url);
+    if (mode.startsWith("azure") &&
+        !/^\/v1\/openai\/deployments\/fake\/chat\/completions\?api-version=2024-10-21$/
+          .test(req.url))
+      fail("the Azure path did not reach the upstream as it came: " + req.url);
     if (req.url.includes(":generateContent") ||
         req.url.includes(":streamGenerateContent")) {
       const chunk = (parts, finish) => ({ candidates: [{ content: {
@@ -269,9 +282,9 @@ async function responsesLoop(client, stream) {
   fail("the loop was never stopped");
 }
 
-async function geminiLoop(stream) {
+async function geminiLoop(stream, vertexai) {
   const { GoogleGenAI } = require("@google/genai");
-  const ai = new GoogleGenAI({ apiKey: "sk-node-test",
+  const ai = new GoogleGenAI({ apiKey: "sk-node-test", vertexai,
     httpOptions: { baseUrl: `http://127.0.0.1:${proxyPort}` } });
   const config = { tools: [{ functionDeclarations: [{ name: "read_file",
     description: "Read a file", parametersJsonSchema: { type: "object",
@@ -325,16 +338,20 @@ async function anthropicLoop(stream) {
 
 try {
   const baseURL = `http://127.0.0.1:${proxyPort}/v1`;
-  const client = OpenAI ? new OpenAI({ apiKey: "sk-node-test", baseURL,
-    maxRetries: 0 }) : null;
+  const client = mode.startsWith("azure")
+    ? new (require("openai").AzureOpenAI)({ apiKey: "sk-node-test",
+      endpoint: `http://127.0.0.1:${proxyPort}`, apiVersion: "2024-10-21",
+      deployment: "fake", maxRetries: 0 })
+    : OpenAI ? new OpenAI({ apiKey: "sk-node-test", baseURL,
+      maxRetries: 0 }) : null;
   const [final, steps] = mode.startsWith("agents") ? await agentsLoop(baseURL)
     : mode.startsWith("responses")
       ? await responsesLoop(client, mode === "responses-stream")
     : mode.startsWith("anthropic")
       ? await anthropicLoop(mode === "anthropic-stream")
     : mode.startsWith("gemini")
-      ? await geminiLoop(mode === "gemini-stream")
-      : await plainLoop(client, mode === "stream");
+      ? await geminiLoop(mode.endsWith("-stream"), mode.includes("vertex"))
+      : await plainLoop(client, mode === "stream" || mode === "azure-stream");
   if (typeof final !== "string" || !STOP.test(final))
     fail("final output: " + JSON.stringify(final));
   console.log(`ok (${mode}): stopped after ${steps} requests ` +

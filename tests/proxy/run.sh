@@ -4,8 +4,10 @@
 # official `openai` npm package; agents and agents-responses the OpenAI
 # Agents SDK (@openai/agents, with zod) on Chat Completions and on its
 # default API (Responses);
+# azure and azure-stream its AzureOpenAI client (Azure's deployment paths);
 # anthropic and anthropic-stream the official @anthropic-ai/sdk; gemini
-# and gemini-stream the official @google/genai. The
+# and gemini-stream the official @google/genai, gemini-vertex and
+# gemini-vertex-stream the same on Vertex AI. The
 # packages are pinned and installed into BUILD_DIR/node-proxy-MODE with
 # Debian's node and npm. Exits 77 (a visible skip for CTest) when node or
 # npm is missing or the packages cannot be installed (no network); 1 on
@@ -28,7 +30,7 @@ if [ "$mode" = anthropic ] || [ "$mode" = anthropic-stream ]; then
   pkgs="@anthropic-ai/sdk@$ANTHROPIC_VERSION"
   check=$prefix/node_modules/@anthropic-ai/sdk/package.json
   want=$ANTHROPIC_VERSION
-elif [ "$mode" = gemini ] || [ "$mode" = gemini-stream ]; then
+elif [ "${mode#gemini}" != "$mode" ]; then
   prefix=$build/node-proxy-gemini
   pkgs="@google/genai@$GENAI_VERSION"
   check=$prefix/node_modules/@google/genai/package.json
