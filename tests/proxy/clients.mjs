@@ -14,6 +14,10 @@
 //           /v1beta/models/fake:generateContent (streamed: ?alt=sse)
 //   gemini-vertex, gemini-vertex-stream  the same on Vertex AI (express
 //           mode, an API key): /v1beta1/publishers/google/models/fake:...
+//   anthropic-vertex, anthropic-vertex-stream  @anthropic-ai/vertex-sdk's
+//           AnthropicVertex (its auth client given):
+//           /v1/projects/p1/locations/us-east5/publishers/anthropic/models/
+//           fake:rawPredict and :streamRawPredict
 //   azure, azure-stream  the `openai` package's AzureOpenAI client:
 //           /openai/deployments/fake/chat/completions?api-version=...,
 //           its key in an api-key header
@@ -50,6 +54,10 @@ const upstream = createServer((req, res) => {
         req.headers["x-goog-api-key"] !== "sk-node-test" &&
         req.headers["api-key"] !== "sk-node-test")
       fail("the client's key did not reach the upstream as it came");
+    if (mode.startsWith("anthropic-vertex") &&
+        !/^\/v1\/projects\/p1\/locations\/us-east5\/publishers\/anthropic\/models\/fake:(stream)?[rR]awPredict$/
+          .test(req.url))
+      fail("the Vertex path did not reach the upstream as it came: " + req.url);
     if (mode.startsWith("gemini-vertex") &&
         !req.url.startsWith("/v1/v1beta1/publishers/google/models/fake:"))
       fail("the Vertex path did not reach the upstream as it came: " + req.url);
@@ -78,7 +86,7 @@ const upstream = createServer((req, res) => {
       res.end(JSON.stringify(chunk([call], true)));
       return;
     }
-    if (req.url.endsWith("/messages")) {
+    if (req.url.endsWith("/messages") || /:(stream)?[rR]awPredict$/.test(req.url)) {
       const id = "toolu_" + upstreamRequests;
       if (JSON.parse(body).stream) {
         res.setHeader("content-type", "text/event-stream");
@@ -312,11 +320,19 @@ async function geminiLoop(stream, vertexai) {
   fail("the loop was never stopped");
 }
 
-async function anthropicLoop(stream) {
+async function anthropicLoop(stream, vertex) {
   const sdk = require("@anthropic-ai/sdk");
   const Anthropic = sdk.default ?? sdk.Anthropic ?? sdk;
-  const client = new Anthropic({ apiKey: "sk-node-test", maxRetries: 0,
-    baseURL: `http://127.0.0.1:${proxyPort}` });
+  /* on Vertex: an auth client as the SDK takes one (Google's own would
+   * ask the metadata server for a token) */
+  const client = vertex
+    ? new (require("@anthropic-ai/vertex-sdk").AnthropicVertex)({
+      region: "us-east5", projectId: "p1", maxRetries: 0,
+      baseURL: `http://127.0.0.1:${proxyPort}/v1`,
+      authClient: { projectId: "p1", getRequestHeaders: async () =>
+        new Headers({ Authorization: "Bearer sk-node-test" }) } })
+    : new Anthropic({ apiKey: "sk-node-test", maxRetries: 0,
+      baseURL: `http://127.0.0.1:${proxyPort}` });
   const tools = [{ name: "read_file", description: "Read a file",
     input_schema: { type: "object", properties: { path: { type: "string" } } } }];
   const messages = [{ role: "user", content: "Summarise a.txt" }];
@@ -348,7 +364,7 @@ try {
     : mode.startsWith("responses")
       ? await responsesLoop(client, mode === "responses-stream")
     : mode.startsWith("anthropic")
-      ? await anthropicLoop(mode === "anthropic-stream")
+      ? await anthropicLoop(mode.endsWith("-stream"), mode.includes("vertex"))
     : mode.startsWith("gemini")
       ? await geminiLoop(mode.endsWith("-stream"), mode.includes("vertex"))
       : await plainLoop(client, mode === "stream" || mode === "azure-stream");

@@ -5,7 +5,8 @@
 # Agents SDK (@openai/agents, with zod) on Chat Completions and on its
 # default API (Responses);
 # azure and azure-stream its AzureOpenAI client (Azure's deployment paths);
-# anthropic and anthropic-stream the official @anthropic-ai/sdk; gemini
+# anthropic and anthropic-stream the official @anthropic-ai/sdk,
+# anthropic-vertex and anthropic-vertex-stream @anthropic-ai/vertex-sdk; gemini
 # and gemini-stream the official @google/genai, gemini-vertex and
 # gemini-vertex-stream the same on Vertex AI. The
 # packages are pinned and installed into BUILD_DIR/node-proxy-MODE with
@@ -20,12 +21,19 @@ OPENAI_VERSION=4.95.0
 AGENTS_VERSION=0.20.0
 ZOD_VERSION=4.1.12
 ANTHROPIC_VERSION=0.71.0
+VERTEX_VERSION=1.1.3
+VERTEX_ANTHROPIC_VERSION=1.14.0
 GENAI_VERSION=2.32.0
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "SKIP: node and npm are needed (apt-get install nodejs npm)"
   exit 77
 fi
-if [ "$mode" = anthropic ] || [ "$mode" = anthropic-stream ]; then
+if [ "${mode#anthropic-vertex}" != "$mode" ]; then
+  prefix=$build/node-proxy-anthropic-vertex
+  pkgs="@anthropic-ai/vertex-sdk@$VERTEX_VERSION @anthropic-ai/sdk@$VERTEX_ANTHROPIC_VERSION"
+  check=$prefix/node_modules/@anthropic-ai/vertex-sdk/package.json
+  want=$VERTEX_VERSION
+elif [ "$mode" = anthropic ] || [ "$mode" = anthropic-stream ]; then
   prefix=$build/node-proxy-anthropic
   pkgs="@anthropic-ai/sdk@$ANTHROPIC_VERSION"
   check=$prefix/node_modules/@anthropic-ai/sdk/package.json
