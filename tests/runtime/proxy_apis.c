@@ -1132,8 +1132,9 @@ Test(proxy, anthropic_on_vertex_is_guarded) {
       "claude-sonnet-4@20250514";
   char path[256];
   for (int stream = 0; stream < 2; stream++) {
-    json_t *b = json_loads(
-        messages_conv(2, "{\"path\":\"a\"}", "text", false, stream), 0, NULL);
+    char *conv = messages_conv(2, "{\"path\":\"a\"}", "text", false, stream);
+    json_t *b = json_loads(conv, 0, NULL);
+    free(conv);
     cr_assert_not_null(b);
     json_object_del(b, "model");
     json_object_set_new(b, "anthropic_version",
