@@ -296,17 +296,18 @@ void ag__px_set_sse(reply *r, ag__buf *b) {
 }
 
 /* The model a request names: its "model", else the path's
- * ("/v1beta/models/<model>:..."), else "agentguard". */
+ * (".../models/<model>:<method>"), else "agentguard". */
 static const char *model_of(const json_t *req, const char *path, char *buf,
                             size_t cap) {
-  const char *m = json_string_value(json_object_get(req, "model"));
-  if (m != NULL)
-    return m;
-  const char *s = path != NULL ? strstr(path, "/models/") : NULL;
-  if (s != NULL) {
-    s += 8;
-    size_t n = strcspn(s, ":/");
-    if (n > 0 && n < cap) {
+  const char *named = json_string_value(json_object_get(req, "model"));
+  if (named != NULL)
+    return named;
+  /* Gemini's and Vertex AI's paths name it: .../models/{model}:{method} */
+  const char *s = NULL;
+  const char *m = path != NULL ? ag__wire_model_method(path, &s) : NULL;
+  if (m != NULL) {
+    size_t n = (size_t)(m - 1 - s);
+    if (n < cap) {
       memcpy(buf, s, n);
       buf[n] = '\0';
       return buf;

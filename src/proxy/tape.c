@@ -299,12 +299,12 @@ void ag__px_attr_body(ag_proxy *p, req_ctx *q, const char *path,
   }
 model_from_path:
   if (a->model[0] == '\0' && path != NULL) {
-    /* Gemini: /v1beta/models/MODEL:generateContent */
-    const char *at = strstr(path, "/models/");
-    if (at != NULL) {
-      at += 8;
-      size_t n = strcspn(at, ":/?");
-      if (n > 0 && n < sizeof a->model) {
+    /* Gemini's and Vertex AI's paths: .../models/{model}:{method} */
+    const char *at = NULL;
+    const char *method = ag__wire_model_method(path, &at);
+    if (method != NULL) {
+      size_t n = (size_t)(method - 1 - at);
+      if (n < sizeof a->model) {
         for (size_t k = 0; k < n; k++)
           a->model[k] = (at[k] > 0x20 && at[k] < 0x7f) ? at[k] : '_';
         a->model[n] = '\0';
