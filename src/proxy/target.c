@@ -39,8 +39,18 @@ static int escape_at(const char *s) {
   return lo < 0 ? -1 : hi * 16 + lo;
 }
 
+/* An escape decoded in the path: an unreserved character, or ':' - which a
+ * path may hold as it is, and which Google's APIs (and servers that decode
+ * a path before routing) read as the method's separator in
+ * ".../models/{model}:generateContent": kept encoded, "%3A" would be a
+ * path the guard does not match that the upstream routes as one it does. */
+static bool decoded_in_path(unsigned char c) {
+  return unreserved(c) || c == ':';
+}
+
 /* Pass 1: the path (up to '?' or the end) into out, escapes decoded where
- * unreserved, checked everywhere. Returns its length, or -1 with *why. */
+ * decoded_in_path says, checked everywhere. Returns its length, or -1 with
+ * *why. */
 static long decode_path(const char *t, size_t n, char *out, const char **why) {
   static const char hex[] = "0123456789ABCDEF";
   size_t o = 0;
@@ -69,7 +79,7 @@ static long decode_path(const char *t, size_t n, char *out, const char **why) {
       return -1;
     }
     i += 2;
-    if (unreserved((unsigned char)v)) {
+    if (decoded_in_path((unsigned char)v)) {
       out[o++] = (char)v;
     } else {
       out[o++] = '%';

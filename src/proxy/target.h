@@ -12,7 +12,10 @@
  * does, plus what common servers do on their own, so that the path the
  * guard matches is the one the upstream will route:
  *   - percent-encoded unreserved characters are decoded ("%63hat" is
- *     "chat", "%2E" is "."), other escapes get upper-case hex digits;
+ *     "chat", "%2E" is "."), and so is ':' ("%3A": Google's APIs, like
+ *     servers that decode a path before routing, read
+ *     "models/m%3AgenerateContent" as "models/m:generateContent"); other
+ *     escapes get upper-case hex digits;
  *   - an encoded "/" or "\", a NUL or another control character, a "%"
  *     without two hex digits, and any character RFC 3986 does not allow in
  *     a path are refused (a server that decodes "%2F" before routing would

@@ -374,7 +374,18 @@ const char *ag__wire_model_method(const char *path, const char **model) {
   const char *m = path + len;
   while (m > path && m[-1] != '/')
     m--;
-  if (m - path < 8 || strncmp(m - 8, "/models/", 8) != 0)
+  /* the segment before the model's: a base model, a tuned one (the Gemini
+   * API's /v1beta/tunedModels/{m}), a deployed one (Vertex AI's
+   * .../endpoints/{id}, where tuned models are served) */
+  static const char *const parents[] = {"/models/", "/tunedModels/",
+                                        "/endpoints/"};
+  size_t k = 0;
+  for (; k < sizeof parents / sizeof parents[0]; k++) {
+    size_t n = strlen(parents[k]);
+    if ((size_t)(m - path) >= n && memcmp(m - n, parents[k], n) == 0)
+      break;
+  }
+  if (k == sizeof parents / sizeof parents[0])
     return NULL;
   const char *colon = memchr(m, ':', (size_t)(path + len - m));
   if (colon == NULL || colon == m)

@@ -567,9 +567,10 @@ static bool gemini_looks_like(const json_t *contents) {
 
 /* ---- the proxy --------------------------------------------------------- */
 
-/* The Gemini API's /v1beta/models/{model}:..., Vertex AI's
- * /v1/projects/{p}/locations/{l}/publishers/google/models/{model}:...,
- * either under a gateway's prefix (ag__wire_model_method). */
+/* The Gemini API's /v1beta/models/{model}:... (and tunedModels/{model}),
+ * Vertex AI's /v1/projects/{p}/locations/{l}/publishers/google/models/
+ * {model}:... (and endpoints/{id}, a tuned model's), any under a gateway's
+ * prefix (ag__wire_model_method). */
 static bool gemini_serves(const char *path) {
   const char *m = ag__wire_model_method(path, NULL);
   return m != NULL && (ag__wire_path_is(m, "generateContent") ||

@@ -491,10 +491,12 @@ bool ag__wire_path_is(const char *path, const char *want);
 bool ag__wire_path_ends(const char *path, const char *tail);
 /* The method a path names after its model ("generateContent" of
  * ".../models/{model}:generateContent", a trailing '/' aside) when its last
- * segments are /models/{model}:{method}, else NULL; *model (may be NULL)
- * is set to where the model's name starts. The Gemini API's, Vertex AI's
- * (".../publishers/google/models/...", ".../publishers/anthropic/models/
- * ...") and a gateway's paths alike. */
+ * segments are /models/{model}:{method}, /tunedModels/{model}:{method} or
+ * /endpoints/{id}:{method}, else NULL; *model (may be NULL) is set to
+ * where the model's name (or the endpoint's id) starts. The Gemini API's
+ * (tuned models too), Vertex AI's (".../publishers/google/models/...",
+ * ".../publishers/anthropic/models/...", a tuned model's
+ * ".../endpoints/{id}") and a gateway's paths alike. */
 const char *ag__wire_model_method(const char *path, const char **model);
 /* The shape that serves a request path, or NULL (not guarded). */
 const ag__wire *ag__wire_serving(const char *path);

@@ -11,7 +11,7 @@
  *  - an accepted target gives a result no longer than the input, starting
  *    with exactly one '/', with no empty, "." or ".." segment in its path,
  *    no '%' that is not followed by two upper-case hex digits in its path,
- *    no escape of an unreserved character, and nothing outside the
+ *    no escape of an unreserved character or of ':', and nothing outside the
  *    characters RFC 3986 allows;
  *  - normalising is idempotent: the result, normalised again, is itself;
  *  - a refused target always says why; the input is never read past its
@@ -85,7 +85,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       check(i + 2 < pl && hex_upper(out[i + 1]) && hex_upper(out[i + 2]),
             "escapes are two upper-case hex digits", in);
       int v = hexv(out[i + 1]) * 16 + hexv(out[i + 2]);
-      check(!unreserved((unsigned char)v), "unreserved ones decoded", in);
+      check(!unreserved((unsigned char)v) && v != ':',
+            "unreserved ones and ':' decoded", in);
       check(v != '/' && v != '\\' && v >= 0x20 && v != 0x7f,
             "no encoded '/', '\\' or control", in);
     }

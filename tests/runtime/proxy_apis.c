@@ -1091,27 +1091,36 @@ Test(proxy, chat_and_responses_under_any_prefix_are_guarded) {
  * Gemini API is; a model path that names no method, or another one,
  * passes through. */
 Test(proxy, gemini_on_vertex_and_under_a_prefix_is_guarded) {
+  /* the first two ask for SSE (alt=sse) */
   static const char *const paths[] = {
       "/v1/projects/p1/locations/us-central1/publishers/google/models/"
       "gemini-2.5-pro:streamGenerateContent?alt=sse",
+      "/v1/projects/p1/locations/us-central1/endpoints/4812:"
+      "streamGenerateContent?alt=sse",
       "/v1beta1/projects/p1/locations/global/publishers/google/models/"
       "gemini-2.5-pro:generateContent/",
-      "/gemini/v1beta/models/gemini-2.5-pro:generateContent"};
+      "/gemini/v1beta/models/gemini-2.5-pro:generateContent",
+      "/v1beta/tunedModels/my-tuned-model:generateContent",
+      /* an encoded ':' is routed as ':' by Google's servers */
+      "/v1beta/models/gemini-2.5-pro%3AgenerateContent",
+      "/v1beta/models/gemini-2.5-pro%3astreamGenerateContent"};
+  size_t n_paths = sizeof paths / sizeof paths[0];
   char *body = gemini_conv(3, "{\"output\":\"On branch main\"}", false, true);
-  for (int i = 0; i < 3; i++) {
+  for (size_t i = 0; i < n_paths; i++) {
     resp *r = call(P, "POST", paths[i], body, NULL);
     cr_expect_eq(r->status, 200, "%s: %s", paths[i], r->body);
     cr_expect_str_eq(r->stop, "identical_calls", "%s", paths[i]);
     cr_expect_eq(n_upstream(), 0, "%s", paths[i]);
-    cr_expect_eq(strncmp(r->body, "data: {", 7) == 0, i == 0,
+    cr_expect_eq(strncmp(r->body, "data: {", 7) == 0, i < 2,
                  "an SSE event only for alt=sse: %s", r->body);
     free(r);
   }
   static const char *const other[] = {
       "/v1/projects/p1/locations/l/publishers/google/models/gemini-2.5-pro",
       "/v1beta/models/gemini-2.5-pro:countTokens",
-      "/v1beta/xmodels/gemini-2.5-pro:generateContent"};
-  for (int i = 0; i < 3; i++) {
+      "/v1beta/xmodels/gemini-2.5-pro:generateContent",
+      "/v1/projects/p1/locations/l/endpoints/4812:predict"};
+  for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
     canned_reset();
     canned_add(200, "{\"passed\":true}");
     resp *r = call(P, "POST", other[i], body, NULL);
@@ -1131,7 +1140,8 @@ Test(proxy, anthropic_on_vertex_is_guarded) {
       "/v1/projects/p1/locations/us-east5/publishers/anthropic/models/"
       "claude-sonnet-4@20250514";
   char path[256];
-  for (int stream = 0; stream < 2; stream++) {
+  for (int v = 0; v < 3; v++) { /* rawPredict, streamed, ':' encoded */
+    int stream = v == 1;
     char *conv = messages_conv(2, "{\"path\":\"a\"}", "text", false, stream);
     json_t *b = json_loads(conv, 0, NULL);
     free(conv);
@@ -1146,7 +1156,7 @@ Test(proxy, anthropic_on_vertex_is_guarded) {
       canned_message_stream("{\"path\":\"a\"}");
     else
       canned_message_call("{\"path\":\"a\"}");
-    snprintf(path, sizeof path, "%s:%s", base,
+    snprintf(path, sizeof path, "%s%s%s", base, v == 2 ? "%3A" : ":",
              stream ? "streamRawPredict" : "rawPredict");
     resp *r = call(P, "POST", path, body, NULL);
     cr_expect_eq(r->status, 200, "%s: %s", path, r->body);
