@@ -466,6 +466,14 @@ void ag__px_guarded(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
 void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                          const char *path, reply *r, bool *started,
                          bool *later);
+/* A request that continues a conversation the upstream keeps (its shape's
+ * `stored` says where), with that conversation read back from the
+ * upstream (stored.c; it waits: a worker's thread): a new object, the
+ * client's with "input" holding every item, oldest first, and without
+ * previous_response_id and conversation - or NULL with why[cap] saying
+ * what failed. `path`: the request's path, without its query. */
+json_t *ag__px_stored_request(ag_proxy *p, req_ctx *q, const json_t *req,
+                              const char *path, char *why, size_t cap);
 /* The turn of chat `msgs` (from its last user message) replayed through a
  * fresh turn of g: AG_OK with *act (v filled), AG_EINVAL with a 400's
  * message in emsg (the turn cannot be read), AG_ENOMEM. `shown`: the index

@@ -28,8 +28,10 @@
  *     request) cannot make a call: it is relayed untouched;
  *   - a Responses request that continues a conversation the upstream keeps
  *     (`previous_response_id`, `conversation`) holds only its newest
- *     items: the turn cannot be replayed, so it is relayed unguarded, with
- *     an `unguarded` event that says why;
+ *     items: that conversation is read back from the upstream (stored.c,
+ *     on a worker) and the turn decided from it; when it cannot be read,
+ *     the request is relayed unguarded, with an `unguarded` event that
+ *     says why;
  *   - a stop is never the final request without tools: the stop reply is
  *     the answer.
  */
@@ -148,7 +150,8 @@ static bool no_tools(const json_t *req) {
 typedef enum {
   TRIAGE_ANSWERED, /* r is the answer (a 400) */
   TRIAGE_RELAY,    /* relayed untouched: nothing to guard */
-  TRIAGE_DECIDE    /* its turn is decided */
+  TRIAGE_DECIDE,   /* its turn is decided */
+  TRIAGE_STORED    /* decided from the conversation the upstream keeps */
 } triage_t;
 
 static triage_t triage(ag_proxy *p, req_ctx *q, const json_t *req,
@@ -156,7 +159,12 @@ static triage_t triage(ag_proxy *p, req_ctx *q, const json_t *req,
   const ag__wire *w = r->shape;
   const json_t *conv = json_object_get(req, w->conv_key);
   const char *unguarded = w->unguarded != NULL ? w->unguarded(req) : NULL;
+  if (unguarded != NULL && no_tools(req))
+    return TRIAGE_RELAY; /* no call possible: nothing to read back */
   if (unguarded != NULL) {
+    char list[320], object[320];
+    if (w->stored != NULL && w->stored(req, NULL, list, object, sizeof list))
+      return TRIAGE_STORED;
     ag__px_event(p, &q->attr, "unguarded", path, NULL, unguarded);
     return TRIAGE_RELAY;
   }
@@ -171,6 +179,34 @@ static triage_t triage(ag_proxy *p, req_ctx *q, const json_t *req,
   return TRIAGE_DECIDE;
 }
 
+/* A request continuing a conversation the upstream keeps: its turn
+ * decided from that conversation, read back (this thread waits), as
+ * decide() does; when it cannot be read or read as a turn, the request is
+ * relayed unguarded (true, *g NULL) with an `unguarded` event saying why. */
+static bool decide_stored(ag_proxy *p, req_ctx *q, const json_t *req,
+                          const char *path, ag_guard **g, ag_verdict *v,
+                          reply *r, ag_action *act) {
+  char why[512], detail[1024];
+  json_t *whole = ag__px_stored_request(p, q, req, path, why, sizeof why);
+  bool ok = whole != NULL && decide(p, whole, g, v, r, act);
+  json_decref(whole);
+  if (ok)
+    return true;
+  if (whole != NULL) { /* the items read back are not a turn it reads */
+    const ag__wire *w = r->shape;
+    snprintf(why, sizeof why, "the conversation read back: %.400s",
+             r->body != NULL ? r->body : "not readable");
+    ag__px_reply_free(r);
+    r->shape = w;
+    ag_guard_free(*g);
+    *g = NULL;
+  }
+  snprintf(detail, sizeof detail, "%s; reading it back failed: %s",
+           r->shape->unguarded(req), why);
+  ag__px_event(p, &q->attr, "unguarded", path, NULL, detail);
+  return true;
+}
+
 void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                          const char *path, reply *r, bool *started,
                          bool *later) {
@@ -180,7 +216,7 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
   ag_verdict v;
   memset(&v, 0, sizeof v);
   ag_action act = AG_ALLOW;
-  bool decided = false;
+  bool decided = false, deferred = false;
   if (req == NULL) {
     ag__px_set_error(
         r, 400, "invalid_request_error", "invalid_json",
@@ -193,10 +229,16 @@ void ag__px_request_only(ag_proxy *p, struct MHD_Connection *c, req_ctx *q,
                      "object");
   } else {
     triage_t tr = triage(p, q, req, path, r);
+    /* reading the conversation back waits: on the loop, a worker does */
+    deferred = tr == TRIAGE_STORED && later != NULL;
     decided = tr == TRIAGE_RELAY || /* relayed untouched, g NULL */
-              (tr == TRIAGE_DECIDE && decide(p, req, &g, &v, r, &act));
+              (tr == TRIAGE_DECIDE && decide(p, req, &g, &v, r, &act)) ||
+              (tr == TRIAGE_STORED && !deferred &&
+               decide_stored(p, q, req, path, &g, &v, r, &act));
   }
-  if (!decided) {
+  if (deferred) {
+    *later = true; /* nothing said or sent yet: a worker reads it back */
+  } else if (!decided) {
     /* r holds the answer */
   } else if (ag__stops(act)) {
     ag__px_event(p, &q->attr, "stopped_before_request", path, &v, NULL);

@@ -725,6 +725,48 @@ static const char *responses_unguarded(const json_t *req) {
   return NULL;
 }
 
+/* An id the proxy may put in a path: OpenAI's "resp_..." and "conv_..." and
+ * what compatible servers use; anything else is not read back. */
+static bool stored_id_ok(const char *id) {
+  size_t n = id != NULL ? strlen(id) : 0;
+  if (n == 0 || n > 200)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)id[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '_' || c == '-'))
+      return false;
+  }
+  return true;
+}
+
+/* Where the conversation a request continues is kept (wire.h, stored):
+ * a previous_response_id's items that went into that response
+ * (GET .../responses/{id}/input_items) and the response itself, whose
+ * output follows them; a conversation's items (GET
+ * .../conversations/{id}/items; "conversation" is its id or {"id"}). */
+static bool responses_stored(const json_t *req, const char *id, char *list,
+                             char *object, size_t cap) {
+  const json_t *conv = json_object_get(req, "conversation");
+  const char *cid = json_is_string(conv) ? json_string_value(conv)
+                                         : ag__jstr(conv, "id", NULL);
+  const char *prev = ag__jstr(req, "previous_response_id", NULL);
+  int n = -1, m = 0;
+  object[0] = '\0';
+  if (id == NULL && prev == NULL && cid != NULL) {
+    if (!stored_id_ok(cid))
+      return false;
+    n = snprintf(list, cap, "/conversations/%s/items", cid);
+  } else {
+    id = id != NULL ? id : prev;
+    if (!stored_id_ok(id))
+      return false;
+    n = snprintf(list, cap, "/responses/%s/input_items", id);
+    m = snprintf(object, cap, "/responses/%s", id);
+  }
+  return n > 0 && (size_t)n < cap && m >= 0 && (size_t)m < cap;
+}
+
 const ag__wire ag__wire_responses = {
     .name = "openai-responses",
     .api = "Responses",
@@ -748,6 +790,7 @@ const ag__wire ag__wire_responses = {
     .add_user_text = responses_add_user_text,
     .id_prefix = "resp_agentguard_",
     .unguarded = responses_unguarded,
+    .stored = responses_stored,
     .conv_expect = "a string or an array of items",
     .otel_provider = "openai",
     .otel_operation = "chat",

@@ -416,6 +416,17 @@ typedef struct ag__wire {
    * kept by the upstream: Responses' previous_response_id), or NULL; the
    * hook NULL: never. Such a request is relayed unguarded. */
   const char *(*unguarded)(const json_t *req);
+  /* For a request `unguarded` names: where the upstream keeps what it
+   * continues, so that the proxy can read it back (the hook NULL, or
+   * false: it cannot). Paths relative to the base the request's own path
+   * is under (its path without the last segment): `list`, the items
+   * ({"data": [...], "has_more", "last_id"}; read newest first with
+   * "order=desc", paged with "after"), and `object` ("" when none), whose
+   * "output" items follow the list's and whose "previous_response_id"
+   * names the one before it in a chain. `id` NULL: what `req` continues;
+   * else that earlier response's. */
+  bool (*stored)(const json_t *req, const char *id, char *list, char *object,
+                 size_t cap);
   /* What the conversation's key must hold, for a 400: "an array". */
   const char *conv_expect;
   /* The paths under this prefix go to the API's own upstream when one is

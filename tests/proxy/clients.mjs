@@ -9,6 +9,13 @@
 //   responses, responses-stream  the `openai` package's responses.create
 //           against /v1/responses, the conversation in `input` (store false)
 //   agents-responses  the Agents SDK on its default API (Responses)
+//   responses-stored  the `openai` package's responses.create with
+//           store: true, each request only its newest items and the
+//           previous_response_id: the proxy reads the chain back (GET
+//           /v1/responses/{id}/input_items and /v1/responses/{id})
+//   agents-conversation  the Agents SDK's loop with a conversationId: the
+//           upstream keeps the conversation (GET
+//           /v1/conversations/{id}/items)
 //   gemini, gemini-stream  the official @google/genai package's
 //           models.generateContent / generateContentStream against
 //           /v1beta/models/fake:generateContent (streamed: ?alt=sse)
@@ -34,7 +41,8 @@ const [bin, prefix, mode = "plain"] = process.argv.slice(2);
 const require = createRequire(path.resolve(prefix, "node_modules", "x.js"));
 const OpenAI = mode.startsWith("anthropic") || mode.startsWith("gemini")
   ? null : (require("openai").default ?? require("openai"));
-const STOP = mode.includes("responses") || mode.startsWith("gemini")
+const STOP = mode.includes("responses") || mode === "agents-conversation" ||
+  mode.startsWith("gemini")
   ? /agentguard stopped this turn \((identical_calls|repeated_results)\)/
   : /agentguard stopped this turn \(identical_calls\)/;
 
@@ -43,12 +51,57 @@ function fail(msg) {
   process.exit(1);
 }
 
+/* What the fake upstream keeps (store: true, conversations), as the
+ * Responses API keeps it: a response's input items (for a chained one, the
+ * chain's earlier items too) and its output; a conversation's items. */
+const storedResponses = new Map();
+const conversations = new Map();
+let storedReads = 0;
+function listPage(res, items, url) {
+  const q = new URL(url, "http://x").searchParams;
+  const all = q.get("order") === "asc" ? items : [...items].reverse();
+  const after = q.get("after");
+  const from = after ? all.findIndex((i) => i.id === after) + 1 : 0;
+  const data = all.slice(from, from + Number(q.get("limit") ?? 20));
+  res.setHeader("content-type", "application/json");
+  res.end(JSON.stringify({ object: "list", data,
+    first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null,
+    has_more: from + data.length < all.length }));
+}
+function withIds(items, tag) {
+  return items.map((it, k) => ({ id: `${tag}_${k}`, ...(it.role && !it.type
+    ? { type: "message" } : {}), ...it }));
+}
+
 let upstreamRequests = 0;
 const upstream = createServer((req, res) => {
   let body = "";
   req.on("data", (c) => (body += c));
   req.on("end", () => {
     upstreamRequests++;
+    if (req.method === "GET") {
+      storedReads++;
+      if (req.headers.authorization !== "Bearer sk-node-test")
+        fail("the client's key did not reach the stored conversation's read");
+      const path = req.url.split("?")[0];
+      let m = /^\/v1\/responses\/([^/]+)\/input_items$/.exec(path);
+      if (m && storedResponses.has(m[1]))
+        return listPage(res, storedResponses.get(m[1]).inputs, req.url);
+      m = /^\/v1\/responses\/([^/]+)$/.exec(path);
+      if (m && storedResponses.has(m[1])) {
+        const r = storedResponses.get(m[1]);
+        res.setHeader("content-type", "application/json");
+        return res.end(JSON.stringify({ id: m[1], object: "response",
+          status: "completed", output: r.output,
+          previous_response_id: r.prev ?? null }));
+      }
+      m = /^\/v1\/conversations\/([^/]+)\/items$/.exec(path);
+      if (m && conversations.has(m[1]))
+        return listPage(res, conversations.get(m[1]), req.url);
+      res.statusCode = 404;
+      return res.end(JSON.stringify({ error: { message: "not found: " +
+        req.url } }));
+    }
     if (req.headers.authorization !== "Bearer sk-node-test" &&
         req.headers["x-api-key"] !== "sk-node-test" &&
         req.headers["x-goog-api-key"] !== "sk-node-test" &&
@@ -131,7 +184,22 @@ const upstream = createServer((req, res) => {
         usage: { input_tokens: 10, output_tokens: 5, total_tokens: 15,
           input_tokens_details: { cached_tokens: 0 },
           output_tokens_details: { reasoning_tokens: 0 } } });
-      if (JSON.parse(body).stream) {
+      const sent = JSON.parse(body);
+      const own = withIds(typeof sent.input === "string"
+        ? [{ role: "user", content: sent.input }] : sent.input ?? [],
+        "in" + upstreamRequests);
+      const prev = storedResponses.get(sent.previous_response_id);
+      if (sent.previous_response_id && !prev)
+        fail("previous_response_id of no stored response");
+      storedResponses.set("resp_" + upstreamRequests, {
+        inputs: prev ? [...prev.inputs, ...prev.output, ...own] : own,
+        output: [item], prev: sent.previous_response_id });
+      const conv = sent.conversation?.id ?? sent.conversation;
+      if (conv) {
+        if (!conversations.has(conv)) conversations.set(conv, []);
+        conversations.get(conv).push(...own, item);
+      }
+      if (sent.stream) {
         res.setHeader("content-type", "text/event-stream");
         let seq = 0;
         const ev = (o) => `event: ${o.type}\ndata: ${JSON.stringify(
@@ -253,17 +321,23 @@ async function agentsLoop(baseURL) {
     execute: async () => { runs++; return "hello"; } });
   const agent = new agents.Agent({ name: "reader", model: "fake",
     instructions: "Summarise files.", tools: [readFile] });
-  const result = await agents.run(agent, "Summarise a.txt", { maxTurns: 30 });
+  const result = await agents.run(agent, "Summarise a.txt", { maxTurns: 30,
+    ...(mode === "agents-conversation" ? { conversationId: "conv_1" } : {}) });
   return [result.finalOutput, runs + 1];
 }
 
-async function responsesLoop(client, stream) {
+async function responsesLoop(client, stream, stored) {
   const tools = [{ type: "function", name: "read_file", strict: false,
     parameters: { type: "object", properties: { path: { type: "string" } } } }];
-  const input = [{ role: "user", content: "Summarise a.txt" }];
-  let steps = 0;
+  let input = [{ role: "user", content: "Summarise a.txt" }];
+  let steps = 0, previous;
   while (steps++ < 20) {
-    const params = { model: "fake", input, tools, store: false };
+    /* stored: the upstream keeps the conversation; only the newest items
+     * go with the last response's id */
+    const params = stored
+      ? { model: "fake", input, tools, store: true,
+        ...(previous ? { previous_response_id: previous } : {}) }
+      : { model: "fake", input, tools, store: false };
     let resp;
     if (stream) {
       let seq = -1;
@@ -278,7 +352,12 @@ async function responsesLoop(client, stream) {
     } else {
       resp = await client.responses.create(params);
     }
-    input.push(...resp.output);
+    if (stored) {
+      previous = resp.id;
+      input = [];
+    } else {
+      input.push(...resp.output);
+    }
     const calls = resp.output.filter((i) => i.type === "function_call");
     if (calls.length === 0)
       return [resp.output.filter((i) => i.type === "message")
@@ -362,7 +441,8 @@ try {
       maxRetries: 0 }) : null;
   const [final, steps] = mode.startsWith("agents") ? await agentsLoop(baseURL)
     : mode.startsWith("responses")
-      ? await responsesLoop(client, mode === "responses-stream")
+      ? await responsesLoop(client, mode === "responses-stream",
+        mode === "responses-stored")
     : mode.startsWith("anthropic")
       ? await anthropicLoop(mode.endsWith("-stream"), mode.includes("vertex"))
     : mode.startsWith("gemini")
@@ -370,6 +450,9 @@ try {
       : await plainLoop(client, mode === "stream" || mode === "azure-stream");
   if (typeof final !== "string" || !STOP.test(final))
     fail("final output: " + JSON.stringify(final));
+  if ((mode === "responses-stored" || mode === "agents-conversation") &&
+      storedReads === 0)
+    fail("the proxy never read the stored conversation back");
   console.log(`ok (${mode}): stopped after ${steps} requests ` +
     `(${upstreamRequests} upstream): ${final}`);
 } catch (e) {

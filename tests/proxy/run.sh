@@ -1,9 +1,10 @@
 #!/bin/sh
 # tests/proxy/run.sh AGENTGUARD BUILD_DIR MODE - the proxy with real clients
-# (clients.mjs): MODE plain, stream, responses or responses-stream uses the
-# official `openai` npm package; agents and agents-responses the OpenAI
-# Agents SDK (@openai/agents, with zod) on Chat Completions and on its
-# default API (Responses);
+# (clients.mjs): MODE plain, stream, responses, responses-stream or
+# responses-stored uses the official `openai` npm package; agents,
+# agents-responses and agents-conversation the OpenAI Agents SDK
+# (@openai/agents, with zod) on Chat Completions, on its default API
+# (Responses) and with a conversation the upstream keeps;
 # azure and azure-stream its AzureOpenAI client (Azure's deployment paths);
 # anthropic and anthropic-stream the official @anthropic-ai/sdk,
 # anthropic-vertex and anthropic-vertex-stream @anthropic-ai/vertex-sdk; gemini
@@ -43,7 +44,7 @@ elif [ "${mode#gemini}" != "$mode" ]; then
   pkgs="@google/genai@$GENAI_VERSION"
   check=$prefix/node_modules/@google/genai/package.json
   want=$GENAI_VERSION
-elif [ "$mode" = agents ] || [ "$mode" = agents-responses ]; then
+elif [ "${mode#agents}" != "$mode" ]; then
   prefix=$build/node-proxy-agents
   pkgs="@openai/agents@$AGENTS_VERSION zod@$ZOD_VERSION"
   check=$prefix/node_modules/@openai/agents/package.json

@@ -570,22 +570,6 @@ Test(proxy, responses_allowed_goes_up_with_the_error_context) {
   free(r);
 }
 
-Test(proxy, responses_kept_upstream_is_relayed_unguarded) {
-  ag_proxy_stop(P);
-  ag_config c = test_cfg();
-  c.loop.identical_call_limit = 0;
-  P = proxy_with(c, 0, NULL);
-  canned_add(200, "{\"id\":\"resp_up\",\"object\":\"response\",\"output\":[]}");
-  char *body =
-      responses_conv(3, codex_failed, false, "previous_response_id", "resp_9");
-  resp *r = call(P, "POST", "/v1/responses", body, NULL);
-  cr_expect_eq(r->status, 200);
-  cr_expect_eq(n_upstream(), 1, "a turn held upstream cannot be replayed");
-  cr_expect_str_eq(r->stop, "");
-  free(body);
-  free(r);
-}
-
 Test(proxy, responses_bad_items_are_400_naming_the_item) {
   char code[64];
   resp *r = call(P, "POST", "/v1/responses",

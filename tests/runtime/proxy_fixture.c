@@ -64,6 +64,10 @@ enum MHD_Result up_handler(void *cls, struct MHD_Connection *c, const char *url,
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-agentguard-key"));
     s->query = dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "q"));
     s->alt = dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "alt"));
+    s->order =
+        dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "order"));
+    s->after =
+        dupz(MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after"));
     s->sess = dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                "x-agentguard-session"));
     s->team = dupz(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-team"));
@@ -131,6 +135,8 @@ void canned_reset(void) {
     free(U.reqs[i].sess);
     free(U.reqs[i].team);
     free(U.reqs[i].tp);
+    free(U.reqs[i].order);
+    free(U.reqs[i].after);
   }
   U.n_replies = U.next = U.n_reqs = 0;
   pthread_mutex_unlock(&U.mu);

@@ -46,11 +46,12 @@ typedef struct canned {
 /* A request the fake upstream was sent. */
 typedef struct seen {
   char *url, *body, *auth, *agkey, *query, *alt;
-  char *sess; /* x-agentguard-session, which must not come */
-  char *team; /* x-team: an OTLP header */
-  char *tp;   /* traceparent */
-  int n_tp;   /* traceparent headers */
-  int n_xh;   /* headers whose name starts with x-h- */
+  char *sess;          /* x-agentguard-session, which must not come */
+  char *team;          /* x-team: an OTLP header */
+  char *tp;            /* traceparent */
+  char *order, *after; /* a list's paging (order=, after=) */
+  int n_tp;            /* traceparent headers */
+  int n_xh;            /* headers whose name starts with x-h- */
 } seen;
 
 typedef struct fake_upstream {
