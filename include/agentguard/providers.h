@@ -204,22 +204,24 @@ AG_EXTERN ag_err_t ag_provider_scripted_new(ag_provider **out,
 typedef struct ag_http_provider_opts {
   size_t size;                 /* sizeof(ag_http_provider_opts), set by _init */
   const char *kind;            /* "openai" (default), "anthropic",
-                                  "openai-responses" or "gemini"
+                                  "openai-responses", "gemini" or "ollama"
                                   (ag_http_provider_kinds) */
   const char *base_url;        /* NULL: https://api.openai.com/v1 for openai
                                   and openai-responses,
                                   https://api.anthropic.com for anthropic,
                                   https://generativelanguage.googleapis.com/v1beta
-                                  for gemini; the request goes to base_url +
+                                  for gemini, http://localhost:11434 for
+                                  ollama; the request goes to base_url +
                                   "/chat/completions" (openai), + "/responses"
                                   (openai-responses), + "/v1/messages"
-                                  (anthropic) or + "/models/<model>:generate
+                                  (anthropic), + "/models/<model>:generate
                                   Content" (gemini; streamed:
-                                  ":streamGenerateContent?alt=sse") */
+                                  ":streamGenerateContent?alt=sse") or +
+                                  "/api/chat" (ollama) */
   const char *model;           /* required */
   const char *api_key_env;     /* the NAME of the environment variable holding
                                   the key; NULL: OPENAI_API_KEY / ANTHROPIC_API_KEY
-                                  / GEMINI_API_KEY;
+                                  / GEMINI_API_KEY / OLLAMA_API_KEY;
                                   "": send no key (local servers) */
   const char *const *headers;  /* extra "Name: value" lines, NULL-terminated,
                                   or NULL */
@@ -227,7 +229,8 @@ typedef struct ag_http_provider_opts {
   int64_t connect_timeout_ms;  /* connecting, ms; default 10000; 0: curl's */
   int64_t idle_timeout_ms;     /* a stream that sends nothing this long fails
                                   (transient); default 120000; 0: no limit */
-  bool stream;                 /* Server-Sent Events (default true) */
+  bool stream;                 /* Server-Sent Events (default true; ollama
+                                  is never streamed) */
   double temperature;          /* < 0: not sent (default -1) */
   int max_tokens;              /* 0: not sent (openai); anthropic sends 4096 */
   bool parallel_tool_calls;    /* default true: sent with tools */
@@ -240,7 +243,8 @@ AG_EXTERN void ag_http_provider_opts_init(ag_http_provider_opts *o);
 
 /* The provider kinds (the API shapes the HTTP provider speaks): "openai"
  * (Chat Completions), "anthropic" (Messages), "openai-responses"
- * (Responses), "gemini" (the Gemini API); a NULL-terminated list, static.
+ * (Responses), "gemini" (the Gemini API), "ollama" (Ollama's /api/chat); a
+ * NULL-terminated list, static.
  * docs/providers.md. */
 AG_EXTERN const char *const *ag_http_provider_kinds(void);
 

@@ -334,9 +334,10 @@ void ag__px_stop_reply(ag_proxy *p, const req_ctx *q, const json_t *req,
     ag__px_set_error(r, 500, "server_error", "out_of_memory", "out of memory");
     return;
   }
-  if (form == AG__REPLY_SSE) {
+  if (form == AG__REPLY_SSE || form == AG__REPLY_NDJSON) {
     r->status = 200;
-    r->ctype = "text/event-stream";
+    r->ctype =
+        form == AG__REPLY_SSE ? "text/event-stream" : "application/x-ndjson";
     r->body = body;
     r->len = len;
   } else {
@@ -391,8 +392,9 @@ static int held_event(void *user, const char *event, const char *data,
 }
 
 /* A reply held whole, in `form`, into the assembler: a JSON body by the
- * shape's whole-reply reader, SSE by its event reader, a JSON array (a
- * Gemini stream without alt=sse) element by element. */
+ * shape's whole-reply reader, SSE by its event reader, lines of JSON (an
+ * Ollama stream) line by line by its event reader, a JSON array (a Gemini
+ * stream without alt=sse) element by element. */
 static void read_held(const ag__wire *w, ag__reply_form form, const char *body,
                       size_t len, ag__asm *a) {
   if (form == AG__REPLY_WHOLE) {
@@ -407,6 +409,16 @@ static void read_held(const ag__wire *w, ag__reply_form form, const char *body,
     ag__sse_free(&s);
     if (why != AG_OK && a->failed == AG_OK)
       a->failed = why;
+  } else if (form == AG__REPLY_NDJSON) {
+    for (size_t at = 0; at < len;) {
+      const char *nl = memchr(body + at, '\n', len - at);
+      size_t end = nl != NULL ? (size_t)(nl - body) : len, n = end - at;
+      if (n > 0 && body[end - 1] == '\r')
+        n--;
+      if (n > 0 && w->event(a, "", body + at, n, at) != 0)
+        break;
+      at = end + 1;
+    }
   } else {
     json_error_t je;
     json_t *arr = json_loadb(body, len, 0, &je);

@@ -1029,9 +1029,9 @@ const ag__wire ag__wire_chat = {
     .whole_to_sse = chat_whole_to_sse,
 };
 
-const ag__wire *const ag__wire_all[] = {&ag__wire_chat, &ag__wire_messages,
+const ag__wire *const ag__wire_all[] = {&ag__wire_chat,      &ag__wire_messages,
                                         &ag__wire_responses, &ag__wire_gemini,
-                                        NULL};
+                                        &ag__wire_ollama,    NULL};
 
 const ag__wire *ag__wire_serving(const char *path) {
   for (size_t i = 0; ag__wire_all[i] != NULL; i++)

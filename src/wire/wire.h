@@ -343,13 +343,14 @@ typedef struct ag__turn_sink {
 
 /* ---- the table ---------------------------------------------------------- */
 
-/* How a client asked for a reply: whole (JSON), as server-sent events, or
+/* How a client asked for a reply: whole (JSON), as server-sent events,
  * (Gemini's streamGenerateContent without alt=sse) as one JSON array of
- * chunks. */
+ * chunks, or (Ollama's streams) as lines of JSON, one chunk a line. */
 typedef enum {
   AG__REPLY_WHOLE = 0,
   AG__REPLY_SSE,
-  AG__REPLY_JSON_ARRAY
+  AG__REPLY_JSON_ARRAY,
+  AG__REPLY_NDJSON
 } ag__reply_form;
 
 /* One API shape: what the providers and the proxy need to speak it. */
@@ -489,6 +490,7 @@ extern const ag__wire ag__wire_chat;      /* chat.c */
 extern const ag__wire ag__wire_messages;  /* messages.c */
 extern const ag__wire ag__wire_responses; /* responses.c */
 extern const ag__wire ag__wire_gemini;    /* gemini.c */
+extern const ag__wire ag__wire_ollama;    /* ollama.c */
 
 /* Whether the normalised path (no query) `path` is `want`, a trailing
  * "/" on `path` aside ("/v1/messages/" routes as "/v1/messages" on most

@@ -24,7 +24,10 @@
  *    finish reason and usage (the parser keeps no state that depends on
  *    where the network cut the bytes);
  *  - a failure always comes with a message;
- *  - the whole-body readers never crash on the same bytes.
+ *  - the whole-body readers never crash on the same bytes;
+ *  - the same bytes, when they are JSON, read as a request's conversation
+ *    by the shape's to_chat (the proxy's and the audit's reading): a
+ *    refusal always says what is wrong.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,5 +161,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (a.failed == AG_EPROVIDER && pe.message[0] == '\0')
     abort();
   ag__asm_free(&a);
+
+  /* The conversation readers on the same bytes. */
+  json_t *conv = w->to_chat != NULL ? json_loadb(body, len, 0, NULL) : NULL;
+  if (conv != NULL) {
+    char emsg[256] = "x";
+    json_t *chat = w->to_chat(conv, 0, emsg, sizeof emsg);
+    /* NULL with "" is out of memory, which the fuzzer does not make */
+    if (chat == NULL && emsg[0] == '\0') {
+      fprintf(stderr, "to_chat refused without saying why\n");
+      abort();
+    }
+    json_decref(chat);
+    json_decref(conv);
+  }
   return 0;
 }

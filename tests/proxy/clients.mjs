@@ -25,6 +25,9 @@
 //           AnthropicVertex (its auth client given):
 //           /v1/projects/p1/locations/us-east5/publishers/anthropic/models/
 //           fake:rawPredict and :streamRawPredict
+//   ollama, ollama-stream  the official `ollama` package's chat against
+//           Ollama's own /api/chat (stream: false, and its default stream
+//           of JSON lines)
 //   azure, azure-stream  the `openai` package's AzureOpenAI client:
 //           /openai/deployments/fake/chat/completions?api-version=...,
 //           its key in an api-key header
@@ -39,7 +42,8 @@ import path from "node:path";
 
 const [bin, prefix, mode = "plain"] = process.argv.slice(2);
 const require = createRequire(path.resolve(prefix, "node_modules", "x.js"));
-const OpenAI = mode.startsWith("anthropic") || mode.startsWith("gemini")
+const OpenAI = mode.startsWith("anthropic") || mode.startsWith("gemini") ||
+  mode.startsWith("ollama")
   ? null : (require("openai").default ?? require("openai"));
 const STOP = mode.includes("responses") || mode === "agents-conversation" ||
   mode.startsWith("gemini")
@@ -118,6 +122,25 @@ const upstream = createServer((req, res) => {
         !/^\/v1\/openai\/deployments\/fake\/chat\/completions\?api-version=2024-10-21$/
           .test(req.url))
       fail("the Azure path did not reach the upstream as it came: " + req.url);
+    if (req.url.endsWith("/api/chat")) {
+      const sent = JSON.parse(body);
+      const line = (message, done) => JSON.stringify({ model: "fake",
+        created_at: "2026-11-29T10:00:00Z", message, done,
+        ...(done ? { done_reason: "stop", prompt_eval_count: 10,
+          eval_count: 5 } : {}) }) + "\n";
+      const call = { role: "assistant", content: "", tool_calls: [{
+        function: { name: "read_file", arguments: { path: "a.txt" } } }] };
+      if (sent.stream === false) {
+        res.setHeader("content-type", "application/json");
+        res.end(line(call, true));
+        return;
+      }
+      res.setHeader("content-type", "application/x-ndjson");
+      res.write(line({ role: "assistant", content: "Reading. " }, false));
+      res.write(line(call, false));
+      res.end(line({ role: "assistant", content: "" }, true));
+      return;
+    }
     if (req.url.includes(":generateContent") ||
         req.url.includes(":streamGenerateContent")) {
       const chunk = (parts, finish) => ({ candidates: [{ content: {
@@ -369,6 +392,38 @@ async function responsesLoop(client, stream, stored) {
   fail("the loop was never stopped");
 }
 
+async function ollamaLoop(stream) {
+  const { Ollama } = require("ollama");
+  const ol = new Ollama({ host: `http://127.0.0.1:${proxyPort}`,
+    headers: { Authorization: "Bearer sk-node-test" } });
+  const tools = [{ type: "function", function: { name: "read_file",
+    description: "Read a file", parameters: { type: "object",
+      properties: { path: { type: "string" } } } } }];
+  const messages = [{ role: "user", content: "Summarise a.txt" }];
+  let steps = 0;
+  while (steps++ < 20) {
+    let msg;
+    if (stream) {
+      msg = { role: "assistant", content: "", tool_calls: [] };
+      for await (const part of await ol.chat({ model: "fake", messages, tools,
+        stream: true })) {
+        msg.content += part.message?.content ?? "";
+        msg.tool_calls.push(...(part.message?.tool_calls ?? []));
+      }
+    } else {
+      msg = (await ol.chat({ model: "fake", messages, tools,
+        stream: false })).message;
+    }
+    messages.push(msg);
+    if (!msg.tool_calls || msg.tool_calls.length === 0)
+      return [msg.content, steps];
+    for (const tc of msg.tool_calls)
+      messages.push({ role: "tool", content: "hello",
+        tool_name: tc.function.name });
+  }
+  fail("the loop was never stopped");
+}
+
 async function geminiLoop(stream, vertexai) {
   const { GoogleGenAI } = require("@google/genai");
   const ai = new GoogleGenAI({ apiKey: "sk-node-test", vertexai,
@@ -447,6 +502,7 @@ try {
       ? await anthropicLoop(mode.endsWith("-stream"), mode.includes("vertex"))
     : mode.startsWith("gemini")
       ? await geminiLoop(mode.endsWith("-stream"), mode.includes("vertex"))
+    : mode.startsWith("ollama") ? await ollamaLoop(mode === "ollama-stream")
       : await plainLoop(client, mode === "stream" || mode === "azure-stream");
   if (typeof final !== "string" || !STOP.test(final))
     fail("final output: " + JSON.stringify(final));

@@ -9,7 +9,8 @@
 # anthropic and anthropic-stream the official @anthropic-ai/sdk,
 # anthropic-vertex and anthropic-vertex-stream @anthropic-ai/vertex-sdk; gemini
 # and gemini-stream the official @google/genai, gemini-vertex and
-# gemini-vertex-stream the same on Vertex AI. The
+# gemini-vertex-stream the same on Vertex AI; ollama and ollama-stream
+# the official `ollama` package against Ollama's /api/chat. The
 # packages are pinned and installed into BUILD_DIR/node-proxy-MODE with
 # Debian's node and npm. Exits 77 (a visible skip for CTest) when node or
 # npm is missing or the packages cannot be installed (no network); 1 on
@@ -25,6 +26,7 @@ ANTHROPIC_VERSION=0.71.0
 VERTEX_VERSION=1.1.3
 VERTEX_ANTHROPIC_VERSION=1.14.0
 GENAI_VERSION=2.32.0
+OLLAMA_VERSION=0.6.4
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "SKIP: node and npm are needed (apt-get install nodejs npm)"
   exit 77
@@ -39,6 +41,11 @@ elif [ "$mode" = anthropic ] || [ "$mode" = anthropic-stream ]; then
   pkgs="@anthropic-ai/sdk@$ANTHROPIC_VERSION"
   check=$prefix/node_modules/@anthropic-ai/sdk/package.json
   want=$ANTHROPIC_VERSION
+elif [ "${mode#ollama}" != "$mode" ]; then
+  prefix=$build/node-proxy-ollama
+  pkgs="ollama@$OLLAMA_VERSION"
+  check=$prefix/node_modules/ollama/package.json
+  want=$OLLAMA_VERSION
 elif [ "${mode#gemini}" != "$mode" ]; then
   prefix=$build/node-proxy-gemini
   pkgs="@google/genai@$GENAI_VERSION"

@@ -286,6 +286,60 @@ Test(http, gemini_history_converted_and_reply_read) {
   ag_provider_free(p);
 }
 
+/* Ollama's /api/chat: never streamed (its streams are lines of JSON, not
+ * events), the calls' arguments as objects, a tool message named after
+ * its call; the reply's thinking left out, a call without an id named by
+ * its slot. */
+Test(http, ollama_history_converted_and_reply_read) {
+  serve_fixture("ollama/response_tool_calls.json", "application/json", 0, 0);
+  ag_provider *p = provider("ollama", true, edit_options);
+  json_t *msgs = history(), *tl = tools();
+  ag_reply r;
+  ag_provider_error pe;
+  cr_assert_eq(ask(p, msgs, tl, NULL, NULL, &r, &pe), AG_OK, "%s", pe.message);
+  cr_expect_str_eq(r.text, "Let me read it.", "thinking left out");
+  cr_assert_eq(r.n_calls, 2);
+  cr_expect_str_eq(r.calls[0].id, "call_x1");
+  cr_expect_str_eq(r.calls[0].name, "read_file");
+  cr_expect_str_eq(r.calls[0].arguments,
+                   "{\"path\":\"notes.txt\",\"lines\":[1,5]}");
+  cr_expect_str_eq(r.calls[1].id, "ollama_call_1", "an id made from its slot");
+  cr_expect_str_eq(r.calls[1].arguments, "{}");
+  cr_expect_str_eq(r.finish_reason, "tool_calls");
+  cr_expect_eq(r.usage.prompt_tokens, 150);
+  cr_expect_eq(r.usage.completion_tokens, 40);
+  cr_expect_str_eq(S.last_url, "/api/chat");
+  json_t *b = sent_body();
+  cr_expect_str_eq(json_string_value(json_object_get(b, "model")), "qwen3:8b");
+  cr_expect(json_is_false(json_object_get(b, "stream")),
+            "asked whole even when streaming is on");
+  json_t *opts = json_object_get(b, "options");
+  cr_expect_eq(json_integer_value(json_object_get(opts, "num_predict")), 300);
+  cr_expect_eq(json_integer_value(json_object_get(b, "seed")), 7);
+  json_t *m = json_object_get(b, "messages");
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_array_get(m, 0), "role")),
+      "system");
+  json_t *calls = json_object_get(json_array_get(m, 2), "tool_calls");
+  json_t *fn = json_object_get(json_array_get(calls, 0), "function");
+  cr_expect_str_eq(json_string_value(json_object_get(
+                       json_object_get(fn, "arguments"), "path")),
+                   "notes.txt", "arguments as an object");
+  fn = json_object_get(json_array_get(calls, 1), "function");
+  cr_expect_str_eq(json_string_value(json_object_get(
+                       json_object_get(fn, "arguments"), "input")),
+                   "{bad json", "arguments that are not JSON kept as text");
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_array_get(m, 4), "tool_name")),
+      "list_dir", "a tool message named after its call");
+  cr_expect(json_is_array(json_object_get(b, "tools")));
+  json_decref(b);
+  ag_reply_clear(&r);
+  json_decref(msgs);
+  json_decref(tl);
+  ag_provider_free(p);
+}
+
 Test(http, gemini_stream_text_and_function_call) {
   serve_fixture("gemini/stream_tool_call.sse", "text/event-stream", 7, 1);
   ag_provider *p = provider("gemini", true, NULL);

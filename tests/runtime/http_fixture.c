@@ -98,6 +98,7 @@ static void dump_request(const char *body, size_t len, int n) {
   const char *api = strstr(S.last_url, "/v1/messages") != NULL ? "anthropic"
                     : strstr(S.last_url, "/responses") != NULL ? "responses"
                     : strstr(S.last_url, "/models/") != NULL   ? "gemini"
+                    : strstr(S.last_url, "/api/chat") != NULL  ? "ollama"
                                                                : "openai";
   snprintf(path, sizeof(path), "%s/%s-%d-%d.json", dir, api, (int)getpid(), n);
   FILE *f = fopen(path, "wb");
@@ -284,6 +285,7 @@ ag_provider *provider(const char *kind, bool stream,
   o.kind = kind;
   bool openai = strncmp(kind, "openai", 6) == 0; /* and openai-responses */
   bool gemini = strcmp(kind, "gemini") == 0;
+  bool ollama = strcmp(kind, "ollama") == 0;
   snprintf(base_url, sizeof(base_url),
            openai   ? "http://127.0.0.1:%d/v1"
            : gemini ? "http://127.0.0.1:%d/v1beta"
@@ -292,6 +294,7 @@ ag_provider *provider(const char *kind, bool stream,
   o.base_url = base_url;
   o.model = openai   ? "gpt-4o-mini"
             : gemini ? "gemini-2.5-flash"
+            : ollama ? "qwen3:8b"
                      : "claude-sonnet-4-5";
   o.api_key_env = "TEST_KEY";
   o.stream = stream;

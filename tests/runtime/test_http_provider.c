@@ -698,7 +698,8 @@ Test(http, bad_options_are_named) {
   o.kind = "vertex";
   cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
   cr_expect_str_eq(err.msg, "provider.kind: \"vertex\" is not a provider kind "
-                            "(openai, anthropic, openai-responses, gemini)");
+                            "(openai, anthropic, openai-responses, gemini, "
+                            "ollama)");
   o.kind = "gemini";
   o.model = "models/gemini 2.5?";
   cr_expect_eq(new_with(&o, &err), AG_ECONFIG);
@@ -792,7 +793,7 @@ Test(http, config_section_keys_and_errors) {
       "\"0\" (no limit)");
   cfg("{\"kind\": \"azure\"}", AG_ECONFIG,
       "provider.kind: \"azure\" is not a provider kind (openai, anthropic, "
-      "openai-responses, gemini)");
+      "openai-responses, gemini, ollama)");
   cfg("{\"stream\": \"yes\"}", AG_ECONFIG,
       "provider.stream: expected true or false");
   cfg("{\"temperature\": 3}", AG_ECONFIG,
