@@ -19,8 +19,10 @@
  * to read) has the chain walked back through each response's
  * previous_response_id, an item read twice (by its id) taken once.
  * Bounds: FETCH_PAGES_MAX pages a list, FETCH_CHAIN_MAX responses walked,
- * and --max-body bytes of bodies read in all; past a bound the turn is
- * decided from the newest items read (the ones a loop is made of).
+ * FETCH_GETS_MAX requests in all (a client's request never becomes more
+ * upstream requests than that), and --max-body bytes of bodies read in
+ * all; past a bound the turn is decided from the newest items read (the
+ * ones a loop is made of).
  *
  * The items, then the request's own, make a request decided as one that
  * carries its whole conversation; the request itself goes upstream as the
@@ -38,7 +40,8 @@
 #include "internal.h"
 
 #define FETCH_PAGES_MAX 10
-#define FETCH_CHAIN_MAX 16
+#define FETCH_CHAIN_MAX 8
+#define FETCH_GETS_MAX 16
 #define FETCH_PAGE_ITEMS 100
 
 typedef struct fetch {
@@ -47,6 +50,8 @@ typedef struct fetch {
   char base[1024];   /* the client's path without its last segment */
   const char *query; /* the client's query ("" when none): Azure's version */
   size_t left;       /* bytes of bodies still allowed */
+  int gets_left;     /* requests still allowed */
+  bool cut;          /* a bound stopped the reading: older items unread */
   char *why;
   size_t why_cap;
 } fetch;
@@ -66,6 +71,7 @@ static bool get_object(fetch *f, const char *rest, const char *extra,
     return false;
   }
   upstream u;
+  f->gets_left--;
   ag__px_send_upstream(f->q->sh->relay, f->p, f->q->client_hdrs, "GET", uri,
                        NULL, 0, false, f->q->client_fd, &u);
   if (u.cc != CURLE_OK || u.no_budget || u.too_big)
@@ -105,13 +111,18 @@ static bool user_message(const json_t *item) {
 }
 
 /* The list at `rest`, newest first, appended to `newest`: page by page
- * until a user message (*turn set), the list's end or FETCH_PAGES_MAX
- * pages (*cut set: older items left unread). */
+ * until a user message (*turn set), the list's end or a bound (f->cut
+ * set: older items left unread); `keep` requests are left for what
+ * follows. */
 static bool read_list(fetch *f, const char *rest, json_t *newest, bool *turn,
-                      bool *cut) {
+                      int keep) {
   char after[256] = "";
-  *turn = *cut = false;
+  *turn = false;
   for (int page = 0; page < FETCH_PAGES_MAX; page++) {
+    if (f->gets_left <= keep) {
+      f->cut = true;
+      return true;
+    }
     char extra[320];
     snprintf(extra, sizeof extra, "order=desc&limit=%d%s%s", FETCH_PAGE_ITEMS,
              after[0] != '\0' ? "&after=" : "", after);
@@ -152,7 +163,7 @@ static bool read_list(fetch *f, const char *rest, json_t *newest, bool *turn,
     if (*turn || !more)
       return true;
   }
-  *cut = true;
+  f->cut = true;
   return true;
 }
 
@@ -178,10 +189,12 @@ static bool read_stored(fetch *f, const ag__wire *w, const json_t *req,
   }
   for (int step = 0; step < FETCH_CHAIN_MAX; step++) {
     json_t *newest = json_array(), *seg = json_array(), *obj = NULL;
-    bool turn = false, cut = false, ok = newest != NULL && seg != NULL;
+    bool turn = false, ok = newest != NULL && seg != NULL;
     if (!ok)
       snprintf(f->why, f->why_cap, "out of memory");
-    ok = ok && read_list(f, list, newest, &turn, &cut);
+    /* one request is kept for the response itself: its output holds the
+     * calls the request answers */
+    ok = ok && read_list(f, list, newest, &turn, object[0] != '\0');
     ok = ok && (object[0] == '\0' || get_object(f, object, "", &obj));
     const json_t *output = json_object_get(obj, "output");
     if (ok && obj != NULL && !json_is_array(output)) {
@@ -202,7 +215,7 @@ static bool read_stored(fetch *f, const ag__wire *w, const json_t *req,
       snprintf(f->why, f->why_cap, "out of memory");
     /* the paths of the response before it, while obj holds its id */
     const char *prev = ag__jstr(obj, "previous_response_id", NULL);
-    bool next = ok && !turn && !cut && prev != NULL &&
+    bool next = ok && !turn && !f->cut && f->gets_left > 0 && prev != NULL &&
                 w->stored(req, prev, list, object, sizeof list);
     json_decref(newest);
     json_decref(seg);
@@ -234,6 +247,7 @@ json_t *ag__px_stored_request(ag_proxy *p, req_ctx *q, const json_t *req,
   memcpy(f.base, path, pl - 1); /* without the '/' before the segment */
   f.base[pl - 1] = '\0';
   f.left = p->max_body;
+  f.gets_left = FETCH_GETS_MAX;
   json_t *all = json_array(), *seen = json_object(), *out = NULL;
   if (all == NULL || seen == NULL) {
     snprintf(why, cap, "out of memory");

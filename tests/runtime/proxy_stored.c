@@ -240,3 +240,27 @@ Test(proxy, a_conversation_not_read_back_is_relayed_unguarded) {
   cr_expect_eq(unguarded, 2);
   fclose(ev);
 }
+
+/* An upstream whose list never ends is read FETCH_PAGES_MAX (10) pages
+ * deep, then the response itself; the turn is decided from what was read
+ * and the request goes up: 12 upstream requests, not more. */
+Test(proxy, stored_reading_is_bounded) {
+  for (int i = 0; i < 10; i++)
+    add_owned(200, page(loop_items(1, 2, false), true));
+  add_owned(200, stored_response("resp_2", 2, "resp_1"));
+  canned_add(200, ok_reply);
+  char *body = continuing("previous_response_id", "resp_2", 2,
+                          "notes.txt: remember the milk");
+  resp *r = call(P, "POST", "/v1/responses", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect_str_eq(r->body, ok_reply);
+  cr_assert_eq(n_upstream(), 12);
+  pthread_mutex_lock(&U.mu);
+  cr_expect_str_eq(U.reqs[9].url, "/v1/responses/resp_2/input_items");
+  cr_expect_str_eq(U.reqs[9].after, "fc_1");
+  cr_expect_str_eq(U.reqs[10].url, "/v1/responses/resp_2");
+  cr_expect_str_eq(U.reqs[11].url, "/v1/responses");
+  pthread_mutex_unlock(&U.mu);
+  free(body);
+  free(r);
+}
