@@ -18,11 +18,14 @@
  * lists only a response's own inputs (no user message in them, none left
  * to read) has the chain walked back through each response's
  * previous_response_id, an item read twice (by its id) taken once.
- * Bounds: FETCH_PAGES_MAX pages a list, FETCH_CHAIN_MAX responses walked,
- * FETCH_GETS_MAX requests in all (a client's request never becomes more
- * upstream requests than that), and --max-body bytes of bodies read in
- * all; past a bound the turn is decided from the newest items read (the
- * ones a loop is made of).
+ * Bounds: FETCH_PAGES_MAX pages a list, FETCH_CHAIN_MAX responses walked
+ * (each once), FETCH_GETS_MAX reads in all (a client's request never makes
+ * more upstream requests than that besides itself), and --max-body bytes
+ * of bodies read in all. Past a bound - or when a later page or an earlier
+ * response cannot be read - the turn is decided from the newest items
+ * read (the ones a loop is made of), outputs whose calls were not read
+ * left out; only when the first page or the response the request answers
+ * cannot be read is the request relayed unguarded.
  *
  * The items, then the request's own, make a request decided as one that
  * carries its whole conversation; the request itself goes upstream as the
@@ -52,6 +55,8 @@ typedef struct fetch {
   size_t left;       /* bytes of bodies still allowed */
   int gets_left;     /* requests still allowed */
   bool cut;          /* a bound stopped the reading: older items unread */
+  char walked[FETCH_CHAIN_MAX][256]; /* the responses read, by id */
+  int n_walked;
   char *why;
   size_t why_cap;
 } fetch;
@@ -102,6 +107,13 @@ static bool get_object(fetch *f, const char *rest, const char *extra,
   return true;
 }
 
+/* The reading stops here with what it has (f->why forgotten): true. */
+static bool cut_here(fetch *f) {
+  f->cut = true;
+  f->why[0] = '\0';
+  return true;
+}
+
 /* Whether an item is a user's message: where a turn starts. */
 static bool user_message(const json_t *item) {
   const char *type = ag__jstr(item, "type", NULL);
@@ -127,8 +139,8 @@ static bool read_list(fetch *f, const char *rest, json_t *newest, bool *turn,
     snprintf(extra, sizeof extra, "order=desc&limit=%d%s%s", FETCH_PAGE_ITEMS,
              after[0] != '\0' ? "&after=" : "", after);
     json_t *j;
-    if (!get_object(f, rest, extra, &j))
-      return false;
+    if (!get_object(f, rest, extra, &j)) /* a later page: what was read */
+      return page > 0 ? cut_here(f) : false;
     const json_t *data = json_object_get(j, "data");
     if (!json_is_array(data)) {
       snprintf(f->why, f->why_cap, "GET %s%s: no \"data\" array", f->base,
@@ -157,9 +169,12 @@ static bool read_list(fetch *f, const char *rest, json_t *newest, bool *turn,
                 strspn(last, "abcdefghijklmnopqrstuvwxyz"
                              "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
                              "0123456789_-") == strlen(last);
+    bool has_more = json_is_true(json_object_get(j, "has_more"));
     if (more)
       snprintf(after, sizeof after, "%s", last);
     json_decref(j);
+    if (!*turn && has_more && !more) /* no usable cursor: older unread */
+      return cut_here(f);
     if (*turn || !more)
       return true;
   }
@@ -202,6 +217,12 @@ static bool read_stored(fetch *f, const ag__wire *w, const json_t *req,
                object);
       ok = false;
     }
+    if (!ok && step > 0) { /* an earlier response: keep the later ones */
+      json_decref(newest);
+      json_decref(seg);
+      json_decref(obj);
+      return cut_here(f);
+    }
     /* the newest segment's items are taken first, so that an item an
      * older response lists again is dropped from the older one */
     for (size_t i = json_array_size(output); ok && i > 0; i--)
@@ -213,10 +234,18 @@ static bool read_stored(fetch *f, const ag__wire *w, const json_t *req,
     ok = ok && json_array_extend(all, seg) == 0;
     if (!ok && f->why[0] == '\0')
       snprintf(f->why, f->why_cap, "out of memory");
-    /* the paths of the response before it, while obj holds its id */
+    /* the paths of the response before it, while obj holds its id; a
+     * chain that comes back to a response read already ends there */
     const char *prev = ag__jstr(obj, "previous_response_id", NULL);
     bool next = ok && !turn && !f->cut && f->gets_left > 0 && prev != NULL &&
-                w->stored(req, prev, list, object, sizeof list);
+                strlen(prev) < sizeof f->walked[0] &&
+                f->n_walked < FETCH_CHAIN_MAX;
+    for (int k = 0; next && k < f->n_walked; k++)
+      next = strcmp(f->walked[k], prev) != 0;
+    if (next) {
+      snprintf(f->walked[f->n_walked++], sizeof f->walked[0], "%s", prev);
+      next = w->stored(req, prev, list, object, sizeof list);
+    }
     json_decref(newest);
     json_decref(seg);
     json_decref(obj);
@@ -226,6 +255,15 @@ static bool read_stored(fetch *f, const ag__wire *w, const json_t *req,
       return true;
   }
   return true;
+}
+
+/* Whether an item is a call's output ("function_call_output",
+ * "custom_tool_call_output", ...): at the start of what was read, its call
+ * was not. */
+static bool orphan_output(const json_t *item) {
+  const char *type = ag__jstr(item, "type", NULL);
+  size_t n = type != NULL ? strlen(type) : 0;
+  return n > 7 && strcmp(type + n - 7, "_output") == 0;
 }
 
 json_t *ag__px_stored_request(ag_proxy *p, req_ctx *q, const json_t *req,
@@ -248,15 +286,23 @@ json_t *ag__px_stored_request(ag_proxy *p, req_ctx *q, const json_t *req,
   f.base[pl - 1] = '\0';
   f.left = p->max_body;
   f.gets_left = FETCH_GETS_MAX;
+  const char *first = ag__jstr(req, "previous_response_id", NULL);
+  if (first != NULL && strlen(first) < sizeof f.walked[0])
+    snprintf(f.walked[f.n_walked++], sizeof f.walked[0], "%s", first);
   json_t *all = json_array(), *seen = json_object(), *out = NULL;
   if (all == NULL || seen == NULL) {
     snprintf(why, cap, "out of memory");
   } else if (read_stored(&f, w, req, all, seen)) {
-    /* oldest first, then the request's own items */
+    /* oldest first, then the request's own items; outputs at the start
+     * whose calls were not read (the reading stopped between a call and
+     * its output) left out */
     json_t *items = json_array();
     const json_t *in = json_object_get(req, "input");
     bool ok = items != NULL;
-    for (size_t i = json_array_size(all); ok && i > 0; i--)
+    size_t i = json_array_size(all);
+    while (i > 0 && orphan_output(json_array_get(all, i - 1)))
+      i--;
+    for (; ok && i > 0; i--)
       ok = json_array_append(items, json_array_get(all, i - 1)) == 0;
     if (ok && json_is_string(in))
       ok = json_array_append_new(items,

@@ -23,7 +23,8 @@
  * messages; a call without an id is named by its place ("ollama_<message>_
  * <call>"), a tool message answers the call its tool_call_id names, else
  * the oldest unanswered call its tool_name names, else the oldest
- * unanswered call.
+ * unanswered call; a tool message with every call answered is not read
+ * (Ollama does not pair them).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,7 +275,9 @@ typedef struct open_calls {
 
 /* The id of the call a tool message answers: the one its tool_call_id
  * names, else the oldest unanswered one named tool_name, else the oldest
- * unanswered one; NULL when none is left. */
+ * unanswered one (a tool_call_id that names no call, as a client that
+ * dropped the call's id but writes OpenAI's field sends, included); NULL
+ * when every call is answered. */
 static const char *answered_id(const json_t *m, open_calls *oc) {
   const char *id = ag__jstr(m, "tool_call_id", NULL);
   const char *name = ag__jstr(m, "tool_name", NULL);
@@ -288,14 +291,14 @@ static const char *answered_id(const json_t *m, open_calls *oc) {
       bool match = pass == 0   ? id != NULL && strcmp(cid, id) == 0
                    : pass == 1 ? !oc->answered[k] && name != NULL &&
                                      strcmp(cname, name) == 0
-                               : !oc->answered[k] && id == NULL;
+                               : !oc->answered[k];
       if (match) {
         oc->answered[k] = true;
         return cid;
       }
     }
   }
-  return id;
+  return NULL;
 }
 
 /* An assistant message as Chat Completions': its calls with ids and their
@@ -384,11 +387,8 @@ static json_t *ollama_to_chat(const json_t *messages, size_t from, char *emsg,
     } else if (strcmp(role, "tool") == 0) {
       const char *id = answered_id(m, &oc);
       const json_t *content = json_object_get(m, "content");
-      char made[64];
-      if (id == NULL) {
-        snprintf(made, sizeof made, "ollama_result_%zu", i);
-        id = made;
-      }
+      if (id == NULL) /* a result with no call left to answer: as Ollama, */
+        continue;     /* which does not pair them, it is not read */
       /* a result that is not text is read as its JSON */
       char *d = json_is_string(content) || content == NULL
                     ? NULL

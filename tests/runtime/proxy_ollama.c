@@ -152,3 +152,30 @@ Test(proxy, ollama_under_a_prefix_and_its_errors) {
   cr_expect_str_eq(r->body, "{\"models\":[]}");
   free(r);
 }
+
+/* A tool_call_id that names no call (a client that dropped the calls' ids
+ * but writes OpenAI's field) answers the oldest unanswered call, and a
+ * result with no call left is not read: Ollama takes both, so does the
+ * proxy. */
+Test(proxy, ollama_results_pair_with_calls_as_ollama_takes_them) {
+  char *body = ollama_conv(3, "milk, eggs", false, "false");
+  json_t *o = json_loads(body, 0, NULL);
+  free(body);
+  json_t *m = json_object_get(o, "messages");
+  size_t i;
+  json_t *msg;
+  json_array_foreach(m, i, msg) {
+    if (strcmp(json_string_value(json_object_get(msg, "role")), "tool") == 0)
+      json_object_set_new(msg, "tool_call_id", json_string("call_abc"));
+  }
+  /* one more result after the last one: no call left for it */
+  json_array_append_new(
+      m, json_pack("{s:s, s:s}", "role", "tool", "content", "extra"));
+  body = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  resp *r = call(P, "POST", "/api/chat", body, NULL);
+  cr_expect_eq(r->status, 200, "%s", r->body);
+  cr_expect_str_eq(r->stop, "identical_calls", "%s", r->body);
+  free(body);
+  free(r);
+}

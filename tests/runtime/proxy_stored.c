@@ -264,3 +264,59 @@ Test(proxy, stored_reading_is_bounded) {
   free(body);
   free(r);
 }
+
+/* A later page over the byte bound (--max-body) ends the reading there:
+ * the turn is decided from the pages before it (stopped here), not left
+ * unguarded. */
+Test(proxy, a_page_past_the_byte_bound_ends_the_reading) {
+  ag_proxy_stop(P);
+  P = proxy_with(test_cfg(), 4000, NULL);
+  add_owned(200, page(loop_items(1, 4, false), true));
+  char big[5000];
+  memset(big, 'x', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  add_owned(200,
+            page(json_pack("[{s:s, s:s, s:s, s:s}]", "id", "msg_big", "type",
+                           "message", "role", "user", "content", big),
+                 false));
+  add_owned(200, stored_response("resp_4", 4, "resp_3"));
+  char *body = continuing("previous_response_id", "resp_4", 4, failed);
+  resp *r = call(P, "POST", "/v1/responses", body, NULL);
+  cr_expect_str_eq(r->stop, "identical_calls", "%s", r->body);
+  cr_expect_eq(n_upstream(), 3, "two pages and the response");
+  free(body);
+  free(r);
+}
+
+/* Ten pages of a loop whose steps straddle the pages: the oldest item
+ * read is an output whose call was not read; it is left out, and the
+ * loop is stopped (a reasoning model's three items a step do this). */
+Test(proxy, an_output_whose_call_was_not_read_is_left_out) {
+  for (int c = 20; c > 10; c--) {
+    json_t *items = loop_items(c - 1, c, false);
+    json_array_remove(items, 0); /* fco_{c-1} */
+    json_t *step = loop_items(c, c + 1, false);
+    json_array_extend(items, step);
+    json_decref(step);
+    add_owned(200, page(items, true));
+  }
+  add_owned(200, stored_response("resp_21", 21, "resp_20"));
+  char *body = continuing("previous_response_id", "resp_21", 21, failed);
+  resp *r = call(P, "POST", "/v1/responses", body, NULL);
+  cr_expect_str_eq(r->stop, "identical_calls", "%s", r->body);
+  cr_expect_eq(n_upstream(), 11);
+  free(body);
+  free(r);
+}
+
+/* A chain that comes back to a response read already ends there. */
+Test(proxy, a_chain_that_loops_is_read_once) {
+  add_owned(200, page(loop_items(0, 2, false), false));
+  add_owned(200, stored_response("resp_2", 2, "resp_2"));
+  char *body = continuing("previous_response_id", "resp_2", 2, failed);
+  resp *r = call(P, "POST", "/v1/responses", body, NULL);
+  cr_expect_str_eq(r->stop, "identical_calls", "%s", r->body);
+  cr_expect_eq(n_upstream(), 2);
+  free(body);
+  free(r);
+}
