@@ -98,6 +98,44 @@ const AGENTS = {
   },
 };
 
+// Continue's CLI (cn): a config file naming the proxy as an OpenAI
+// provider; --auto lets its tools run headless.
+AGENTS.cn = {
+  call: ["Read", { filepath: "a.txt" }],
+  run: (base, home) => {
+    write(path.join(home, "cn.yaml"), [
+      "name: agproxy", "version: 1.0.0", "schema: v1", "models:",
+      "  - name: fake", "    provider: openai", "    model: fake",
+      `    apiBase: ${base}/v1`, `    apiKey: ${KEY}`,
+      "    roles: [chat, edit, apply]", ""].join("\n"));
+    return { cmd: tool("cn"), args: ["-p", TASK, "--config",
+      path.join(home, "cn.yaml"), "--auto"], env: {} };
+  },
+};
+// Grok CLI: its base URL and key variables (Chat Completions).
+AGENTS.grok = {
+  call: ["view_file", { path: "a.txt" }],
+  run: (base) => ({ cmd: tool("grok"), args: ["-p", TASK], env: {
+    GROK_API_KEY: KEY, GROK_BASE_URL: `${base}/v1`, GROK_MODEL: "fake" } }),
+};
+// pi (pi-coding-agent), once per API it speaks: a provider in
+// ~/.pi/agent/models.json whose base URL is the proxy.
+for (const [suffix, api, sub] of [["chat", "openai-completions", "/v1"],
+  ["responses", "openai-responses", "/v1"],
+  ["anthropic", "anthropic-messages", ""],
+  ["google", "google-generative-ai", "/v1beta"]]) {
+  AGENTS["pi-" + suffix] = {
+    call: ["read", { path: "a.txt" }],
+    run: (base, home) => {
+      write(path.join(home, ".pi", "agent", "models.json"), JSON.stringify({
+        providers: { agproxy: { baseUrl: base + sub, api, apiKey: KEY,
+          models: [{ id: "fake" }] } } }));
+      return { cmd: tool("pi"), args: ["-p", TASK, "--provider", "agproxy",
+        "--model", "fake"], env: {} };
+    },
+  };
+}
+
 const spec = AGENTS[agent];
 if (!spec) fail("unknown agent " + agent);
 rmSync(scratch, { recursive: true, force: true });

@@ -1,11 +1,14 @@
 #!/bin/sh
 # tests/agents/run.sh AGENTGUARD BUILD_DIR AGENT MODEL - a real agent CLI
 # through `agentguard proxy` (agents.mjs): AGENT gemini (Gemini CLI),
-# claude (Claude Code), codex (Codex CLI), qwen (Qwen Code) or opencode;
+# claude (Claude Code), codex (Codex CLI), qwen (Qwen Code), opencode, cn
+# (Continue's CLI), grok (Grok CLI) or pi-chat, pi-responses, pi-anthropic,
+# pi-google (pi, on each API it speaks; one package for the four);
 # MODEL loop (the fake model repeats one harmless call forever: the proxy
 # must stop it, the agent must exit 0 showing the stop) or normal (one
 # call, then an answer: nothing stopped). Each CLI is a pinned npm package
-# installed into BUILD_DIR/node-agent-AGENT with Debian's node and npm, and
+# installed into BUILD_DIR/node-agent-NAME (AGENT up to its first '-')
+# with Debian's node and npm, and
 # run in BUILD_DIR/agents/AGENT-MODEL. Exits 77 (a visible skip for CTest)
 # when node or npm is missing or the package cannot be installed (no
 # network); 1 on failure.
@@ -20,6 +23,11 @@ claude) pkg=@anthropic-ai/claude-code version=2.1.328 ;;
 codex) pkg=@openai/codex version=0.169.0 ;;
 qwen) pkg=@qwen-code/qwen-code version=0.24.4 ;;
 opencode) pkg=opencode-ai version=1.18.33 ;;
+cn) pkg=@continuedev/cli version=1.5.47 ;;
+grok) pkg=@vibe-kit/grok-cli version=0.0.34 ;;
+pi-chat | pi-responses | pi-anthropic | pi-google)
+  pkg=@mariozechner/pi-coding-agent version=0.73.1
+  ;;
 *)
   echo "tests/agents/run.sh: unknown agent $agent" >&2
   exit 1
@@ -29,7 +37,7 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "SKIP: node and npm are needed (apt-get install nodejs npm)"
   exit 77
 fi
-prefix=$build/node-agent-$agent
+prefix=$build/node-agent-${agent%%-*}
 if ! grep -q "\"version\": \"$version\"" \
   "$prefix/node_modules/$pkg/package.json" 2>/dev/null; then
   mkdir -p "$prefix"
