@@ -118,6 +118,21 @@ AGENTS.grok = {
   run: (base) => ({ cmd: tool("grok"), args: ["-p", TASK], env: {
     GROK_API_KEY: KEY, GROK_BASE_URL: `${base}/v1`, GROK_MODEL: "fake" } }),
 };
+// GitHub Copilot CLI with a provider of one's own (BYOK: no GitHub sign-in),
+// once per API it speaks: Chat Completions, Responses, Anthropic Messages.
+for (const [suffix, type, wire, sub] of [
+  ["chat", "openai", "completions", "/v1"],
+  ["responses", "openai", "responses", "/v1"],
+  ["anthropic", "anthropic", "", ""]]) {
+  AGENTS["copilot-" + suffix] = {
+    call: ["view", { path: "a.txt" }],
+    run: (base) => ({ cmd: tool("copilot"), args: ["-p", TASK,
+      "--allow-all-tools", "--disable-client-telemetry"], env: {
+      COPILOT_PROVIDER_BASE_URL: base + sub, COPILOT_PROVIDER_TYPE: type,
+      ...(wire ? { COPILOT_PROVIDER_WIRE_API: wire } : {}),
+      COPILOT_PROVIDER_API_KEY: KEY, COPILOT_MODEL: "fake" } }),
+  };
+}
 // pi (pi-coding-agent), once per API it speaks: a provider in
 // ~/.pi/agent/models.json whose base URL is the proxy.
 for (const [suffix, api, sub] of [["chat", "openai-completions", "/v1"],
@@ -183,7 +198,8 @@ try {
   const base = `http://127.0.0.1:${pxPort}`;
   const { cmd, args, env } = spec.run(base, home, work);
   const clean = Object.fromEntries(Object.entries(process.env).filter(([k]) =>
-    !/^(OPENAI|ANTHROPIC|GEMINI|GOOGLE|CODEX|QWEN|CLAUDE|OPENCODE)/.test(k)));
+    !/^(OPENAI|ANTHROPIC|GEMINI|GOOGLE|CODEX|QWEN|CLAUDE|OPENCODE|COPILOT|GROK)/
+      .test(k)));
   let out = "", err = "";
   child = spawn(cmd, args, { cwd: work, stdio: ["ignore", "pipe", "pipe"],
     env: { ...clean, HOME: home, PWD: work, CI: "1", NO_COLOR: "1", TERM: "dumb",

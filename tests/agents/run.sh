@@ -2,8 +2,10 @@
 # tests/agents/run.sh AGENTGUARD BUILD_DIR AGENT MODEL - a real agent CLI
 # through `agentguard proxy` (agents.mjs): AGENT gemini (Gemini CLI),
 # claude (Claude Code), codex (Codex CLI), qwen (Qwen Code), opencode, cn
-# (Continue's CLI), grok (Grok CLI) or pi-chat, pi-responses, pi-anthropic,
-# pi-google (pi, on each API it speaks; one package for the four);
+# (Continue's CLI), grok (Grok CLI), copilot-chat, copilot-responses,
+# copilot-anthropic (GitHub Copilot CLI with its own provider, on each API)
+# or pi-chat, pi-responses, pi-anthropic, pi-google (pi, on each API it
+# speaks; one package for the four);
 # MODEL loop (the fake model repeats one harmless call forever: the proxy
 # must stop it, the agent must exit 0 showing the stop) or normal (one
 # call, then an answer: nothing stopped). Each CLI is a pinned npm package
@@ -25,6 +27,9 @@ qwen) pkg=@qwen-code/qwen-code version=0.24.4 ;;
 opencode) pkg=opencode-ai version=1.18.33 ;;
 cn) pkg=@continuedev/cli version=1.5.47 ;;
 grok) pkg=@vibe-kit/grok-cli version=0.0.34 ;;
+copilot-chat | copilot-responses | copilot-anthropic)
+  pkg=@github/copilot version=1.0.102
+  ;;
 pi-chat | pi-responses | pi-anthropic | pi-google)
   pkg=@mariozechner/pi-coding-agent version=0.73.1
   ;;
