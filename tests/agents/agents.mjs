@@ -112,6 +112,16 @@ AGENTS.cn = {
       path.join(home, "cn.yaml"), "--auto"], env: {} };
   },
 };
+// Cline's CLI: `cline auth` stores an OpenAI-compatible provider (in the
+// scratch HOME), then the task runs headless with its tools approved.
+AGENTS.cline = {
+  call: (work) => ["read_files",
+    { files: [{ path: path.join(work, "a.txt") }] }],
+  run: (base) => ({ cmd: "sh", args: ["-c",
+    '"$CLINE" auth -p openai -k "$KEY" -m fake -b "$BASE" >/dev/null && ' +
+    'exec "$CLINE" "$TASK"'], env: {
+    CLINE: tool("cline"), KEY, TASK, BASE: `${base}/v1` } }),
+};
 // Grok CLI: its base URL and key variables (Chat Completions).
 AGENTS.grok = {
   call: ["view_file", { path: "a.txt" }],

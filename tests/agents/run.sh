@@ -2,7 +2,8 @@
 # tests/agents/run.sh AGENTGUARD BUILD_DIR AGENT MODEL - a real agent CLI
 # through `agentguard proxy` (agents.mjs): AGENT gemini (Gemini CLI),
 # claude (Claude Code), codex (Codex CLI), qwen (Qwen Code), opencode, cn
-# (Continue's CLI), grok (Grok CLI), copilot-chat, copilot-responses,
+# (Continue's CLI), cline (Cline's CLI), grok (Grok CLI), copilot-chat,
+# copilot-responses,
 # copilot-anthropic (GitHub Copilot CLI with its own provider, on each API)
 # or pi-chat, pi-responses, pi-anthropic, pi-google (pi, on each API it
 # speaks; one package for the four);
@@ -26,6 +27,7 @@ codex) pkg=@openai/codex version=0.169.0 ;;
 qwen) pkg=@qwen-code/qwen-code version=0.24.4 ;;
 opencode) pkg=opencode-ai version=1.18.33 ;;
 cn) pkg=@continuedev/cli version=1.5.47 ;;
+cline) pkg=cline version=3.0.65 ;;
 grok) pkg=@vibe-kit/grok-cli version=0.0.34 ;;
 copilot-chat | copilot-responses | copilot-anthropic)
   pkg=@github/copilot version=1.0.102
