@@ -55,7 +55,7 @@ static void usage(FILE *f) {
       "                         URL/v1/traces; default from\n"
       "                         OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or\n"
       "                         OTEL_EXPORTER_OTLP_ENDPOINT\n"
-      "  --max-body BYTES       request body cap (default 8388608)\n"
+      "  --max-body BYTES       request body cap (default 33554432)\n"
       "  --max-connections N    client connections served at once, 1 to\n"
       "                         65536 (default 512); when all are taken, the\n"
       "                         one idle longest gives way to a new one\n"

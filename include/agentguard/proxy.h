@@ -49,7 +49,10 @@
 #include "common.h"
 #include "core.h"
 
-#define AG_PROXY_MAX_BODY_DEFAULT (8u << 20)
+/* 32 MiB: Anthropic's own request limit; a conversation that carries a
+ * few screenshots (base64) passes 8 MiB long before a model's context is
+ * full */
+#define AG_PROXY_MAX_BODY_DEFAULT (32u << 20)
 #define AG_PROXY_MAX_CONNECTIONS 512
 #define AG_PROXY_IDLE_TIMEOUT_MS 120000
 #define AG_PROXY_HEADER_TIMEOUT_MS 10000

@@ -257,6 +257,32 @@ Test(proxy, body_cap_is_413) {
   free(body);
 }
 
+/* By default a body well past 8 MiB (a conversation that carries a few
+ * screenshots) is read and guarded, not refused: the default cap is 32
+ * MiB, Anthropic's own request limit. */
+Test(proxy, a_body_of_9_mib_is_guarded_by_default) {
+  char *conv = conversation(3, "read", "{\"path\":\"a\"}", "hello");
+  json_t *b = json_loads(conv, 0, NULL);
+  free(conv);
+  cr_assert_not_null(b);
+  size_t n = (size_t)9 << 20;
+  char *big = malloc(n + 1);
+  cr_assert_not_null(big);
+  memset(big, 'A', n);
+  big[n] = '\0';
+  json_t *m = json_object_get(b, "messages");
+  json_array_insert_new(
+      m, 0, json_pack("{s:s, s:s}", "role", "system", "content", big));
+  free(big);
+  char *body = json_dumps(b, JSON_COMPACT);
+  json_decref(b);
+  resp *r = call(P, "POST", "/v1/chat/completions", body, NULL);
+  cr_expect_eq(r->status, 200, "%ld %.200s", r->status, r->body);
+  cr_expect_str_eq(r->stop, "identical_calls", "decided, not refused");
+  free(r);
+  free(body);
+}
+
 Test(proxy, client_key_required_and_not_forwarded) {
   ag_proxy_stop(P);
   P = proxy_with(test_cfg(), 0, "k3y");
